@@ -1,0 +1,77 @@
+"""`fairseq-headprune COMMAND [fairseq options] [command options]`: argument parsing and one call per command.
+
+Every command takes fairseq-generate's own options (data folder, --path, --gen-subset, --max-tokens, --beam, ...)
+and defaults to `--task translation_headprune` with this package as `--user-dir`.
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import sys
+import warnings
+from typing import List, Optional
+
+from fairseq_headprune.errors import UserError
+from fairseq_headprune.loading import PACKAGE_DIR, trust_fairseq_checkpoints
+
+COMMANDS = {
+    "score": ("fairseq_headprune.experiments.score", "head importance I_h = E|dL/dxi_h| (Michel et al.)"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: fairseq-headprune COMMAND DATA --path CHECKPOINT [options]", "", "commands:"]
+    lines += [f"  {name:<10} {help_}" for name, (_, help_) in COMMANDS.items()]
+    lines += ["", "fairseq-headprune COMMAND --help lists a command's options (fairseq-generate's and its own)."]
+    return "\n".join(lines)
+
+
+def parse(command: str, module, argv: List[str]):
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    if not any(a == "--user-dir" or a.startswith("--user-dir=") for a in argv):
+        argv = ["--user-dir", PACKAGE_DIR] + argv
+    parser = options.get_generation_parser(default_task="translation_headprune")
+    parser.prog = f"fairseq-headprune {command}"
+    module.add_args(parser)
+    args = options.parse_args_and_arch(parser, input_args=argv)
+    return convert_namespace_to_omegaconf(args), args
+
+
+def _quiet_dependencies() -> None:
+    """fairseq, hydra and torch warn about their own deprecations at every start; users cannot act on those."""
+    for category in (UserWarning, FutureWarning, DeprecationWarning):
+        warnings.filterwarnings("ignore", category=category)
+    logging.basicConfig(
+        format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
+        level=os.environ.get("LOGLEVEL", "WARNING").upper(),
+        stream=sys.stderr,
+    )
+    logging.getLogger("hydra").setLevel(logging.WARNING)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return 0
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        print(f"fairseq-headprune: error: unknown command '{command}'\n\n{usage()}", file=sys.stderr)
+        return 2
+    trust_fairseq_checkpoints()
+    _quiet_dependencies()
+    module = importlib.import_module(COMMANDS[command][0])
+    try:
+        cfg, args = parse(command, module, rest)
+        module.run(cfg, args)
+    except UserError as e:
+        print(f"fairseq-headprune {command}: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

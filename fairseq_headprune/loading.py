@@ -1,0 +1,120 @@
+"""Loading checkpoints, tasks and data the way fairseq-generate does, with errors a user can act on.
+
+Checkpoints are trusted files: fairseq pickles its configuration into them, and torch >= 2.6 refuses such
+pickles by default (`weights_only=True`). `trust_fairseq_checkpoints()` is the one place where this package
+lifts that default; never load a checkpoint you would not run as code.
+"""
+from __future__ import annotations
+
+import ast
+import hashlib
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Any, List
+
+import torch
+
+from fairseq_headprune.errors import UserError
+
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def trust_fairseq_checkpoints() -> None:
+    """Let fairseq's own torch.load calls unpickle checkpoints (torch >= 2.6 defaults to weights_only)."""
+    os.environ.setdefault("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    warnings.filterwarnings("ignore", message="Environment variable TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD detected")
+
+
+def file_sha256(path: str, limit: int | None = None) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()[:limit] if limit else h.hexdigest()
+
+
+@dataclass
+class Loaded:
+    """A model ready for analysis: the fairseq config, task, model (eval mode, masks installed), saved cfg."""
+
+    cfg: Any
+    task: Any
+    model: Any
+    saved_cfg: Any
+    checkpoint: str
+
+
+def _explain_load_failure(path: str, error: Exception) -> UserError:
+    """fairseq reports a checkpoint whose architecture or task is not registered with an IndexError or a
+    KeyError deep inside its registries; name the likely cause instead."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+        cfg = state.get("cfg") or {}
+        arch = cfg["model"].get("arch", cfg["model"].get("_name")) if cfg.get("model") is not None else None
+        arch = arch or getattr(state.get("args"), "arch", None)
+    except Exception:  # the checkpoint itself is unreadable: report the original error
+        return UserError(f"cannot load checkpoint {path}: {type(error).__name__}: {error}")
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    if arch and arch not in ARCH_MODEL_REGISTRY:
+        return UserError(
+            f"checkpoint {path} uses architecture '{arch}', which no loaded module registers: it was trained "
+            f"with a fairseq --user-dir; pass the same --user-dir"
+        )
+    return UserError(f"cannot load checkpoint {path}: {type(error).__name__}: {error}")
+
+
+def load(cfg) -> Loaded:
+    """Set up the task and load the model of `cfg.common_eval.path` (one checkpoint) as fairseq-generate does."""
+    from fairseq import checkpoint_utils, tasks, utils
+
+    trust_fairseq_checkpoints()
+    utils.import_user_module(cfg.common)
+    paths: List[str] = utils.split_paths(cfg.common_eval.path or "")
+    if len(paths) != 1:
+        raise UserError("--path must name exactly one checkpoint")
+    path = paths[0]
+    if not os.path.isfile(path):
+        raise UserError(f"checkpoint not found: {path}")
+    if not cfg.task.data or not os.path.isdir(cfg.task.data.split(os.pathsep)[0]):
+        raise UserError(f"data directory not found: {cfg.task.data}")
+    task = tasks.setup_task(cfg.task)
+    overrides = ast.literal_eval(cfg.common_eval.model_overrides)
+    try:
+        models, saved_cfg = checkpoint_utils.load_model_ensemble([path], arg_overrides=overrides, task=task)
+    except (IndexError, KeyError, AttributeError) as e:
+        raise _explain_load_failure(path, e) from e
+    except RuntimeError as e:
+        if "size mismatch" in str(e) or "Missing key" in str(e):
+            raise UserError(
+                f"checkpoint {path} does not fit the dictionaries in {cfg.task.data}: "
+                f"{str(e).splitlines()[0]} (is it the model's data directory?)"
+            ) from e
+        raise
+    model = models[0]
+    model.eval()
+    return Loaded(cfg, task, model, saved_cfg, path)
+
+
+def batches(loaded: Loaded, subset: str, shuffle: bool = False):
+    """The batches of a data subset, sized by --max-tokens/--batch-size as in fairseq-generate."""
+    from fairseq import utils
+
+    cfg, task = loaded.cfg, loaded.task
+    try:
+        task.load_dataset(subset, task_cfg=loaded.saved_cfg.task)
+    except FileNotFoundError as e:
+        raise UserError(f"no '{subset}' subset in {cfg.task.data}: {e}") from e
+    dataset = task.dataset(subset)
+    itr = task.get_batch_iterator(
+        dataset=dataset,
+        max_tokens=cfg.dataset.max_tokens,
+        max_sentences=cfg.dataset.batch_size,
+        max_positions=utils.resolve_max_positions(task.max_positions(), loaded.model.max_positions()),
+        ignore_invalid_inputs=cfg.dataset.skip_invalid_size_inputs_valid_test,
+        required_batch_size_multiple=cfg.dataset.required_batch_size_multiple,
+        seed=cfg.common.seed,
+        num_workers=cfg.dataset.num_workers,
+    ).next_epoch_itr(shuffle=shuffle)
+    return dataset, itr

@@ -1,0 +1,121 @@
+"""Head masks ξ on fairseq's MultiheadAttention, on every code path it takes.
+
+A masked head's output is multiplied by ξ_h just before the output projection. fairseq computes encoder
+self-attention and training-time decoder self-attention in the fused `F.multi_head_attention_forward`, where
+per-head outputs never exist; whenever a mask is active the call is routed to fairseq's own Python path (the
+same switch fairseq uses for pruned heads, `skip_embed_dim_check`), which also serves incremental decoding and
+the static keys/values of encoder-decoder attention. With no active mask the module runs exactly as stock
+fairseq, fused path included, so unmasked hypotheses are stock hypotheses.
+
+Two masks multiply: `head_mask`, a (num_heads,) buffer that is the model's own ξ (a non-persistent buffer,
+so state dicts stay stock), and `row_head_mask`, an optional (batch, num_heads) tensor giving every batch row
+its own ξ: per-sentence gradient leaves for importance scoring, or several masks sharing one decode.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Dict, Iterable, Iterator, Optional, Tuple
+
+import torch
+from fairseq.modules.multihead_attention import MultiheadAttention
+
+from fairseq_headprune.heads import Head, HeadLayout, attention_modules, head_ids
+
+
+class HeadMaskedMultiheadAttention(MultiheadAttention):
+    """fairseq's MultiheadAttention with a ξ per head; parameters and state-dict keys are unchanged."""
+
+    head_mask: torch.Tensor
+    row_head_mask: Optional[torch.Tensor]
+
+    @classmethod
+    def convert(cls, attn: MultiheadAttention) -> "HeadMaskedMultiheadAttention":
+        """Turn a built (or loaded) fairseq attention module into a maskable one, in place."""
+        if isinstance(attn, cls):
+            return attn
+        attn.__class__ = cls
+        attn.register_buffer(
+            "head_mask", torch.ones(attn.num_heads, dtype=attn.out_proj.weight.dtype), persistent=False
+        )
+        attn.row_head_mask = None
+        return attn
+
+    def head_output_scale(self) -> Optional[torch.Tensor]:
+        """The factor on the (T, B, heads*head_dim) input of out_proj, or None when no head is masked."""
+        rows = self.row_head_mask
+        if rows is None and bool((self.head_mask == 1).all()):
+            return None
+        scale = self.head_mask.unsqueeze(0)  # (1, H)
+        if rows is not None:
+            scale = rows * scale  # (B, H)
+        return scale.repeat_interleave(self.head_dim, dim=-1).unsqueeze(0)  # (1, B or 1, H*head_dim)
+
+    def forward(self, query, key, value, *args, **kwargs):
+        scale = self.head_output_scale()
+        if scale is None:
+            return super().forward(query, key, value, *args, **kwargs)
+        handle = self.out_proj.register_forward_pre_hook(lambda _module, inputs: (inputs[0] * scale.to(inputs[0]),))
+        fused_allowed = self.skip_embed_dim_check
+        self.skip_embed_dim_check = True  # per-head outputs exist only on fairseq's Python path
+        try:
+            return super().forward(query, key, value, *args, **kwargs)
+        finally:
+            handle.remove()
+            self.skip_embed_dim_check = fused_allowed
+
+
+def install_head_masks(model) -> Dict[Tuple[str, int], HeadMaskedMultiheadAttention]:
+    """Make every attention module of a fairseq transformer maskable; returns them by (type, layer)."""
+    return {key: HeadMaskedMultiheadAttention.convert(attn) for key, attn in attention_modules(model).items()}
+
+
+def masked_modules(model) -> Dict[Tuple[str, int], HeadMaskedMultiheadAttention]:
+    modules = attention_modules(model)
+    for key, attn in modules.items():
+        if not isinstance(attn, HeadMaskedMultiheadAttention):
+            raise TypeError(f"{key} has no head masks: call install_head_masks(model) first")
+    return modules
+
+
+def set_head_masks(model, masked: Iterable[Head]) -> None:
+    """Set ξ_h = 0 for the given heads and 1 for every other head (checked against the model's layout)."""
+    masked = list(masked)
+    HeadLayout.of(model).check(masked)
+    for (attn_type, layer), attn in masked_modules(model).items():
+        ids = head_ids(attn)
+        mask = torch.ones(attn.num_heads, dtype=attn.head_mask.dtype, device=attn.head_mask.device)
+        for h in masked:
+            if h.type == attn_type and h.layer == layer:
+                mask[ids.index(h.head)] = 0
+        attn.head_mask.copy_(mask)
+
+
+def current_masked_heads(model) -> list:
+    """The heads whose ξ is 0, in spec order."""
+    out = []
+    for (attn_type, layer), attn in masked_modules(model).items():
+        ids = head_ids(attn)
+        out += [Head(attn_type, layer, ids[i]) for i in (attn.head_mask == 0).nonzero().flatten().tolist()]
+    return sorted(out, key=lambda h: (("enc-self", "enc-dec", "dec-self").index(h.type), h.layer, h.head))
+
+
+@contextlib.contextmanager
+def row_head_masks(
+    model, batch_size: int, requires_grad: bool = False, dtype=torch.float32
+) -> Iterator[Dict[Tuple[str, int], torch.Tensor]]:
+    """Give every batch row its own ξ (all ones) for the duration; yields the (batch, heads) tensors.
+
+    With requires_grad they are the gradient leaves of Michel et al.'s importance: row b's gradient is
+    ∂L(x_b)/∂ξ because rows of a transformer batch do not interact.
+    """
+    modules = masked_modules(model)
+    rows = {}
+    try:
+        for key, attn in modules.items():
+            device = attn.out_proj.weight.device
+            rows[key] = torch.ones(batch_size, attn.num_heads, dtype=dtype, device=device, requires_grad=requires_grad)
+            attn.row_head_mask = rows[key]
+        yield rows
+    finally:
+        for attn in modules.values():
+            attn.row_head_mask = None
