@@ -3,7 +3,12 @@
 Importing it also lets fairseq's torch.load calls read fairseq checkpoints under torch >= 2.6
 (see loading.trust_fairseq_checkpoints: checkpoints are trusted files).
 """
+import logging
+
 from fairseq_headprune.loading import trust_fairseq_checkpoints
+
+# fairseq's text-to-speech task logs an install hint for tensorboardX on every import; it concerns no user here
+logging.getLogger("fairseq.tasks.text_to_speech").setLevel(logging.WARNING)
 
 trust_fairseq_checkpoints()
 

@@ -48,6 +48,7 @@ def _quiet_dependencies() -> None:
         format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
         level=os.environ.get("LOGLEVEL", "WARNING").upper(),
         stream=sys.stderr,
+        force=True,
     )
     logging.getLogger("hydra").setLevel(logging.WARNING)
 

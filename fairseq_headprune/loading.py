@@ -45,14 +45,18 @@ class Loaded:
     checkpoint: str
 
 
+def _get(cfg, name: str):
+    """A field of a config that may be a dict, an OmegaConf DictConfig or an argparse Namespace."""
+    return cfg.get(name) if hasattr(cfg, "get") else getattr(cfg, name, None)
+
+
 def _explain_load_failure(path: str, error: Exception) -> UserError:
     """fairseq reports a checkpoint whose architecture or task is not registered with an IndexError or a
     KeyError deep inside its registries; name the likely cause instead."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=False)
-        cfg = state.get("cfg") or {}
-        arch = cfg["model"].get("arch", cfg["model"].get("_name")) if cfg.get("model") is not None else None
-        arch = arch or getattr(state.get("args"), "arch", None)
+        model_cfg = (state.get("cfg") or {}).get("model") or state.get("args")
+        arch = _get(model_cfg, "arch") or _get(model_cfg, "_name")
     except Exception:  # the checkpoint itself is unreadable: report the original error
         return UserError(f"cannot load checkpoint {path}: {type(error).__name__}: {error}")
     from fairseq.models import ARCH_MODEL_REGISTRY

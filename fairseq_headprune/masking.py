@@ -101,7 +101,7 @@ def current_masked_heads(model) -> list:
 
 @contextlib.contextmanager
 def row_head_masks(
-    model, batch_size: int, requires_grad: bool = False, dtype=torch.float32
+    model, batch_size: int, requires_grad: bool = False
 ) -> Iterator[Dict[Tuple[str, int], torch.Tensor]]:
     """Give every batch row its own ξ (all ones) for the duration; yields the (batch, heads) tensors.
 
@@ -112,8 +112,10 @@ def row_head_masks(
     rows = {}
     try:
         for key, attn in modules.items():
-            device = attn.out_proj.weight.device
-            rows[key] = torch.ones(batch_size, attn.num_heads, dtype=dtype, device=device, requires_grad=requires_grad)
+            weight = attn.out_proj.weight
+            rows[key] = torch.ones(
+                batch_size, attn.num_heads, dtype=weight.dtype, device=weight.device, requires_grad=requires_grad
+            )
             attn.row_head_mask = rows[key]
         yield rows
     finally:
