@@ -5,6 +5,7 @@ and defaults to `--task translation_headprune` with this package as `--user-dir`
 """
 from __future__ import annotations
 
+import argparse
 import importlib
 import logging
 import os
@@ -17,6 +18,8 @@ from fairseq_headprune.loading import PACKAGE_DIR, trust_fairseq_checkpoints
 
 COMMANDS = {
     "score": ("fairseq_headprune.experiments.score", "head importance I_h = E|dL/dxi_h| (Michel et al.)"),
+    "ablate": ("fairseq_headprune.experiments.ablation", "single-head and keep-one-head ablations with significance"),
+    "correlate": ("fairseq_headprune.experiments.correlate", "Pearson/Spearman between two ablation result files"),
 }
 
 
@@ -28,6 +31,10 @@ def usage() -> str:
 
 
 def parse(command: str, module, argv: List[str]):
+    if not getattr(module, "USES_FAIRSEQ_OPTIONS", True):
+        parser = argparse.ArgumentParser(prog=f"fairseq-headprune {command}", description=module.__doc__.split("\n")[0])
+        module.add_args(parser)
+        return None, parser.parse_args(argv)
     from fairseq import options
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
@@ -37,7 +44,11 @@ def parse(command: str, module, argv: List[str]):
     parser.prog = f"fairseq-headprune {command}"
     module.add_args(parser)
     args = options.parse_args_and_arch(parser, input_args=argv)
-    return convert_namespace_to_omegaconf(args), args
+    try:
+        return convert_namespace_to_omegaconf(args), args
+    except Exception as e:  # hydra's message names the option that does not fit
+        hint = " (--tokenizer moses needs --source-lang and --target-lang)" if "tokenizer" in str(e) else ""
+        raise UserError(f"bad options: {str(e).splitlines()[0]}{hint}") from None
 
 
 def _quiet_dependencies() -> None:

@@ -1,0 +1,67 @@
+"""Every figure of the package, matplotlib only (Agg backend: no display needed)."""
+from __future__ import annotations
+
+import os
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def _save(fig, path: str) -> str:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".tmp.png"
+    fig.savefig(tmp, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    os.replace(tmp, path)
+    return path
+
+
+def head_heatmap(
+    values: Dict[Tuple[int, int], float],
+    significant: Dict[Tuple[int, int], bool],
+    title: str,
+    colorbar_label: str,
+    path: str,
+) -> str:
+    """A layers x heads grid of (layer, head) -> value, centred on 0; significant cells carry a star."""
+    layers = sorted({layer for layer, _ in values})
+    heads = sorted({head for _, head in values})
+    grid = np.full((len(layers), len(heads)), np.nan)
+    for (layer, head), v in values.items():
+        grid[layers.index(layer), heads.index(head)] = v
+    bound = float(np.nanmax(np.abs(grid))) if np.isfinite(grid).any() else 1.0
+    fig, ax = plt.subplots(figsize=(1.0 + 0.55 * len(heads), 1.0 + 0.45 * len(layers)))
+    im = ax.imshow(grid, cmap="RdBu", vmin=-bound or -1, vmax=bound or 1, aspect="auto")
+    for (layer, head), v in values.items():
+        mark = "*" if significant.get((layer, head)) else ""
+        ax.text(heads.index(head), layers.index(layer), f"{v:.2f}{mark}", ha="center", va="center", fontsize=7)
+    ax.set_xticks(range(len(heads)), [str(h) for h in heads])
+    ax.set_yticks(range(len(layers)), [str(layer) for layer in layers])
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    ax.set_title(title, fontsize=9)
+    fig.colorbar(im, ax=ax, label=colorbar_label)
+    return _save(fig, path)
+
+
+def scatter_with_fit(
+    x: Sequence[float], y: Sequence[float], xlabel: str, ylabel: str, title: str, path: str,
+    labels: Optional[List[str]] = None,
+) -> str:
+    """Figure 2 of Michel et al.: one point per head, with a least-squares line."""
+    fig, ax = plt.subplots(figsize=(4.5, 4))
+    ax.scatter(x, y, s=12, alpha=0.7)
+    if len(x) > 1 and np.ptp(x) > 0:
+        slope, intercept = np.polyfit(x, y, 1)
+        xs = np.linspace(min(x), max(x), 2)
+        ax.plot(xs, slope * xs + intercept, color="C3", lw=1)
+    ax.axhline(0, color="grey", lw=0.5)
+    ax.axvline(0, color="grey", lw=0.5)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    return _save(fig, path)
