@@ -1,0 +1,147 @@
+"""Ablation sweeps: resumable after SIGKILL, refusing foreign results, sharded over processes."""
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import BIN, ENV, run
+from fairseq_headprune.store import ResultsLog
+
+SWEEP = ["--gen-subset", "test", "--beam", "1", "--max-tokens", "3000", "--types", "enc-dec"]
+
+
+def ablate(data, checkpoint, results, *extra, check=True):
+    return run(["fairseq-headprune", "ablate", data, "--path", checkpoint, "--results-dir", results, *SWEEP, *extra],
+               check=check)
+
+
+def rows_of(path):
+    lines = [json.loads(line) for line in open(path, encoding="utf-8")]
+    return lines[0]["header"], lines[1:]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tiny_data, stock_checkpoint, tmp_path_factory):
+    out = tmp_path_factory.mktemp("ablate-full")
+    ablate(tiny_data, stock_checkpoint, out)
+    return out
+
+
+def test_single_head_sweep_rows_and_table(uninterrupted):
+    header, rows = rows_of(uninterrupted / "ablation-single.jsonl")
+    assert header["metric"] == "bleu" and header["bootstrap"]["samples"] == 1000
+    assert [r["key"] for r in rows] == ["baseline"] + [f"enc-dec:{l}:{h}" for l in (1, 2, 3) for h in (1, 2, 3, 4)]
+    for row in rows[1:]:
+        assert row["delta"] == pytest.approx(row["bleu"] - rows[0]["bleu"])
+        assert 0.0 <= row["p_value"] <= 1.0
+        assert row["significant"] == (row["p_value"] < 0.01 and row["delta"] != 0)
+    table = (uninterrupted / "ablation-single.md").read_text()
+    assert "## enc-dec" in table and "| 3 |" in table
+    assert (uninterrupted / "ablation-single-enc-dec.png").stat().st_size > 1000
+
+
+def test_sigkill_halfway_then_rerun_gives_the_uninterrupted_result(tiny_data, stock_checkpoint, uninterrupted, tmp_path):
+    log = tmp_path / "ablation-single.jsonl"
+    cmd = [str(BIN / "fairseq-headprune"), "ablate", str(tiny_data), "--path", str(stock_checkpoint),
+           "--results-dir", str(tmp_path), *SWEEP]
+    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        if log.exists() and sum(1 for _ in open(log)) >= 5:  # header, baseline and 3 heads
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None, "the sweep finished before it could be killed"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    _, partial = rows_of(log)
+    assert 4 <= len(partial) < 13
+    ablate(tiny_data, stock_checkpoint, tmp_path)
+    _, resumed = rows_of(log)
+    _, full = rows_of(uninterrupted / "ablation-single.jsonl")
+    assert [r["key"] for r in resumed] == [r["key"] for r in full]  # nothing lost, nothing twice
+    assert resumed[: len(partial)] == partial  # finished rows were kept, not recomputed
+    assert [r["hypotheses_sha256"] for r in resumed] == [r["hypotheses_sha256"] for r in full]
+    assert (tmp_path / "ablation-single.md").read_text() == (uninterrupted / "ablation-single.md").read_text()
+
+
+def test_results_of_another_run_are_refused(tiny_data, stock_checkpoint, uninterrupted, tmp_path):
+    (tmp_path / "ablation-single.jsonl").write_bytes((uninterrupted / "ablation-single.jsonl").read_bytes())
+    proc = run(["fairseq-headprune", "ablate", tiny_data, "--path", stock_checkpoint, "--results-dir", tmp_path,
+                "--gen-subset", "test", "--beam", "2", "--max-tokens", "3000", "--types", "enc-dec"], check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "holds results of another run (decoding" in proc.stderr.strip().splitlines()[-1]
+
+
+def test_torn_last_line_is_dropped(tmp_path):
+    path = tmp_path / "r.jsonl"
+    log = ResultsLog(str(path), {"a": 1})
+    log.append({"key": "x", "v": 1})
+    with open(path, "a") as f:
+        f.write('{"key": "y", "v"')  # a kill mid-write
+    reopened = ResultsLog(str(path), {"a": 1})
+    assert reopened.done() == {"x"}
+    reopened.append({"key": "y", "v": 2})
+    assert [json.loads(line)["key"] for line in open(path) if "key" in line] == ["x", "y"]
+
+
+def test_manual_shards_merge_into_the_same_result(tiny_data, stock_checkpoint, uninterrupted, tmp_path):
+    first = ablate(tiny_data, stock_checkpoint, tmp_path, "--num-shards", "2", "--shard-id", "0")
+    assert "shard 0 of 2 done" in first.stdout
+    ablate(tiny_data, stock_checkpoint, tmp_path, "--num-shards", "2", "--shard-id", "1")
+    _, merged = rows_of(tmp_path / "ablation-single.jsonl")
+    _, full = rows_of(uninterrupted / "ablation-single.jsonl")
+    assert [(r["key"], r["hypotheses_sha256"]) for r in merged] == [(r["key"], r["hypotheses_sha256"]) for r in full]
+
+
+def test_torchrun_two_processes_gather_one_file(tiny_data, stock_checkpoint, uninterrupted, tmp_path):
+    run(["torchrun", "--standalone", "--nproc-per-node", "2", BIN / "fairseq-headprune", "ablate", tiny_data,
+         "--path", stock_checkpoint, "--results-dir", tmp_path, *SWEEP])
+    assert (tmp_path / "ablation-single.shard-0-of-2.jsonl").exists()
+    assert (tmp_path / "ablation-single.shard-1-of-2.jsonl").exists()
+    _, merged = rows_of(tmp_path / "ablation-single.jsonl")
+    _, full = rows_of(uninterrupted / "ablation-single.jsonl")
+    assert [(r["key"], r["hypotheses_sha256"], r.get("p_value")) for r in merged] == \
+        [(r["key"], r["hypotheses_sha256"], r.get("p_value")) for r in full]
+    assert (tmp_path / "ablation-single.md").read_text() == (uninterrupted / "ablation-single.md").read_text()
+
+
+def test_keep_one_select_and_report(tiny_data, stock_checkpoint, tmp_path):
+    out = run(["fairseq-headprune", "ablate", tiny_data, "--path", stock_checkpoint, "--results-dir", tmp_path,
+               "--mode", "keep-one", "--select-subset", "valid", "--report-subset", "test", "--beam", "1",
+               "--max-tokens", "3000", "--types", "dec-self"]).stdout
+    header, rows = rows_of(tmp_path / "ablation-keep-one.jsonl")
+    assert header["subset"] == "valid" and len(rows) == 1 + 3 * 4
+    for row in rows[1:]:
+        layer_heads = {1, 2, 3, 4}
+        assert row["head"] in layer_heads
+    table = (tmp_path / "ablation-keep-one.md").read_text()
+    best = {}
+    for row in rows[1:]:
+        if row["layer"] not in best or row["bleu"] > best[row["layer"]]["bleu"]:
+            best[row["layer"]] = row
+    for layer, row in best.items():
+        assert f"| dec-self | {layer} | {row['head']} |" in table
+    report_header, report_rows = rows_of(tmp_path / "ablation-keep-one-report-test.jsonl")
+    assert report_header["subset"] == "test" and report_header["selected_on"] == "valid"
+    assert sorted(r["key"] for r in report_rows[1:]) == sorted(r["key"] for r in best.values())
+    assert "ablation-keep-one-report-test.md" in out
+
+
+def test_loss_preview_and_correlate(tiny_data, stock_checkpoint, uninterrupted, tmp_path):
+    ablate(tiny_data, stock_checkpoint, tmp_path, "--metric", "loss")
+    header, rows = rows_of(tmp_path / "ablation-single-loss.jsonl")
+    assert header["metric"] == "loss" and "p_value" not in rows[1]
+    assert all(r["delta"] == pytest.approx(r["nll"] - rows[0]["nll"]) for r in rows[1:])
+    out = run(["fairseq-headprune", "correlate", tmp_path / "ablation-single-loss.jsonl",
+               uninterrupted / "ablation-single.jsonl", "--results-dir", tmp_path]).stdout
+    result = json.loads((tmp_path / "correlation-ablation-single-loss-vs-ablation-single.json").read_text())
+    assert result["n"] == 12 and -1 <= result["pearson_r"] <= 1
+    from scipy import stats
+
+    x = [r["delta"] for r in rows[1:]]
+    _, full = rows_of(uninterrupted / "ablation-single.jsonl")
+    assert result["spearman_r"] == pytest.approx(stats.spearmanr(x, [r["delta"] for r in full[1:]])[0])
+    assert "Pearson r" in out
