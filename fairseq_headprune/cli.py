@@ -19,6 +19,7 @@ from fairseq_headprune.loading import PACKAGE_DIR, trust_fairseq_checkpoints
 COMMANDS = {
     "score": ("fairseq_headprune.experiments.score", "head importance I_h = E|dL/dxi_h| (Michel et al.)"),
     "ablate": ("fairseq_headprune.experiments.ablation", "single-head and keep-one-head ablations with significance"),
+    "prune": ("fairseq_headprune.experiments.pruning", "iterative pruning curves by importance, oracle or random order"),
     "correlate": ("fairseq_headprune.experiments.correlate", "Pearson/Spearman between two ablation result files"),
 }
 

@@ -65,3 +65,21 @@ def scatter_with_fit(
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=9)
     return _save(fig, path)
+
+
+def pruning_curves(rows: List[dict], path: str, y: str = "bleu", ylabel: str = "BLEU") -> str:
+    """Figures 3/4 of Michel et al.: one curve per pruning order and attention types, score vs % pruned."""
+    curves: Dict[str, List[Tuple[float, float]]] = {}
+    for row in rows:
+        if "percent_pruned" in row:
+            label = f"{row['order']} ({', '.join(row['types'])})"
+            curves.setdefault(label, []).append((row["percent_pruned"], row[y]))
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    for label, points in sorted(curves.items()):
+        points.sort()
+        ax.plot([p for p, _ in points], [v for _, v in points], marker="o", ms=3, label=label)
+    ax.set_xlabel("% of heads pruned")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return _save(fig, path)

@@ -1,6 +1,10 @@
 """The `headprune_transformer` architecture family: fairseq's transformer with ξ masks on all three attention
 types. Stock `transformer` checkpoints need none of this (the `translation_headprune` task installs the same
-masks on them); these names exist to train with masks from the start and for the papers' model shapes."""
+masks on them); these names exist to train with masks from the start and for the papers' model shapes.
+
+`--kept-heads` (JSON {TYPE: {LAYER: [original head ids]}}, layers not listed keep all heads) gives the model a
+physically pruned shape when it is built, before fairseq loads weights: it is how checkpoints written by
+`surgery.save_pruned_checkpoint` reload."""
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerModel
 from fairseq.models.transformer.transformer_legacy import (
@@ -10,14 +14,25 @@ from fairseq.models.transformer.transformer_legacy import (
 )
 
 from fairseq_headprune.masking import install_head_masks
+from fairseq_headprune.surgery import apply_kept_heads
 
 
 @register_model("headprune_transformer")
 class HeadpruneTransformerModel(TransformerModel):
     @classmethod
+    def add_args(cls, parser):
+        super().add_args(parser)
+        parser.add_argument(
+            "--kept-heads", type=str, default="", metavar="JSON",
+            help='heads each pruned layer keeps, as JSON {"enc-dec": {"6": [1, 3]}, ...} (original 1-indexed ids; '
+            "layers not listed keep all heads); written by save_pruned_checkpoint",
+        )
+
+    @classmethod
     def build_model(cls, args, task):
         model = super().build_model(args, task)
         install_head_masks(model)
+        apply_kept_heads(model, getattr(args, "kept_heads", "") or "")
         return model
 
 

@@ -1,0 +1,157 @@
+"""`fairseq-headprune prune`: iterative pruning (Michel et al. Section 4, Figures 3 and 4).
+
+All heads of --types are ranked once (or again after every step with --reestimate) and 10% more of them are
+masked at each step (--step), the least important first; BLEU is measured after each step. Orders:
+  importance  I_h from `score` (l2-normalised per layer, ranked globally), or computed on --importance-subset
+  oracle      the single-head ablation deltas of `ablate` (the head whose removal hurts least goes first)
+  random      a seeded permutation, the baseline
+Rows go to DIR/pruning.jsonl as they finish (resumable); DIR/pruning.png has one curve per order and types.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+from typing import Dict, List, Sequence
+
+from fairseq_headprune.errors import UserError
+from fairseq_headprune.evaluate import SubsetEvaluator
+from fairseq_headprune.experiments.ablation import parse_types
+from fairseq_headprune.heads import Head, HeadLayout, format_head_spec
+from fairseq_headprune.importance import from_nested_lists, normalize_by_layer
+from fairseq_headprune.loading import file_sha256, load
+from fairseq_headprune.masking import set_head_masks
+from fairseq_headprune.store import ResultsLog
+
+ORDERS = ("importance", "oracle", "random")
+
+
+def add_args(parser) -> None:
+    g = parser.add_argument_group("prune")
+    g.add_argument("--results-dir", required=True)
+    g.add_argument("--order", default="importance", help=f"comma-separated, from {', '.join(ORDERS)}")
+    g.add_argument("--types", default="enc-self,enc-dec,dec-self", help="attention types to prune, comma-separated")
+    g.add_argument("--step", type=float, default=0.1, help="share of the heads masked at each step")
+    g.add_argument("--importance", help="importance.json of `score` (default: computed on --importance-subset)")
+    g.add_argument("--importance-subset", default="valid")
+    g.add_argument("--reestimate", action="store_true", help="re-score I_h on the remaining heads after each step")
+    g.add_argument("--ablation", help="ablation-single.jsonl of `ablate`, for --order oracle")
+    g.add_argument("--random-seed", type=int, default=1)
+    g.add_argument("--references", help="raw reference file of the subset (default: its decoded targets)")
+
+
+def steps(n_heads: int, step: float) -> List[int]:
+    """Number of heads masked at each step: 0, step*N, 2*step*N, ... up to all of them."""
+    if not 0 < step <= 1:
+        raise UserError(f"--step must be in (0, 1], not {step}")
+    count = int(round(1 / step))
+    return sorted({min(n_heads, int(round(k * step * n_heads))) for k in range(count + 1)})
+
+
+def rank_by_scores(scores: Dict[Head, float], candidates: Sequence[Head]) -> List[Head]:
+    """Least important first; ties broken by head order so rankings are reproducible."""
+    missing = [h for h in candidates if h not in scores]
+    if missing:
+        raise UserError(f"no score for head {missing[0]}: the scores come from another model")
+    return sorted(candidates, key=lambda h: (scores[h], list(candidates).index(h)))
+
+
+def importance_scores(path: str) -> Dict[Head, float]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise UserError(f"cannot read importance file {path}: {e}") from None
+    ids = data.get("meta", {}).get("head_ids", {})
+    scores = {}
+    for (t, layer), values in from_nested_lists(data).items():
+        held = ids.get(t, [])[layer - 1] if ids.get(t) else list(range(1, len(values) + 1))
+        for h, v in zip(held, values.tolist()):
+            scores[Head(t, layer, h)] = v
+    return scores
+
+
+def oracle_scores(path: str) -> Dict[Head, float]:
+    """Single-head ablation: a head whose removal lowers BLEU least (or raises it) is the least important."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = [json.loads(line) for line in f if line.strip()]
+    except (OSError, json.JSONDecodeError) as e:
+        raise UserError(f"cannot read ablation file {path}: {e}") from None
+    rows = [r for r in lines[1:] if r.get("key") != "baseline" and "delta" in r]
+    if not rows:
+        raise UserError(f"{path} has no single-head ablation rows")
+    sign = -1.0 if lines[0]["header"].get("metric") == "loss" else 1.0  # loss delta: + is worse
+    return {Head(r["type"], r["layer"], r["head"]): -sign * r["delta"] for r in rows}
+
+
+def estimate_importance(loaded, subset: str) -> Dict[Head, float]:
+    from fairseq_headprune.experiments.score import compute_importance
+
+    raw, _ = compute_importance(loaded, subset)
+    scores = {}
+    for (t, layer), values in normalize_by_layer(raw).items():
+        held = HeadLayout.of(loaded.model).heads[(t, layer)]
+        scores.update({Head(t, layer, h): float(v) for h, v in zip(held, values)})
+    return scores
+
+
+def run(cfg, args) -> None:
+    orders = [o.strip() for o in args.order.split(",") if o.strip()]
+    bad = [o for o in orders if o not in ORDERS]
+    if bad or not orders:
+        raise UserError(f"--order: unknown order {bad[0] if bad else args.order!r} (use {', '.join(ORDERS)})")
+    if "oracle" in orders and not args.ablation:
+        raise UserError("--order oracle needs --ablation ablation-single.jsonl (from `fairseq-headprune ablate`)")
+    types = parse_types(args.types)
+    loaded = load(cfg)
+    evaluator = SubsetEvaluator(loaded, cfg.dataset.gen_subset, args.references)
+    layout = HeadLayout.of(loaded.model)
+    candidates = layout.all_heads(types)
+    g = cfg.generation
+    log = ResultsLog(os.path.join(args.results_dir, "pruning.jsonl"), {
+        "command": "prune",
+        "checkpoint_sha256": file_sha256(loaded.checkpoint),
+        "subset": evaluator.subset,
+        "data_fingerprint": evaluator.data_fingerprint(),
+        "decoding": {"beam": g.beam, "lenpen": g.lenpen, "max_len_a": g.max_len_a, "max_len_b": g.max_len_b,
+                     "remove_bpe": cfg.common_eval.post_process},
+        "bleu_signature": evaluator.bleu_signature(),
+        "total_heads": len(layout.all_heads()),
+    })
+    done = log.done()
+    for order in orders:
+        label = f"{order}{'+reestimate' if order == 'importance' and args.reestimate else ''}:{','.join(types)}"
+        ranking = initial_ranking(order, args, loaded, candidates)
+        masked: List[Head] = []
+        for n in steps(len(candidates), args.step):
+            key = f"{label}:{n}"
+            if order == "importance" and args.reestimate and n > len(masked):
+                set_head_masks(loaded.model, masked)
+                remaining = [h for h in candidates if h not in masked]
+                ranking = masked + rank_by_scores(estimate_importance(loaded, args.importance_subset), remaining)
+            masked = ranking[:n]
+            if key in done:
+                continue
+            set_head_masks(loaded.model, masked)
+            bleu = evaluator.bleu(evaluator.translate()).score
+            log.append({"key": key, "order": label.split(":")[0], "types": types, "heads_masked": n,
+                        "percent_pruned": 100.0 * n / len(candidates), "masked": format_head_spec(masked),
+                        "bleu": bleu})
+            print(f"{label}: {n}/{len(candidates)} heads masked, BLEU {bleu:.2f}")
+        set_head_masks(loaded.model, [])
+    from fairseq_headprune.plots import pruning_curves
+
+    png = pruning_curves(log.rows, os.path.join(args.results_dir, "pruning.png"))
+    print(f"wrote {log.path}\nwrote {png}")
+
+
+def initial_ranking(order: str, args, loaded, candidates: List[Head]) -> List[Head]:
+    if order == "random":
+        ranking = list(candidates)
+        random.Random(args.random_seed).shuffle(ranking)
+        return ranking
+    if order == "oracle":
+        return rank_by_scores(oracle_scores(args.ablation), candidates)
+    scores = importance_scores(args.importance) if args.importance else estimate_importance(loaded, args.importance_subset)
+    return rank_by_scores(scores, candidates)
