@@ -3,13 +3,27 @@ experiment reuses. The data is read and batched once; each call decodes it again
 from __future__ import annotations
 
 import hashlib
-from typing import List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import sacrebleu
 import torch
+from fairseq.sequence_generator import EnsembleModel
 
 from fairseq_headprune.errors import UserError
+from fairseq_headprune.heads import Head, attention_modules, head_ids
 from fairseq_headprune.loading import Loaded, batches
+
+
+class _ReusableEncoderEnsemble(EnsembleModel):
+    """fairseq's generator ensemble whose encoder output can be handed in, so that masks which leave the
+    encoder alone reuse one encoder pass instead of recomputing it."""
+
+    encoder_outs = None
+
+    def forward_encoder(self, net_input):
+        if self.encoder_outs is not None:
+            return self.encoder_outs
+        return super().forward_encoder(net_input)
 
 
 class SubsetEvaluator:
@@ -22,6 +36,8 @@ class SubsetEvaluator:
         self.device = next(loaded.model.parameters()).device
         self.samples = [self._to_device(s) for s in itr if s and "net_input" in s]
         self.generator = task.build_generator([loaded.model], cfg.generation)
+        self.generator.model = _ReusableEncoderEnsemble([loaded.model])
+        self._encoder_cache: Dict[int, dict] = {}
         self.tokenizer = task.build_tokenizer(cfg.tokenizer)
         self.bpe = task.build_bpe(cfg.bpe)
         self.post_process = cfg.common_eval.post_process
@@ -73,20 +89,75 @@ class SubsetEvaluator:
     @torch.no_grad()
     def translate(self) -> List[str]:
         """Detokenised best hypotheses in dataset order, under the current masks."""
-        from fairseq import utils
-
-        task, model, tgt_dict = self.loaded.task, self.loaded.model, self.loaded.task.target_dictionary
+        task, model = self.loaded.task, self.loaded.model
         hyps = [""] * self.size
         for sample in self.samples:
             outputs = task.inference_step(self.generator, [model], sample)
             for sid, nbest in zip(sample["id"].tolist(), outputs):
-                best = nbest[0]
-                _, text, _ = utils.post_process_prediction(
-                    hypo_tokens=best["tokens"].int().cpu(), src_str="", alignment=None, align_dict=None,
-                    tgt_dict=tgt_dict, remove_bpe=self.post_process,
-                )
-                hyps[sid] = self.detokenize(text)
+                hyps[sid] = self._hypothesis_text(nbest[0])
         return hyps
+
+    @torch.no_grad()
+    def translate_many(self, mask_sets: Sequence[Sequence[Head]], masks_per_batch: int = 8) -> List[List[str]]:
+        """Hypotheses for each set of masked heads, as translate() under that mask would give them.
+
+        Several masks share one beam search: each sentence is repeated once per mask and every row carries
+        its own ξ (fairseq's per-step Python overhead, which dominates small models on CPU, is paid once).
+        When no mask of a group touches the encoder, the encoder runs once per batch for the whole sweep.
+        The model's own masks must be off (all ξ = 1) meanwhile.
+        """
+        model, task = self.loaded.model, self.loaded.task
+        modules = attention_modules(model)
+        ensemble = self.generator.model
+        beam = self.generator.beam_size
+        results = [[""] * self.size for _ in mask_sets]
+        for b, sample in enumerate(self.samples):
+            ids, n = sample["id"].tolist(), sample["id"].numel()
+            for start in range(0, len(mask_sets), masks_per_batch):
+                group = list(range(start, min(start + masks_per_batch, len(mask_sets))))
+                masks = [mask_sets[i] for i in group]
+                rows = self._row_masks(modules, masks, n)
+                if not any(h.type == "enc-self" for m in masks for h in m):
+                    expand = torch.arange(n, device=self.device).repeat(len(group))
+                    ensemble.encoder_outs = [model.encoder.reorder_encoder_out(self._encoder_out(b, sample), expand)]
+                try:
+                    for key, attn in modules.items():
+                        attn.row_head_mask = rows[key] if key[0] == "enc-self" else rows[key].repeat_interleave(beam, 0)
+                    outputs = task.inference_step(self.generator, [model], _repeat(sample, len(group)))
+                finally:
+                    ensemble.encoder_outs = None
+                    for attn in modules.values():
+                        attn.row_head_mask = None
+                for r, nbest in enumerate(outputs):
+                    results[group[r // n]][ids[r % n]] = self._hypothesis_text(nbest[0])
+        return results
+
+    def _encoder_out(self, b: int, sample) -> dict:
+        if b not in self._encoder_cache:
+            self._encoder_cache[b] = self.loaded.model.encoder.forward_torchscript(sample["net_input"])
+        return self._encoder_cache[b]
+
+    def _row_masks(self, modules, masks: Sequence[Sequence[Head]], n: int) -> Dict:
+        """(len(masks) * n, heads) per module: mask-major rows, zeros on each mask's heads."""
+        rows = {}
+        for key, attn in modules.items():
+            ids = head_ids(attn)
+            r = torch.ones(len(masks), n, attn.num_heads, dtype=attn.out_proj.weight.dtype, device=self.device)
+            for k, mask in enumerate(masks):
+                for h in mask:
+                    if (h.type, h.layer) == key:
+                        r[k, :, ids.index(h.head)] = 0
+            rows[key] = r.view(len(masks) * n, attn.num_heads)
+        return rows
+
+    def _hypothesis_text(self, best) -> str:
+        from fairseq import utils
+
+        _, text, _ = utils.post_process_prediction(
+            hypo_tokens=best["tokens"].int().cpu(), src_str="", alignment=None, align_dict=None,
+            tgt_dict=self.loaded.task.target_dictionary, remove_bpe=self.post_process,
+        )
+        return self.detokenize(text)
 
     def bleu(self, hypotheses: List[str]) -> sacrebleu.metrics.bleu.BLEUScore:
         return self.bleu_metric().corpus_score(hypotheses, [self.references])
@@ -113,3 +184,10 @@ class SubsetEvaluator:
             total += float(nll.masked_fill(target.eq(pad), 0).sum())
             tokens += int(target.ne(pad).sum())
         return total / max(tokens, 1)
+
+
+def _repeat(sample, times: int) -> dict:
+    """The batch repeated `times` times along the batch dimension (mask-major rows)."""
+    net_input = {k: (v.repeat(times, *([1] * (v.dim() - 1))) if torch.is_tensor(v) else v)
+                 for k, v in sample["net_input"].items()}
+    return {**sample, "net_input": net_input, "id": sample["id"].repeat(times)}

@@ -40,9 +40,8 @@ class HeadMaskedMultiheadAttention(MultiheadAttention):
         attn.row_head_mask = None
         return attn
 
-    def head_output_scale(self) -> Optional[torch.Tensor]:
+    def head_output_scale(self, rows: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
         """The factor on the (T, B, heads*head_dim) input of out_proj, or None when no head is masked."""
-        rows = self.row_head_mask
         if rows is None and bool((self.head_mask == 1).all()):
             return None
         scale = self.head_mask.unsqueeze(0)  # (1, H)
@@ -50,15 +49,33 @@ class HeadMaskedMultiheadAttention(MultiheadAttention):
             scale = rows * scale  # (B, H)
         return scale.repeat_interleave(self.head_dim, dim=-1).unsqueeze(0)  # (1, B or 1, H*head_dim)
 
-    def forward(self, query, key, value, *args, **kwargs):
-        scale = self.head_output_scale()
+    def _rows_for(self, incremental_state) -> Optional[torch.Tensor]:
+        """This call's per-row mask. In incremental decoding the rows set before the first step are kept in
+        fairseq's incremental state, so its own beam reordering and batch shrinking move them with their
+        sentences (encoder-decoder attention with beam_size > 1 keeps one row per sentence, as for its keys)."""
+        if incremental_state is None:
+            return self.row_head_mask
+        buffer = self._get_input_buffer(incremental_state)
+        per_sentence = self.encoder_decoder_attention and self.beam_size > 1
+        if "row_head_mask" not in buffer:
+            if self.row_head_mask is None:
+                return None
+            rows = self.row_head_mask
+            buffer["row_head_mask"] = rows[:: self.beam_size] if per_sentence else rows
+            self._set_input_buffer(incremental_state, buffer)
+            return rows
+        rows = buffer["row_head_mask"]
+        return rows.repeat_interleave(self.beam_size, dim=0) if per_sentence else rows
+
+    def forward(self, query, key, value, key_padding_mask=None, incremental_state=None, *args, **kwargs):
+        scale = self.head_output_scale(self._rows_for(incremental_state))
         if scale is None:
-            return super().forward(query, key, value, *args, **kwargs)
+            return super().forward(query, key, value, key_padding_mask, incremental_state, *args, **kwargs)
         handle = self.out_proj.register_forward_pre_hook(lambda _module, inputs: (inputs[0] * scale.to(inputs[0]),))
         fused_allowed = self.skip_embed_dim_check
         self.skip_embed_dim_check = True  # per-head outputs exist only on fairseq's Python path
         try:
-            return super().forward(query, key, value, *args, **kwargs)
+            return super().forward(query, key, value, key_padding_mask, incremental_state, *args, **kwargs)
         finally:
             handle.remove()
             self.skip_embed_dim_check = fused_allowed

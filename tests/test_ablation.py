@@ -10,7 +10,7 @@ import pytest
 from conftest import BIN, ENV, run
 from fairseq_headprune.store import ResultsLog
 
-SWEEP = ["--gen-subset", "test", "--beam", "1", "--max-tokens", "3000", "--types", "enc-dec"]
+SWEEP = ["--gen-subset", "test", "--beam", "1", "--max-tokens", "3000", "--types", "enc-dec", "--masks-per-batch", "3"]
 
 
 def ablate(data, checkpoint, results, *extra, check=True):
@@ -145,3 +145,28 @@ def test_loss_preview_and_correlate(tiny_data, stock_checkpoint, uninterrupted, 
     _, full = rows_of(uninterrupted / "ablation-single.jsonl")
     assert result["spearman_r"] == pytest.approx(stats.spearmanr(x, [r["delta"] for r in full[1:]])[0])
     assert "Pearson r" in out
+
+
+def test_shared_decode_equals_one_decode_per_mask(tiny_data, stock_checkpoint):
+    """Several masks in one beam search (rows repeated per mask, encoder reused) give each mask's own output."""
+    from fairseq_headprune import cli
+    from fairseq_headprune.evaluate import SubsetEvaluator
+    from fairseq_headprune.experiments import ablation
+    from fairseq_headprune.heads import Head
+    from fairseq_headprune.loading import load
+    from fairseq_headprune.masking import set_head_masks
+
+    cfg, _ = cli.parse("ablate", ablation, [str(tiny_data), "--path", str(stock_checkpoint), "--results-dir", "unused",
+                                            "--gen-subset", "test", "--beam", "4", "--max-tokens", "1200"])
+    loaded = load(cfg)
+    evaluator = SubsetEvaluator(loaded, "test")
+    assert len(evaluator.samples) > 1  # several batches, sentences finishing at different steps
+    masks = [[], [Head("enc-self", 2, 3)], [Head("enc-dec", 3, 2)], [Head("dec-self", 1, 4)],
+             [Head("enc-dec", 1, 1), Head("dec-self", 3, 2)], [Head("enc-self", 4, h) for h in range(1, 9)]]
+    one_by_one = []
+    for mask in masks:
+        set_head_masks(loaded.model, mask)
+        one_by_one.append(evaluator.translate())
+    set_head_masks(loaded.model, [])
+    assert len({tuple(h) for h in one_by_one}) == len(masks), "every mask must change the output"
+    assert evaluator.translate_many(masks, masks_per_batch=4) == one_by_one

@@ -46,6 +46,8 @@ def add_args(parser) -> None:
     g.add_argument("--bootstrap-samples", type=int, default=1000)
     g.add_argument("--significance", type=float, default=0.01, help="p-value threshold")
     g.add_argument("--bootstrap-seed", type=int, default=1)
+    g.add_argument("--masks-per-batch", type=int, default=8,
+                   help="masks decoded together, each sentence once per mask (1 = one decode per mask)")
     # --num-shards/--shard-id are fairseq's own options; here they split the masks (never the data: BLEU is a
     # corpus score). Under torchrun, RANK and WORLD_SIZE set them.
 
@@ -83,6 +85,7 @@ class Sweep:
     bootstrap_samples: int = 1000
     bootstrap_seed: int = 1
     significance: float = 0.01
+    masks_per_batch: int = 8
     baseline: Dict = field(default_factory=dict)
 
     def run_baseline(self) -> Dict:
@@ -123,11 +126,20 @@ class Sweep:
         done = self.log.done()
         todo = [job for job in jobs if job.key not in done]
         model = self.evaluator.loaded.model
-        for job in progress(todo) if progress else todo:
-            set_head_masks(model, job.masked)
-            row = {"key": job.key, "type": job.head.type, "layer": job.head.layer, "head": job.head.head}
-            self.log.append({**row, **self._score(self._outputs())})
         set_head_masks(model, [])
+        groups = [todo[i : i + self.masks_per_batch] for i in range(0, len(todo), self.masks_per_batch)]
+        for group in progress(groups) if progress else groups:
+            if self.metric == "bleu":  # one shared decode per group of masks
+                outputs = self.evaluator.translate_many([job.masked for job in group], self.masks_per_batch)
+            else:
+                outputs = []
+                for job in group:
+                    set_head_masks(model, job.masked)
+                    outputs.append(self.evaluator.nll())
+                set_head_masks(model, [])
+            for job, out in zip(group, outputs):
+                row = {"key": job.key, "type": job.head.type, "layer": job.head.layer, "head": job.head.head}
+                self.log.append({**row, **self._score(out)})
 
 
 def header(args, cfg, loaded, evaluator: SubsetEvaluator, mode: str) -> Dict:
@@ -178,7 +190,7 @@ def run(cfg, args) -> None:
     path = os.path.join(args.results_dir, name + (f".shard-{shard}-of-{shards}" if shards > 1 else "") + ".jsonl")
     hdr = header(args, cfg, loaded, evaluator, args.mode)
     sweep = Sweep(evaluator, args.metric, ResultsLog(path, hdr), args.bootstrap_samples,
-                  args.bootstrap_seed, args.significance)
+                  args.bootstrap_seed, args.significance, max(1, args.masks_per_batch))
     sweep.run(jobs[shard::shards], progress=_progress(cfg, f"ablate {args.mode}"))
     if distributed:
         import torch.distributed as dist
@@ -209,7 +221,8 @@ def report_keep_one_on(args, cfg, loaded, layout, types, select_rows) -> List[st
     name = results_name("keep-one", args.metric) + f"-report-{args.report_subset}"
     log = ResultsLog(os.path.join(args.results_dir, name + ".jsonl"), hdr)
     jobs = [job for job in keep_one_jobs(layout, types) if job.key in {row["key"] for row in chosen}]
-    Sweep(evaluator, args.metric, log, args.bootstrap_samples, args.bootstrap_seed, args.significance).run(jobs)
+    Sweep(evaluator, args.metric, log, args.bootstrap_samples, args.bootstrap_seed, args.significance,
+          max(1, args.masks_per_batch)).run(jobs)
     return report.write_keep_one_transfer(args.results_dir, name, chosen, log.rows, args.metric)
 
 
