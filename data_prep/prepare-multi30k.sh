@@ -44,10 +44,12 @@ for f in "$TMP"/*.tok.*; do
   b=$(basename "$f"); out="$TMP/${b/.tok./.bpe.}"
   [ -s "$out" ] || subword-nmt apply-bpe -c "$OUT/code" < "$f" > "$out"
 done
-# IWSLT14 test is lowercased and already tokenised: only the BPE step applies
+# IWSLT14 test is lowercased and already tokenised (with XML escapes, which this model never saw): unescape,
+# then only the BPE step applies
 if [ -f "$DATA/iwslt14/tok/test.$SRC" ]; then
   for l in $SRC $TGT; do
-    subword-nmt apply-bpe -c "$OUT/code" < "$DATA/iwslt14/tok/test.$l" > "$TMP/test_iwslt14.bpe.$l"
+    python -c 'import html, sys; sys.stdout.writelines(html.unescape(l) for l in sys.stdin)' \
+      < "$DATA/iwslt14/tok/test.$l" | subword-nmt apply-bpe -c "$OUT/code" > "$TMP/test_iwslt14.bpe.$l"
     cp "$DATA/iwslt14/tok/test.$l" "$TMP/test_iwslt14.raw.$l"
   done
 fi
@@ -59,4 +61,4 @@ done
 fairseq-preprocess --source-lang $SRC --target-lang $TGT --joined-dictionary \
   --trainpref "$TMP/train.bpe" --validpref "$TMP/valid.bpe" --testpref "$testprefs" \
   --destdir "$OUT" --workers 2 > "$OUT/preprocess.log"
-echo "binarised data in $OUT (test=multi30k test2016, test1..=$testprefs)" >&2
+echo "binarised data in $OUT (subsets: test = Multi30k test2016, then test1, test2, ... = ${testprefs#*,})" >&2

@@ -3,7 +3,8 @@
 # scores against the raw references kept beside the binaries (prep/SUBSET.raw.TGT or SUBSET.raw.TGT).
 #
 # usage: recipes/eval_bleu.sh DATA_BIN CHECKPOINT BPE_CODES SRC TGT SUBSET:REF_FILE[:lc] ... 
-#   ':lc' scores lowercased (for lowercased, tokenised references such as IWSLT14's, with --tokenize none)
+#   ':lc' is for references that are Moses-tokenised (with XML escapes, no dash splitting) and lowercased, as
+#   IWSLT14's: hypotheses get the same treatment and sacreBLEU scores with --tokenize none
 set -euo pipefail
 DATA=$1; CKPT=$2; CODES=$3; SRC=$4; TGT=$5; shift 5
 export PATH=$(dirname "$(readlink -f "$0")")/../.venv/bin:$PATH
@@ -16,7 +17,7 @@ for item in "$@"; do
     2>/dev/null | grep ^D- | sed 's/^D-//' | sort -n | cut -f3 > "$out"
   if [ "${mode:-}" = lc ]; then
     # references are Moses-tokenised and lowercased: tokenise and lowercase the hypotheses the same way
-    sacremoses -q -l "$TGT" tokenize -a < "$out" | tr '[:upper:]' '[:lower:]' > "$out.tok"
+    sacremoses -q -l "$TGT" tokenize -x < "$out" | python -c 'import sys; sys.stdout.writelines(l.lower() for l in sys.stdin)' > "$out.tok"
     score=$(sacrebleu "$ref" -i "$out.tok" --tokenize none -lc -b -w 2); sig=$(sacrebleu "$ref" -i "$out.tok" --tokenize none -lc -w 2 2>/dev/null | python -c "import json,sys; print(json.load(sys.stdin)['signature'])" || true)
   else
     score=$(sacrebleu "$ref" -i "$out" -b -w 2); sig=$(sacrebleu "$ref" -i "$out" -w 2 2>/dev/null | python -c "import json,sys; print(json.load(sys.stdin)['signature'])" || true)

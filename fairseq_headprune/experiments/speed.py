@@ -58,11 +58,12 @@ def decode_flops(model, src_lens: List[int], hyp_lens: List[int], beam: int) -> 
 
 
 class IncrementalStateMeter:
-    """The largest incremental state (bytes) the decoder is handed during generation."""
+    """The largest incremental state (bytes) of the decoder during generation, read at its last layer (fairseq
+    calls decoder.forward directly, past module hooks, but its layers through __call__)."""
 
     def __init__(self, decoder):
         self.peak = 0
-        self.handle = decoder.register_forward_pre_hook(self._measure, with_kwargs=True)
+        self.handle = decoder.layers[-1].register_forward_pre_hook(self._measure, with_kwargs=True)
 
     def _measure(self, _module, args, kwargs):
         state = kwargs.get("incremental_state")
