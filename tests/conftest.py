@@ -27,12 +27,34 @@ TINY_ARCH = [
 ]
 
 
-def run(cmd, check=True, **kw) -> subprocess.CompletedProcess:
-    """Run a command of the venv with the test environment; output captured as text."""
+def run(cmd, check=True, in_process=True, **kw) -> subprocess.CompletedProcess:
+    """Run a command of the venv with the test environment; output captured as text.
+
+    `fairseq-headprune` runs in this process (its entry point, cli.main) unless in_process=False: the same
+    code path without paying Python's and fairseq's start-up for every call."""
+    if cmd[0] == "fairseq-headprune" and in_process and not kw:
+        return _run_cli_in_process([str(c) for c in cmd[1:]], check)
     cmd = [str(BIN / cmd[0]) if (BIN / cmd[0]).exists() else cmd[0]] + [str(c) for c in cmd[1:]]
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**ENV, **kw.pop("env", {})}, **kw)
     if check and proc.returncode != 0:
         raise AssertionError(f"{cmd} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def _run_cli_in_process(argv, check: bool) -> subprocess.CompletedProcess:
+    import contextlib
+
+    from fairseq_headprune import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = cli.main(argv)
+        except SystemExit as e:  # argparse and fairseq's option errors
+            code = e.code if isinstance(e.code, int) else 1
+    proc = subprocess.CompletedProcess(["fairseq-headprune", *argv], code, out.getvalue(), err.getvalue())
+    if check and code != 0:
+        raise AssertionError(f"fairseq-headprune {argv} failed ({code}):\n{proc.stderr[-3000:]}")
     return proc
 
 
@@ -67,8 +89,9 @@ def tiny_data(tmp_path_factory) -> Path:
     return _prepare(tmp_path_factory.mktemp("data-bin"))
 
 
-def train(data: Path, save_dir: Path, extra=(), updates: int = 120) -> Path:
-    run(["fairseq-train", data, *TINY_ARCH, *extra,
+def train(data: Path, save_dir: Path, extra=(), updates: int = 120, arch=TINY_ARCH) -> Path:
+    """A stock fairseq-train run (no user module); `arch` replaces the tiny asymmetric shape."""
+    run(["fairseq-train", data, *arch, *extra,
          "--optimizer", "adam", "--lr", "3e-3", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "20",
          "--criterion", "cross_entropy", "--max-tokens", "1500", "--max-update", updates, "--dropout", "0.1",
          "--save-dir", save_dir, "--no-epoch-checkpoints", "--no-save-optimizer-state", "--seed", "3",

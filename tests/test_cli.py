@@ -80,7 +80,7 @@ def test_generate_bad_mask_spec_is_one_line_exit_2(tiny_data, stock_checkpoint, 
 
 def test_score_writes_normalised_importance(tiny_data, stock_checkpoint, tmp_path):
     proc = run(["fairseq-headprune", "score", tiny_data, "--path", stock_checkpoint, "--results-dir", tmp_path,
-                "--gen-subset", "valid", "--max-tokens", "2000"])
+                "--gen-subset", "valid", "--max-tokens", "2000"], in_process=False)  # the installed console script
     assert "head importance" in proc.stdout and "enc-dec" in proc.stdout
     result = json.loads((tmp_path / "importance.json").read_text())
     assert [len(result["enc-self"]), len(result["enc-dec"]), len(result["dec-self"])] == [4, 3, 3]
