@@ -34,7 +34,7 @@ class SubsetEvaluator:
         cfg, task = loaded.cfg, loaded.task
         self.dataset, itr = batches(loaded, subset)
         self.device = next(loaded.model.parameters()).device
-        self.samples = [self._to_device(s) for s in itr if s and "net_input" in s]
+        self.samples = [self._to_device(s) for s in itr]
         self.generator = task.build_generator([loaded.model], cfg.generation)
         self.generator.model = _ReusableEncoderEnsemble([loaded.model])
         self._encoder_cache: Dict[int, dict] = {}

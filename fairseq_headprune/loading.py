@@ -102,7 +102,10 @@ def load(cfg) -> Loaded:
 
 
 def batches(loaded: Loaded, subset: str, shuffle: bool = False):
-    """The batches of a data subset, sized by --max-tokens/--batch-size as in fairseq-generate."""
+    """The batches of a data subset, sized by --max-tokens/--batch-size as in fairseq-generate.
+
+    Batch sizes are not rounded to --required-batch-size-multiple: fairseq 0.12's batch_by_size then drops
+    the remainder (100 sentences, multiple 8: 96 are batched, 4 silently lost)."""
     from fairseq import utils
 
     cfg, task = loaded.cfg, loaded.task
@@ -117,8 +120,13 @@ def batches(loaded: Loaded, subset: str, shuffle: bool = False):
         max_sentences=cfg.dataset.batch_size,
         max_positions=utils.resolve_max_positions(task.max_positions(), loaded.model.max_positions()),
         ignore_invalid_inputs=cfg.dataset.skip_invalid_size_inputs_valid_test,
-        required_batch_size_multiple=cfg.dataset.required_batch_size_multiple,
+        required_batch_size_multiple=1,
         seed=cfg.common.seed,
         num_workers=cfg.dataset.num_workers,
     ).next_epoch_itr(shuffle=shuffle)
-    return dataset, itr
+    samples = [s for s in itr if s and "net_input" in s]
+    batched = sum(s["id"].numel() for s in samples)
+    if batched != len(dataset):  # every result here is a corpus statistic: never score part of a set silently
+        raise UserError(f"fairseq batched {batched} of the {len(dataset)} sentences of '{subset}' "
+                        "(too long for the model's positions?)")
+    return dataset, samples

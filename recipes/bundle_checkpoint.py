@@ -19,13 +19,24 @@ def average_weights(paths):
     return state, {k: v / len(paths) for k, v in total.items()}
 
 
+def half_keeping_shared(weights, reference):
+    """fp16 copies of the weights; tensors that share storage in `reference` (tied embeddings) stay shared."""
+    by_storage, out = {}, {}
+    for key, value in weights.items():
+        ptr = reference[key].untyped_storage().data_ptr()
+        if ptr not in by_storage:
+            by_storage[ptr] = value.half() if value.is_floating_point() else value
+        out[key] = by_storage[ptr]
+    return out
+
+
 def main(out, *paths):
     if not paths:
         sys.exit("usage: bundle_checkpoint.py OUT.pt CHECKPOINT [CHECKPOINT ...]")
     last, weights = average_weights(paths)
     bundled = {
         "cfg": last["cfg"],
-        "model": {k: v.half() if v.is_floating_point() else v for k, v in weights.items()},
+        "model": half_keeping_shared(weights, last["model"]),
         "optimizer_history": [{k: v for k, v in h.items() if k != "optimizer_name"} for h in last["optimizer_history"][-1:]],
         "extra_state": {},
         "last_optimizer_state": None,

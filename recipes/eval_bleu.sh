@@ -9,11 +9,13 @@ set -euo pipefail
 DATA=$1; CKPT=$2; CODES=$3; SRC=$4; TGT=$5; shift 5
 export PATH=$(dirname "$(readlink -f "$0")")/../.venv/bin:$PATH
 export TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1  # fairseq checkpoints are trusted pickles (see README)
+# --required-batch-size-multiple 1: with fairseq 0.12's default of 8, batch_by_size drops a final remainder of
+# sentences (e.g. 4 of 100) without a word
 for item in "$@"; do
   IFS=: read -r subset ref mode <<< "$item"
   out=$(mktemp)
   fairseq-generate "$DATA" --path "$CKPT" --gen-subset "$subset" --source-lang "$SRC" --target-lang "$TGT" \
-    --beam 5 --lenpen 1.0 --max-tokens 4000 --tokenizer moses --bpe subword_nmt --bpe-codes "$CODES" \
+    --beam 5 --lenpen 1.0 --max-tokens 4000 --required-batch-size-multiple 1 --tokenizer moses --bpe subword_nmt --bpe-codes "$CODES" \
     2>/dev/null | grep ^D- | sed 's/^D-//' | sort -n | cut -f3 > "$out"
   if [ "${mode:-}" = lc ]; then
     # references are Moses-tokenised and lowercased: tokenise and lowercase the hypotheses the same way

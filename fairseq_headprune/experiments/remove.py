@@ -57,8 +57,8 @@ def run(cfg, args) -> None:
     heads = parse_head_spec(args.heads)
     if not heads:
         raise UserError("--heads names no head")
-    _, itr = batches(loaded, cfg.dataset.gen_subset)
-    sample = next(iter(itr), None)
+    _, samples = batches(loaded, cfg.dataset.gen_subset)
+    sample = samples[0] if samples else None
     if os.path.abspath(args.out) == os.path.abspath(loaded.checkpoint):
         raise UserError("--out must not overwrite the checkpoint being pruned")
     info = remove_and_save(loaded, heads, args.out, sample)

@@ -33,13 +33,10 @@ def compute_importance(loaded, subset: str, progress=None) -> Tuple[Dict, Dict[s
     for p in model.parameters():
         p.requires_grad_(False)  # the gradient flows to the ξ leaves only: no weight-gradient work
     criterion = HeadImportanceCriterion(loaded.task, sentence_avg=False)
-    _, itr = batches(loaded, subset)
-    itr = progress(itr) if progress else itr
+    _, samples = batches(loaded, subset)
     nll, tokens = 0.0, 0
     device = next(model.parameters()).device
-    for sample in itr:
-        if not sample:
-            continue
+    for sample in progress(samples) if progress else samples:
         sample = _to(sample, device)
         loss, _, log = criterion(model, sample)
         loss.backward()

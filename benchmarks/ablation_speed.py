@@ -1,0 +1,108 @@
+#!/usr/bin/env python
+"""Issue 8's speed bar, measured side by side in one run on the bundled De-En model.
+
+  sweep ratio     time of an in-process BLEU sweep over N single-head masks / (N x one unmasked decode)   <= 1.0
+  vs per-process  per-mask time of one `fairseq-generate --mask-heads` process per mask (the papers' way) /
+                  per-mask time of the sweep                                                               >= 1.5
+                  ... with identical detokenised hypotheses for every mask compared
+  loss preview    BLEU sweep time / loss-preview time over the same masks                                  >= 20
+
+usage: benchmarks/ablation_speed.py [--masks 24] [--process-masks 4] [--sentences 500] [--work work/bench-ablation]
+"""
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", default=os.path.join(ROOT, "checkpoints/de-en"))
+    p.add_argument("--raw", default=os.path.join(ROOT, "data/multi30k-test2016/test"), help="raw prefix (.de/.en)")
+    p.add_argument("--sentences", type=int, default=500)
+    p.add_argument("--masks", type=int, default=24)
+    p.add_argument("--process-masks", type=int, default=4)
+    p.add_argument("--masks-per-batch", type=int, default=8)
+    p.add_argument("--work", default=os.path.join(ROOT, "work/bench-ablation"))
+    a = p.parse_args()
+    bin_dir = os.path.join(ROOT, ".venv/bin")
+    os.environ["PATH"] = bin_dir + os.pathsep + os.environ["PATH"]
+    data = os.path.join(a.work, "data-bin")
+    if not os.path.exists(os.path.join(data, "test.de-en.de.bin")):
+        os.makedirs(a.work, exist_ok=True)
+        for lang in ("de", "en"):
+            with open(f"{a.raw}.{lang}", encoding="utf-8") as f, open(f"{a.work}/slice.{lang}", "w") as g:
+                g.writelines(f.readlines()[: a.sentences])
+        subprocess.run(["bash", os.path.join(ROOT, "data_prep/encode-for-model.sh"), a.model, "de", "en",
+                        f"{a.work}/slice", data, "test"], check=True)
+    ckpt = os.path.join(a.model, "model.pt")
+    gen = ["--gen-subset", "test", "--beam", "5", "--max-tokens", "4000", "--required-batch-size-multiple", "1", "--tokenizer", "moses", "-s", "de",
+           "-t", "en", "--bpe", "subword_nmt", "--bpe-codes", os.path.join(a.model, "code")]
+
+    from fairseq_headprune import cli
+    from fairseq_headprune.evaluate import SubsetEvaluator
+    from fairseq_headprune.experiments import ablation
+    from fairseq_headprune.heads import HeadLayout
+    from fairseq_headprune.loading import load
+    from fairseq_headprune.stats import BleuBootstrap
+
+    cli._quiet_dependencies()
+    cfg, _ = cli.parse("ablate", ablation, [data, "--path", ckpt, "--results-dir", a.work, *gen])
+    loaded = load(cfg)
+    ev = SubsetEvaluator(loaded, "test")
+    heads = HeadLayout.of(loaded.model).all_heads()
+    masks = [[heads[i * len(heads) // a.masks]] for i in range(a.masks)]
+
+    ev.translate()  # warm-up: kernels meet the batch shapes once
+    t = time.perf_counter(); base = ev.translate(); one_decode = time.perf_counter() - t
+    boot = BleuBootstrap(ev.references, base)
+
+    t = time.perf_counter()
+    outs = ev.translate_many(masks, a.masks_per_batch)
+    for hyps in outs:
+        ev.bleu(hyps), boot.test(hyps)
+    sweep = time.perf_counter() - t
+
+    from fairseq_headprune.masking import set_head_masks
+
+    t = time.perf_counter()
+    for m in masks:
+        set_head_masks(loaded.model, m)
+        ev.nll()
+    set_head_masks(loaded.model, [])
+    loss = time.perf_counter() - t
+
+    per_process, identical = 0.0, 0
+    env = {**os.environ, "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}
+    for m, ours in zip(masks[: a.process_masks], outs):
+        t = time.perf_counter()
+        proc = subprocess.run(["fairseq-generate", data, "--path", ckpt, *gen, "--user-dir",
+                               os.path.join(ROOT, "fairseq_headprune"), "--task", "translation_headprune",
+                               "--mask-heads", str(m[0])], capture_output=True, text=True, env=env, check=True)
+        lines = sorted((int(l.split("\t")[0][2:]), l.split("\t")[2]) for l in proc.stdout.splitlines()
+                       if l.startswith("D-"))
+        hyps = [h for _, h in lines]
+        subprocess.run(["sacrebleu", f"{a.work}/data-bin/test.raw.en", "-b"], input="\n".join(hyps) + "\n",
+                       capture_output=True, text=True, check=True)
+        per_process += time.perf_counter() - t
+        identical += hyps == ours
+    per_process /= max(1, a.process_masks)
+    per_mask_sweep = sweep / len(masks)
+    print(f"model {ckpt}: {len(ev.references)} sentences, {len(heads)} heads, {len(masks)} masks, "
+          f"threads {__import__('torch').get_num_threads()}")
+    print(f"one unmasked decode            {one_decode:8.2f} s")
+    print(f"BLEU sweep, per mask           {per_mask_sweep:8.2f} s  (masks per batch {a.masks_per_batch})")
+    print(f"per-process loop, per mask     {per_process:8.2f} s  ({a.process_masks} masks)")
+    print(f"loss preview, per mask         {loss / len(masks):8.2f} s")
+    print(f"sweep / (masks x one decode)   {sweep / (len(masks) * one_decode):8.3f}   (bar <= 1.0)")
+    print(f"per-process / sweep            {per_process / per_mask_sweep:8.3f}   (bar >= 1.5)")
+    print(f"identical hypotheses           {identical}/{min(a.process_masks, len(masks))}")
+    print(f"BLEU sweep / loss preview      {sweep / loss:8.3f}   (bar >= 20)")
+
+
+if __name__ == "__main__":
+    main()
