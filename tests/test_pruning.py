@@ -26,7 +26,8 @@ def test_prune_by_importance_and_random(tiny_data, stock_checkpoint, tmp_path):
     run(["fairseq-headprune", "score", tiny_data, "--path", stock_checkpoint, "--results-dir", tmp_path,
          "--gen-subset", "valid"])
     run(["fairseq-headprune", "prune", tiny_data, "--path", stock_checkpoint, "--results-dir", tmp_path, *PRUNE,
-         "--order", "importance,random", "--importance", tmp_path / "importance.json"])
+         "--order", "importance,random", "--importance", tmp_path / "importance.json",
+         "--save-pruned", tmp_path / "pruned.pt"])
     lines = [json.loads(line) for line in open(tmp_path / "pruning.jsonl")]
     rows = lines[1:]
     assert [r["heads_masked"] for r in rows] == [0, 6, 12, 18, 24] * 2
@@ -49,6 +50,15 @@ def test_prune_by_importance_and_random(tiny_data, stock_checkpoint, tmp_path):
                "--order", "importance,random", "--importance", tmp_path / "importance.json"]).stdout
     assert "heads masked" not in out
     assert len(open(tmp_path / "pruning.jsonl").readlines()) == 11
+    # the 50% of heads the importance order prunes, written as a spec file and physically removed
+    half = parse_head_spec(f"@{tmp_path / 'heads-importance-50.json'}")
+    assert set(half) == set(by_order["importance"][2])
+    run(["fairseq-headprune", "score", tiny_data, "--path", tmp_path / "pruned.pt", "--results-dir", tmp_path / "p",
+         "--gen-subset", "valid"])
+    pruned = json.loads((tmp_path / "p" / "importance.json").read_text())
+    for t in ("enc-dec", "dec-self"):
+        for layer, ids in enumerate(pruned["meta"]["head_ids"][t], start=1):
+            assert set(ids) == {1, 2, 3, 4} - {h.head for h in half if (h.type, h.layer) == (t, layer)}
 
 
 def test_prune_bad_input(tiny_data, stock_checkpoint, tmp_path):

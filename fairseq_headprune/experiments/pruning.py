@@ -21,7 +21,7 @@ from fairseq_headprune.heads import Head, HeadLayout, format_head_spec
 from fairseq_headprune.importance import from_nested_lists, normalize_by_layer
 from fairseq_headprune.loading import file_sha256, load
 from fairseq_headprune.masking import set_head_masks
-from fairseq_headprune.store import ResultsLog
+from fairseq_headprune.store import ResultsLog, write_json_atomic
 
 ORDERS = ("importance", "oracle", "random")
 
@@ -38,6 +38,10 @@ def add_args(parser) -> None:
     g.add_argument("--ablation", help="ablation-single.jsonl of `ablate`, for --order oracle")
     g.add_argument("--random-seed", type=int, default=1)
     g.add_argument("--references", help="raw reference file of the subset (default: its decoded targets)")
+    g.add_argument("--save-percent", type=float, default=50.0,
+                   help="write DIR/heads-ORDER-PCT.json, the heads each order prunes at this percent")
+    g.add_argument("--save-pruned", metavar="OUT.pt",
+                   help="also write a checkpoint with those heads (of the first order) physically removed")
 
 
 def steps(n_heads: int, step: float) -> List[int]:
@@ -140,10 +144,27 @@ def run(cfg, args) -> None:
                         "bleu": bleu})
             print(f"{label}: {n}/{len(candidates)} heads masked, BLEU {bleu:.2f}")
         set_head_masks(loaded.model, [])
+        chosen = ranking[: int(round(args.save_percent / 100 * len(candidates)))]
+        spec_path = os.path.join(args.results_dir, f"heads-{label.split(':')[0]}-{args.save_percent:g}.json")
+        write_json_atomic(spec_path, heads_to_json(chosen))
+        print(f"wrote {spec_path} ({len(chosen)} heads)")
+        if args.save_pruned and order == orders[0]:
+            from fairseq_headprune.experiments.remove import remove_and_save
+
+            info = remove_and_save(loaded, chosen, args.save_pruned, evaluator.samples[0])
+            print(f"wrote {args.save_pruned}: {info['kept']} heads kept, {info['params_after']:,} parameters")
     from fairseq_headprune.plots import pruning_curves
 
     png = pruning_curves(log.rows, os.path.join(args.results_dir, "pruning.png"))
     print(f"wrote {log.path}\nwrote {png}")
+
+
+def heads_to_json(heads: Sequence[Head]) -> Dict[str, Dict[str, List[int]]]:
+    """The `@file.json` form of a head list: {TYPE: {LAYER: [HEADS]}}, readable by --mask-heads and --heads."""
+    out: Dict[str, Dict[str, List[int]]] = {}
+    for h in sorted(heads, key=lambda h: (h.type, h.layer, h.head)):
+        out.setdefault(h.type, {}).setdefault(str(h.layer), []).append(h.head)
+    return out
 
 
 def initial_ranking(order: str, args, loaded, candidates: List[Head]) -> List[Head]:
