@@ -140,3 +140,24 @@ def test_score_bad_input_is_one_line_exit_2(case, message, tiny_data, stock_chec
     assert message in (lines[0] if case == "unknown command" else lines[-1])
     if case != "unknown command":
         assert len([line for line in lines if "error:" in line]) == 1
+
+
+def test_fairseq_train_finds_registered_architecture_task_and_criterion(tiny_data, tmp_path):
+    """`fairseq-train --user-dir fairseq_headprune` with every registered name, including the head_importance
+    criterion, whose per-sentence ξ leaves must not disturb training."""
+    from conftest import train
+
+    arch = ["--arch", "headprune_transformer_iwslt_de_en_8head", "--share-all-embeddings",
+            "--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
+            "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64"]
+    ckpt = train(tiny_data, tmp_path, updates=3, arch=[*arch, "--user-dir", cli.PACKAGE_DIR,
+                                                       "--task", "translation_headprune"])
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)
+    model_cfg = state["cfg"]["model"]
+    assert model_cfg.arch == "headprune_transformer_iwslt_de_en_8head"
+    assert model_cfg.encoder_attention_heads == 8 and model_cfg.encoder_normalize_before
+    out = run(["fairseq-train", tiny_data, *arch, "--user-dir", cli.PACKAGE_DIR, "--task", "translation_headprune",
+               "--criterion", "head_importance", "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "1500",
+               "--max-update", "2", "--save-dir", tmp_path / "crit", "--no-save", "--disable-validation",
+               "--log-format", "simple", "--log-interval", "1"])
+    assert "num_updates=2" in out.stdout + out.stderr or "done training" in (out.stdout + out.stderr)
