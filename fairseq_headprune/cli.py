@@ -22,6 +22,7 @@ COMMANDS = {
     "prune": ("fairseq_headprune.experiments.pruning", "iterative pruning curves by importance, oracle or random order"),
     "remove": ("fairseq_headprune.experiments.remove", "write a checkpoint whose given heads are physically gone"),
     "speed": ("fairseq_headprune.experiments.speed", "generation speed of unpruned, masked and pruned models"),
+    "dynamics": ("fairseq_headprune.experiments.dynamics", "pruning curves of every epoch checkpoint of a training run"),
     "correlate": ("fairseq_headprune.experiments.correlate", "Pearson/Spearman between two ablation result files"),
 }
 

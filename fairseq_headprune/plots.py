@@ -83,3 +83,30 @@ def pruning_curves(rows: List[dict], path: str, y: str = "bleu", ylabel: str = "
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     return _save(fig, path)
+
+
+def dynamics_figure(rows: List[dict], path: str) -> str:
+    """Figure 5 of Michel et al.: % of BLEU retained vs % of heads pruned, one curve per epoch; beside it,
+    each epoch's unpruned BLEU."""
+    by_epoch: Dict[int, List[Tuple[float, float, float]]] = {}
+    for r in rows:
+        if "epoch" in r:
+            by_epoch.setdefault(r["epoch"], []).append((r["percent_pruned"], r["bleu_retained"], r["bleu"]))
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 4), gridspec_kw={"width_ratios": [3, 2]})
+    cmap = plt.get_cmap("viridis")
+    epochs = sorted(by_epoch)
+    for i, e in enumerate(epochs):
+        pts = sorted(by_epoch[e])
+        ax.plot([p for p, _, _ in pts], [v for _, v, _ in pts], marker="o", ms=3,
+                color=cmap(i / max(1, len(epochs) - 1)), label=f"epoch {e}")
+    ax.set_xlabel("% of heads pruned")
+    ax.set_ylabel("% of the epoch's BLEU retained")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    base = [next(b for p, _, b in sorted(by_epoch[e]) if p == 0) if any(p == 0 for p, _, _ in by_epoch[e]) else np.nan
+            for e in epochs]
+    bx.plot(epochs, base, marker="o")
+    bx.set_xlabel("epoch")
+    bx.set_ylabel("BLEU (unpruned)")
+    bx.grid(alpha=0.3)
+    return _save(fig, path)
