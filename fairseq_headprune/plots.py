@@ -1,7 +1,6 @@
 """Every figure of the package, matplotlib only (Agg backend: no display needed)."""
 from __future__ import annotations
 
-import os
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import matplotlib
@@ -10,13 +9,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from fairseq_headprune.store import atomic_output  # noqa: E402
+
 
 def _save(fig, path: str) -> str:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = path + ".tmp.png"
-    fig.savefig(tmp, dpi=120, bbox_inches="tight")
+    with atomic_output(path, "wb") as f:
+        fig.savefig(f, format="png", dpi=120, bbox_inches="tight")
     plt.close(fig)
-    os.replace(tmp, path)
     return path
 
 

@@ -1,21 +1,23 @@
 """Writing results so that a crash never leaves a half-written file."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
-from typing import Any
+from typing import IO, Any, Iterator
 
 
-def write_json_atomic(path: str, obj: Any) -> None:
-    """Write JSON to a temporary file in the same folder, fsync it, then rename it over `path`."""
+@contextlib.contextmanager
+def atomic_output(path: str, mode: str = "w") -> Iterator[IO]:
+    """A file to write `path` through: a temporary file in the same folder, fsync'ed and renamed over `path`
+    when the block ends, removed if it raises."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".json")
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=1)
-            f.write("\n")
+        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -23,6 +25,12 @@ def write_json_atomic(path: str, obj: Any) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def write_json_atomic(path: str, obj: Any) -> None:
+    with atomic_output(path) as f:
+        json.dump(obj, f, indent=1)
+        f.write("\n")
 
 
 class ResultsLog:

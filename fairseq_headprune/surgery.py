@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Dict, Iterable, List, Mapping, Sequence, Tuple, Union
@@ -30,6 +28,7 @@ from torch import nn
 
 from fairseq_headprune.heads import ATTENTION_TYPES, Head, HeadLayout, HeadSpecError, attention_modules, head_ids
 from fairseq_headprune.masking import HeadMaskedMultiheadAttention
+from fairseq_headprune.store import atomic_output
 
 PRUNED_ARCH = "headprune_transformer"
 
@@ -249,21 +248,6 @@ def pruned_model_cfg(model_cfg, kept_json: str):
     raise TypeError(f"unsupported model config type {type(model_cfg).__name__}")
 
 
-def _atomic_torch_save(obj, path: Path) -> None:
-    """torch.save to a temporary file in the same folder, then os.replace: a crash never leaves half a file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
 def save_pruned_checkpoint(model, source_checkpoint, out_path) -> Path:
     """Write `source_checkpoint` with `model`'s (pruned) weights and a config that rebuilds its shape.
 
@@ -287,5 +271,6 @@ def save_pruned_checkpoint(model, source_checkpoint, out_path) -> Path:
     state.pop("last_optimizer_state", None)
     if isinstance(state.get("extra_state"), dict):
         state["extra_state"].pop("ema", None)
-    _atomic_torch_save(state, out_path)
+    with atomic_output(str(out_path), "wb") as f:  # a crash never leaves half a checkpoint
+        torch.save(state, f)
     return out_path
