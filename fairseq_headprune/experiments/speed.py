@@ -66,7 +66,8 @@ class IncrementalStateMeter:
         self.handle = decoder.layers[-1].register_forward_pre_hook(self._measure, with_kwargs=True)
 
     def _measure(self, _module, args, kwargs):
-        state = kwargs.get("incremental_state")
+        # TransformerDecoderLayer.forward(x, encoder_out, encoder_padding_mask, incremental_state, ...)
+        state = kwargs.get("incremental_state", args[3] if len(args) > 3 else None)
         if state:
             size = sum(v.numel() * v.element_size() for buf in state.values() for v in buf.values()
                        if torch.is_tensor(v))
