@@ -19,10 +19,10 @@ from fairseq_headprune.loading import PACKAGE_DIR, trust_fairseq_checkpoints
 COMMANDS = {
     "score": ("fairseq_headprune.experiments.score", "head importance I_h = E|dL/dxi_h| (Michel et al.)"),
     "ablate": ("fairseq_headprune.experiments.ablation", "single-head and keep-one-head ablations with significance"),
-    "prune": ("fairseq_headprune.experiments.pruning", "iterative pruning curves by importance, oracle or random order"),
+    "prune": ("fairseq_headprune.experiments.pruning", "pruning curves: importance, oracle or random order"),
     "remove": ("fairseq_headprune.experiments.remove", "write a checkpoint whose given heads are physically gone"),
     "speed": ("fairseq_headprune.experiments.speed", "generation speed of unpruned, masked and pruned models"),
-    "dynamics": ("fairseq_headprune.experiments.dynamics", "pruning curves of every epoch checkpoint of a training run"),
+    "dynamics": ("fairseq_headprune.experiments.dynamics", "pruning curves of every epoch of a training run"),
     "correlate": ("fairseq_headprune.experiments.correlate", "Pearson/Spearman between two ablation result files"),
 }
 

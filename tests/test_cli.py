@@ -8,7 +8,6 @@ import torch
 from conftest import run
 from fairseq_headprune import cli
 from fairseq_headprune.experiments.score import compute_importance
-from fairseq_headprune.loading import Loaded
 
 
 def hypotheses(stdout: str):

@@ -1,7 +1,6 @@
 """Iterative pruning curves: the right heads, in the right order, at every step."""
 import json
 
-import pytest
 
 from conftest import run
 from fairseq_headprune.experiments.pruning import rank_by_scores, steps

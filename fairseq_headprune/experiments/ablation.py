@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Dict, Iterable, List, Tuple
 
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.evaluate import SubsetEvaluator
@@ -56,7 +56,8 @@ def parse_types(text: str) -> List[str]:
     types = [t.strip() for t in text.split(",") if t.strip()]
     bad = [t for t in types if t not in ATTENTION_TYPES]
     if bad or not types:
-        raise UserError(f"--types: unknown attention type {bad[0] if bad else text!r} (use {', '.join(ATTENTION_TYPES)})")
+        name = bad[0] if bad else text
+        raise UserError(f"--types: unknown attention type {name!r} (use {', '.join(ATTENTION_TYPES)})")
     return types
 
 
@@ -217,7 +218,8 @@ def report_keep_one_on(args, cfg, loaded, layout, types, select_rows) -> List[st
 
     chosen = report.best_per_layer(select_rows, args.metric)
     evaluator = SubsetEvaluator(loaded, args.report_subset, args.report_references)
-    hdr = {**header(args, cfg, loaded, evaluator, "keep-one-report"), "selected_on": args.select_subset or cfg.dataset.gen_subset}
+    hdr = {**header(args, cfg, loaded, evaluator, "keep-one-report"),
+           "selected_on": args.select_subset or cfg.dataset.gen_subset}
     name = results_name("keep-one", args.metric) + f"-report-{args.report_subset}"
     log = ResultsLog(os.path.join(args.results_dir, name + ".jsonl"), hdr)
     jobs = [job for job in keep_one_jobs(layout, types) if job.key in {row["key"] for row in chosen}]

@@ -125,4 +125,5 @@ def write_table(rows: List[dict], path: str) -> None:
         cells = [f"{cell[(e, p)]['bleu_retained']:.0f}" if (e, p) in cell else "" for p in percents]
         lines.append(f"| {e} | {base:.2f} | " + " | ".join(cells) + " |" if base is not None else f"| {e} | | |")
     with open(path, "w", encoding="utf-8") as f:
-        f.write("% of each epoch's unpruned BLEU kept when heads are pruned by importance\n\n" + "\n".join(lines) + "\n")
+        f.write("% of each epoch's unpruned BLEU kept when heads are pruned by importance\n\n")
+        f.write("\n".join(lines) + "\n")

@@ -174,5 +174,7 @@ def initial_ranking(order: str, args, loaded, candidates: List[Head]) -> List[He
         return ranking
     if order == "oracle":
         return rank_by_scores(oracle_scores(args.ablation), candidates)
-    scores = importance_scores(args.importance) if args.importance else estimate_importance(loaded, args.importance_subset)
+    if args.importance:
+        return rank_by_scores(importance_scores(args.importance), candidates)
+    scores = estimate_importance(loaded, args.importance_subset)
     return rank_by_scores(scores, candidates)

@@ -140,10 +140,11 @@ def run(cfg, args) -> None:
         print(f"batch {bs:>3}: " + ", ".join(f"{n} {r['sentences_per_s']:.1f}±{r['sentences_per_s_std']:.1f} sent/s "
                                           f"{r['tokens_per_s']:.0f} tok/s" for n, r in row.items())
               + f"; pruned speed-up {row['pruned']['speedup']:.3f} (tokens/s)")
-    src_lens, hyp_lens_list = _lengths(task, generators["unpruned"], loaded.model, fixed_batches(loaded, subset, args.num_sentences, 64))
+    sample_batches = fixed_batches(loaded, subset, args.num_sentences, 64)
+    src_lens, hyp_lens = _lengths(task, generators["unpruned"], loaded.model, sample_batches)
     beam = cfg.generation.beam
     # FLOPs per token on the same sentences: what time would give if it followed the arithmetic exactly
-    bound = decode_flops(loaded.model, src_lens, hyp_lens_list, beam) / decode_flops(pruned, src_lens, hyp_lens_list, beam)
+    bound = decode_flops(loaded.model, src_lens, hyp_lens, beam) / decode_flops(pruned, src_lens, hyp_lens, beam)
     result["flop_bound_speedup"] = bound
     for row in result["batch_sizes"].values():
         row["pruned"]["speedup_over_flop_bound"] = row["pruned"]["speedup"] / bound

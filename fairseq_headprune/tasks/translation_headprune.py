@@ -37,5 +37,5 @@ class TranslationHeadpruneTask(TranslationTask):
             except HeadSpecError as e:
                 # fairseq's CLIs have no error handling of their own: a bad flag is a usage error (exit 2)
                 print(f"error: --mask-heads: {e}", file=sys.stderr)
-                raise SystemExit(2)
+                raise SystemExit(2) from None
         return model
