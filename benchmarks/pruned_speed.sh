@@ -17,6 +17,7 @@ mkdir -p "$WORK"
   bash data_prep/encode-for-model.sh "$MODEL" de en "$DATA/multi30k/val" "$WORK/val" valid
 [ -f "$WORK/test/test.de-en.de.bin" ] || \
   bash data_prep/encode-for-model.sh "$MODEL" de en data/multi30k-test2016/test "$WORK/test" test
+mkdir -p "$WORK/de-en-same-work"
 fairseq-headprune score "$WORK/val" --path "$MODEL/model.pt" --gen-subset valid --results-dir "$WORK/de-en"
 python - "$WORK/de-en" <<'PY'
 import json, sys
@@ -27,6 +28,11 @@ json.dump(heads_to_json(ranked[: len(ranked) // 2]), open(f"{sys.argv[1]}/heads-
 PY
 fairseq-headprune speed "$WORK/test" --path "$MODEL/model.pt" --gen-subset test --heads "@$WORK/de-en/heads-50.json" \
   --results-dir "$WORK/de-en" --beam 5 --runs 3 --num-sentences 128 | tee "$WORK/de-en/speed.txt"
+# The same with the same work for all three models: every hypothesis exactly 20 tokens (a pruned model that
+# writes shorter or longer translations than the unpruned one otherwise mixes output length into the speed-up)
+fairseq-headprune speed "$WORK/test" --path "$MODEL/model.pt" --gen-subset test --heads "@$WORK/de-en/heads-50.json" \
+  --results-dir "$WORK/de-en-same-work" --beam 5 --runs 3 --num-sentences 128 --max-len-a 0 --max-len-b 20 \
+  --min-len 20 | tee "$WORK/de-en-same-work/speed.txt"
 
 # The IWSLT 8-head shape, random weights (one update of fairseq-train creates a loadable checkpoint)
 if [ ! -f "$WORK/iwslt8/checkpoint_last.pt" ]; then

@@ -23,9 +23,15 @@ for l in $SRC $TGT; do
   subword-nmt apply-bpe -c "$MODEL/code" < "$OUT/prep/$SPLIT.tok.$l" > "$OUT/prep/$SPLIT.bpe.$l"
   cp "$RAW.$l" "$OUT/$SPLIT.raw.$l"
 done
+# binarise into a folder of its own, then move: fairseq-preprocess names its output test.*, which would overwrite
+# a test subset already in OUT when another split is encoded into the same folder
+TMP_BIN=$OUT/prep/bin-$SPLIT
+rm -rf "$TMP_BIN"
 fairseq-preprocess --source-lang "$SRC" --target-lang "$TGT" --srcdict "$MODEL/dict.$SRC.txt" \
-  --tgtdict "$MODEL/dict.$TGT.txt" --testpref "$OUT/prep/$SPLIT.bpe" --destdir "$OUT" --workers 1 \
+  --tgtdict "$MODEL/dict.$TGT.txt" --testpref "$OUT/prep/$SPLIT.bpe" --destdir "$TMP_BIN" --workers 1 \
   > "$OUT/prep/preprocess.log" 2>&1 || die "fairseq-preprocess failed: see $OUT/prep/preprocess.log"
-[ "$SPLIT" = test ] || for ext in bin idx; do for l in $SRC $TGT; do
-  mv "$OUT/test.$SRC-$TGT.$l.$ext" "$OUT/$SPLIT.$SRC-$TGT.$l.$ext"; done; done
+for ext in bin idx; do for l in $SRC $TGT; do
+  mv "$TMP_BIN/test.$SRC-$TGT.$l.$ext" "$OUT/$SPLIT.$SRC-$TGT.$l.$ext"; done; done
+for l in $SRC $TGT; do cp "$TMP_BIN/dict.$l.txt" "$OUT/dict.$l.txt"; done
+rm -rf "$TMP_BIN"
 echo "encoded $n_src sentence pairs into $OUT (subset $SPLIT)" >&2
