@@ -109,3 +109,85 @@ def dynamics_figure(rows: List[dict], path: str) -> str:
     bx.set_ylabel("BLEU (unpruned)")
     bx.grid(alpha=0.3)
     return _save(fig, path)
+
+
+def _function_colour(labels: Sequence[str]) -> str:
+    """One colour per kind of head function (Voita et al. Figure 1): positional, rare, syntactic, none."""
+    kinds = {label.split()[0] for label in labels}
+    if len(kinds) > 1:
+        return "tab:purple"
+    return {"positional": "tab:blue", "rare": "tab:orange", "syntactic": "tab:green"}.get(kinds.pop() if kinds else "",
+                                                                                         "tab:gray")
+
+
+def head_confidence_relevance(layers: List[dict], attn_type: str, path: str) -> str:
+    """Per layer, bars of each head's confidence (top row) and LRP relevance share (bottom row); in encoder
+    self-attention the relevance bars are coloured by the head's function."""
+    n = len(layers)
+    fig, axes = plt.subplots(2, n, figsize=(2.1 * n + 1, 4.6), sharey="row", squeeze=False)
+    for j, entry in enumerate(layers):
+        heads = entry["heads"]
+        x = np.arange(len(heads))
+        axes[0, j].bar(x, [h["confidence"] for h in heads], color="tab:cyan")
+        colours = [_function_colour(h.get("labels", [])) for h in heads]
+        axes[1, j].bar(x, [h["relevance"] for h in heads], color=colours)
+        for ax in axes[:, j]:
+            ax.set_xticks(x, [str(h["head"]) for h in heads], fontsize=7)
+            ax.grid(axis="y", alpha=0.3)
+        axes[0, j].set_title(f"layer {entry['layer']}", fontsize=9)
+        axes[1, j].set_xlabel("head", fontsize=8)
+    axes[0, 0].set_ylabel("confidence")
+    axes[1, 0].set_ylabel("relevance share")
+    axes[0, 0].set_ylim(0, 1)
+    if attn_type == "enc-self":
+        from matplotlib.patches import Patch
+
+        kinds = [("positional", "tab:blue"), ("rare", "tab:orange"), ("syntactic", "tab:green"),
+                 ("several", "tab:purple"), ("none", "tab:gray")]
+        fig.legend(handles=[Patch(color=c, label=k) for k, c in kinds], loc="lower center", ncol=5, fontsize=8,
+                   bbox_to_anchor=(0.5, -0.04))
+    fig.suptitle(f"{attn_type}: confidence and LRP relevance per head", fontsize=10)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def head_function_map(layers: List[dict], baselines: Optional[Dict[str, float]], path: str) -> str:
+    """Encoder self-attention heads (layers x heads): the share of tokens whose maximum attention goes to
+    position -1, +1 and the rarest token, and (with parses) the best syntactic accuracy above its positional
+    baseline. Starred cells carry the label."""
+    heads = sorted({h["head"] for e in layers for h in e["heads"]})
+    panels = [("prev", "max weight on position -1", "positional -1"),
+              ("next", "max weight on position +1", "positional +1"),
+              ("rare", "max weight on the rarest token", "rare")]
+    if baselines is not None:
+        panels.append(("syntactic", "best syntactic accuracy - baseline", "syntactic"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 0.45 * len(layers) + 1.6), squeeze=False)
+    for ax, (field, title, label) in zip(axes[0], panels):
+        grid = np.full((len(layers), len(heads)), np.nan)
+        starred = np.zeros_like(grid, dtype=bool)
+        for i, entry in enumerate(layers):
+            for h in entry["heads"]:
+                fn = h["functions"]
+                if field == "syntactic":
+                    margins = [acc - baselines.get(name, 0.0) for name, acc in fn.get("syntactic", {}).items()]
+                    value = max(margins) if margins else np.nan
+                else:
+                    value = fn[field]
+                grid[i, heads.index(h["head"])] = value
+                starred[i, heads.index(h["head"])] = any(x.startswith(label) for x in h["labels"])
+        vmin = -0.5 if field == "syntactic" else 0.0
+        vmax = 0.5 if field == "syntactic" else 1.0
+        im = ax.imshow(grid, cmap="RdBu" if field == "syntactic" else "Blues", vmin=vmin, vmax=vmax, aspect="auto")
+        for (i, j), v in np.ndenumerate(grid):
+            if np.isfinite(v):
+                ax.text(j, i, f"{v:.2f}" + ("*" if starred[i, j] else ""), ha="center", va="center", fontsize=6,
+                        color="white" if (v > 0.6 * vmax or v < 0.6 * vmin) else "black")
+        ax.set_xticks(range(len(heads)), [str(h) for h in heads], fontsize=7)
+        ax.set_yticks(range(len(layers)), [str(e["layer"]) for e in layers], fontsize=7)
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+        ax.set_title(title, fontsize=9)
+        fig.colorbar(im, ax=ax, fraction=0.046)
+    fig.suptitle("encoder self-attention head functions (* = labelled)", fontsize=10)
+    fig.tight_layout()
+    return _save(fig, path)
