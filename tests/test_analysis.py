@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from conftest import run
+from conftest import SLICE, run
 from fairseq_headprune import head_functions as hf
 from fairseq_headprune.attention_capture import capture_attention
 from fairseq_headprune.experiments import analysis
@@ -268,6 +268,7 @@ def test_analyze_command_end_to_end_with_parses_and_resume(tmp_path, tiny_data, 
         for entry in result[t]:
             assert sum(h["relevance"] for h in entry["heads"]) == pytest.approx(1.0, abs=1e-6)
             assert all(0 < h["confidence"] <= 1 for h in entry["heads"])
+    assert set(result["summary"]["enc-self"]["confidence_vs_relevance"]) >= {"spearman_r", "pearson_r"}
     head = result["enc-self"][0]["heads"][0]
     assert set(head["functions"]) == {"prev", "next", "rare", "syntactic"}
     assert set(head["functions"]["syntactic"]) == set(relations)
@@ -309,10 +310,15 @@ def _close(a, b) -> bool:
 
 
 def test_analyze_without_parses_says_syntax_was_skipped(tmp_path, tiny_data, stock_checkpoint):
-    proc = analyze(tiny_data, stock_checkpoint, tmp_path, "--num-sentences", "3")
+    """Also: rare-token frequencies counted from a raw training text, tokenised and BPE'd as the model's input."""
+    raw = SLICE / "train.de"
+    proc = analyze(tiny_data, stock_checkpoint, tmp_path, "--num-sentences", "3", "--frequency-text", raw,
+                   "--tokenizer", "moses", "--bpe", "subword_nmt", "--bpe-codes", tiny_data / "code", "-s", "de",
+                   "-t", "en")
     assert "syntactic functions skipped" in proc.stdout
     result = json.loads((tmp_path / "heads_analysis.json").read_text())
     assert "skipped" in result["meta"]["syntactic"]
+    assert result["meta"]["frequencies"].startswith(f"counts of {raw}")
     assert "syntactic" not in result["enc-self"][0]["heads"][0]["functions"]
 
 

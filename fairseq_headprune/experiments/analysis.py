@@ -26,7 +26,7 @@ from fairseq_headprune import head_functions as hf
 from fairseq_headprune.attention_capture import capture_attention
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.evaluate import SubsetEvaluator
-from fairseq_headprune.heads import ATTENTION_TYPES, HeadLayout, format_head_spec, Head
+from fairseq_headprune.heads import ATTENTION_TYPES, Head, HeadLayout, format_head_spec
 from fairseq_headprune.loading import file_sha256, load
 from fairseq_headprune.lrp import RULE, conservative_propagation, layer_shares, relevance_inputs, step_head_relevances
 from fairseq_headprune.masking import row_head_masks
@@ -270,6 +270,8 @@ def build_results(total: dict, layout: HeadLayout, args, meta: dict) -> dict:
 
 
 def _summary(out: dict, layout: HeadLayout) -> dict:
+    from fairseq_headprune.stats import correlations
+
     labelled: Dict[str, List[Head]] = {"positional": [], "rare": [], "syntactic": []}
     for entry in out["enc-self"]:
         for head in entry["heads"]:
@@ -283,6 +285,8 @@ def _summary(out: dict, layout: HeadLayout) -> dict:
         rel = [h["relevance"] for e in out[t] for h in e["heads"]]
         summary[t] = {"confidence_min": min(conf), "confidence_max": max(conf), "relevance_min": min(rel),
                       "relevance_max": max(rel)}
+        if len(conf) > 2:  # Voita et al.: the most relevant heads are the confident ones
+            summary[t]["confidence_vs_relevance"] = correlations(conf, rel)
     return summary
 
 
@@ -398,10 +402,13 @@ def format_report(results: dict) -> str:
              f"{meta['lrp_conservation_max_relative_error']:.1e}"]
     for t in ATTENTION_TYPES:
         s = summary[t]
+        corr = s.get("confidence_vs_relevance")
         lines.append(f"{t:<9} confidence {s['confidence_min']:.2f}..{s['confidence_max']:.2f}, "
-                     f"relevance share {s['relevance_min']:.3f}..{s['relevance_max']:.3f}")
+                     f"relevance share {s['relevance_min']:.3f}..{s['relevance_max']:.3f}"
+                     + (f", Spearman(confidence, relevance) {corr['spearman_r']:.2f}" if corr else ""))
     for kind in ("positional", "rare", "syntactic"):
-        lines.append(f"{kind} heads: {summary[kind]['count']} {summary[kind]['heads']}")
+        lines.append(f"{kind} heads: {summary[kind]['count']}"
+                     + (f" ({summary[kind]['heads']})" if summary[kind]["heads"] else ""))
     if "skipped" in meta["syntactic"]:
         lines.append(meta["syntactic"]["skipped"])
     comparison = summary.get("importance_comparison")
