@@ -24,6 +24,7 @@ COMMANDS = {
     "speed": ("fairseq_headprune.experiments.speed", "generation speed of unpruned, masked and pruned models"),
     "dynamics": ("fairseq_headprune.experiments.dynamics", "pruning curves of every epoch of a training run"),
     "correlate": ("fairseq_headprune.experiments.correlate", "Pearson/Spearman between two ablation result files"),
+    "report": ("fairseq_headprune.experiments.report", "the whole study of a model: every part, claims, report.md/html"),
     "analyze": ("fairseq_headprune.experiments.analysis", "confidence, LRP relevance and functions of every head (Voita)"),
 }
 

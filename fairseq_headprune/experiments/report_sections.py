@@ -1,0 +1,377 @@
+"""The sections of `fairseq-headprune report`: each one is fed by the result files of its part and says how to
+produce them when they are missing. Figures the commands wrote are embedded as they are; the few the report
+draws itself (importance maps, curves split by kind, dynamics) go through plots.py into DIR/report-*.png.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+from statistics import mean
+from typing import Dict, List, Optional, Sequence
+
+from fairseq_headprune import claims as cl
+from fairseq_headprune.document import Document
+from fairseq_headprune.heads import ATTENTION_TYPES, TYPE_DESCRIPTIONS
+
+VERDICT_CLASS = {cl.SUPPORTED: "verdict-supported", cl.NOT_SUPPORTED: "verdict-not-supported",
+                 cl.NOT_RUN: "verdict-not-run", cl.INCOMPLETE: "verdict-incomplete"}
+DYNAMICS_COMMAND = ("bash recipes/iwslt_dynamics.sh  # or: fairseq-headprune dynamics DATA --checkpoint-dir "
+                    "EPOCH_CHECKPOINTS --results-dir results/dynamics --gen-subset test --beam 5 ...")
+VOITA_COMMAND = "bash recipes/voita_l0.sh  # then: fairseq-headprune report ... --l0-sweep results/voita/compare.jsonl"
+
+
+@dataclass
+class Files:
+    out: str
+    dynamics_path: Optional[str]
+    l0_path: Optional[str]
+
+    def __post_init__(self):
+        j = lambda name: os.path.join(self.out, name)  # noqa: E731
+        self.importance = j("importance.json")
+        self.single = j("ablation-single.jsonl")
+        self.keep_one = j("ablation-keep-one.jsonl")
+        self.pruning = j("pruning.jsonl")
+        self.speed = j("speed.json")
+        self.analysis = j("heads_analysis.json")
+
+    def figure(self, name: str) -> str:
+        return os.path.join(self.out, name)
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 60 else f"{seconds / 60:.1f} min"
+
+
+def _header_of(path: str) -> Dict:
+    return cl.read_jsonl(path)[0] if os.path.exists(path) else {}
+
+
+def _missing(doc: Document, what: str, lines: Sequence[str]) -> None:
+    doc.paragraph(f"Not run yet: no {what}. The command that produces it (and resumes it when interrupted):")
+    doc.code("\n".join(lines))
+
+
+def _provenance(doc: Document, part, state) -> None:
+    seconds = state.seconds(part.name)
+    when = f"computed in {_duration(seconds)} by" if seconds else "produced or resumed by"
+    doc.paragraph(f"Results {when}:")
+    doc.code("\n".join(part.lines()))
+
+
+# ---------------------------------------------------------------- header and claims
+
+def header(doc: Document, files: Files, cfg, args, state, layout) -> None:
+    from fairseq_headprune.loading import file_sha256
+
+    ckpt = cfg.common_eval.path
+    g = cfg.generation
+    baseline = next((r for r in (cl.read_rows(files.single) or []) if r.get("key") == "baseline"), None)
+    sentences = f"{len(baseline['hypotheses'])} sentences" if baseline and "hypotheses" in baseline else "sentences"
+    lines = [
+        f"**Model**: `{ckpt}` (sha256 {file_sha256(ckpt)[:12]}), {layout.describe()}.",
+        f"**Data**: `{cfg.task.data}`, subset `{cfg.dataset.gen_subset}` ({sentences}); references: "
+        f"`{args.references or 'the binarised targets, decoded'}`; I_h computed on subset "
+        f"`{args.importance_subset or cfg.dataset.gen_subset}`.",
+        f"**Decoding**: beam {g.beam}, length penalty {g.lenpen}, max length {g.max_len_a}·src + {g.max_len_b}.",
+    ]
+    signatures = sorted({h.get("bleu_signature") for h in map(_header_of, (files.single, files.keep_one, files.pruning))
+                         if h.get("bleu_signature")})
+    if signatures:
+        lines.append("**sacreBLEU**: " + "; ".join(f"`{s}`" for s in signatures) + ".")
+    if baseline and "bleu" in baseline:
+        lines.append(f"**Unpruned model**: {baseline['bleu']:.2f} BLEU on this subset.")
+    if args.note:
+        lines.append(f"**Note**: {args.note}")
+    total = sum(v.get("seconds", 0) for v in state.data["parts"].values())
+    lines.append(f"Written {datetime.datetime.now().strftime('%Y-%m-%d %H:%M')} by `fairseq-headprune report`; "
+                 f"the parts' compute time recorded in `{os.path.basename(state.path)}`: {_duration(total)}.")
+    doc.bullets(lines)
+
+
+def evaluate_claims(files: Files, parts: Dict, layout, args) -> List[cl.Claim]:
+    single = cl.read_rows(files.single)
+    pruning = cl.read_rows(files.pruning)
+    per_layer = {key: len(heads) for key, heads in layout.heads.items()}
+    l0_points, l0_source = read_l0_sweep(files.l0_path)
+    return [
+        cl.claim_single_heads(single, len(layout.all_heads()), parts["single"].lines()[0]),
+        cl.claim_keep_one(cl.read_rows(files.keep_one), len(per_layer), parts["keep-one"].lines()[0],
+                          heads_per_layer=per_layer),
+        cl.claim_prunable(pruning, parts["prune"].lines()[0]),
+        cl.claim_enc_dec_sensitive(pruning, single, "\n".join(parts["prune-types"].lines())),
+        cl.claim_dynamics(cl.read_rows(files.dynamics_path), DYNAMICS_COMMAND, source=files.dynamics_path or ""),
+        cl.claim_speed(cl.read_json(files.speed), parts["speed"].lines()[0]),
+        cl.claim_voita(l0_points, VOITA_COMMAND, source=l0_source),
+    ]
+
+
+def read_l0_sweep(path: Optional[str]):
+    """(points, source) of Voita's λ sweep, or (None, '') when not given or not there."""
+    if not path or not os.path.exists(path):
+        return None, ""
+    return cl.l0_points(path), path
+
+
+def claims_table(doc: Document, rows: Sequence[cl.Claim]) -> None:
+    doc.heading("The papers' claims, checked")
+    doc.paragraph("Each verdict is computed from the result files by the rule listed under the table; the paper's "
+                  "number is quoted from the paper (other models and data: Michel et al. used WMT En-Fr and BERT, "
+                  "Voita et al. WMT En-Ru), ours is this model's.")
+    doc.table(["", "claim", "paper", "ours", "verdict"],
+              [[c.id, c.claim, c.paper, c.ours, f"**{c.verdict}**"] for c in rows],
+              [VERDICT_CLASS[c.verdict] for c in rows])
+    doc.bullets([f"{c.id}: {c.rule}" + (f" (from `{', '.join(c.sources)}`)" if c.sources else "") for c in rows])
+    todo = [c for c in rows if c.verdict in (cl.NOT_RUN, cl.INCOMPLETE) and c.command]
+    if todo:
+        doc.paragraph("To complete the table:")
+        doc.code("\n".join(f"# {c.id}\n{c.command}" for c in todo))
+
+
+# ---------------------------------------------------------------- parts
+
+def importance(doc: Document, files: Files, part, state) -> None:
+    from fairseq_headprune.experiments.pruning import importance_scores
+    from fairseq_headprune.plots import head_heatmap
+
+    doc.heading("Head importance I_h")
+    data = cl.read_json(files.importance)
+    if data is None:
+        _missing(doc, "importance.json", part.lines())
+        return
+    meta = data.get("meta", {})
+    nll = meta.get("nll_per_token", float("nan"))
+    doc.paragraph(f"{meta.get('definition', '')}. Subset `{meta.get('subset')}`: {meta.get('sentences')} sentences, "
+                  f"{meta.get('target_tokens')} target tokens, NLL {nll:.3f}/token; "
+                  f"{'l2-normalised per layer' if meta.get('normalized_by_layer') else 'raw'}.")
+    scores = importance_scores(files.importance)
+    for t in ATTENTION_TYPES:
+        values = {(h.layer, h.head): v for h, v in scores.items() if h.type == t}
+        if values:
+            path = head_heatmap(values, {}, f"{t}: head importance I_h", "I_h",
+                                files.figure(f"report-importance-{t}.png"))
+            doc.image(path, f"I_h of every {TYPE_DESCRIPTIONS[t]} head (rows: layers, columns: heads)")
+    _provenance(doc, part, state)
+
+
+def _change(row: Dict) -> str:
+    return f"**{row['delta']:+.2f}**" if row.get("significant") else f"{row['delta']:+.2f}"
+
+
+def _grid(rows: Sequence[Dict], t: str) -> List[List[str]]:
+    by_pos = {(r["layer"], r["head"]): r for r in rows if r["type"] == t}
+    heads = sorted({h for _, h in by_pos})
+    out = []
+    for layer in sorted({layer for layer, _ in by_pos}):
+        cells = []
+        for h in heads:
+            r = by_pos.get((layer, h))
+            cells.append("" if r is None else _change(r))
+        out.append([str(layer)] + cells)
+    return out
+
+
+def single(doc: Document, files: Files, part, state, layout) -> None:
+    doc.heading("Single-head ablation (Michel et al. Table 1)")
+    rows = cl.read_rows(files.single)
+    if rows is None:
+        _missing(doc, "ablation-single.jsonl", part.lines())
+        return
+    header = _header_of(files.single)
+    base = next((r for r in rows if r.get("key") == "baseline"), None)
+    heads = [r for r in rows if r.get("key") != "baseline"]
+    alpha = (header.get("bootstrap") or {}).get("significance")
+    doc.paragraph(f"Each head masked alone; BLEU change against the unpruned model ({base['bleu']:.2f} BLEU)"
+                  if base else "Each head masked alone.")
+    doc.paragraph(f"{len(heads)} of {len(layout.all_heads())} heads done. **Bold**: significant "
+                  f"(compare-mt paired bootstrap, {(header.get('bootstrap') or {}).get('samples')} resamples, "
+                  f"p < {alpha}).")
+    summary = []
+    for t in ATTENTION_TYPES:
+        mine = [r for r in heads if r["type"] == t]
+        if not mine:
+            continue
+        worst = min(mine, key=lambda r: r["delta"])
+        summary.append([t, str(len(mine)), str(sum(r.get("significant", False) and r["delta"] < 0 for r in mine)),
+                        str(sum(r.get("significant", False) and r["delta"] > 0 for r in mine)),
+                        f"{mean(r['delta'] for r in mine):+.3f}", f"{t}:{worst['layer']}:{worst['head']} "
+                        f"{worst['delta']:+.2f}"])
+    doc.table(["type", "heads", "significant drops", "significant gains", "mean change", "worst head"], summary)
+    for t in ATTENTION_TYPES:
+        grid = _grid(heads, t)
+        if not grid:
+            continue
+        doc.heading(f"{TYPE_DESCRIPTIONS[t]} ({t})", 3)
+        figure = files.figure(f"ablation-single-{t}.png")
+        if os.path.exists(figure):
+            doc.image(figure, f"BLEU change when one {TYPE_DESCRIPTIONS[t]} head is masked (* significant)")
+        doc.table(["layer"] + [str(h) for h in sorted({r["head"] for r in heads if r["type"] == t})], grid)
+    _provenance(doc, part, state)
+
+
+def keep_one(doc: Document, files: Files, part, state) -> None:
+    doc.heading("One head per layer (Michel et al. Tables 2/3)")
+    rows = cl.read_rows(files.keep_one)
+    if rows is None:
+        _missing(doc, "ablation-keep-one.jsonl", part.lines())
+        return
+    base = next((r for r in rows if r.get("key") == "baseline"), None)
+    doc.paragraph("One layer at a time keeps a single head (each head tried; the best one shown), all other layers "
+                  "intact. Change against the unpruned model" + (f" ({base['bleu']:.2f} BLEU)" if base else "")
+                  + "; **bold**: significant.")
+    table = []
+    for r in cl.best_per_layer(rows):
+        table.append([r["type"], str(r["layer"]), str(r["head"]), f"{r['bleu']:.2f}", _change(r)])
+    doc.table(["type", "layer", "best head", "BLEU", "change"], table)
+    _provenance(doc, part, state)
+
+
+def pruning(doc: Document, files: Files, part, types_part, state) -> None:
+    from fairseq_headprune.plots import pruning_curves
+
+    doc.heading("Pruning curves (Michel et al. Figures 3/4)")
+    rows = cl.read_rows(files.pruning)
+    if rows is None:
+        _missing(doc, "pruning.jsonl", part.lines() + types_part.lines())
+        return
+    rows = [r for r in rows if "percent_pruned" in r]
+    whole = [r for r in rows if set(r["types"]) == set(ATTENTION_TYPES)]
+    alone = [r for r in rows if len(r["types"]) == 1]
+    doc.paragraph("Heads masked 10% more at a time (by `--step`), least important first: by I_h (importance), by "
+                  "the single-head ablation's BLEU change (oracle), or in a seeded random order.")
+    for label, subset, name in (("whole model", whole, "model"), ("each attention type alone, by importance", alone,
+                                                                  "types")):
+        if not subset:
+            continue
+        doc.heading(label[0].upper() + label[1:], 3)
+        path = pruning_curves(subset, files.figure(f"report-pruning-{name}.png"))
+        doc.image(path, f"BLEU against the % of heads pruned: {label}")
+        curves = sorted({f"{r['order']} ({', '.join(r['types'])})" for r in subset})
+        cell = {(f"{r['order']} ({', '.join(r['types'])})", round(r["percent_pruned"])): r["bleu"] for r in subset}
+        percents = sorted({round(r["percent_pruned"]) for r in subset})
+        doc.table(["% pruned"] + curves,
+                  [[f"{p}%"] + [f"{cell[(c, p)]:.2f}" if (c, p) in cell else "" for c in curves] for p in percents])
+    _provenance(doc, part, state)
+    if alone:
+        _provenance(doc, types_part, state)
+    elif whole:
+        doc.paragraph("No per-type curves yet:")
+        doc.code("\n".join(types_part.lines()))
+
+
+def speed(doc: Document, files: Files, part, state) -> None:
+    doc.heading("Speed of pruned models (Michel et al. Table 4)")
+    data = cl.read_json(files.speed)
+    if data is None:
+        _missing(doc, "speed.json", part.lines())
+        return
+    doc.paragraph(f"{data['heads_pruned']} of {data['heads_total']} heads removed (the importance order's choice). "
+                  f"Unpruned, masked (heads zeroed, same work) and physically pruned models decode the same "
+                  f"sentences of `{data['subset']}` (beam {data['beam']}, {data['threads']} thread(s)); sentences/s "
+                  f"mean ± standard deviation over runs; speed-up in tokens/s.")
+    table = []
+    for b in sorted(data["batch_sizes"], key=int):
+        row = data["batch_sizes"][b]
+        cells = [f"{row[n]['sentences_per_s']:.1f} ± {row[n]['sentences_per_s_std']:.1f}"
+                 for n in ("unpruned", "masked", "pruned")]
+        state_kib = f"{row['unpruned']['incremental_state_bytes'] / 1024:.0f} → " \
+                    f"{row['pruned']['incremental_state_bytes'] / 1024:.0f} KiB"
+        table.append([b] + cells + [f"x{row['pruned']['speedup']:.3f}", state_kib])
+    doc.table(["batch", "unpruned sent/s", "masked sent/s", "pruned sent/s", "pruned speed-up", "decoder state"],
+              table)
+    params = data.get("params", {})
+    doc.paragraph(f"Speed-up if time followed the decoding FLOPs exactly: x{data.get('flop_bound_speedup', 0):.3f}. "
+                  f"Parameters: {params.get('unpruned', 0):,} unpruned, {params.get('pruned', 0):,} pruned.")
+    _provenance(doc, part, state)
+
+
+def dynamics(doc: Document, files: Files) -> None:
+    from fairseq_headprune.plots import dynamics_figure
+
+    doc.heading("Training dynamics (Michel et al. Figure 5)")
+    rows = cl.read_rows(files.dynamics_path)
+    if not rows:
+        doc.paragraph(f"No dynamics results at `{files.dynamics_path}` (option `--dynamics`). They come from the "
+                      "epoch checkpoints of a training run:")
+        doc.code(DYNAMICS_COMMAND)
+        return
+    header = _header_of(files.dynamics_path)
+    doc.paragraph(f"From `{files.dynamics_path}`: each epoch's checkpoint pruned by its own I_h (on "
+                  f"`{header.get('importance_subset')}`), BLEU on `{header.get('subset')}`, as % of that epoch's "
+                  f"unpruned BLEU. This file is an input of the report, not one of its parts: the bundled model's "
+                  f"comes from its training run (`recipes/iwslt_dynamics.sh`).")
+    path = dynamics_figure(rows, files.figure("report-dynamics.png"))
+    doc.image(path, "% of each epoch's BLEU kept against the % of heads pruned; right: unpruned BLEU per epoch")
+    epochs = sorted({r["epoch"] for r in rows if "epoch" in r})
+    percents = sorted({round(r["percent_pruned"]) for r in rows if "epoch" in r})
+    cell = {(r["epoch"], round(r["percent_pruned"])): r for r in rows if "epoch" in r}
+    table = []
+    for e in epochs:
+        base = cell.get((e, 0), {}).get("bleu")
+        table.append([str(e), f"{base:.2f}" if base is not None else ""]
+                     + [f"{cell[(e, p)]['bleu_retained']:.0f}" if (e, p) in cell else "" for p in percents])
+    doc.table(["epoch", "BLEU"] + [f"{p}%" for p in percents], table)
+
+
+def voita(doc: Document, files: Files) -> None:
+    doc.heading("Voita et al.: L0 gates")
+    points, source = read_l0_sweep(files.l0_path)
+    if not points:
+        where = f" at `{files.l0_path}`" if files.l0_path else " (option `--l0-sweep`)"
+        doc.paragraph(f"No L0 λ sweep{where}. It comes from fine-tuning the model with a Hard Concrete gate on "
+                      "every head for several λ:")
+        doc.code(VOITA_COMMAND)
+        return
+    doc.paragraph(f"From `{source}`: one row per λ; heads kept are the gates not closed.")
+    doc.table(["λ", "heads kept", "BLEU"],
+              [[("full model" if p.get("lambda") is None else str(p["lambda"])),
+                f"{p['heads_kept']}/{p['heads_total']}", f"{p['bleu']:.2f}"] for p in points])
+    for name in cl.l0_figures(source):
+        doc.image(name, f"from {os.path.basename(name)}")
+
+
+def analysis(doc: Document, files: Files, part, state) -> None:
+    doc.heading("What the heads do (Voita et al.: confidence, relevance, functions)")
+    data = cl.read_json(files.analysis)
+    if data is None:
+        _missing(doc, "heads_analysis.json", part.lines())
+        return
+    meta, summary = data.get("meta", {}), data.get("summary", {})
+    doc.paragraph(f"{meta.get('sentences', '?')} sentences of `{meta.get('subset', '?')}`, "
+                  f"{meta.get('generation_steps', '?')} generation steps. Confidence: "
+                  f"{meta.get('confidence_definition', '')}. Relevance: {meta.get('relevance_definition', '')}.")
+    table = []
+    for t in ATTENTION_TYPES:
+        s = summary.get(t)
+        if s:
+            table.append([t, f"{s['confidence_min']:.2f}..{s['confidence_max']:.2f}",
+                          f"{s['relevance_min']:.3f}..{s['relevance_max']:.3f}"])
+    if table:
+        doc.table(["type", "confidence", "relevance share"], table)
+    kinds = [[kind, str(summary[kind]["count"]), summary[kind]["heads"] or "-"]
+             for kind in ("positional", "rare", "syntactic") if kind in summary]
+    if kinds:
+        doc.table(["function (enc-self)", "heads", "which"], kinds)
+    skipped = (meta.get("syntactic") or {}).get("skipped")
+    if skipped:
+        doc.paragraph(skipped)
+    comparison = summary.get("importance_comparison")
+    if comparison:
+        doc.table(["type", "Spearman (relevance, I_h)", "p", "lowest quarter shared"],
+                  [[t, f"{comparison[t]['spearman_r']:.2f}", f"{comparison[t]['spearman_p']:.2g}",
+                    f"{comparison[t]['lowest_quarter_overlap']}/{comparison[t]['lowest_quarter']}"]
+                   for t in ATTENTION_TYPES if t in comparison])
+    for name in [f"heads_analysis-{t}.png" for t in ATTENTION_TYPES] + ["head_functions.png"]:
+        path = files.figure(name)
+        if os.path.exists(path):
+            doc.image(path, name)
+    _provenance(doc, part, state)
+
+
+def commands(doc: Document, parts: Dict, report_line: str) -> None:
+    doc.heading("Commands")
+    doc.paragraph("Each part alone (each resumes from its own result files and refuses files of another run):")
+    doc.code("\n".join(f"# {p.title}\n" + "\n".join(p.lines()) for p in parts.values()))
+    doc.paragraph("This report (reuses what is done, resumes what is not):")
+    doc.code(report_line)

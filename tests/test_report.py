@@ -1,0 +1,350 @@
+"""`fairseq-headprune report`: the whole study of a tiny model end to end, resumed after a kill, and the claims'
+verdict rules on synthetic rows (each rule both ways) and on the committed results of the bundled model."""
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import BIN, ENV, ROOT, run
+from fairseq_headprune import claims as cl
+from fairseq_headprune.experiments.report import fairseq_argv, set_option
+
+REPORT = ["--gen-subset", "test", "--beam", "1", "--max-tokens", "3000", "--masks-per-batch", "8",
+          "--prune-step", "0.25", "--speed-batch-sizes", "1,8", "--speed-runs", "1", "--speed-sentences", "8",
+          "--analyze-sentences", "16", "--dynamics", "none", "--note", "tiny test model"]
+
+
+def report(data, checkpoint, out, *extra, check=True):
+    return run(["fairseq-headprune", "report", data, "--path", checkpoint, "--results-dir", out, *REPORT, *extra],
+               check=check)
+
+
+@pytest.fixture(scope="module")
+def slice_data(tiny_data, tmp_path_factory) -> Path:
+    """The first 48 test sentences of the tiny data, binarised with its dictionaries: every decode is short."""
+    out = tmp_path_factory.mktemp("slice")
+    for lang in ("de", "en"):
+        lines = (tiny_data / f"test.bpe.{lang}").read_text(encoding="utf-8").splitlines()[:48]
+        (out / f"slice.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    run(["fairseq-preprocess", "--source-lang", "de", "--target-lang", "en", "--srcdict", tiny_data / "dict.de.txt",
+         "--tgtdict", tiny_data / "dict.en.txt", "--testpref", out / "slice", "--destdir", out, "--workers", "1"])
+    return out
+
+
+@pytest.fixture(scope="module")
+def full_report(slice_data, stock_checkpoint, tmp_path_factory):
+    out = tmp_path_factory.mktemp("report")
+    proc = report(slice_data, stock_checkpoint, out)
+    return out, proc
+
+
+def test_report_runs_every_part_and_writes_md_and_html(full_report, slice_data, stock_checkpoint):
+    out, proc = full_report
+    for name in ("importance.json", "ablation-single.jsonl", "ablation-keep-one.jsonl", "pruning.jsonl", "speed.json",
+                 "report-state.json", "report.md", "report.html"):
+        assert (out / name).exists(), name
+    state = json.loads((out / "report-state.json").read_text())
+    assert set(state["parts"]) >= {"score", "single", "keep-one", "prune", "prune-types", "speed"}
+    # the commands recorded are the user's fairseq options plus the part's, never the report's own options
+    single = state["parts"]["single"]["commands"][0]
+    assert single.startswith(f"fairseq-headprune ablate {slice_data} --path {stock_checkpoint}")
+    assert "--mode single" in single and "--beam 1" in single
+    assert "--note" not in single and "--prune-step" not in single
+    md = (out / "report.md").read_text()
+    assert "sacreBLEU" in md and "nrefs:1|case:mixed" in md
+    assert "tiny test model" in md
+    for heading in ("The papers' claims, checked", "Head importance", "Single-head ablation", "One head per layer",
+                    "Pruning curves", "Speed of pruned models", "Training dynamics", "Voita et al.: L0 gates",
+                    "Commands"):
+        assert heading in md, heading
+    # every claim has a verdict computed from the files: the parts run here give real verdicts
+    verdicts = dict(re.findall(r"^\| (C\d|V) \|.*\| \*\*([a-z ]+)\*\* \|$", md, re.M))
+    assert set(verdicts) == {"C1", "C2", "C3", "C4", "C5", "C6", "V"}
+    for cid in ("C1", "C2", "C3", "C4", "C6"):
+        assert verdicts[cid] in (cl.SUPPORTED, cl.NOT_SUPPORTED), (cid, verdicts[cid])
+    assert verdicts["C5"] == cl.NOT_RUN and verdicts["V"] == cl.NOT_RUN  # --dynamics none, no --l0-sweep
+    assert "recipes/voita_l0.sh" in md and "iwslt_dynamics" in md  # what to run instead of a made-up value
+    # each linked figure exists; the HTML embeds them all and references no file
+    for link in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md):
+        assert (out / link).exists(), link
+    html = (out / "report.html").read_text()
+    assert html.count("<img ") == md.count("![") >= 9
+    assert html.count('src="data:image/png;base64,') == html.count("<img ")
+    assert "report finished" in proc.stdout
+
+
+def test_a_finished_report_reuses_every_part(full_report, slice_data, stock_checkpoint):
+    out, _ = full_report
+    before = {p.name: p.stat().st_mtime for p in out.glob("*.jsonl")}
+    start = time.time()
+    proc = report(slice_data, stock_checkpoint, out)
+    assert proc.stdout.count("done before, reused") >= 6
+    assert {p.name: p.stat().st_mtime for p in out.glob("*.jsonl")} == before
+    assert time.time() - start < 60
+
+
+def test_report_refuses_foreign_results(full_report, slice_data, stock_checkpoint, tmp_path):
+    out, _ = full_report
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "ablation-single.jsonl").write_text((out / "ablation-single.jsonl").read_text())
+    # the same files decoded with another beam: the ablate command refuses them, the report says which part
+    proc = run(["fairseq-headprune", "report", slice_data, "--path", stock_checkpoint, "--results-dir", other,
+                *set_option(REPORT, "--beam", "2"), "--parts", "single"], check=False)
+    assert proc.returncode == 2
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "part single (ablate)" in last and "holds results of another run" in last
+
+
+def test_bad_parts_is_one_line(slice_data, stock_checkpoint, tmp_path):
+    proc = report(slice_data, stock_checkpoint, tmp_path, "--parts", "single,bogus", check=False)
+    assert proc.returncode == 2 and "unknown part 'bogus'" in proc.stderr.strip().splitlines()[-1]
+
+
+def test_killed_report_resumes(slice_data, stock_checkpoint, full_report, tmp_path):
+    out, _ = full_report
+    cmd = [str(BIN / "fairseq-headprune"), "report", str(slice_data), "--path", str(stock_checkpoint),
+           "--results-dir", str(tmp_path), *REPORT, "--parts", "score,single,keep-one"]
+    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = tmp_path / "ablation-single.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        if log.exists() and sum(1 for _ in open(log)) >= 3:  # header, baseline, a group of heads started
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None, "the report finished before it could be killed"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    kept = open(log).read().splitlines()
+    state = json.loads((tmp_path / "report-state.json").read_text())
+    assert list(state["parts"]) == ["score"]  # single was under way
+    resumed = run(["fairseq-headprune", "report", slice_data, "--path", stock_checkpoint, "--results-dir", tmp_path,
+                   *REPORT, "--parts", "score,single,keep-one"]).stdout
+    assert "score: done before, reused" in resumed
+    lines = open(log).read().splitlines()
+    assert lines[: len(kept)] == kept  # rows written before the kill are kept, not recomputed
+    # and the resumed sweep is the uninterrupted one
+    fresh = [json.loads(x) for x in (out / "ablation-single.jsonl").read_text().splitlines()[1:]]
+    again = [json.loads(x) for x in lines[1:]]
+    assert sorted((r["key"], r["bleu"]) for r in again) == sorted((r["key"], r["bleu"]) for r in fresh)
+    assert (tmp_path / "report.html").exists()
+
+
+def test_argv_helpers():
+    argv = ["DATA", "--path", "m.pt", "--results-dir", "R", "--beam", "5", "--note=a b", "--render-only", "-s", "de"]
+    assert fairseq_argv(argv) == ["DATA", "--path", "m.pt", "--beam", "5", "-s", "de"]
+    assert set_option(["D", "--gen-subset", "test", "--beam", "5"], "--gen-subset", "valid") == \
+        ["D", "--gen-subset", "valid", "--beam", "5"]
+    assert set_option(["D", "--gen-subset=test"], "--gen-subset", "valid") == ["D", "--gen-subset", "valid"]
+    assert set_option(["D"], "--results-dir", "X") == ["D", "--results-dir", "X"]
+
+
+# ---------------------------------------------------------------- claims on synthetic rows: each rule both ways
+
+def _single(n_heads=10, drops=0):
+    rows = [{"key": "baseline", "bleu": 30.0}]
+    for i in range(n_heads):
+        drop = i < drops
+        rows.append({"key": f"enc-self:1:{i + 1}", "type": "enc-self", "layer": 1, "head": i + 1,
+                     "bleu": 29.0 if drop else 30.1, "delta": -1.0 if drop else 0.1, "significant": drop})
+    return rows
+
+
+def test_c1_most_heads_removable_both_ways():
+    assert cl.claim_single_heads(_single(10, 4), 10).verdict == cl.SUPPORTED
+    assert cl.claim_single_heads(_single(10, 5), 10).verdict == cl.NOT_SUPPORTED  # exactly half is not "most"
+    assert cl.claim_single_heads(_single(10, 2), 12).verdict == cl.INCOMPLETE
+    missing = cl.claim_single_heads(None, 10, "fairseq-headprune ablate X")
+    assert missing.verdict == cl.NOT_RUN and missing.command == "fairseq-headprune ablate X"
+    # a significant gain is not a loss
+    rows = _single(4, 0)
+    for r in rows[1:]:
+        r.update(significant=True, delta=0.5)
+    assert cl.claim_single_heads(rows, 4).verdict == cl.SUPPORTED
+
+
+def _keep_one(bad_layers, layers=4, heads=2):
+    rows = [{"key": "baseline", "bleu": 30.0}]
+    for layer in range(1, layers + 1):
+        for h in range(1, heads + 1):
+            bad = layer <= bad_layers
+            delta = -5.0 - h if bad else -0.1 * h
+            rows.append({"key": f"keep:enc-dec:{layer}:{h}", "type": "enc-dec", "layer": layer, "head": h,
+                         "bleu": 30.0 + delta, "delta": delta, "significant": bad})
+    return rows
+
+
+def test_c2_layers_to_one_head_both_ways():
+    per_layer = {("enc-dec", layer): 2 for layer in range(1, 5)}
+    good = cl.claim_keep_one(_keep_one(1), 4, heads_per_layer=per_layer)
+    assert good.verdict == cl.SUPPORTED and "3 of 4 layers" in good.ours and "enc-dec layer 1 -6.00" in good.ours
+    assert cl.claim_keep_one(_keep_one(2), 4, heads_per_layer=per_layer).verdict == cl.NOT_SUPPORTED
+    assert cl.claim_keep_one(_keep_one(1)[:-1], 4, heads_per_layer=per_layer).verdict == cl.INCOMPLETE
+    best = cl.best_per_layer(_keep_one(0))
+    assert [r["head"] for r in best] == [1, 1, 1, 1]  # the higher BLEU
+
+
+def _curve(order, types, bleus, total=100):
+    n = len(bleus) - 1
+    return [{"key": f"{order}:{i}", "order": order, "types": list(types), "percent_pruned": 100.0 * i / n,
+             "heads_masked": i * total // n, "bleu": b} for i, b in enumerate(bleus)]
+
+
+ALL = ("enc-self", "enc-dec", "dec-self")
+
+
+def test_c3_prunable_share_both_ways():
+    # steps of 10%: within 0.5 BLEU up to 30% -> supported; a dip at 10% stops the count even if BLEU recovers
+    ok = cl.claim_prunable(_curve("importance", ALL, [30, 30.2, 29.8, 29.6, 28, 20, 10, 5, 2, 1, 0]))
+    assert ok.verdict == cl.SUPPORTED and ok.ours.startswith("30% of heads pruned")
+    dip = cl.claim_prunable(_curve("importance", ALL, [30, 29.4, 30, 30, 28, 20, 10, 5, 2, 1, 0]))
+    assert dip.verdict == cl.NOT_SUPPORTED and dip.ours.startswith("0% of heads pruned")
+    assert cl.claim_prunable(_curve("random", ALL, [30, 30])).verdict == cl.NOT_RUN  # no importance curve
+    assert cl.prunable_percent([(0, 30), (10, 29.5), (20, 29.49)], 0.5) == 10
+
+
+def test_c4_enc_dec_most_sensitive_both_ways():
+    rows = (_curve("importance", ["enc-self"], [30, 29, 25, 10]) + _curve("importance", ["enc-dec"], [30, 20, 5, 0])
+            + _curve("importance", ["dec-self"], [30, 29, 28, 20]))
+    claim = cl.claim_enc_dec_sensitive(rows, None)
+    assert claim.verdict == cl.SUPPORTED and claim.ours.startswith("mean BLEU over the curve: enc-dec")
+    swapped = [dict(r, types=["enc-dec"] if r["types"] == ["enc-self"] else ["enc-self"] if r["types"] == ["enc-dec"]
+                    else r["types"]) for r in rows]
+    assert cl.claim_enc_dec_sensitive(swapped, None).verdict == cl.NOT_SUPPORTED
+    # without per-type curves: the single-head ablation's mean change decides
+    single = [{"key": "baseline", "bleu": 30}] + [
+        {"key": f"{t}:1:1", "type": t, "layer": 1, "head": 1, "delta": d, "bleu": 30 + d, "significant": False}
+        for t, d in (("enc-self", -0.1), ("enc-dec", -0.5), ("dec-self", 0.0))]
+    fallback = cl.claim_enc_dec_sensitive(_curve("importance", ALL, [30, 20]), single)
+    assert fallback.verdict == cl.SUPPORTED and "single-head" in fallback.rule
+    single[2]["delta"] = 0.2
+    assert cl.claim_enc_dec_sensitive(None, single).verdict == cl.NOT_SUPPORTED
+    assert cl.claim_enc_dec_sensitive(None, None).verdict == cl.NOT_RUN
+
+
+def _dynamics(first, last):
+    rows = []
+    for epoch, kept in ((1, first), (2, (first + last) / 2), (3, last)):
+        for p, retained in zip((0, 10, 20, 30, 40, 50, 60), [100] + [kept] * 5 + [0]):
+            rows.append({"key": f"{epoch}:{p}", "epoch": epoch, "percent_pruned": float(p), "bleu": retained / 3,
+                         "bleu_retained": float(retained)})
+    return rows
+
+
+def test_c5_dynamics_both_ways():
+    assert cl.claim_dynamics(_dynamics(60, 90)).verdict == cl.SUPPORTED
+    assert cl.claim_dynamics(_dynamics(85, 90)).verdict == cl.NOT_SUPPORTED
+    assert cl.claim_dynamics([r for r in _dynamics(60, 90) if r["epoch"] == 1]).verdict == cl.NOT_RUN
+    assert cl.claim_dynamics(None, "bash recipes/iwslt_dynamics.sh").command == "bash recipes/iwslt_dynamics.sh"
+
+
+def _speed(pruned_rate, std=1.0):
+    def model(rate):
+        return {"sentences_per_s": rate, "sentences_per_s_std": std, "tokens_per_s": rate * 10,
+                "incremental_state_bytes": 1000}
+    rows = {}
+    for b in ("1", "64"):
+        row = {"unpruned": model(100.0), "masked": model(100.0), "pruned": model(pruned_rate)}
+        row["pruned"]["speedup"] = pruned_rate / 100.0
+        rows[b] = row
+    return {"heads_pruned": 72, "heads_total": 144, "batch_sizes": rows, "flop_bound_speedup": 1.2}
+
+
+def test_c6_speed_both_ways():
+    assert cl.claim_speed(_speed(110.0)).verdict == cl.SUPPORTED
+    assert cl.claim_speed(_speed(101.5)).verdict == cl.NOT_SUPPORTED  # within the noise
+    assert cl.claim_speed(_speed(90.0)).verdict == cl.NOT_SUPPORTED
+    assert cl.claim_speed(None).verdict == cl.NOT_RUN
+
+
+def test_voita_both_ways():
+    full = {"lambda": None, "heads_kept": 48, "heads_total": 48, "bleu": 30.0}
+    points = [full, {"lambda": 0.01, "heads_kept": 20, "heads_total": 48, "bleu": 29.8},
+              {"lambda": 0.1, "heads_kept": 5, "heads_total": 48, "bleu": 25.0}]
+    claim = cl.claim_voita(points)
+    assert claim.verdict == cl.SUPPORTED and claim.ours.startswith("28 of 48 heads closed (λ=0.01)")
+    points[1]["bleu"] = 29.7  # 0.3 BLEU lost: no longer within 0.25
+    assert cl.claim_voita(points).verdict == cl.NOT_SUPPORTED
+    assert cl.claim_voita(points[1:]).verdict == cl.INCOMPLETE  # no full model to compare with
+    assert cl.claim_voita(None, "bash recipes/voita_l0.sh").verdict == cl.NOT_RUN
+
+
+# ---------------------------------------------------------------- claims on the committed results
+
+def test_claims_on_committed_dynamics():
+    rows = cl.read_rows(str(ROOT / "results" / "dynamics" / "dynamics.jsonl"))
+    claim = cl.claim_dynamics(rows)
+    # epochs 1..9 of the bundled model: epoch 1 keeps about half of its BLEU at 10-50% pruned, epoch 9 over 90%
+    assert claim.verdict == cl.SUPPORTED
+    first, last = map(float, re.findall(r"keeps (\d+)%", claim.ours))
+    assert first < 75 and last > 90
+
+
+COMMITTED = ROOT / "results" / "report-de-en"
+
+
+@pytest.mark.skipif(not (COMMITTED / "report.md").exists(), reason="the committed full report is added last")
+def test_claims_on_committed_full_report():
+    rows = cl.read_rows(str(COMMITTED / "ablation-single.jsonl"))
+    claim = cl.claim_single_heads(rows, 144)
+    assert claim.verdict in (cl.SUPPORTED, cl.NOT_SUPPORTED)
+    md = (COMMITTED / "report.md").read_text()
+    assert f"| C1 | {claim.claim} |" in md and claim.ours in md
+
+
+# ---------------------------------------------------------------- the HTML in a real browser
+
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+PROBE = """<script>
+window.addEventListener("load", () => {
+  const images = Array.from(document.images).map(i => [i.complete, i.naturalWidth, i.naturalHeight]);
+  document.body.setAttribute("data-probe", JSON.stringify({images: images, title: document.title,
+                                                           tables: document.querySelectorAll("table").length}));
+});
+</script>"""
+
+
+def browser_probe(html_path: Path, tmp: Path) -> dict:
+    """Load a copy of the page (with a probe script) in headless Chromium; what the browser decoded."""
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"Chromium not found at {CHROMIUM}: the HTML report is checked in a real browser. Install "
+                    "Debian's chromium (`apt-get install -y chromium`; `make test` does it when run as root) or "
+                    "set CHROMIUM to a Chromium/Chrome binary.")
+    page = tmp / "probe.html"
+    page.write_text(html_path.read_text(encoding="utf-8").replace("</body>", PROBE + "\n</body>"), encoding="utf-8")
+    profile = tmp / "chromium-profile"
+    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+           "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile}",
+           "--virtual-time-budget=10000", "--dump-dom", page.resolve().as_uri()]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    found = re.search(r'data-probe="([^"]*)"', proc.stdout)
+    assert found, f"chromium did not run the page (exit {proc.returncode}): {proc.stderr[-2000:]}"
+    import html as html_lib
+
+    return json.loads(html_lib.unescape(found.group(1)))
+
+
+def test_html_report_loads_in_chromium_with_every_image(full_report, tmp_path):
+    out, _ = full_report
+    html = (out / "report.html").read_text(encoding="utf-8")
+    probe = browser_probe(out / "report.html", tmp_path)
+    assert probe["title"].endswith("fairseq-headprune report")
+    assert probe["tables"] >= 8
+    assert len(probe["images"]) == html.count("<img ") >= 9
+    for complete, width, height in probe["images"]:
+        assert complete and width > 100 and height > 100  # decoded, not a broken-image icon
+
+
+def test_browser_check_sees_a_broken_image(full_report, tmp_path):
+    out, _ = full_report
+    html = (out / "report.html").read_text(encoding="utf-8")
+    start = html.index('src="data:image/png;base64,') + len('src="data:image/png;base64,')
+    broken = tmp_path / "broken.html"
+    broken.write_text(html[:start] + "AAAA" + html[start + 4000:], encoding="utf-8")  # a corrupt PNG
+    probe = browser_probe(broken, tmp_path)
+    assert [w for _, w, _ in probe["images"]].count(0) == 1
