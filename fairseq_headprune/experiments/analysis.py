@@ -56,10 +56,13 @@ def add_args(parser) -> None:
                         "dictionary's counts (fairseq's dict.*.txt count the training set's tokens)")
     g.add_argument("--importance", metavar="importance.json",
                    help="importance.json of `score`: correlate relevance with I_h and compare the least important")
-    g.add_argument("--positional-threshold", type=float, default=hf.POSITIONAL_THRESHOLD)
-    g.add_argument("--rare-threshold", type=float, default=hf.RARE_THRESHOLD)
+    g.add_argument("--positional-threshold", type=float, default=hf.POSITIONAL_THRESHOLD,
+                   help="share of tokens whose maximum goes to -1 (or +1) for a positional label (Voita et al.: 0.9)")
+    g.add_argument("--rare-threshold", type=float, default=hf.RARE_THRESHOLD,
+                   help="share of tokens whose maximum goes to the rarest token for a rare-token label (Voita et al. "
+                        "give none; default: most of the time)")
     g.add_argument("--syntactic-margin", type=float, default=hf.SYNTACTIC_MARGIN,
-                   help="accuracy above the positional baseline needed for a syntactic label")
+                   help="accuracy above the positional baseline needed for a syntactic label (Voita et al.: 10 points)")
 
 
 # -- inputs -------------------------------------------------------------------------------------------------
