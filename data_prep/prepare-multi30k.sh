@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Multi30k German->English for the bundled De-En model: Moses tokenisation (sacremoses, cased, aggressive
-# dash splits, no XML escapes), joint BPE learned on the training set (subword-nmt), fairseq binarisation with
+# dash splits, with Moses' XML escapes such as &apos;, sacremoses' default), joint BPE learned on the training set (subword-nmt), fairseq binarisation with
 # a joined dictionary. Out-of-domain test sets (Bible, LibreOffice help, IWSLT14) are encoded with the same BPE.
 #
 # usage: data_prep/prepare-multi30k.sh [SHARED_DATA_DIR] [OUT_DIR] [BPE_MERGES]
@@ -44,12 +44,11 @@ for f in "$TMP"/*.tok.*; do
   b=$(basename "$f"); out="$TMP/${b/.tok./.bpe.}"
   [ -s "$out" ] || subword-nmt apply-bpe -c "$OUT/code" < "$f" > "$out"
 done
-# IWSLT14 test is lowercased and already tokenised (with XML escapes, which this model never saw): unescape,
-# then only the BPE step applies
+# IWSLT14 test is lowercased and already Moses-tokenised with the same XML escapes as our training text:
+# only the BPE step applies
 if [ -f "$DATA/iwslt14/tok/test.$SRC" ]; then
   for l in $SRC $TGT; do
-    python -c 'import html, sys; sys.stdout.writelines(html.unescape(l) for l in sys.stdin)' \
-      < "$DATA/iwslt14/tok/test.$l" | subword-nmt apply-bpe -c "$OUT/code" > "$TMP/test_iwslt14.bpe.$l"
+    subword-nmt apply-bpe -c "$OUT/code" < "$DATA/iwslt14/tok/test.$l" > "$TMP/test_iwslt14.bpe.$l"
     cp "$DATA/iwslt14/tok/test.$l" "$TMP/test_iwslt14.raw.$l"
   done
 fi
