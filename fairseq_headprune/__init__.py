@@ -13,5 +13,6 @@ logging.getLogger("fairseq.tasks.text_to_speech").setLevel(logging.WARNING)
 trust_fairseq_checkpoints()
 
 from fairseq_headprune.criterions import head_importance  # noqa: E402,F401
+from fairseq_headprune.criterions import label_smoothed_cross_entropy_l0  # noqa: E402,F401
 from fairseq_headprune.models import headprune_transformer  # noqa: E402,F401
 from fairseq_headprune.tasks import translation_headprune  # noqa: E402,F401

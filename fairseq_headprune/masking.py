@@ -10,6 +10,10 @@ fairseq, fused path included, so unmasked hypotheses are stock hypotheses.
 Two masks multiply: `head_mask`, a (num_heads,) buffer that is the model's own ξ (a non-persistent buffer,
 so state dicts stay stock), and `row_head_mask`, an optional (batch, num_heads) tensor giving every batch row
 its own ξ: per-sentence gradient leaves for importance scoring, or several masks sharing one decode.
+
+A third factor is optional: `head_gate`, Voita et al.'s Hard Concrete gate per head (fairseq_headprune.gates),
+a submodule that exists only on gated models (`install_head_gates`, or loading a gated checkpoint: a load
+pre-hook creates the gates that a state dict holds). A gated module always takes the Python path.
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ from typing import Dict, Iterable, Iterator, Optional, Tuple
 import torch
 from fairseq.modules.multihead_attention import MultiheadAttention
 
+from fairseq_headprune.gates import INIT_LOG_ALPHA, TEMPERATURE, HeadGate
 from fairseq_headprune.heads import Head, HeadLayout, attention_modules, head_ids
 
 
@@ -27,6 +32,7 @@ class HeadMaskedMultiheadAttention(MultiheadAttention):
 
     head_mask: torch.Tensor
     row_head_mask: Optional[torch.Tensor]
+    head_gate: Optional[HeadGate]
 
     @classmethod
     def convert(cls, attn: MultiheadAttention) -> "HeadMaskedMultiheadAttention":
@@ -38,13 +44,19 @@ class HeadMaskedMultiheadAttention(MultiheadAttention):
             "head_mask", torch.ones(attn.num_heads, dtype=attn.out_proj.weight.dtype), persistent=False
         )
         attn.row_head_mask = None
+        attn.register_module("head_gate", None)
+        attn._register_load_state_dict_pre_hook(_gates_from_state_dict, with_module=True)
         return attn
 
     def head_output_scale(self, rows: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
-        """The factor on the (T, B, heads*head_dim) input of out_proj, or None when no head is masked."""
-        if rows is None and bool((self.head_mask == 1).all()):
+        """The factor on the (T, B, heads*head_dim) input of out_proj, or None when no head is masked or gated.
+        A gate is drawn here, once per call (training) or deterministically (eval)."""
+        gate = self.head_gate() if self.head_gate is not None else None
+        if rows is None and gate is None and bool((self.head_mask == 1).all()):
             return None
         scale = self.head_mask.unsqueeze(0)  # (1, H)
+        if gate is not None:
+            scale = scale * gate.to(scale.dtype).unsqueeze(0)
         if rows is not None:
             scale = rows * scale  # (B, H)
         return scale.repeat_interleave(self.head_dim, dim=-1).unsqueeze(0)  # (1, B or 1, H*head_dim)
@@ -84,6 +96,33 @@ class HeadMaskedMultiheadAttention(MultiheadAttention):
 def install_head_masks(model) -> Dict[Tuple[str, int], HeadMaskedMultiheadAttention]:
     """Make every attention module of a fairseq transformer maskable; returns them by (type, layer)."""
     return {key: HeadMaskedMultiheadAttention.convert(attn) for key, attn in attention_modules(model).items()}
+
+
+def _gates_from_state_dict(attn, state_dict, prefix, *_args) -> None:
+    """Load pre-hook: a state dict with gates for this module (a gated checkpoint) gives an ungated module its
+    gates, so gated checkpoints load for evaluation with no flag."""
+    if attn.head_gate is None and prefix + "head_gate.theta" in state_dict:
+        weight = attn.out_proj.weight
+        attn.head_gate = HeadGate.from_state_dict(state_dict, prefix + "head_gate.").to(weight.device)
+
+
+def install_head_gates(model, types, temperature: float = TEMPERATURE, init_log_alpha: float = INIT_LOG_ALPHA,
+                       lr_scale: float = 1.0) -> Dict[Tuple[str, int], HeadGate]:
+    """Give every attention module of the given types a Hard Concrete gate per head; returns them."""
+    gates = {}
+    for (attn_type, layer), attn in install_head_masks(model).items():
+        if attn_type in types:
+            if attn.head_gate is None:
+                attn.head_gate = HeadGate(attn.num_heads, temperature, init_log_alpha, lr_scale).to(
+                    attn.out_proj.weight.device)
+            gates[(attn_type, layer)] = attn.head_gate
+    return gates
+
+
+def head_gates(model) -> Dict[Tuple[str, int], HeadGate]:
+    """The gates a model holds, by (type, layer); empty for an ungated model."""
+    return {key: attn.head_gate for key, attn in attention_modules(model).items()
+            if getattr(attn, "head_gate", None) is not None}
 
 
 def masked_modules(model) -> Dict[Tuple[str, int], HeadMaskedMultiheadAttention]:

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Voita et al. (2019) on the bundled De-En model: fine-tune it with a Hard Concrete gate on every head and an L0
+# penalty, for several λ; then list the heads each λ keeps, and compare with Michel et al.'s I_h pruning at the
+# same numbers of heads (test2016 BLEU).
+#
+# usage: recipes/voita_l0.sh [STAGE...]     stages: data train gates score compare (default: all, in order)
+# Every stage skips what is already done (a finished run, an existing importance.json; compare resumes), so the
+# recipe can be rerun after a stop. Environment knobs (defaults are what results/voita/ was made with):
+#   LAMBDAS="0.05 ..."  UPDATES=300  MAX_TOKENS=1024  LR=1e-4  GATE_LR_SCALE=500  TEMPERATURE=0.33
+#   WORK=work/voita (checkpoints, data, logs; git-ignored)  RESULTS=results/voita
+#
+# Budget: one CPU core; on the shared 2-core machine an update of 1024 tokens took ~1.8 s, so 300 updates are
+# ~10 minutes a λ. Why these settings:
+# - the weights are fine-tuned at a fixed lr 1e-4 (a tenth of the training peak, no warm-up: the model is
+#   converged) with the training recipe's dropout and label smoothing;
+# - log α moves at most ~lr x GATE_LR_SCALE = 0.05 per Adam step: from its initial 2.5 (gate exactly 1) a gate
+#   needs ~100 steps to close (log α < -log 11), so a few hundred updates suffice. At the plain lr a gate would
+#   move 0.03 in 300 updates and nothing would close (fairseq has one lr for all parameters: see gates.py);
+# - λ is per target token (the criterion's docstring), Voita et al.'s scale.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH=$PWD/.venv/bin:$PATH OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1
+MODEL=checkpoints/de-en
+WORK=${WORK:-work/voita}
+RESULTS=${RESULTS:-results/voita}
+LAMBDAS=${LAMBDAS:-"0.05 0.01 0.002"}
+UPDATES=${UPDATES:-300}
+MAX_TOKENS=${MAX_TOKENS:-1024}
+LR=${LR:-1e-4}
+GATE_LR_SCALE=${GATE_LR_SCALE:-500}
+TEMPERATURE=${TEMPERATURE:-0.33}
+BIN=$WORK/data-bin
+STAGES=${*:-data train gates score compare}
+EVAL=(--beam 5 --max-tokens 4000 --bpe subword_nmt --bpe-codes "$MODEL/code" --tokenizer moses -s de -t en)
+mkdir -p "$WORK" "$RESULTS"
+
+has() { [[ " $STAGES " == *" $1 "* ]]; }
+
+if has data && [ ! -f "$BIN/test.de-en.en.bin" ]; then
+  bash data_prep/encode-for-model.sh "$MODEL" de en ../shared/data/multi30k/train "$BIN" train
+  bash data_prep/encode-for-model.sh "$MODEL" de en ../shared/data/multi30k/val "$BIN" valid
+  bash data_prep/encode-for-model.sh "$MODEL" de en data/multi30k-test2016/test "$BIN" test
+fi
+
+run_dir() { echo "$WORK/runs/lambda-$1"; }
+
+if has train; then
+  for lambda in $LAMBDAS; do
+    dir=$(run_dir "$lambda")
+    if [ -f "$dir/checkpoint_last.pt" ] && grep -q "num_updates: $UPDATES >= max_update" "$dir/train.log" 2>/dev/null; then
+      echo "lambda $lambda: done ($dir)"; continue
+    fi
+    mkdir -p "$dir"
+    echo "lambda $lambda: fine-tuning $UPDATES updates, log in $dir/train.log"
+    fairseq-train "$BIN" --user-dir fairseq_headprune --task translation_headprune -s de -t en \
+      --arch transformer --share-all-embeddings \
+      --encoder-layers 6 --decoder-layers 6 --encoder-attention-heads 8 --decoder-attention-heads 8 \
+      --encoder-embed-dim 256 --decoder-embed-dim 256 --encoder-ffn-embed-dim 512 --decoder-ffn-embed-dim 512 \
+      --encoder-normalize-before --decoder-normalize-before \
+      --dropout 0.3 --attention-dropout 0.1 --activation-dropout 0.1 \
+      --gated-types enc-self,enc-dec,dec-self --gate-temperature "$TEMPERATURE" --gate-lr-scale "$GATE_LR_SCALE" \
+      --criterion label_smoothed_cross_entropy_l0 --label-smoothing 0.1 --l0-lambda "$lambda" \
+      --optimizer adam --adam-betas '(0.9, 0.98)' --lr "$LR" --lr-scheduler fixed \
+      --finetune-from-model "$MODEL/model.pt" --max-tokens "$MAX_TOKENS" --max-update "$UPDATES" --seed 1 \
+      --save-dir "$dir" --no-epoch-checkpoints --no-save-optimizer-state --disable-validation \
+      --log-format simple --log-interval 25 --num-workers 0 > "$dir/train.log" 2>&1
+  done
+fi
+
+if has gates; then
+  for lambda in $LAMBDAS; do
+    dir=$(run_dir "$lambda")
+    fairseq-headprune gates "$dir/checkpoint_last.pt" --results-dir "$RESULTS/lambda-$lambda"
+  done
+fi
+
+if has score && [ ! -f "$RESULTS/michel/importance.json" ]; then
+  fairseq-headprune score "$BIN" --path "$MODEL/model.pt" --gen-subset valid --max-tokens 4000 \
+    --results-dir "$RESULTS/michel" -s de -t en
+fi
+
+if has compare; then
+  gated=()
+  for lambda in $LAMBDAS; do gated+=("$(run_dir "$lambda")/checkpoint_last.pt"); done
+  fairseq-headprune compare "$BIN" --path "$MODEL/model.pt" --gen-subset test "${EVAL[@]}" \
+    --references data/multi30k-test2016/test.en --importance "$RESULTS/michel/importance.json" \
+    --gated "${gated[@]}" --results-dir "$RESULTS"
+fi
