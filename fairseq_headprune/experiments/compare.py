@@ -1,0 +1,218 @@
+"""`fairseq-headprune compare`: Michel et al.'s I_h pruning and Voita et al.'s L0 gates at equal numbers of heads.
+
+    fairseq-headprune compare DATA --path UNPRUNED.pt --importance importance.json --gated A.pt B.pt ... \
+        --results-dir DIR [--references RAW] [fairseq-generate decoding options]
+
+For every gated checkpoint (fine-tuned with --gated-types and the label_smoothed_cross_entropy_l0 criterion)
+its closed heads are counted; the unpruned model then has the same number of heads of the same attention types
+masked in increasing I_h order (importance.json of `score`, ranked globally over those types, as `prune` does).
+Rows on --gen-subset, appended to DIR/compare.jsonl as they finish (a rerun resumes; new checkpoints are
+added to the same file):
+  baseline       the unpruned model
+  l0:SHA         the gated model in eval mode (deterministic gates, fractional open gates kept): Voita's model
+  l0-masks:SHA   its fine-tuned weights with the closed heads masked and every open gate set to 1 (only when
+                 some open gate is fractional; otherwise it is the same model)
+  michel:T:N     the unpruned model with the lowest-I_h heads of types T masked, N of them kept
+Not like for like: the L0 models were fine-tuned (with their gates) after the pruning decision, Michel's masks
+are applied to the converged model without any retraining. DIR/compare.md says so beside the table;
+DIR/compare.png plots BLEU against heads kept for both.
+"""
+from __future__ import annotations
+
+import copy
+import os
+from typing import Dict, List
+
+from fairseq_headprune.errors import UserError
+from fairseq_headprune.evaluate import SubsetEvaluator
+from fairseq_headprune.experiments.gates import gate_summary, read_checkpoint
+from fairseq_headprune.experiments.pruning import importance_scores, rank_by_scores
+from fairseq_headprune.heads import ATTENTION_TYPES, Head, HeadLayout, attention_modules, format_head_spec
+from fairseq_headprune.loading import file_sha256, load
+from fairseq_headprune.masking import set_head_masks
+from fairseq_headprune.store import ResultsLog, atomic_output
+
+TOLERANCE = 0.25  # "more than half of the heads pruned for <= 0.25 BLEU" (the issue's question)
+
+
+def add_args(parser) -> None:
+    g = parser.add_argument_group("compare")
+    g.add_argument("--results-dir", required=True)
+    g.add_argument("--importance", required=True, help="importance.json of `fairseq-headprune score` (Michel's I_h)")
+    g.add_argument("--gated", nargs="+", required=True, metavar="CHECKPOINT",
+                   help="checkpoints fine-tuned with --gated-types (Voita's L0 gates)")
+    g.add_argument("--references", help="raw reference file of the subset (default: its decoded targets)")
+    g.add_argument("--masks-per-batch", type=int, default=8, help="Michel masks decoded together")
+
+
+def michel_mask(scores: Dict[Head, float], layout: HeadLayout, types: List[str], kept: int) -> List[Head]:
+    """The lowest-I_h heads of `types` masked so that `kept` of them remain."""
+    candidates = layout.all_heads(types)
+    if not 0 <= kept <= len(candidates):
+        raise UserError(f"cannot keep {kept} of the {len(candidates)} heads of {','.join(types)}")
+    return rank_by_scores(scores, candidates)[: len(candidates) - kept]
+
+
+def kept_per_type(layout: HeadLayout, masked: List[Head]) -> Dict[str, int]:
+    return {t: sum(1 for h in layout.all_heads([t]) if h not in set(masked)) for t in ATTENTION_TYPES}
+
+
+def _gated_runs(paths: List[str], layout: HeadLayout) -> List[dict]:
+    runs = []
+    for path in paths:
+        summary = gate_summary(read_checkpoint(path))
+        layout.check(summary["closed_heads"])  # the same architecture as the unpruned model
+        runs.append({"path": path, "sha": file_sha256(path, 16), **summary})
+    return runs
+
+
+def _evaluate_gated(cfg, run: dict, references, fingerprint: str):
+    """BLEU of the gated model, and of its closed heads as masks with open gates at 1 (None if no gate is
+    fractional). Loaded as every command loads a checkpoint: the gates come with its state dict."""
+    cfg = copy.deepcopy(cfg)
+    cfg.common_eval.path = run["path"]
+    loaded = load(cfg)
+    evaluator = SubsetEvaluator(loaded, cfg.dataset.gen_subset, references)
+    if evaluator.data_fingerprint() != fingerprint:
+        raise UserError(f"{run['path']} does not read the subset as the unpruned model does (other dictionaries?)")
+    gated = evaluator.bleu(evaluator.translate()).score
+    as_masks = None
+    if run["fractional"]:
+        for attn in attention_modules(loaded.model).values():
+            attn.head_gate = None
+        set_head_masks(loaded.model, run["closed_heads"])
+        as_masks = evaluator.bleu(evaluator.translate()).score
+    return gated, as_masks
+
+
+def run(cfg, args) -> None:
+    loaded = load(cfg)
+    evaluator = SubsetEvaluator(loaded, cfg.dataset.gen_subset, args.references)
+    layout = HeadLayout.of(loaded.model)
+    total = len(layout.all_heads())
+    scores = importance_scores(args.importance)
+    runs = _gated_runs(args.gated, layout)
+    g = cfg.generation
+    fingerprint = evaluator.data_fingerprint()
+    log = ResultsLog(os.path.join(args.results_dir, "compare.jsonl"), {
+        "command": "compare",
+        "checkpoint_sha256": file_sha256(loaded.checkpoint),
+        "importance_sha256": file_sha256(args.importance),
+        "subset": evaluator.subset,
+        "data_fingerprint": fingerprint,
+        "decoding": {"beam": g.beam, "lenpen": g.lenpen, "max_len_a": g.max_len_a, "max_len_b": g.max_len_b,
+                     "remove_bpe": cfg.common_eval.post_process},
+        "bleu_signature": evaluator.bleu_signature(),
+        "total_heads": total,
+    })
+    done = log.done()
+    if "baseline" not in done:
+        set_head_masks(loaded.model, [])
+        log.append({"key": "baseline", "method": "unpruned", "heads_kept": total,
+                    "bleu": evaluator.bleu(evaluator.translate()).score})
+        print(f"unpruned: BLEU {log.rows[-1]['bleu']:.2f}")
+    pending = {}
+    for r in runs:
+        key = f"michel:{','.join(r['gated_types'])}:{r['kept']}"
+        if key not in done and key not in pending:
+            pending[key] = michel_mask(scores, layout, r["gated_types"], r["kept"])
+    if pending:
+        hyps = evaluator.translate_many(list(pending.values()), args.masks_per_batch)
+        for (key, masked), h in zip(pending.items(), hyps):
+            log.append({"key": key, "method": "michel", "types": key.split(":")[1].split(","),
+                        "heads_kept": total - len(masked), "kept_per_type": kept_per_type(layout, masked),
+                        "masked": format_head_spec(masked), "bleu": evaluator.bleu(h).score})
+            print(f"michel ({total - len(masked)} heads kept): BLEU {log.rows[-1]['bleu']:.2f}")
+    for r in runs:
+        if f"l0:{r['sha']}" in done:
+            continue
+        gated, as_masks = _evaluate_gated(cfg, r, args.references, fingerprint)
+        log.append({"key": f"l0:{r['sha']}", "method": "l0", "checkpoint": os.path.abspath(r["path"]),
+                    "l0_lambda": r["l0_lambda"], "updates": r["updates"], "types": r["gated_types"],
+                    "heads_kept": total - r["closed"], "kept_per_type": kept_per_type(layout, r["closed_heads"]),
+                    "fractional_gates": r["fractional"], "masked": format_head_spec(r["closed_heads"]),
+                    "michel_key": f"michel:{','.join(r['gated_types'])}:{r['kept']}",
+                    "bleu": gated, "bleu_closed_as_masks": as_masks})
+        print(f"L0 lambda {r['l0_lambda']} ({total - r['closed']} heads kept): BLEU {gated:.2f}")
+    md = os.path.join(args.results_dir, "compare.md")
+    with atomic_output(md) as f:
+        f.write(report(log.rows, log.header))
+    png = figure(log.rows, total, os.path.join(args.results_dir, "compare.png"))
+    print(f"wrote {log.path}\nwrote {md}\nwrote {png}")
+
+
+def _fmt(x) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def report(rows: List[dict], header: dict) -> str:
+    """compare.md: one row per L0 run beside Michel's pruning at the same heads kept, and the 0.25-BLEU question."""
+    by_key = {r["key"]: r for r in rows}
+    base = by_key["baseline"]["bleu"]
+    total = header["total_heads"]
+    l0 = sorted((r for r in rows if r.get("method") == "l0"), key=lambda r: -r["heads_kept"])
+    lines = [
+        "# Michel et al.'s I_h pruning vs Voita et al.'s L0 gates",
+        "",
+        f"sacreBLEU on `{header['subset']}` ({header['bleu_signature']}), beam {header['decoding']['beam']}; "
+        f"unpruned model: **{base:.2f}**, {total} heads.",
+        "",
+        "L0: fine-tuned with a Hard Concrete gate per head and λ·E[L0] (deterministic gates at evaluation; "
+        "'as masks' = its closed heads masked, open gates set to 1). Michel: the unpruned model, lowest-I_h heads "
+        "masked, **no fine-tuning** - the L0 models had extra training, so the comparison favours them.",
+        "",
+        "| λ | updates | heads kept | enc-self | enc-dec | dec-self | L0 BLEU | L0 as masks | Michel BLEU "
+        "| L0 - unpruned | Michel - unpruned |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in l0:
+        m = by_key.get(r["michel_key"], {})
+        k = r["kept_per_type"]
+        lines.append(f"| {r['l0_lambda']} | {r['updates']} | {r['heads_kept']} | {k['enc-self']} | {k['enc-dec']} | "
+                     f"{k['dec-self']} | {r['bleu']:.2f} | {_fmt(r.get('bleu_closed_as_masks'))} | "
+                     f"{_fmt(m.get('bleu'))} | {r['bleu'] - base:+.2f} | "
+                     f"{(m['bleu'] - base) if m else float('nan'):+.2f} |")
+    lines += ["", claim(rows, total, base), ""]
+    return "\n".join(lines)
+
+
+def claim(rows: List[dict], total: int, base: float) -> str:
+    """Does pruning more than half of the heads cost at most 0.25 BLEU, for either method?"""
+    out = [f"**More than half of the heads pruned (at most {total // 2 - (total % 2 == 0)} of {total} kept) "
+           f"for <= {TOLERANCE} BLEU?**"]
+    for method, name in (("l0", "L0 gates"), ("michel", "Michel I_h")):
+        half = [r for r in rows if r.get("method") == method and r["heads_kept"] < total / 2]
+        ok = [r for r in half if r["bleu"] >= base - TOLERANCE]
+        if not half:
+            out.append(f"- {name}: no run pruned more than half of the heads: not tested.")
+        elif ok:
+            best = min(ok, key=lambda r: r["heads_kept"])
+            out.append(f"- {name}: **yes**: {best['heads_kept']} heads kept, BLEU {best['bleu']:.2f} "
+                       f"({best['bleu'] - base:+.2f}).")
+        else:
+            best = max(half, key=lambda r: r["bleu"])
+            out.append(f"- {name}: **no**: the best run below half ({best['heads_kept']} heads kept) has BLEU "
+                       f"{best['bleu']:.2f} ({best['bleu'] - base:+.2f}).")
+    return "\n".join(out)
+
+
+def figure(rows: List[dict], total: int, path: str) -> str:
+    from fairseq_headprune.plots import _save, plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    base = next(r["bleu"] for r in rows if r["key"] == "baseline")
+    ax.axhline(base, color="grey", ls="--", lw=1, label=f"unpruned ({base:.2f})")
+    ax.axhline(base - TOLERANCE, color="grey", ls=":", lw=1, label=f"unpruned - {TOLERANCE}")
+    for method, label, marker in (("l0", "L0 gates (fine-tuned)", "o"), ("michel", "Michel I_h (no fine-tuning)", "s")):
+        pts = sorted((r["heads_kept"], r["bleu"], r.get("l0_lambda")) for r in rows if r.get("method") == method)
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, ms=4, label=label)
+            for x, y, lam in pts:
+                if lam is not None:
+                    ax.annotate(f"λ={lam:g}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    ax.axvline(total / 2, color="C3", lw=0.5)
+    ax.set_xlabel(f"heads kept (of {total})")
+    ax.set_ylabel("BLEU")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return _save(fig, path)
