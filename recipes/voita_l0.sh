@@ -18,71 +18,78 @@
 #   move 0.03 in 300 updates and nothing would close (fairseq has one lr for all parameters: see gates.py);
 # - λ is per target token (the criterion's docstring), Voita et al.'s scale.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-export PATH=$PWD/.venv/bin:$PATH OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1
-MODEL=checkpoints/de-en
-WORK=${WORK:-work/voita}
-RESULTS=${RESULTS:-results/voita}
-LAMBDAS=${LAMBDAS:-"0.05 0.01 0.002"}
-UPDATES=${UPDATES:-300}
-MAX_TOKENS=${MAX_TOKENS:-1024}
-LR=${LR:-1e-4}
-GATE_LR_SCALE=${GATE_LR_SCALE:-500}
-TEMPERATURE=${TEMPERATURE:-0.33}
-BIN=$WORK/data-bin
-STAGES=${*:-data train gates score compare}
-EVAL=(--beam 5 --max-tokens 4000 --bpe subword_nmt --bpe-codes "$MODEL/code" --tokenizer moses -s de -t en)
-mkdir -p "$WORK" "$RESULTS"
+# the whole script is one function: bash parses it completely before running anything, so editing this file
+# while a sweep runs cannot change what the running sweep does
+main() {
+  cd "$(dirname "$0")/.."
+  export PATH=$PWD/.venv/bin:$PATH OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1
+  MODEL=checkpoints/de-en
+  WORK=${WORK:-work/voita}
+  RESULTS=${RESULTS:-results/voita}
+  LAMBDAS=${LAMBDAS:-"0.05 0.01 0.002"}
+  UPDATES=${UPDATES:-300}
+  MAX_TOKENS=${MAX_TOKENS:-1024}
+  LR=${LR:-1e-4}
+  GATE_LR_SCALE=${GATE_LR_SCALE:-500}
+  TEMPERATURE=${TEMPERATURE:-0.33}
+  BIN=$WORK/data-bin
+  STAGES=${*:-data train gates score compare}
+  EVAL=(--beam 5 --max-tokens 4000 --bpe subword_nmt --bpe-codes "$MODEL/code" --tokenizer moses -s de -t en)
+  mkdir -p "$WORK" "$RESULTS"
 
-has() { [[ " $STAGES " == *" $1 "* ]]; }
+  has() { [[ " $STAGES " == *" $1 "* ]]; }
 
-if has data && [ ! -f "$BIN/test.de-en.en.bin" ]; then
-  bash data_prep/encode-for-model.sh "$MODEL" de en ../shared/data/multi30k/train "$BIN" train
-  bash data_prep/encode-for-model.sh "$MODEL" de en ../shared/data/multi30k/val "$BIN" valid
-  bash data_prep/encode-for-model.sh "$MODEL" de en data/multi30k-test2016/test "$BIN" test
-fi
+  if has data && [ ! -f "$BIN/test.de-en.en.bin" ]; then
+    bash data_prep/encode-for-model.sh "$MODEL" de en ../shared/data/multi30k/train "$BIN" train
+    bash data_prep/encode-for-model.sh "$MODEL" de en ../shared/data/multi30k/val "$BIN" valid
+    bash data_prep/encode-for-model.sh "$MODEL" de en data/multi30k-test2016/test "$BIN" test
+  fi
 
-run_dir() { echo "$WORK/runs/lambda-$1"; }
+  run_dir() { echo "$WORK/runs/lambda-$1"; }
 
-if has train; then
-  for lambda in $LAMBDAS; do
-    dir=$(run_dir "$lambda")
-    if [ -f "$dir/checkpoint_last.pt" ] && grep -q "num_updates: $UPDATES >= max_update" "$dir/train.log" 2>/dev/null; then
-      echo "lambda $lambda: done ($dir)"; continue
-    fi
-    mkdir -p "$dir"
-    echo "lambda $lambda: fine-tuning $UPDATES updates, log in $dir/train.log"
-    fairseq-train "$BIN" --user-dir fairseq_headprune --task translation_headprune -s de -t en \
-      --arch transformer --share-all-embeddings \
-      --encoder-layers 6 --decoder-layers 6 --encoder-attention-heads 8 --decoder-attention-heads 8 \
-      --encoder-embed-dim 256 --decoder-embed-dim 256 --encoder-ffn-embed-dim 512 --decoder-ffn-embed-dim 512 \
-      --encoder-normalize-before --decoder-normalize-before \
-      --dropout 0.3 --attention-dropout 0.1 --activation-dropout 0.1 \
-      --gated-types enc-self,enc-dec,dec-self --gate-temperature "$TEMPERATURE" --gate-lr-scale "$GATE_LR_SCALE" \
-      --criterion label_smoothed_cross_entropy_l0 --label-smoothing 0.1 --l0-lambda "$lambda" \
-      --optimizer adam --adam-betas '(0.9, 0.98)' --lr "$LR" --lr-scheduler fixed \
-      --finetune-from-model "$MODEL/model.pt" --max-tokens "$MAX_TOKENS" --max-update "$UPDATES" --seed 1 \
-      --save-dir "$dir" --no-epoch-checkpoints --no-save-optimizer-state --disable-validation \
-      --log-format simple --log-interval 25 --num-workers 0 > "$dir/train.log" 2>&1
-  done
-fi
+  if has train; then
+    for lambda in $LAMBDAS; do
+      dir=$(run_dir "$lambda")
+      if [ -f "$dir/checkpoint_last.pt" ] && grep -q "num_updates: $UPDATES >= max_update" "$dir/train.log" 2>/dev/null; then
+        echo "lambda $lambda: done ($dir)"; continue
+      fi
+      mkdir -p "$dir"
+      echo "lambda $lambda: fine-tuning $UPDATES updates, log in $dir/train.log"
+      fairseq-train "$BIN" --user-dir fairseq_headprune --task translation_headprune -s de -t en \
+        --arch transformer --share-all-embeddings \
+        --encoder-layers 6 --decoder-layers 6 --encoder-attention-heads 8 --decoder-attention-heads 8 \
+        --encoder-embed-dim 256 --decoder-embed-dim 256 --encoder-ffn-embed-dim 512 --decoder-ffn-embed-dim 512 \
+        --encoder-normalize-before --decoder-normalize-before \
+        --dropout 0.3 --attention-dropout 0.1 --activation-dropout 0.1 \
+        --gated-types enc-self,enc-dec,dec-self --gate-temperature "$TEMPERATURE" --gate-lr-scale "$GATE_LR_SCALE" \
+        --criterion label_smoothed_cross_entropy_l0 --label-smoothing 0.1 --l0-lambda "$lambda" \
+        --optimizer adam --adam-betas '(0.9, 0.98)' --lr "$LR" --lr-scheduler fixed \
+        --finetune-from-model "$MODEL/model.pt" --max-tokens "$MAX_TOKENS" --max-update "$UPDATES" --seed 1 \
+        --save-dir "$dir" --no-epoch-checkpoints --no-save-optimizer-state --disable-validation \
+        --log-format simple --log-interval 25 --num-workers 0 > "$dir/train.log" 2>&1
+    done
+  fi
 
-if has gates; then
-  for lambda in $LAMBDAS; do
-    dir=$(run_dir "$lambda")
-    fairseq-headprune gates "$dir/checkpoint_last.pt" --results-dir "$RESULTS/lambda-$lambda"
-  done
-fi
+  if has gates; then
+    for lambda in $LAMBDAS; do
+      dir=$(run_dir "$lambda")
+      fairseq-headprune gates "$dir/checkpoint_last.pt" --results-dir "$RESULTS/lambda-$lambda"
+      # the gates' trajectory (expected L0, open gates, NLL every 25 updates): a small text file beside them
+      grep -E "train_inner|\| train \|" "$dir/train.log" | sed 's/^.*| INFO | //' > "$RESULTS/lambda-$lambda/train-progress.log"
+    done
+  fi
 
-if has score && [ ! -f "$RESULTS/michel/importance.json" ]; then
-  fairseq-headprune score "$BIN" --path "$MODEL/model.pt" --gen-subset valid --max-tokens 4000 \
-    --results-dir "$RESULTS/michel" -s de -t en
-fi
+  if has score && [ ! -f "$RESULTS/michel/importance.json" ]; then
+    fairseq-headprune score "$BIN" --path "$MODEL/model.pt" --gen-subset valid --max-tokens 4000 \
+      --results-dir "$RESULTS/michel" -s de -t en
+  fi
 
-if has compare; then
-  gated=()
-  for lambda in $LAMBDAS; do gated+=("$(run_dir "$lambda")/checkpoint_last.pt"); done
-  fairseq-headprune compare "$BIN" --path "$MODEL/model.pt" --gen-subset test "${EVAL[@]}" \
-    --references data/multi30k-test2016/test.en --importance "$RESULTS/michel/importance.json" \
-    --gated "${gated[@]}" --results-dir "$RESULTS"
-fi
+  if has compare; then
+    gated=()
+    for lambda in $LAMBDAS; do gated+=("$(run_dir "$lambda")/checkpoint_last.pt"); done
+    fairseq-headprune compare "$BIN" --path "$MODEL/model.pt" --gen-subset test "${EVAL[@]}" \
+      --references data/multi30k-test2016/test.en --importance "$RESULTS/michel/importance.json" \
+      --gated "${gated[@]}" --results-dir "$RESULTS"
+  fi
+}
+main "$@"

@@ -127,7 +127,7 @@ def run(cfg, args) -> None:
         if f"l0:{r['sha']}" in done:
             continue
         gated, as_masks = _evaluate_gated(cfg, r, args.references, fingerprint)
-        log.append({"key": f"l0:{r['sha']}", "method": "l0", "checkpoint": os.path.abspath(r["path"]),
+        log.append({"key": f"l0:{r['sha']}", "method": "l0", "checkpoint": r["path"],
                     "l0_lambda": r["l0_lambda"], "updates": r["updates"], "types": r["gated_types"],
                     "heads_kept": total - r["closed"], "kept_per_type": kept_per_type(layout, r["closed_heads"]),
                     "fractional_gates": r["fractional"], "masked": format_head_spec(r["closed_heads"]),

@@ -63,7 +63,7 @@ def gate_summary(state: dict) -> dict:
     log_alphas = log_alphas_from_state_dict(state["model"])
     if not log_alphas:
         raise UserError("the checkpoint has no head gates (was it fine-tuned with --gated-types?)")
-    temperature = next(float(v) for k, v in state["model"].items() if k.endswith(".head_gate.temperature"))
+    temperature = round(next(float(v) for k, v in state["model"].items() if k.endswith(".head_gate.temperature")), 6)
     per_type: Dict[str, Dict[str, List]] = {}
     closed: List[Head] = []
     for (t, layer), la in sorted(log_alphas.items(), key=lambda kv: (ATTENTION_TYPES.index(kv[0][0]), kv[0][1])):
@@ -120,13 +120,13 @@ def write_results(summary: dict, checkpoint: str, results_dir: str) -> Tuple[str
 
     closed = summary["closed_heads"]
     meta = {k: v for k, v in summary.items() if k != "closed_heads"}
-    meta.update(checkpoint=os.path.abspath(checkpoint), checkpoint_sha256=file_sha256(checkpoint))
+    meta.update(checkpoint=checkpoint, checkpoint_sha256=file_sha256(checkpoint))
     meta["closed_spec"] = ",".join(map(str, closed))
     paths = tuple(os.path.join(results_dir, name) for name in ("gates.json", "closed-heads.json", "kept-heads.md"))
     write_json_atomic(paths[0], meta)
     write_json_atomic(paths[1], heads_to_json(closed))
     with atomic_output(paths[2]) as f:
-        f.write(f"# Heads kept by the L0 gates of {os.path.basename(checkpoint)}\n\n"
+        f.write(f"# Heads kept by the L0 gates of {checkpoint}\n\n"
                 f"λ = {summary['l0_lambda']}, {summary['updates']} updates, temperature {summary['temperature']}: "
                 f"**{summary['kept']} of {summary['total']} gated heads kept** ({summary['closed']} closed; "
                 f"{summary['fractional']} open gates are fractional at evaluation).\n\n{kept_table(summary)}\n")
