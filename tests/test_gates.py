@@ -142,25 +142,29 @@ def test_folded_state_dict_equals_gated_model_with_fractional_gates(stock):
                                atol=1e-5, rtol=0)
 
 
-def finetune(data, stock_checkpoint, save_dir, l0_lambda, types, updates=25):
+def finetune(data, stock_checkpoint, save_dir, l0_lambda, types, start="--finetune-from-model", updates=25):
+    resets = ["--reset-optimizer", "--reset-dataloader", "--reset-lr-scheduler", "--reset-meters"]
     return run(["fairseq-train", data, *TINY_ARCH, "--user-dir", cli.PACKAGE_DIR, "--task", "translation_headprune",
                 "--gated-types", types, "--gate-lr-scale", "300",
                 "--criterion", "label_smoothed_cross_entropy_l0", "--label-smoothing", "0.1", "--l0-lambda", l0_lambda,
-                "--optimizer", "adam", "--lr", "1e-3", "--lr-scheduler", "fixed", "--finetune-from-model",
-                stock_checkpoint, "--max-tokens", "1500", "--max-update", updates, "--save-dir", save_dir,
+                "--optimizer", "adam", "--lr", "1e-3", "--lr-scheduler", "fixed", start, stock_checkpoint,
+                *(resets if start == "--restore-file" else []), "--max-tokens", "1500", "--max-update", updates,
+                "--save-dir", save_dir,
                 "--no-epoch-checkpoints", "--no-save-optimizer-state", "--seed", "3", "--num-workers", "0",
                 "--log-format", "simple", "--log-interval", "5", "--disable-validation"])
 
 
 @pytest.fixture(scope="module")
 def l0_runs(tiny_data, stock_checkpoint, tmp_path_factory):
-    """Two short fine-tunings from the stock checkpoint: no penalty on every head, and on the encoder-side
-    attentions a penalty large enough to close gates (the tiny model, barely trained, may give up all of those:
-    dec-self stays ungated so that the closed heads can still be removed)."""
+    """Two short fine-tunings from the stock checkpoint, started both ways fairseq offers: no penalty on every
+    head (--restore-file with resets), and on the encoder-side attentions a penalty large enough to close gates
+    (--finetune-from-model; the tiny model, barely trained, may give up all of those: dec-self stays ungated so
+    that the closed heads can still be removed)."""
     out = {}
-    for lam, types in (("0", "enc-self,enc-dec,dec-self"), ("2", "enc-self,enc-dec")):
+    for lam, types, start in (("0", "enc-self,enc-dec,dec-self", "--restore-file"),
+                              ("2", "enc-self,enc-dec", "--finetune-from-model")):
         save = tmp_path_factory.mktemp(f"l0-{lam}")
-        finetune(tiny_data, stock_checkpoint, save, lam, types)
+        finetune(tiny_data, stock_checkpoint, save, lam, types, start)
         out[lam] = save / "checkpoint_last.pt"
     return out
 
