@@ -159,7 +159,8 @@ def report(rows: List[dict], header: dict) -> str:
         "",
         "L0: fine-tuned with a Hard Concrete gate per head and λ·E[L0] (deterministic gates at evaluation; "
         "'as masks' = its closed heads masked, open gates set to 1). Michel: the unpruned model, lowest-I_h heads "
-        "masked, **no fine-tuning** - the L0 models had extra training, so the comparison favours them.",
+        "masked, **no fine-tuning** - the L0 models had extra training, so the comparison favours them; a run "
+        "with λ = 0 (gates, no penalty) shows what that fine-tuning alone does.",
         "",
         "| λ | updates | heads kept | enc-self | enc-dec | dec-self | L0 BLEU | L0 as masks | Michel BLEU "
         "| L0 - unpruned | Michel - unpruned |",
