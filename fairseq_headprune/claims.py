@@ -290,13 +290,14 @@ def claim_speed(speed: Optional[Dict], command: Optional[str] = None, source: st
 
 
 def claim_voita(points: Optional[Sequence[Dict]], command: Optional[str] = None, source: str = "") -> Claim:
-    """`points`: one dict per sweep point with heads_total, heads_kept and bleu; the full model is the point
-    with heads_kept == heads_total (λ = 0 or the original checkpoint)."""
-    rule = (f"largest share of gated heads closed among λ points within {VOITA_TOLERANCE} BLEU of the full model "
-            f"> {VOITA_MIN_SHARE:.0f}%")
-    if not points:
+    """`points` (l0_points): the L0 models (method "l0") against the full model (method "unpruned"); points of
+    other methods (Michel's masks at the same numbers of heads) do not enter the verdict."""
+    rule = (f"largest share of heads closed by L0 gates among λ points within {VOITA_TOLERANCE} BLEU of the "
+            f"unpruned model > {VOITA_MIN_SHARE:.0f}%")
+    points = [p for p in points or [] if p.get("method", "l0") in ("unpruned", "l0")]
+    if not any(p.get("method", "l0") == "l0" for p in points):
         return _not_run("V", rule, command, "L0 λ sweep")
-    full = [p for p in points if p["heads_kept"] == p["heads_total"]]
+    full = [p for p in points if p.get("method") == "unpruned" or p["heads_kept"] == p["heads_total"]]
     if not full:
         return _claim("V", "the sweep has no full-model point to compare with", INCOMPLETE, rule, (source,), command)
     base = full[0]["bleu"]
@@ -312,18 +313,27 @@ def claim_voita(points: Optional[Sequence[Dict]], command: Optional[str] = None,
 # ---------------------------------------------------------------- Voita's L0 sweep
 
 def l0_points(path: str) -> List[Dict]:
-    """The sweep points of an L0 result file: rows with lambda, heads_kept, heads_total and bleu (JSONL with a
-    header line, or a JSON list). Rows of other kinds (e.g. the I_h pruning it is compared with) are skipped."""
-    if path.endswith(".jsonl"):
-        rows = read_jsonl(path)[1]
-    else:
-        data = read_json(path)
-        rows = data if isinstance(data, list) else data.get("rows", [])
-    keys = ("heads_kept", "heads_total", "bleu")
-    return [{"lambda": r.get("lambda"), **{k: r[k] for k in keys}} for r in rows if all(k in r for k in keys)]
+    """The points of an L0 λ sweep: DIR/compare.jsonl of `fairseq-headprune compare` (header: total_heads; rows:
+    method "unpruned" (the full model), "l0" (a gated checkpoint: l0_lambda, heads_kept = heads whose gate is not
+    closed) or "michel" (the unpruned model with as many heads masked by I_h), each with its BLEU).
+
+    Each point: method, lambda, heads_kept, heads_total, bleu."""
+    header, rows = read_jsonl(path)
+    total = header.get("total_heads")
+    points = []
+    for r in rows:
+        if not {"heads_kept", "bleu"} <= r.keys():
+            continue
+        heads_total = r.get("heads_total", total)
+        if heads_total is None:
+            raise ValueError(f"{path}: no total_heads in its header: not a `compare` result file")
+        method = r.get("method") or ("unpruned" if r["heads_kept"] == heads_total else "l0")
+        points.append({"method": method, "lambda": r.get("l0_lambda"), "heads_kept": r["heads_kept"],
+                       "heads_total": heads_total, "bleu": r["bleu"]})
+    return points
 
 
 def l0_figures(path: str) -> List[str]:
-    """PNG figures written beside the sweep file."""
-    folder = os.path.dirname(path) or "."
-    return sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".png"))
+    """The figure written beside the sweep file (compare.jsonl -> compare.png), if any."""
+    png = os.path.splitext(path)[0] + ".png"
+    return [png] if os.path.exists(png) else []

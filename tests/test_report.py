@@ -69,6 +69,8 @@ def test_report_runs_every_part_and_writes_md_and_html(full_report, slice_data, 
         assert verdicts[cid] in (cl.SUPPORTED, cl.NOT_SUPPORTED), (cid, verdicts[cid])
     assert verdicts["C5"] == cl.NOT_RUN and verdicts["V"] == cl.NOT_RUN  # --dynamics none, no --l0-sweep
     assert "recipes/voita_l0.sh" in md and "iwslt_dynamics" in md  # what to run instead of a made-up value
+    claims, recorded = recompute_claims(out)
+    assert [(c.id, c.ours, c.verdict) for c in claims] == [(r["id"], r["ours"], r["verdict"]) for r in recorded]
     # each linked figure exists; the HTML embeds them all and references no file
     for link in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md):
         assert (out / link).exists(), link
@@ -109,7 +111,7 @@ def test_bad_parts_is_one_line(slice_data, stock_checkpoint, tmp_path):
 def test_killed_report_resumes(slice_data, stock_checkpoint, full_report, tmp_path):
     out, _ = full_report
     cmd = [str(BIN / "fairseq-headprune"), "report", str(slice_data), "--path", str(stock_checkpoint),
-           "--results-dir", str(tmp_path), *REPORT, "--parts", "score,single,keep-one"]
+           "--results-dir", str(tmp_path), *REPORT, "--parts", "score,single"]
     proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     log = tmp_path / "ablation-single.jsonl"
     deadline = time.time() + 120
@@ -124,7 +126,7 @@ def test_killed_report_resumes(slice_data, stock_checkpoint, full_report, tmp_pa
     state = json.loads((tmp_path / "report-state.json").read_text())
     assert list(state["parts"]) == ["score"]  # single was under way
     resumed = run(["fairseq-headprune", "report", slice_data, "--path", stock_checkpoint, "--results-dir", tmp_path,
-                   *REPORT, "--parts", "score,single,keep-one"]).stdout
+                   *REPORT, "--parts", "score,single"]).stdout
     assert "score: done before, reused" in resumed
     lines = open(log).read().splitlines()
     assert lines[: len(kept)] == kept  # rows written before the kill are kept, not recomputed
@@ -263,15 +265,31 @@ def test_c6_speed_both_ways():
 
 
 def test_voita_both_ways():
-    full = {"lambda": None, "heads_kept": 48, "heads_total": 48, "bleu": 30.0}
-    points = [full, {"lambda": 0.01, "heads_kept": 20, "heads_total": 48, "bleu": 29.8},
-              {"lambda": 0.1, "heads_kept": 5, "heads_total": 48, "bleu": 25.0}]
+    full = {"method": "unpruned", "lambda": None, "heads_kept": 48, "heads_total": 48, "bleu": 30.0}
+    points = [full, {"method": "l0", "lambda": 0.01, "heads_kept": 20, "heads_total": 48, "bleu": 29.8},
+              {"method": "l0", "lambda": 0.1, "heads_kept": 5, "heads_total": 48, "bleu": 25.0},
+              {"method": "michel", "lambda": None, "heads_kept": 5, "heads_total": 48, "bleu": 29.9}]
     claim = cl.claim_voita(points)
     assert claim.verdict == cl.SUPPORTED and claim.ours.startswith("28 of 48 heads closed (λ=0.01)")
     points[1]["bleu"] = 29.7  # 0.3 BLEU lost: no longer within 0.25
     assert cl.claim_voita(points).verdict == cl.NOT_SUPPORTED
     assert cl.claim_voita(points[1:]).verdict == cl.INCOMPLETE  # no full model to compare with
     assert cl.claim_voita(None, "bash recipes/voita_l0.sh").verdict == cl.NOT_RUN
+    assert cl.claim_voita([full, points[3]]).verdict == cl.NOT_RUN  # Michel's masks are not an L0 sweep
+
+
+def test_l0_points_read_a_compare_file(tmp_path):
+    rows = [{"header": {"command": "compare", "total_heads": 144}},
+            {"key": "baseline", "method": "unpruned", "heads_kept": 144, "bleu": 36.7},
+            {"key": "michel:enc-self:60", "method": "michel", "heads_kept": 60, "bleu": 30.0},
+            {"key": "l0:ab", "method": "l0", "l0_lambda": 0.05, "heads_kept": 60, "bleu": 36.5}]
+    path = tmp_path / "compare.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    points = cl.l0_points(str(path))
+    assert [(p["method"], p["lambda"], p["heads_total"]) for p in points] == \
+        [("unpruned", None, 144), ("michel", None, 144), ("l0", 0.05, 144)]
+    claim = cl.claim_voita(points)
+    assert claim.verdict == cl.SUPPORTED and claim.ours.startswith("84 of 144 heads closed (λ=0.05), BLEU 36.50")
 
 
 # ---------------------------------------------------------------- claims on the committed results
@@ -288,13 +306,33 @@ def test_claims_on_committed_dynamics():
 COMMITTED = ROOT / "results" / "report-de-en"
 
 
-@pytest.mark.skipif(not (COMMITTED / "report.md").exists(), reason="the committed full report is added last")
-def test_claims_on_committed_full_report():
-    rows = cl.read_rows(str(COMMITTED / "ablation-single.jsonl"))
-    claim = cl.claim_single_heads(rows, 144)
-    assert claim.verdict in (cl.SUPPORTED, cl.NOT_SUPPORTED)
-    md = (COMMITTED / "report.md").read_text()
-    assert f"| C1 | {claim.claim} |" in md and claim.ours in md
+def recompute_claims(folder: Path):
+    """The claims of a written report, computed again from the input files its claims.json names."""
+    recorded = json.loads((folder / "claims.json").read_text(encoding="utf-8"))
+    inputs = recorded["inputs"]
+    path = lambda name: str(ROOT / inputs[name]) if inputs[name] else None  # noqa: E731
+    per_layer = {(k.split(":")[0], int(k.split(":")[1])): n for k, n in inputs["heads_per_layer"].items()}
+    single, pruning = cl.read_rows(path("single")), cl.read_rows(path("pruning"))
+    l0 = path("l0_sweep")
+    return [cl.claim_single_heads(single, inputs["heads"]),
+            cl.claim_keep_one(cl.read_rows(path("keep_one")), len(per_layer), heads_per_layer=per_layer),
+            cl.claim_prunable(pruning), cl.claim_enc_dec_sensitive(pruning, single),
+            cl.claim_dynamics(cl.read_rows(path("dynamics"))), cl.claim_speed(cl.read_json(path("speed"))),
+            cl.claim_voita(cl.l0_points(l0) if l0 else None)], recorded["claims"]
+
+
+def test_committed_report_claims_are_computed_from_its_files():
+    """The committed full-size report of the bundled model: each claim row (ours and verdict) is what the rules
+    give on the committed result files: never typed in, never stale."""
+    claims, recorded = recompute_claims(COMMITTED)
+    md = (COMMITTED / "report.md").read_text(encoding="utf-8")
+    assert [(c.id, c.ours, c.verdict) for c in claims] == [(r["id"], r["ours"], r["verdict"]) for r in recorded]
+    for c in claims:
+        assert f"| {c.id} | {c.claim} | {c.paper} | {c.ours} | **{c.verdict}** |" in md
+    dynamics = next(c for c in claims if c.id == "C5")
+    assert dynamics.verdict == cl.SUPPORTED  # the bundled model's training run is committed
+    for link in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md):
+        assert (COMMITTED / link).exists(), link
 
 
 # ---------------------------------------------------------------- the HTML in a real browser

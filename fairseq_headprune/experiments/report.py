@@ -5,7 +5,8 @@ Runs, in this process and with the fairseq options given here, the commands of e
 by importance), `speed` (the heads the importance order prunes at --speed-percent), and `analyze` when the
 package has it. Then it checks the papers' claims against the result files (fairseq_headprune.claims) and writes
 DIR/report.md and a self-contained DIR/report.html (figures embedded) with every table and figure, the sacreBLEU
-signatures and the exact command line that produces or resumes each part.
+signatures and the exact command line that produces or resumes each part; DIR/claims.json holds the claim rows
+with the files they were computed from.
 
 Reuse and resume: each command appends its results as it goes and resumes from its own files (refusing files of
 another model, subset or decoding setup). DIR/report-state.json records each finished part with its command
@@ -265,6 +266,54 @@ def check_speed(path: str, args, beam: int, subset: str) -> bool:
     return True
 
 
+class Ticker:
+    """Progress lines while a part runs and no terminal shows fairseq's progress bars (a log file, CI): every
+    `interval` seconds, the rows in the part's results file against the rows it will have."""
+
+    def __init__(self, label: str, path: Optional[str], expected: Optional[int], interval: float = 60.0):
+        import threading
+
+        self.label, self.path, self.expected, self.interval = label, path, expected, interval
+        self.start = time.time()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def rows(self) -> Optional[int]:
+        if not self.path or not os.path.exists(self.path):
+            return None
+        with open(self.path, "rb") as f:
+            return max(0, f.read().count(b"\n") - 1)  # minus the header line
+
+    def _loop(self) -> None:
+        while not self.stop.wait(self.interval):
+            minutes = (time.time() - self.start) / 60
+            done = self.rows()
+            count = f", {done}/{self.expected} results" if done is not None and self.expected else ""
+            print(f"{self.label}: running for {minutes:.1f} min{count}", flush=True)
+
+    def __enter__(self):
+        if not sys.stderr.isatty():
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+
+
+def expected_rows(part: Part, layout, args) -> Tuple[Optional[str], Optional[int]]:
+    """The results file a part appends to and how many rows it has when the part is complete."""
+    from fairseq_headprune.experiments.pruning import steps
+
+    out = args.results_dir
+    n = len(layout.all_heads())
+    if part.name in ("single", "keep-one"):
+        return os.path.join(out, f"ablation-{part.name}.jsonl"), n + 1
+    if part.name == "prune":
+        orders = [o for o in args.prune_orders.split(",") if o.strip()]
+        return os.path.join(out, "pruning.jsonl"), len(orders) * len(steps(n, args.prune_step))
+    return None, None  # prune-types shares pruning.jsonl with prune; the others have no row-per-step file
+
+
 def run_parts(parts: Sequence[Part], state: State, out: str, args, cfg, layout) -> None:
     subset = cfg.dataset.gen_subset
     total = len(parts)
@@ -285,12 +334,14 @@ def run_parts(parts: Sequence[Part], state: State, out: str, args, cfg, layout) 
                 state.record(part, 0.0)
                 continue
         start = time.time()
-        for line, (command, argv) in zip(part.lines(), part.commands):
-            print(f"{prefix}: {line}", flush=True)
-            try:
-                run_command(command, argv)
-            except UserError as e:
-                raise UserError(f"part {part.name} ({command}): {e}") from None
+        path, expected = expected_rows(part, layout, args)
+        with Ticker(prefix, path, expected):
+            for line, (command, argv) in zip(part.lines(), part.commands):
+                print(f"{prefix}: {line}", flush=True)
+                try:
+                    run_command(command, argv)
+                except UserError as e:
+                    raise UserError(f"part {part.name} ({command}): {e}") from None
         seconds = time.time() - start
         state.record(part, seconds)
         print(f"{prefix}: finished in {seconds / 60:.1f} min", flush=True)
@@ -314,7 +365,13 @@ def run(cfg, args) -> None:
         run_parts([all_parts[p] for p in parts_wanted], state, out, args, cfg, layout)
     report_line = shlex.join(["fairseq-headprune", "report", *base, "--results-dir", out]
                              + _own_options_line(args.report_argv))
-    doc = build_document(out, all_parts, state, args, layout, report_line, cfg)
+    doc, claim_rows, files = build_document(out, all_parts, state, args, layout, report_line, cfg)
+    write_json_atomic(os.path.join(out, "claims.json"), {
+        "inputs": {"single": files.single, "keep_one": files.keep_one, "pruning": files.pruning,
+                   "speed": files.speed, "dynamics": files.dynamics_path, "l0_sweep": files.l0_path,
+                   "heads": len(layout.all_heads()),
+                   "heads_per_layer": {f"{t}:{layer}": len(h) for (t, layer), h in layout.heads.items()}},
+        "claims": [c.as_dict() for c in claim_rows]})
     md, html_path = os.path.join(out, "report.md"), os.path.join(out, "report.html")
     with atomic_output(md) as f:
         f.write(to_markdown(doc, out))
@@ -347,7 +404,8 @@ def _layout(cfg):
 
 # ---------------------------------------------------------------- the document
 
-def build_document(out: str, parts: Dict[str, Part], state: State, args, layout, report_line: str, cfg) -> Document:
+def build_document(out: str, parts: Dict[str, Part], state: State, args, layout, report_line: str, cfg):
+    """The report (and the claim rows and input files it was computed from)."""
     from fairseq_headprune.experiments import report_sections as sections
 
     files = sections.Files(out, args.dynamics, args.l0_sweep)
@@ -366,4 +424,4 @@ def build_document(out: str, parts: Dict[str, Part], state: State, args, layout,
     if analysis_available() or os.path.exists(files.analysis):
         sections.analysis(doc, files, parts["analyze"], state)
     sections.commands(doc, parts, report_line)
-    return doc
+    return doc, claim_rows, files

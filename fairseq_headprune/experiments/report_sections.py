@@ -12,12 +12,13 @@ from typing import Dict, List, Optional, Sequence
 
 from fairseq_headprune import claims as cl
 from fairseq_headprune.document import Document
+from fairseq_headprune.errors import UserError
 from fairseq_headprune.heads import ATTENTION_TYPES, TYPE_DESCRIPTIONS
 
 VERDICT_CLASS = {cl.SUPPORTED: "verdict-supported", cl.NOT_SUPPORTED: "verdict-not-supported",
                  cl.NOT_RUN: "verdict-not-run", cl.INCOMPLETE: "verdict-incomplete"}
-DYNAMICS_COMMAND = ("bash recipes/iwslt_dynamics.sh  # or: fairseq-headprune dynamics DATA --checkpoint-dir "
-                    "EPOCH_CHECKPOINTS --results-dir results/dynamics --gen-subset test --beam 5 ...")
+DYNAMICS_COMMAND = ("bash recipes/iwslt_dynamics.sh multi30k ../shared/data WORK  # a training run and its dynamics;"
+                    " then: fairseq-headprune report ... --dynamics WORK/dynamics/dynamics.jsonl")
 VOITA_COMMAND = "bash recipes/voita_l0.sh  # then: fairseq-headprune report ... --l0-sweep results/voita/compare.jsonl"
 
 
@@ -109,9 +110,12 @@ def evaluate_claims(files: Files, parts: Dict, layout, args) -> List[cl.Claim]:
 
 def read_l0_sweep(path: Optional[str]):
     """(points, source) of Voita's λ sweep, or (None, '') when not given or not there."""
-    if not path or not os.path.exists(path):
+    if not path:
         return None, ""
-    return cl.l0_points(path), path
+    try:
+        return cl.l0_points(path), path
+    except (OSError, ValueError) as e:
+        raise UserError(f"--l0-sweep {path}: {e}") from None
 
 
 def claims_table(doc: Document, rows: Sequence[cl.Claim]) -> None:
@@ -323,10 +327,16 @@ def voita(doc: Document, files: Files) -> None:
                       "every head for several λ:")
         doc.code(VOITA_COMMAND)
         return
-    doc.paragraph(f"From `{source}`: one row per λ; heads kept are the gates not closed.")
-    doc.table(["λ", "heads kept", "BLEU"],
-              [[("full model" if p.get("lambda") is None else str(p["lambda"])),
-                f"{p['heads_kept']}/{p['heads_total']}", f"{p['bleu']:.2f}"] for p in points])
+    doc.paragraph(f"From `{source}` (`fairseq-headprune compare`): the unpruned model; each L0 fine-tuned model "
+                  "(heads kept: gates not closed); Michel et al.'s I_h masks on the unpruned model at the same "
+                  "numbers of heads (no retraining, so not like for like).")
+    base = next((p["bleu"] for p in points if p["method"] == "unpruned"), None)
+    order = {"unpruned": 0, "l0": 1, "michel": 2}
+    doc.table(["method", "λ", "heads kept", "BLEU", "change"],
+              [[p["method"], "" if p.get("lambda") is None else str(p["lambda"]),
+                f"{p['heads_kept']}/{p['heads_total']}", f"{p['bleu']:.2f}",
+                f"{p['bleu'] - base:+.2f}" if base is not None else ""]
+               for p in sorted(points, key=lambda p: (order.get(p["method"], 3), -p["heads_kept"]))])
     for name in cl.l0_figures(source):
         doc.image(name, f"from {os.path.basename(name)}")
 

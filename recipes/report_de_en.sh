@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The full-size study of the bundled De-En model, committed as results/report-de-en/: Multi30k test2016 (1000
+# sentences), beam 5, I_h on Multi30k val (1014 sentences), detokenised cased sacreBLEU; C5 from the bundled
+# model's training dynamics (results/dynamics/), Voita's claim from the L0 sweep (results/voita/compare.jsonl).
+#
+# usage: recipes/report_de_en.sh [report options]     e.g. --parts score,single   or   --render-only
+# Result files of the same runs in results/de-en/ (the commands' own output, same options) are copied in first when
+# newer, and resumed, not recomputed. Running every part from nothing takes hours of one CPU core: run it in the
+# background (its progress goes to stdout; a rerun resumes where it stopped).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH=$PWD/.venv/bin:$PATH OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+MODEL=checkpoints/de-en
+BIN=${BIN:-work/de-en/data-bin}
+OUT=${OUT:-results/report-de-en}
+SEED=${SEED:-results/de-en}
+if [ ! -f "$BIN/valid.de-en.de.bin" ]; then
+  [ -d ../shared/data/multi30k ] || { echo "report_de_en: error: ../shared/data/multi30k is needed for I_h on val" >&2; exit 2; }
+  bash data_prep/encode-for-model.sh "$MODEL" de en ../shared/data/multi30k/val "$BIN" valid
+fi
+[ -f "$BIN/test.de-en.de.bin" ] || bash data_prep/encode-for-model.sh "$MODEL" de en data/multi30k-test2016/test "$BIN" test
+mkdir -p "$OUT"
+if [ -d "$SEED" ]; then
+  for f in importance.json ablation-single.jsonl ablation-keep-one.jsonl pruning.jsonl speed.json heads_analysis.json \
+           heads_analysis.partial.jsonl; do
+    if [ -f "$SEED/$f" ] && [ "$SEED/$f" -nt "$OUT/$f" ]; then cp "$SEED/$f" "$OUT/$f"; echo "report_de_en: $f from $SEED"; fi
+  done
+fi
+L0=results/voita/compare.jsonl
+fairseq-headprune report "$BIN" --path "$MODEL/model.pt" --gen-subset test --beam 5 --max-tokens 4000 \
+  --bpe subword_nmt --bpe-codes "$MODEL/code" --tokenizer moses -s de -t en \
+  --references data/multi30k-test2016/test.en --importance-subset valid --results-dir "$OUT" \
+  --dynamics results/dynamics/dynamics.jsonl $([ -f "$L0" ] && echo --l0-sweep "$L0") \
+  --note "Full size: Multi30k test2016 (1000 sentences), beam 5; I_h on Multi30k val. Made by recipes/report_de_en.sh." \
+  "$@"
