@@ -28,7 +28,7 @@ main() {
   MODEL=checkpoints/de-en
   WORK=${WORK:-work/voita}
   RESULTS=${RESULTS:-results/voita}
-  LAMBDAS=${LAMBDAS:-"0.05 0.02 0.01 0.002 0"}
+  LAMBDAS=${LAMBDAS:-"0.05 0.02 0.01 0.006 0.002 0"}
   UPDATES=${UPDATES:-300}
   MAX_TOKENS=${MAX_TOKENS:-1024}
   LR=${LR:-1e-4}
@@ -79,6 +79,7 @@ main() {
       # the gates' trajectory (expected L0, open gates, NLL every 25 updates): a small text file beside them
       grep -E "train_inner|\| train \|" "$dir/train.log" | sed 's/^.*| INFO | //' > "$RESULTS/lambda-$lambda/train-progress.log"
     done
+    for lambda in $LAMBDAS; do cat "$RESULTS/lambda-$lambda/kept-heads.md"; echo; done > "$RESULTS/kept-heads.md"
   fi
 
   if has score && [ ! -f "$RESULTS/michel/importance.json" ]; then

@@ -116,13 +116,15 @@ def run(cfg, args) -> None:
         key = f"michel:{','.join(r['gated_types'])}:{r['kept']}"
         if key not in done and key not in pending:
             pending[key] = michel_mask(scores, layout, r["gated_types"], r["kept"])
-    if pending:
-        hyps = evaluator.translate_many(list(pending.values()), args.masks_per_batch)
-        for (key, masked), h in zip(pending.items(), hyps):
-            log.append({"key": key, "method": "michel", "types": key.split(":")[1].split(","),
-                        "heads_kept": total - len(masked), "kept_per_type": kept_per_type(layout, masked),
-                        "masked": format_head_spec(masked), "bleu": evaluator.bleu(h).score})
-            print(f"michel ({total - len(masked)} heads kept): BLEU {log.rows[-1]['bleu']:.2f}")
+    baseline = next(r["bleu"] for r in log.rows if r.get("key") == "baseline")
+    decode = [key for key, masked in pending.items() if masked]  # nothing masked: the baseline itself
+    hyps = dict(zip(decode, evaluator.translate_many([pending[k] for k in decode], args.masks_per_batch)))
+    for key, masked in pending.items():
+        log.append({"key": key, "method": "michel", "types": key.split(":")[1].split(","),
+                    "heads_kept": total - len(masked), "kept_per_type": kept_per_type(layout, masked),
+                    "masked": format_head_spec(masked),
+                    "bleu": evaluator.bleu(hyps[key]).score if masked else baseline})
+        print(f"michel ({total - len(masked)} heads kept): BLEU {log.rows[-1]['bleu']:.2f}")
     for r in runs:
         if f"l0:{r['sha']}" in done:
             continue
@@ -174,6 +176,17 @@ def report(rows: List[dict], header: dict) -> str:
                      f"{_fmt(m.get('bleu'))} | {r['bleu'] - base:+.2f} | "
                      f"{(m['bleu'] - base) if m else float('nan'):+.2f} |")
     lines += ["", claim(rows, total, base), ""]
+    control = next((r for r in l0 if r["l0_lambda"] == 0), None)
+    if control:
+        half = [r for r in l0 if r["heads_kept"] < total / 2]
+        lines += [f"The λ = 0 control (the same fine-tuning with gates and no penalty, {control['heads_kept']} heads "
+                  f"kept) scores {control['bleu']:.2f} ({control['bleu'] - base:+.2f} against the unpruned model): "
+                  "the fine-tuning alone changes BLEU by that much."]
+        if half:
+            best = max(half, key=lambda r: r["bleu"])
+            lines[-1] += (f" Against it, the best L0 run below half of the heads ({best['heads_kept']} kept) is "
+                          f"{best['bleu'] - control['bleu']:+.2f} BLEU.")
+        lines.append("")
     return "\n".join(lines)
 
 
