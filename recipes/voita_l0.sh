@@ -28,7 +28,7 @@ main() {
   MODEL=checkpoints/de-en
   WORK=${WORK:-work/voita}
   RESULTS=${RESULTS:-results/voita}
-  LAMBDAS=${LAMBDAS:-"0.05 0.02 0.01 0.006 0.002 0"}
+  LAMBDAS=${LAMBDAS:-"0.05 0.02 0.01 0.008 0.006 0.002 0"}
   UPDATES=${UPDATES:-300}
   MAX_TOKENS=${MAX_TOKENS:-1024}
   LR=${LR:-1e-4}

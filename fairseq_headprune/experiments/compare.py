@@ -165,8 +165,8 @@ def report(rows: List[dict], header: dict) -> str:
         "with λ = 0 (gates, no penalty) shows what that fine-tuning alone does.",
         "",
         "| λ | updates | heads kept | enc-self | enc-dec | dec-self | L0 BLEU | L0 as masks | Michel BLEU "
-        "| L0 - unpruned | Michel - unpruned |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| L0 - unpruned | Michel - unpruned | Michel kept (enc-self/enc-dec/dec-self) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in l0:
         m = by_key.get(r["michel_key"], {})
@@ -174,7 +174,8 @@ def report(rows: List[dict], header: dict) -> str:
         lines.append(f"| {r['l0_lambda']} | {r['updates']} | {r['heads_kept']} | {k['enc-self']} | {k['enc-dec']} | "
                      f"{k['dec-self']} | {r['bleu']:.2f} | {_fmt(r.get('bleu_closed_as_masks'))} | "
                      f"{_fmt(m.get('bleu'))} | {r['bleu'] - base:+.2f} | "
-                     f"{(m['bleu'] - base) if m else float('nan'):+.2f} |")
+                     f"{(m['bleu'] - base) if m else float('nan'):+.2f} | "
+                     f"{'/'.join(str(m['kept_per_type'][t]) for t in ATTENTION_TYPES) if m else '-'} |")
     lines += ["", claim(rows, total, base), ""]
     control = next((r for r in l0 if r["l0_lambda"] == 0), None)
     if control:
