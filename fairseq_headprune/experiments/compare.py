@@ -226,6 +226,7 @@ def figure(rows: List[dict], total: int, path: str) -> str:
                 if lam is not None:
                     ax.annotate(f"λ={lam:g}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
     ax.axvline(total / 2, color="C3", lw=0.5)
+    ax.set_xlim(0, total * 1.1)  # room for the labels of the points near the full model
     ax.set_xlabel(f"heads kept (of {total})")
     ax.set_ylabel("BLEU")
     ax.grid(alpha=0.3)
