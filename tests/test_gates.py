@@ -259,3 +259,7 @@ def test_compare_l0_and_michel_at_equal_heads_kept(l0_runs, tiny_data, stock_che
     again = run(cmd).stdout  # resumes: nothing is decoded again
     assert "BLEU" not in again.split("wrote")[0]
     assert len((tmp_path / "compare.jsonl").read_text().splitlines()) == len(rows)
+    bad = run([*cmd[:-5], "--gated", stock_checkpoint, "--results-dir", tmp_path / "bad"], check=False)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert bad.stderr.strip().endswith(f"--gated {stock_checkpoint}: the checkpoint has no head gates "
+                                       "(was it fine-tuned with --gated-types?)")

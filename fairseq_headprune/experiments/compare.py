@@ -60,7 +60,10 @@ def kept_per_type(layout: HeadLayout, masked: List[Head]) -> Dict[str, int]:
 def _gated_runs(paths: List[str], layout: HeadLayout) -> List[dict]:
     runs = []
     for path in paths:
-        summary = gate_summary(read_checkpoint(path))
+        try:
+            summary = gate_summary(read_checkpoint(path))
+        except UserError as e:
+            raise UserError(f"--gated {path}: {e}") from None
         layout.check(summary["closed_heads"])  # the same architecture as the unpruned model
         runs.append({"path": path, "sha": file_sha256(path, 16), **summary})
     return runs
