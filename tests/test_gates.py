@@ -205,6 +205,11 @@ def test_gates_command_exports_closed_heads_and_a_folded_checkpoint(l0_runs, tin
     batch = sample_batch(task)
     torch.testing.assert_close(teacher_forced_logits(folded_model, batch), teacher_forced_logits(gated_model, batch),
                                atol=1e-5, rtol=0)
+    # remove refuses the gated checkpoint itself (surgery does not slice gates) and says to fold first
+    proc = run(["fairseq-headprune", "remove", tiny_data, "--path", ckpt, "--gen-subset", "test",
+                "--heads", f"@{tmp_path / 'res' / 'closed-heads.json'}", "--out", tmp_path / "no.pt"], check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "--fold-out" in proc.stderr
+    assert not (tmp_path / "no.pt").exists()
     # and the closed heads can be removed physically from it (remove checks pruned == masked before saving)
     pruned = tmp_path / "pruned.pt"
     run(["fairseq-headprune", "remove", tiny_data, "--path", folded, "--gen-subset", "test",
