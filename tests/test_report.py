@@ -84,10 +84,16 @@ def test_a_finished_report_reuses_every_part(full_report, slice_data, stock_chec
     out, _ = full_report
     before = {p.name: p.stat().st_mtime for p in out.glob("*.jsonl")}
     start = time.time()
-    proc = report(slice_data, stock_checkpoint, out)
+    dynamics = ROOT / "results" / "dynamics" / "dynamics.jsonl"
+    proc = report(slice_data, stock_checkpoint, out, "--dynamics", dynamics)  # the last --dynamics counts
     assert proc.stdout.count("done before, reused") >= 6
     assert {p.name: p.stat().st_mtime for p in out.glob("*.jsonl")} == before
     assert time.time() - start < 60
+    # an input of another study is copied beside the report: claims.json names the copy
+    assert (out / "inputs" / "dynamics.jsonl").read_bytes() == dynamics.read_bytes()
+    claims = json.loads((out / "claims.json").read_text())
+    assert claims["inputs"]["dynamics"] == str(out / "inputs" / "dynamics.jsonl")
+    assert next(c for c in claims["claims"] if c["id"] == "C5")["verdict"] == cl.SUPPORTED
 
 
 def test_report_refuses_foreign_results(full_report, slice_data, stock_checkpoint, tmp_path):

@@ -404,11 +404,34 @@ def _layout(cfg):
 
 # ---------------------------------------------------------------- the document
 
+def snapshot_inputs(out: str, dynamics: Optional[str], l0_sweep: Optional[str]) -> Tuple[Optional[str], Optional[str]]:
+    """Copy the result files of other studies the claims read (and the L0 sweep's figure) into DIR/inputs/, so
+    that a report and its claims.json stay true to the files they were computed from when those files change."""
+    import shutil
+
+    copies = []
+    for path, name in ((dynamics, "dynamics.jsonl"), (l0_sweep, "l0-sweep.jsonl")):
+        if not path or not os.path.exists(path):
+            if path and path == l0_sweep:
+                raise UserError(f"--l0-sweep: no such file: {path}")
+            copies.append(path)
+            continue
+        target = os.path.join(out, "inputs", name)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        if os.path.abspath(path) != os.path.abspath(target):
+            shutil.copyfile(path, target)
+            figure = os.path.splitext(path)[0] + ".png"
+            if name == "l0-sweep.jsonl" and os.path.exists(figure):
+                shutil.copyfile(figure, os.path.splitext(target)[0] + ".png")
+        copies.append(target)
+    return copies[0], copies[1]
+
+
 def build_document(out: str, parts: Dict[str, Part], state: State, args, layout, report_line: str, cfg):
     """The report (and the claim rows and input files it was computed from)."""
     from fairseq_headprune.experiments import report_sections as sections
 
-    files = sections.Files(out, args.dynamics, args.l0_sweep)
+    files = sections.Files(out, *snapshot_inputs(out, args.dynamics, args.l0_sweep))
     doc = Document(f"Attention heads of {os.path.basename(os.path.dirname(os.path.abspath(cfg.common_eval.path)))}"
                    f"/{os.path.basename(cfg.common_eval.path)}: fairseq-headprune report")
     sections.header(doc, files, cfg, args, state, layout)

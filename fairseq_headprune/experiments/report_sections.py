@@ -301,7 +301,8 @@ def dynamics(doc: Document, files: Files) -> None:
         doc.code(DYNAMICS_COMMAND)
         return
     header = _header_of(files.dynamics_path)
-    doc.paragraph(f"From `{files.dynamics_path}`: each epoch's checkpoint pruned by its own I_h (on "
+    doc.paragraph(f"From `{files.dynamics_path}` (a copy of `--dynamics`): each epoch's checkpoint pruned by its "
+                  f"own I_h (on "
                   f"`{header.get('importance_subset')}`), BLEU on `{header.get('subset')}`, as % of that epoch's "
                   f"unpruned BLEU. This file is an input of the report, not one of its parts: the bundled model's "
                   f"comes from its training run (`recipes/iwslt_dynamics.sh`).")
@@ -327,7 +328,8 @@ def voita(doc: Document, files: Files) -> None:
                       "every head for several λ:")
         doc.code(VOITA_COMMAND)
         return
-    doc.paragraph(f"From `{source}` (`fairseq-headprune compare`): the unpruned model; each L0 fine-tuned model "
+    doc.paragraph(f"From `{source}` (a copy of `--l0-sweep`, made by `fairseq-headprune compare`): the unpruned "
+                  "model; each L0 fine-tuned model "
                   "(heads kept: gates not closed); Michel et al.'s I_h masks on the unpruned model at the same "
                   "numbers of heads (no retraining, so not like for like).")
     base = next((p["bleu"] for p in points if p["method"] == "unpruned"), None)
