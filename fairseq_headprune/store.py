@@ -20,6 +20,9 @@ def atomic_output(path: str, mode: str = "w") -> Iterator[IO]:
             yield f
             f.flush()
             os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; results are ordinary files for their readers
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
