@@ -14,6 +14,7 @@ BEAM=${DEMO_BEAM:-1}
 RAW=data/multi30k-test2016/test
 WORK=work/demo/slice-$N
 OUT=${DEMO_OUT:-work/demo/report-$N-beam$BEAM}
+L0=results/voita/compare.jsonl
 [ -f "$MODEL/model.pt" ] || { echo "demo: error: $MODEL/model.pt is missing" >&2; exit 2; }
 start=$(date +%s)
 if [ ! -f "$WORK/data-bin/test.de-en.de.bin" ]; then
@@ -26,7 +27,9 @@ fairseq-headprune report "$WORK/data-bin" --path "$MODEL/model.pt" --gen-subset 
   --bpe subword_nmt --bpe-codes "$MODEL/code" --tokenizer moses -s de -t en \
   --references "$WORK/test.en" --results-dir "$OUT" \
   --prune-step 0.2 --speed-sentences 32 --speed-runs 2 --analyze-sentences 32 \
+  --dynamics results/dynamics/dynamics.jsonl $([ -f "$L0" ] && echo --l0-sweep "$L0") \
   --note "Demo (recipes/demo.sh): the first $N sentences of Multi30k test2016, beam $BEAM, hypotheses capped at \
 1.2 x source + 10 tokens, pruning in 20% steps, I_h on the same sentences, head analysis on the first 32. A quick look, not the study: \
-results/report-de-en/ is the full-size one (1000 sentences, beam 5)."
+results/report-de-en/ is the full-size one (1000 sentences, beam 5). C5 and V read committed results of other \
+studies of this model (its training run; the L0 sweep, beam 5 on all 1000 sentences)."
 echo "demo: finished in $(( $(date +%s) - start )) s; the report is $OUT/report.html (and report.md beside it)"

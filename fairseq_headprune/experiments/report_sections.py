@@ -56,7 +56,7 @@ def _missing(doc: Document, what: str, lines: Sequence[str]) -> None:
 
 def _provenance(doc: Document, part, state) -> None:
     seconds = state.seconds(part.name)
-    when = f"computed in {_duration(seconds)} by" if seconds else "produced or resumed by"
+    when = f"computed in {_duration(seconds)} (wall clock) by" if seconds else "produced or resumed by"
     doc.paragraph(f"Results {when}:")
     doc.code("\n".join(part.lines()))
 
@@ -87,7 +87,7 @@ def header(doc: Document, files: Files, cfg, args, state, layout) -> None:
         lines.append(f"**Note**: {args.note}")
     total = sum(v.get("seconds", 0) for v in state.data["parts"].values())
     lines.append(f"Written {datetime.datetime.now().strftime('%Y-%m-%d %H:%M')} by `fairseq-headprune report`; "
-                 f"the parts' compute time recorded in `{os.path.basename(state.path)}`: {_duration(total)}.")
+                 f"the parts' wall-clock time recorded in `{os.path.basename(state.path)}`: {_duration(total)}.")
     doc.bullets(lines)
 
 
