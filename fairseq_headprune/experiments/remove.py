@@ -39,7 +39,8 @@ def check_equivalent(masked_model, pruned_model, sample, atol: float = 1e-4) -> 
 def remove_and_save(loaded, heads, out: str, sample=None) -> dict:
     if head_gates(loaded.model):  # surgery slices q/k/v/out_proj, not the gates' per-head parameters
         raise UserError(f"{loaded.checkpoint} has L0 head gates: fold them into a stock checkpoint first "
-                        "(fairseq-headprune gates CKPT --results-dir DIR --fold-out stock.pt), then remove heads from that")
+                        "(fairseq-headprune gates CKPT --results-dir DIR --fold-out stock.pt), "
+                        "then remove heads from that")
     layout = HeadLayout.of(loaded.model)
     layout.check(heads)
     if len(heads) >= len(layout.all_heads()):
