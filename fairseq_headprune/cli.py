@@ -24,8 +24,8 @@ COMMANDS = {
     "speed": ("fairseq_headprune.experiments.speed", "generation speed of unpruned, masked and pruned models"),
     "dynamics": ("fairseq_headprune.experiments.dynamics", "pruning curves of every epoch of a training run"),
     "correlate": ("fairseq_headprune.experiments.correlate", "Pearson/Spearman between two ablation result files"),
-    "report": ("fairseq_headprune.experiments.report", "the whole study of a model, its claims checked, report.md/.html"),
-    "analyze": ("fairseq_headprune.experiments.analysis", "confidence, LRP relevance and function of every head (Voita)"),
+    "report": ("fairseq_headprune.experiments.report", "the whole study of a model, its claims checked"),
+    "analyze": ("fairseq_headprune.experiments.analysis", "confidence, LRP relevance, function of each head (Voita)"),
     "gates": ("fairseq_headprune.experiments.gates", "heads kept by the L0 gates of a gated checkpoint (Voita)"),
     "compare": ("fairseq_headprune.experiments.compare", "Michel's I_h pruning vs Voita's L0 gates, equal heads kept"),
 }
