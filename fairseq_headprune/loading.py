@@ -130,3 +130,16 @@ def batches(loaded: Loaded, subset: str, shuffle: bool = False):
         raise UserError(f"fairseq batched {batched} of the {len(dataset)} sentences of '{subset}' "
                         "(too long for the model's positions?)")
     return dataset, samples
+
+
+def progress_for(cfg, prefix: str):
+    """Wrap an iterable in fairseq's own progress bar, as --log-format and --no-progress-bar ask."""
+    from fairseq.logging import progress_bar
+
+    def wrap(items):
+        return progress_bar.progress_bar(
+            items, log_format=cfg.common.log_format, log_interval=1, prefix=prefix,
+            default_log_format="tqdm" if not cfg.common.no_progress_bar else "none",
+        )
+
+    return wrap

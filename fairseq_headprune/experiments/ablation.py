@@ -18,7 +18,7 @@ from typing import Dict, Iterable, List, Tuple
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.evaluate import SubsetEvaluator
 from fairseq_headprune.heads import ATTENTION_TYPES, Head, HeadLayout
-from fairseq_headprune.loading import file_sha256, load
+from fairseq_headprune.loading import file_sha256, load, progress_for
 from fairseq_headprune.masking import set_head_masks
 from fairseq_headprune.store import ResultsLog
 from fairseq_headprune.stats import BleuBootstrap
@@ -192,7 +192,7 @@ def run(cfg, args) -> None:
     hdr = header(args, cfg, loaded, evaluator, args.mode)
     sweep = Sweep(evaluator, args.metric, ResultsLog(path, hdr), args.bootstrap_samples,
                   args.bootstrap_seed, args.significance, max(1, args.masks_per_batch))
-    sweep.run(jobs[shard::shards], progress=_progress(cfg, f"ablate {args.mode}"))
+    sweep.run(jobs[shard::shards], progress=progress_for(cfg, f"ablate {args.mode}"))
     if distributed:
         import torch.distributed as dist
 
@@ -242,14 +242,3 @@ def _init_distributed() -> bool:
         dist.init_process_group(backend, timeout=datetime.timedelta(days=1))
     return True
 
-
-def _progress(cfg, prefix: str):
-    from fairseq.logging import progress_bar
-
-    def wrap(items):
-        return progress_bar.progress_bar(
-            items, log_format=cfg.common.log_format, log_interval=1, prefix=prefix,
-            default_log_format="tqdm" if not cfg.common.no_progress_bar else "none",
-        )
-
-    return wrap

@@ -27,7 +27,7 @@ from fairseq_headprune.attention_capture import capture_attention
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.evaluate import SubsetEvaluator
 from fairseq_headprune.heads import ATTENTION_TYPES, Head, HeadLayout, format_head_spec
-from fairseq_headprune.loading import file_sha256, load
+from fairseq_headprune.loading import file_sha256, load, progress_for
 from fairseq_headprune.lrp import RULE, conservative_propagation, layer_shares, relevance_inputs, step_head_relevances
 from fairseq_headprune.masking import row_head_masks
 from fairseq_headprune.store import ResultsLog, write_json_atomic
@@ -365,7 +365,7 @@ def run(cfg, args) -> None:
     partial = os.path.join(args.results_dir, PARTIAL)
     log = ResultsLog(partial, hdr)
     done = log.done()
-    progress = _progress(cfg, f"analyze {evaluator.subset}")
+    progress = progress_for(cfg, f"analyze {evaluator.subset}")
     for b, sample in enumerate(progress(samples)):
         if b not in done:
             log.append({"key": b, "stats": analyse_batch(loaded, evaluator, sample, frequencies, parses)})
@@ -422,14 +422,3 @@ def format_report(results: dict) -> str:
                          f"lowest quarter shared: {c['lowest_quarter_overlap']}/{c['lowest_quarter']}")
     return "\n".join(lines)
 
-
-def _progress(cfg, prefix: str):
-    from fairseq.logging import progress_bar
-
-    def wrap(items):
-        return progress_bar.progress_bar(
-            items, log_format=cfg.common.log_format, log_interval=1, prefix=prefix,
-            default_log_format="tqdm" if not cfg.common.no_progress_bar else "none",
-        )
-
-    return wrap
