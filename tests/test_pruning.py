@@ -44,6 +44,11 @@ def test_prune_by_importance_and_random(tiny_data, stock_checkpoint, tmp_path):
     assert by_order["random"][1] != six
     assert rows[0]["bleu"] == rows[5]["bleu"]  # nothing masked: the same model
     assert (tmp_path / "pruning.png").stat().st_size > 1000
+    # the steps share beam searches (8 masks a decode by default): each alone gives the same BLEU
+    run(["fairseq-headprune", "prune", tiny_data, "--path", stock_checkpoint, "--results-dir", tmp_path / "alone",
+         *PRUNE, "--order", "importance,random", "--importance", tmp_path / "importance.json", "--masks-per-batch", "1"])
+    alone = [json.loads(line) for line in open(tmp_path / "alone" / "pruning.jsonl")][1:]
+    assert [(r["key"], r["bleu"]) for r in alone] == [(r["key"], r["bleu"]) for r in rows]
     # a rerun resumes: nothing new is computed
     out = run(["fairseq-headprune", "prune", tiny_data, "--path", stock_checkpoint, "--results-dir", tmp_path, *PRUNE,
                "--order", "importance,random", "--importance", tmp_path / "importance.json"]).stdout
@@ -67,3 +72,21 @@ def test_prune_bad_input(tiny_data, stock_checkpoint, tmp_path):
         proc = run(["fairseq-headprune", "prune", tiny_data, "--path", stock_checkpoint, "--results-dir", tmp_path,
                     *extra], check=False)
         assert proc.returncode == 2 and message in proc.stderr.strip().splitlines()[-1]
+
+
+def test_prune_reestimate_rescores_remaining_heads(tiny_data, stock_checkpoint, tmp_path):
+    """--reestimate: the first step is the importance order's, later steps re-rank only the heads still there."""
+    run(["fairseq-headprune", "score", tiny_data, "--path", stock_checkpoint, "--results-dir", tmp_path,
+         "--gen-subset", "valid"])
+    run(["fairseq-headprune", "prune", tiny_data, "--path", stock_checkpoint, "--results-dir", tmp_path, *PRUNE,
+         "--order", "importance", "--reestimate", "--importance", tmp_path / "importance.json"])
+    run(["fairseq-headprune", "prune", tiny_data, "--path", stock_checkpoint, "--results-dir", tmp_path / "once",
+         *PRUNE, "--order", "importance", "--importance", tmp_path / "importance.json"])
+    rows = [json.loads(line) for line in open(tmp_path / "pruning.jsonl")][1:]
+    once = [json.loads(line) for line in open(tmp_path / "once" / "pruning.jsonl")][1:]
+    assert [r["order"] for r in rows] == ["importance+reestimate"] * 5
+    masked = [set(parse_head_spec(r["masked"])) for r in rows]
+    assert all(a < b for a, b in zip(masked, masked[1:]))
+    assert masked[1] == set(parse_head_spec(once[1]["masked"]))
+    assert (rows[0]["bleu"], rows[1]["bleu"]) == (once[0]["bleu"], once[1]["bleu"])
+    assert masked[2] != set(parse_head_spec(once[2]["masked"]))  # re-ranking changed which heads go next

@@ -38,6 +38,7 @@ def add_args(parser) -> None:
     g.add_argument("--ablation", help="ablation-single.jsonl of `ablate`, for --order oracle")
     g.add_argument("--random-seed", type=int, default=1)
     g.add_argument("--references", help="raw reference file of the subset (default: its decoded targets)")
+    g.add_argument("--masks-per-batch", type=int, default=8, help="pruning steps decoded together in one beam search")
     g.add_argument("--save-percent", type=float, default=50.0,
                    help="write DIR/heads-ORDER-PCT.json, the heads each order prunes at this percent")
     g.add_argument("--save-pruned", metavar="OUT.pt",
@@ -123,32 +124,20 @@ def run(cfg, args) -> None:
         "bleu_signature": evaluator.bleu_signature(),
         "total_heads": len(layout.all_heads()),
     })
-    done = log.done()
+    rankings = {}
     for order in orders:
         label = f"{order}{'+reestimate' if order == 'importance' and args.reestimate else ''}:{','.join(types)}"
-        ranking = initial_ranking(order, args, loaded, candidates)
-        masked: List[Head] = []
-        for n in steps(len(candidates), args.step):
-            key = f"{label}:{n}"
-            if order == "importance" and args.reestimate and n > len(masked):
-                set_head_masks(loaded.model, masked)
-                remaining = [h for h in candidates if h not in masked]
-                ranking = masked + rank_by_scores(estimate_importance(loaded, args.importance_subset), remaining)
-            masked = ranking[:n]
-            if key in done:
-                continue
-            set_head_masks(loaded.model, masked)
-            bleu = evaluator.bleu(evaluator.translate()).score
-            log.append({"key": key, "order": label.split(":")[0], "types": types, "heads_masked": n,
-                        "percent_pruned": 100.0 * n / len(candidates), "masked": format_head_spec(masked),
-                        "bleu": bleu})
-            print(f"{label}: {n}/{len(candidates)} heads masked, BLEU {bleu:.2f}")
-        set_head_masks(loaded.model, [])
+        rankings[label] = initial_ranking(order, args, loaded, candidates)
+        if order == "importance" and args.reestimate:
+            rankings[label] = prune_reestimating(loaded, evaluator, log, label, rankings[label], candidates, types, args)
+    fixed = [(label, ranking) for label, ranking in rankings.items() if "+reestimate" not in label]
+    evaluate_steps(evaluator, log, types, fixed, len(candidates), args)
+    for label, ranking in rankings.items():
         chosen = ranking[: int(round(args.save_percent / 100 * len(candidates)))]
         spec_path = os.path.join(args.results_dir, f"heads-{label.split(':')[0]}-{args.save_percent:g}.json")
         write_json_atomic(spec_path, heads_to_json(chosen))
         print(f"wrote {spec_path} ({len(chosen)} heads)")
-        if args.save_pruned and order == orders[0]:
+        if args.save_pruned and label == next(iter(rankings)):
             from fairseq_headprune.experiments.remove import remove_and_save
 
             info = remove_and_save(loaded, chosen, args.save_pruned, evaluator.samples[0])
@@ -158,6 +147,52 @@ def run(cfg, args) -> None:
     png = pruning_curves(log.rows, os.path.join(args.results_dir, "pruning.png"))
     print(f"wrote {log.path}\nwrote {png}")
 
+
+
+def step_row(label: str, types: Sequence[str], masked: Sequence[Head], n_candidates: int, bleu: float) -> Dict:
+    return {"key": f"{label}:{len(masked)}", "order": label.split(":")[0], "types": list(types),
+            "heads_masked": len(masked), "percent_pruned": 100.0 * len(masked) / n_candidates,
+            "masked": format_head_spec(masked), "bleu": bleu}
+
+
+def evaluate_steps(evaluator, log, types, rankings, n_candidates: int, args) -> None:
+    """Every step of every fixed ranking not yet in the log, decoded masks_per_batch masks at a time.
+
+    The steps of all orders share beam searches (SubsetEvaluator.translate_many); rows are appended as each group
+    finishes, so an interrupted run resumes at the next group."""
+    done = log.done()
+    jobs = [(label, ranking[:n]) for label, ranking in rankings for n in steps(n_candidates, args.step)
+            if f"{label}:{n}" not in done]
+    set_head_masks(evaluator.loaded.model, [])
+    for start in range(0, len(jobs), args.masks_per_batch):
+        group = jobs[start : start + args.masks_per_batch]
+        outputs = evaluator.translate_many([masked for _, masked in group], args.masks_per_batch)
+        for (label, masked), hyps in zip(group, outputs):
+            row = step_row(label, types, masked, n_candidates, evaluator.bleu(hyps).score)
+            log.append(row)
+            print(f"{label}: {len(masked)}/{n_candidates} heads masked, BLEU {row['bleu']:.2f}")
+
+
+def prune_reestimating(loaded, evaluator, log, label, ranking, candidates, types, args) -> List[Head]:
+    """--reestimate: I_h is re-scored on the remaining heads after each step, so the steps run one by one.
+
+    Returns the final ranking (the order the heads were pruned in)."""
+    done = log.done()
+    masked: List[Head] = []
+    for n in steps(len(candidates), args.step):
+        if n > len(masked):
+            set_head_masks(loaded.model, masked)
+            remaining = [h for h in candidates if h not in masked]
+            ranking = masked + rank_by_scores(estimate_importance(loaded, args.importance_subset), remaining)
+        masked = ranking[:n]
+        if f"{label}:{n}" in done:
+            continue
+        set_head_masks(loaded.model, masked)
+        row = step_row(label, types, masked, len(candidates), evaluator.bleu(evaluator.translate()).score)
+        log.append(row)
+        print(f"{label}: {n}/{len(candidates)} heads masked, BLEU {row['bleu']:.2f}")
+    set_head_masks(loaded.model, [])
+    return ranking
 
 def heads_to_json(heads: Sequence[Head]) -> Dict[str, Dict[str, List[int]]]:
     """The `@file.json` form of a head list: {TYPE: {LAYER: [HEADS]}}, readable by --mask-heads and --heads."""
