@@ -31,12 +31,12 @@ def test_prune_by_importance_and_random(tiny_data, stock_checkpoint, tmp_path):
     rows = lines[1:]
     assert [r["heads_masked"] for r in rows] == [0, 6, 12, 18, 24] * 2
     importance = json.loads((tmp_path / "importance.json").read_text())
-    scores = {Head(t, l + 1, h + 1): v for t in ("enc-dec", "dec-self")
-              for l, layer in enumerate(importance[t]) for h, v in enumerate(layer)}
+    scores = {Head(t, i + 1, h + 1): v for t in ("enc-dec", "dec-self")
+              for i, layer in enumerate(importance[t]) for h, v in enumerate(layer)}
     by_order = {}
     for row in rows:
         by_order.setdefault(row["order"], []).append(parse_head_spec(row["masked"]))
-    for order, masked_sets in by_order.items():
+    for masked_sets in by_order.values():
         for smaller, larger in zip(masked_sets, masked_sets[1:]):
             assert set(smaller) < set(larger)  # each step masks 10% more, never unmasks
     six = by_order["importance"][1]
@@ -46,7 +46,8 @@ def test_prune_by_importance_and_random(tiny_data, stock_checkpoint, tmp_path):
     assert (tmp_path / "pruning.png").stat().st_size > 1000
     # the steps share beam searches (8 masks a decode by default): each alone gives the same BLEU
     run(["fairseq-headprune", "prune", tiny_data, "--path", stock_checkpoint, "--results-dir", tmp_path / "alone",
-         *PRUNE, "--order", "importance,random", "--importance", tmp_path / "importance.json", "--masks-per-batch", "1"])
+         *PRUNE, "--order", "importance,random", "--importance", tmp_path / "importance.json",
+         "--masks-per-batch", "1"])
     alone = [json.loads(line) for line in open(tmp_path / "alone" / "pruning.jsonl")][1:]
     assert [(r["key"], r["bleu"]) for r in alone] == [(r["key"], r["bleu"]) for r in rows]
     # a rerun resumes: nothing new is computed

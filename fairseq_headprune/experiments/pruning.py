@@ -129,7 +129,8 @@ def run(cfg, args) -> None:
         label = f"{order}{'+reestimate' if order == 'importance' and args.reestimate else ''}:{','.join(types)}"
         rankings[label] = initial_ranking(order, args, loaded, candidates)
         if order == "importance" and args.reestimate:
-            rankings[label] = prune_reestimating(loaded, evaluator, log, label, rankings[label], candidates, types, args)
+            rankings[label] = prune_reestimating(loaded, evaluator, log, label, rankings[label], candidates, types,
+                                                 args)
     fixed = [(label, ranking) for label, ranking in rankings.items() if "+reestimate" not in label]
     evaluate_steps(evaluator, log, types, fixed, len(candidates), args)
     for label, ranking in rankings.items():

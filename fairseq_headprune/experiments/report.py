@@ -53,7 +53,7 @@ def add_args(parser) -> None:
                    help=f"parts to run, comma-separated, from {', '.join(PARTS)} (analyze: when installed)")
     g.add_argument("--references", help="raw reference file of --gen-subset (default: its decoded targets)")
     g.add_argument("--importance-subset", help="subset I_h is computed on (default: --gen-subset)")
-    g.add_argument("--masks-per-batch", type=int, default=8, help="ablate, prune: masks decoded together in one beam search")
+    g.add_argument("--masks-per-batch", type=int, default=8, help="ablate, prune: masks sharing one beam search")
     g.add_argument("--prune-orders", default="importance,oracle,random", help="prune: orders of the whole-model curves")
     g.add_argument("--prune-step", type=float, default=0.1, help="prune: share of heads masked at each step")
     g.add_argument("--speed-percent", type=float, default=50.0,
