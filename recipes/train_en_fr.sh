@@ -7,6 +7,8 @@
 #
 # usage: recipes/train_en_fr.sh [SHARED_DATA_DIR] [WORK_DIR] [MAX_EPOCH] [extra fairseq-train options ...]
 #   e.g. recipes/train_en_fr.sh ../shared/data work/en-fr 30 --stop-time-hours 1.5
+# A rerun resumes from WORK/checkpoints/checkpoint_last.pt. fairseq's --stop-time-hours counts the training time
+# of the resumed run too (it stops at once when that is already past): add the hours already spent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA=${1:-../shared/data}
