@@ -157,8 +157,14 @@ def best_per_layer(rows: Sequence[Dict]) -> List[Dict]:
 
 def claim_keep_one(rows: Optional[Sequence[Dict]], expected_layers: Optional[int] = None,
                    command: Optional[str] = None, source: str = "ablation-keep-one.jsonl",
-                   heads_per_layer: Optional[Dict[Tuple[str, int], int]] = None) -> Claim:
+                   heads_per_layer: Optional[Dict[Tuple[str, int], int]] = None, selected_by: str = "bleu") -> Claim:
+    """`rows`: every head of each layer tried (the best by BLEU counts), or with selected_by="loss" one row per
+    layer, its head chosen by teacher-forced NLL (heads_per_layer then 1 each): a conservative check of the same
+    claim, since the chosen head's BLEU is at most the best head's."""
     rule = "share of layers whose best single head is not significantly worse than the full layer > 50%"
+    if selected_by == "loss":
+        rule = ("share of layers whose single head chosen by lowest NLL is not significantly worse (BLEU) than the "
+                "full layer > 50%")
     if rows is None:
         return _not_run("C2", rule, command, "keep-one ablation")
     if heads_per_layer:  # a layer counts once every one of its heads has been tried alone

@@ -7,6 +7,10 @@
 # Result files of the same runs in results/de-en/ (the commands' own output, same options) are copied in first when
 # newer, and resumed, not recomputed. Running every part from nothing takes hours of one CPU core: run it in the
 # background (its progress goes to stdout; a rerun resumes where it stopped).
+# Keep-one (C2) runs with --keep-one-select loss: each layer's head is chosen by teacher-forced NLL on val (144
+# NLL passes) and only the 18 chosen heads are decoded on test (BLEU, paired bootstrap). Full BLEU keep-one decodes
+# all 144 masks with beam 5 (~2 core-hours on this CPU); the NLL-selected variant takes ~20 min. Pass
+# --keep-one-select bleu (it overrides) for the full search.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH=$PWD/.venv/bin:$PATH OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
@@ -21,7 +25,8 @@ fi
 [ -f "$BIN/test.de-en.de.bin" ] || bash data_prep/encode-for-model.sh "$MODEL" de en data/multi30k-test2016/test "$BIN" test
 mkdir -p "$OUT"
 if [ -d "$SEED" ]; then
-  for f in importance.json ablation-single.jsonl ablation-keep-one.jsonl pruning.jsonl speed.json heads_analysis.json \
+  for f in importance.json ablation-single.jsonl ablation-keep-one.jsonl ablation-keep-one-loss.jsonl \
+           ablation-keep-one-loss-report-test-bleu.jsonl pruning.jsonl speed.json heads_analysis.json \
            heads_analysis.partial.jsonl; do
     if [ -f "$SEED/$f" ] && [ "$SEED/$f" -nt "$OUT/$f" ]; then cp "$SEED/$f" "$OUT/$f"; echo "report_de_en: $f from $SEED"; fi
   done
@@ -30,6 +35,7 @@ L0=results/voita/compare.jsonl
 fairseq-headprune report "$BIN" --path "$MODEL/model.pt" --gen-subset test --beam 5 --max-tokens 4000 \
   --bpe subword_nmt --bpe-codes "$MODEL/code" --tokenizer moses -s de -t en \
   --references data/multi30k-test2016/test.en --importance-subset valid --results-dir "$OUT" \
+  --keep-one-select loss \
   --dynamics results/dynamics/dynamics.jsonl $([ -f "$L0" ] && echo --l0-sweep "$L0") \
   --note "Full size: Multi30k test2016 (1000 sentences), beam 5; I_h on Multi30k val. Made by recipes/report_de_en.sh." \
   "$@"

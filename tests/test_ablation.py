@@ -33,7 +33,8 @@ def uninterrupted(tiny_data, stock_checkpoint, tmp_path_factory):
 def test_single_head_sweep_rows_and_table(uninterrupted):
     header, rows = rows_of(uninterrupted / "ablation-single.jsonl")
     assert header["metric"] == "bleu" and header["bootstrap"]["samples"] == 1000
-    assert [r["key"] for r in rows] == ["baseline"] + [f"enc-dec:{l}:{h}" for l in (1, 2, 3) for h in (1, 2, 3, 4)]
+    assert [r["key"] for r in rows] == ["baseline"] + [f"enc-dec:{layer}:{h}" for layer in (1, 2, 3)
+                                                     for h in (1, 2, 3, 4)]
     for row in rows[1:]:
         assert row["delta"] == pytest.approx(row["bleu"] - rows[0]["bleu"])
         assert 0.0 <= row["p_value"] <= 1.0
@@ -43,7 +44,8 @@ def test_single_head_sweep_rows_and_table(uninterrupted):
     assert (uninterrupted / "ablation-single-enc-dec.png").stat().st_size > 1000
 
 
-def test_sigkill_halfway_then_rerun_gives_the_uninterrupted_result(tiny_data, stock_checkpoint, uninterrupted, tmp_path):
+def test_sigkill_halfway_then_rerun_gives_the_uninterrupted_result(tiny_data, stock_checkpoint, uninterrupted,
+                                                                   tmp_path):
     log = tmp_path / "ablation-single.jsonl"
     cmd = [str(BIN / "fairseq-headprune"), "ablate", str(tiny_data), "--path", str(stock_checkpoint),
            "--results-dir", str(tmp_path), *SWEEP]
@@ -170,3 +172,51 @@ def test_shared_decode_equals_one_decode_per_mask(tiny_data, stock_checkpoint):
     set_head_masks(loaded.model, [])
     assert len({tuple(h) for h in one_by_one}) == len(masks), "every mask must change the output"
     assert evaluator.translate_many(masks, masks_per_batch=4) == one_by_one
+
+
+def test_keep_one_chosen_by_loss_reported_by_bleu(tiny_data, stock_checkpoint, tmp_path):
+    """NLL chooses each layer's head on valid (every head tried); only the chosen ones are decoded on test."""
+    out = run(["fairseq-headprune", "ablate", tiny_data, "--path", stock_checkpoint, "--results-dir", tmp_path,
+               "--mode", "keep-one", "--metric", "loss", "--select-subset", "valid", "--report-subset", "test",
+               "--report-metric", "bleu", "--beam", "1", "--max-tokens", "3000", "--types", "dec-self"]).stdout
+    select_header, select_rows = rows_of(tmp_path / "ablation-keep-one-loss.jsonl")
+    assert select_header["metric"] == "loss" and select_header["subset"] == "valid" and len(select_rows) == 1 + 3 * 4
+    lowest = {}
+    for row in select_rows[1:]:
+        if row["layer"] not in lowest or row["nll"] < lowest[row["layer"]]["nll"]:
+            lowest[row["layer"]] = row
+    assert not (tmp_path / "ablation-keep-one-loss-report-test.jsonl").exists()
+    header, rows = rows_of(tmp_path / "ablation-keep-one-loss-report-test-bleu.jsonl")
+    assert (header["metric"], header["selection_metric"], header["subset"], header["selected_on"]) == \
+        ("bleu", "loss", "test", "valid")
+    assert header["bleu_signature"] and header["bootstrap"]["samples"] == 1000
+    assert rows[0]["key"] == "baseline" and "bleu" in rows[0]
+    assert sorted((r["layer"], r["head"]) for r in rows[1:]) == sorted((n, r["head"]) for n, r in lowest.items())
+    for row in rows[1:]:
+        assert row["key"] == f"keep:dec-self:{row['layer']}:{row['head']}"
+        assert row["delta"] == pytest.approx(row["bleu"] - rows[0]["bleu"])
+        assert 0.0 <= row["p_value"] <= 1.0
+        assert row["significant"] == (row["p_value"] < 0.01 and row["delta"] != 0)
+    table = (tmp_path / "ablation-keep-one-loss-report-test-bleu.md").read_text()
+    assert "NLL change on valid | BLEU change on test |" in table and "lowest teacher-forced NLL" in table
+    by_layer = {r["layer"]: r for r in rows[1:]}
+    for layer, chosen in lowest.items():  # each column in its own metric's format
+        bleu = by_layer[layer]
+        change = f"{bleu['delta']:+.2f}"
+        assert (f"| dec-self | {layer} | {chosen['head']} | {chosen['delta']:+.3f} | "
+                f"{f'**{change}**' if bleu['significant'] else change} |") in table
+    assert "ablation-keep-one-loss-report-test-bleu.md" in out
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--mode", "keep-one", "--report-metric", "bleu"], "--report-metric needs --report-subset"),
+    (["--mode", "single", "--report-metric", "bleu"], "--report-metric applies to --mode keep-one"),
+    (["--mode", "keep-one", "--report-references", "refs.en"], "--report-references needs --report-subset"),
+])
+def test_report_metric_bad_combinations_are_one_line(tiny_data, stock_checkpoint, tmp_path, extra, message):
+    proc = run(["fairseq-headprune", "ablate", tiny_data, "--path", stock_checkpoint, "--results-dir", tmp_path,
+                "--gen-subset", "test", *extra], check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert message in lines[-1] and lines[-1].startswith("fairseq-headprune ablate: error:")
+    assert not list(tmp_path.iterdir())  # refused before anything was computed

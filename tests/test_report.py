@@ -143,6 +143,37 @@ def test_killed_report_resumes(slice_data, stock_checkpoint, full_report, tmp_pa
     assert (tmp_path / "report.html").exists()
 
 
+def test_keep_one_selected_by_loss_gives_c2(slice_data, stock_checkpoint, tmp_path):
+    """--keep-one-select loss: NLL over every head, BLEU only for each layer's chosen head; C2 computed from those."""
+    proc = report(slice_data, stock_checkpoint, tmp_path, "--parts", "keep-one", "--keep-one-select", "loss")
+    command = json.loads((tmp_path / "report-state.json").read_text())["parts"]["keep-one"]["commands"][0]
+    assert ("--mode keep-one --masks-per-batch 8 --metric loss --select-subset test --report-subset test "
+            "--report-metric bleu") in command and "--keep-one-select" not in command
+    assert not (tmp_path / "ablation-keep-one.jsonl").exists()
+    select = [json.loads(x) for x in (tmp_path / "ablation-keep-one-loss.jsonl").read_text().splitlines()[2:]]
+    rows = [json.loads(x) for x in (tmp_path / "ablation-keep-one-loss-report-test-bleu.jsonl").read_text()
+            .splitlines()[2:]]
+    assert len(select) == 4 * 8 + 2 * 3 * 4 and len(rows) == 4 + 3 + 3  # every head by NLL; one per layer by BLEU
+    claims = json.loads((tmp_path / "claims.json").read_text())
+    assert claims["inputs"]["keep_one"] == str(tmp_path / "ablation-keep-one-loss-report-test-bleu.jsonl")
+    c2 = next(c for c in claims["claims"] if c["id"] == "C2")
+    assert c2["verdict"] in (cl.SUPPORTED, cl.NOT_SUPPORTED) and "of 10 layers keep BLEU" in c2["ours"]
+    assert "chosen by lowest NLL" in c2["rule"]
+    fine = sum(not (r["significant"] and r["delta"] < 0) for r in rows)
+    assert c2["ours"].startswith(f"{fine} of 10 layers")
+    recomputed, recorded = recompute_claims(tmp_path)
+    assert [(c.ours, c.verdict) for c in recomputed if c.id == "C2"] == [(c2["ours"], c2["verdict"])]
+    md = (tmp_path / "report.md").read_text()
+    assert "chosen by the lowest teacher-forced NLL on `test`" in md and "scored by BLEU on `test`" in md
+    for r in rows:
+        assert f"| {r['type']} | {r['layer']} | {r['head']} |" in md
+    # a layer without its chosen row is incomplete
+    cut = cl.claim_keep_one([{"key": "baseline", "bleu": 1.0}] + rows[:-1], 10, heads_per_layer={
+        (r["type"], r["layer"]): 1 for r in rows}, selected_by="loss")
+    assert cut.verdict == cl.INCOMPLETE
+    assert "report finished" in proc.stdout
+
+
 def test_argv_helpers():
     argv = ["DATA", "--path", "m.pt", "--results-dir", "R", "--beam", "5", "--note=a b", "--render-only", "-s", "de"]
     assert fairseq_argv(argv) == ["DATA", "--path", "m.pt", "--beam", "5", "-s", "de"]
@@ -319,9 +350,12 @@ def recompute_claims(folder: Path):
     path = lambda name: str(ROOT / inputs[name]) if inputs[name] else None  # noqa: E731
     per_layer = {(k.split(":")[0], int(k.split(":")[1])): n for k, n in inputs["heads_per_layer"].items()}
     single, pruning = cl.read_rows(path("single")), cl.read_rows(path("pruning"))
+    selected_by = inputs.get("keep_one_select", "bleu")  # loss: one NLL-chosen head per layer, decoded
+    keep_one_per_layer = {k: 1 for k in per_layer} if selected_by == "loss" else per_layer
     l0 = path("l0_sweep")
     return [cl.claim_single_heads(single, inputs["heads"]),
-            cl.claim_keep_one(cl.read_rows(path("keep_one")), len(per_layer), heads_per_layer=per_layer),
+            cl.claim_keep_one(cl.read_rows(path("keep_one")), len(per_layer), heads_per_layer=keep_one_per_layer,
+                              selected_by=selected_by),
             cl.claim_prunable(pruning), cl.claim_enc_dec_sensitive(pruning, single),
             cl.claim_dynamics(cl.read_rows(path("dynamics"))), cl.claim_speed(cl.read_json(path("speed"))),
             cl.claim_voita(cl.l0_points(l0) if l0 else None)], recorded["claims"]

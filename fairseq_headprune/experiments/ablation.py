@@ -4,6 +4,9 @@
 --mode keep-one   reduce one layer at a time to a single head, trying each (Tables 2/3); with
                   --select-subset A --report-subset B the head is chosen on A and reported on B (Tables 5/6)
 --metric loss     score by teacher-forced NLL of the references instead of BLEU: a fast preview
+--report-metric   keep-one with --report-subset: score the chosen heads by this metric (default --metric); with
+                  --metric loss --report-metric bleu each layer's head is chosen by NLL (one pass per mask) and
+                  only the chosen heads are decoded, scored by BLEU and tested for significance
 
 Rows are appended to DIR/ablation-MODE[-loss].jsonl as each mask finishes; a rerun resumes. BLEU rows are
 tested against the unmasked model with compare-mt's paired bootstrap.
@@ -13,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Tuple
+from typing import Dict, Iterable, List, Optional, Tuple
 
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.evaluate import SubsetEvaluator
@@ -43,6 +46,8 @@ def add_args(parser) -> None:
     g.add_argument("--select-subset", help="keep-one: choose each layer's head on this subset (default --gen-subset)")
     g.add_argument("--report-subset", help="keep-one: report the chosen heads on this subset")
     g.add_argument("--report-references", help="raw reference file of --report-subset")
+    g.add_argument("--report-metric", choices=["bleu", "loss"],
+                   help="keep-one: metric of the --report-subset sweep (default --metric)")
     g.add_argument("--bootstrap-samples", type=int, default=1000)
     g.add_argument("--significance", type=float, default=0.01, help="p-value threshold")
     g.add_argument("--bootstrap-seed", type=int, default=1)
@@ -143,20 +148,21 @@ class Sweep:
                 self.log.append({**row, **self._score(out)})
 
 
-def header(args, cfg, loaded, evaluator: SubsetEvaluator, mode: str) -> Dict:
+def header(args, cfg, loaded, evaluator: SubsetEvaluator, mode: str, metric: Optional[str] = None) -> Dict:
     g = cfg.generation
+    metric = metric or args.metric
     return {
         "command": f"ablate --mode {mode}",
-        "metric": args.metric,
+        "metric": metric,
         "checkpoint_sha256": file_sha256(loaded.checkpoint),
         "subset": evaluator.subset,
         "data_fingerprint": evaluator.data_fingerprint(),
         "decoding": {"beam": g.beam, "lenpen": g.lenpen, "max_len_a": g.max_len_a, "max_len_b": g.max_len_b,
                      "remove_bpe": cfg.common_eval.post_process, "bpe": str(cfg.bpe._name if cfg.bpe else None),
                      "tokenizer": str(cfg.tokenizer._name if cfg.tokenizer else None)},
-        "bleu_signature": evaluator.bleu_signature() if args.metric == "bleu" else None,
+        "bleu_signature": evaluator.bleu_signature() if metric == "bleu" else None,
         "bootstrap": {"samples": args.bootstrap_samples, "seed": args.bootstrap_seed,
-                      "significance": args.significance} if args.metric == "bleu" else None,
+                      "significance": args.significance} if metric == "bleu" else None,
     }
 
 
@@ -174,12 +180,30 @@ def results_name(mode: str, metric: str) -> str:
     return f"ablation-{mode}" + ("-loss" if metric == "loss" else "")
 
 
+def report_name(metric: str, report_subset: str, report_metric: Optional[str] = None) -> str:
+    """The keep-one report file's name: the selection metric, the report subset and, when it differs, the report
+    metric (ablation-keep-one-loss-report-test-bleu: chosen by NLL, scored by BLEU on test)."""
+    report_metric = report_metric or metric
+    return (results_name("keep-one", metric) + f"-report-{report_subset}"
+            + (f"-{report_metric}" if report_metric != metric else ""))
+
+
+def check_options(args) -> None:
+    """The option combinations that make no sense, refused before the model is loaded."""
+    if args.report_subset and args.mode != "keep-one":
+        raise UserError("--report-subset applies to --mode keep-one")
+    for option, value in (("--report-metric", args.report_metric), ("--report-references", args.report_references)):
+        if value and args.mode != "keep-one":
+            raise UserError(f"{option} applies to --mode keep-one (with --report-subset)")
+        if value and not args.report_subset:
+            raise UserError(f"{option} needs --report-subset (the subset the chosen heads are reported on)")
+
+
 def run(cfg, args) -> None:
     from fairseq_headprune.experiments import ablation_report as report
 
     types = parse_types(args.types)
-    if args.report_subset and args.mode != "keep-one":
-        raise UserError("--report-subset applies to --mode keep-one")
+    check_options(args)
     loaded = load(cfg)
     subset = args.select_subset or cfg.dataset.gen_subset
     evaluator = SubsetEvaluator(loaded, subset, args.references)
@@ -216,16 +240,20 @@ def report_keep_one_on(args, cfg, loaded, layout, types, select_rows) -> List[st
     """Tables 5/6: the head chosen per layer on the selection subset, evaluated on the report subset."""
     from fairseq_headprune.experiments import ablation_report as report
 
+    metric = args.report_metric or args.metric
     chosen = report.best_per_layer(select_rows, args.metric)
     evaluator = SubsetEvaluator(loaded, args.report_subset, args.report_references)
-    hdr = {**header(args, cfg, loaded, evaluator, "keep-one-report"),
-           "selected_on": args.select_subset or cfg.dataset.gen_subset}
-    name = results_name("keep-one", args.metric) + f"-report-{args.report_subset}"
+    selected_on = args.select_subset or cfg.dataset.gen_subset
+    hdr = {**header(args, cfg, loaded, evaluator, "keep-one-report", metric), "selected_on": selected_on}
+    if metric != args.metric:  # only then: report files of one metric keep their header
+        hdr["selection_metric"] = args.metric
+    name = report_name(args.metric, args.report_subset, metric)
     log = ResultsLog(os.path.join(args.results_dir, name + ".jsonl"), hdr)
     jobs = [job for job in keep_one_jobs(layout, types) if job.key in {row["key"] for row in chosen}]
-    Sweep(evaluator, args.metric, log, args.bootstrap_samples, args.bootstrap_seed, args.significance,
-          max(1, args.masks_per_batch)).run(jobs)
-    return report.write_keep_one_transfer(args.results_dir, name, chosen, log.rows, args.metric)
+    Sweep(evaluator, metric, log, args.bootstrap_samples, args.bootstrap_seed, args.significance,
+          max(1, args.masks_per_batch)).run(jobs, progress=progress_for(cfg, "ablate keep-one report"))
+    return report.write_keep_one_transfer(args.results_dir, name, chosen, log.rows, args.metric, metric,
+                                          selected_on, args.report_subset)
 
 
 def _init_distributed() -> bool:

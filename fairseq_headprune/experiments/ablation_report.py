@@ -82,20 +82,33 @@ def best_per_layer(rows: List[Dict], metric: str) -> List[Dict]:
 
 
 def write_keep_one_transfer(results_dir: str, name: str, chosen: List[Dict], report_rows: List[Dict],
-                            metric: str) -> List[str]:
+                            metric: str, report_metric: Optional[str] = None, selected_on: str = "the selection subset",
+                            report_subset: str = "the report subset") -> List[str]:
+    """Tables 5/6: each layer's chosen head, its change on the selection subset by `metric` (what chose it) and on
+    the report subset by `report_metric` (default the same), each column formatted by its own metric."""
+    report_metric = report_metric or metric
     report = {r["key"]: r for r in report_rows}
     baseline = report["baseline"]
-    line = _baseline_line(baseline, metric, _alpha(results_dir, name))
-    md = [f"# {name}", "", "Each layer reduced to the head chosen for it on the selection subset, one layer at a time.",
-          line.replace("the head is masked", "the layer keeps only that head"), "",
-          "| type | layer | head | change on selection subset | change here |", "|---|---|---|---|---|"]
+    line = _baseline_line(baseline, report_metric, _alpha(results_dir, name))
+    how = "highest BLEU" if metric == "bleu" else "lowest teacher-forced NLL"
+    md = [f"# {name}", "", f"Each layer reduced to the head chosen for it by {how} on `{selected_on}` (every head "
+          f"tried), one layer at a time, and scored on `{report_subset}`.",
+          f"On `{report_subset}`: " + line.replace("the head is masked", "the layer keeps only that head"),
+          "Both columns: change against the unmasked model on that subset"
+          + ("; NLL in nats/token (+ = worse)." if "loss" in (metric, report_metric) else "."), "",
+          f"| type | layer | head | {_label(metric)} on {selected_on} | {_label(report_metric)} on {report_subset} |",
+          "|---|---|---|---|---|"]
     for row in chosen:
         md.append(f"| {row['type']} | {row['layer']} | {row['head']} | {_cell(row, metric)} | "
-                  f"{_cell(report[row['key']], metric)} |")
+                  f"{_cell(report[row['key']], report_metric)} |")
     path = os.path.join(results_dir, name + ".md")
     with open(path, "w", encoding="utf-8") as f:
         f.write("\n".join(md) + "\n")
     return [path]
+
+
+def _label(metric: str) -> str:
+    return "BLEU change" if metric == "bleu" else "NLL change"
 
 
 def _alpha(results_dir: str, name: str) -> Optional[float]:

@@ -42,7 +42,7 @@ OWN_OPTIONS = {
     "--results-dir": True, "--parts": True, "--references": True, "--importance-subset": True,
     "--masks-per-batch": True, "--prune-orders": True, "--prune-step": True, "--speed-percent": True,
     "--speed-batch-sizes": True, "--speed-runs": True, "--speed-sentences": True, "--analyze-sentences": True,
-    "--dynamics": True, "--l0-sweep": True, "--note": True, "--render-only": False,
+    "--dynamics": True, "--l0-sweep": True, "--note": True, "--render-only": False, "--keep-one-select": True,
 }
 
 
@@ -54,6 +54,10 @@ def add_args(parser) -> None:
     g.add_argument("--references", help="raw reference file of --gen-subset (default: its decoded targets)")
     g.add_argument("--importance-subset", help="subset I_h is computed on (default: --gen-subset)")
     g.add_argument("--masks-per-batch", type=int, default=8, help="ablate, prune: masks sharing one beam search")
+    g.add_argument("--keep-one-select", choices=["bleu", "loss"], default="bleu",
+                   help="keep-one: choose each layer's head by BLEU on --gen-subset (every head decoded), or by "
+                        "teacher-forced NLL on --importance-subset (or --gen-subset) and decode only the chosen "
+                        "heads on --gen-subset (BLEU, significance): about 20x faster")
     g.add_argument("--prune-orders", default="importance,oracle,random", help="prune: orders of the whole-model curves")
     g.add_argument("--prune-step", type=float, default=0.1, help="prune: share of heads masked at each step")
     g.add_argument("--speed-percent", type=float, default=50.0,
@@ -148,8 +152,7 @@ def plan(args, base: List[str], out: str, subset: str) -> Dict[str, Part]:
             ("score", set_option(common, "--gen-subset", args.importance_subset or subset))]),
         "single": Part("single", "Single-head ablation", [
             ("ablate", common + ["--mode", "single", "--masks-per-batch", str(args.masks_per_batch), *refs])]),
-        "keep-one": Part("keep-one", "Keep one head per layer", [
-            ("ablate", common + ["--mode", "keep-one", "--masks-per-batch", str(args.masks_per_batch), *refs])]),
+        "keep-one": Part("keep-one", "Keep one head per layer", [("ablate", common + keep_one_options(args, subset))]),
         "prune": Part("prune", "Pruning curves", [
             ("prune", common + ["--order", ",".join(orders), "--importance", importance]
              + (["--ablation", single] if "oracle" in orders else []) + step + refs)]),
@@ -165,6 +168,17 @@ def plan(args, base: List[str], out: str, subset: str) -> Dict[str, Part]:
              + (["--num-sentences", str(args.analyze_sentences)] if args.analyze_sentences else []))]),
     }
     return parts
+
+
+def keep_one_options(args, subset: str) -> List[str]:
+    """`ablate --mode keep-one`: BLEU of every head on the subset, or (--keep-one-select loss) each layer's head
+    chosen by NLL on the importance subset and only those decoded on the subset, BLEU and significance."""
+    options = ["--mode", "keep-one", "--masks-per-batch", str(args.masks_per_batch)]
+    if args.keep_one_select == "bleu":
+        return options + (["--references", args.references] if args.references else [])
+    return options + ["--metric", "loss", "--select-subset", args.importance_subset or subset, "--report-subset",
+                      subset, "--report-metric", "bleu"] + (["--report-references", args.references]
+                                                            if args.references else [])
 
 
 def heads_file(out: str, percent: float) -> str:
@@ -306,6 +320,8 @@ def expected_rows(part: Part, layout, args) -> Tuple[Optional[str], Optional[int
 
     out = args.results_dir
     n = len(layout.all_heads())
+    if part.name == "keep-one" and args.keep_one_select == "loss":  # the NLL pass over every head, then 1 per layer
+        return os.path.join(out, "ablation-keep-one-loss.jsonl"), n + 1
     if part.name in ("single", "keep-one"):
         return os.path.join(out, f"ablation-{part.name}.jsonl"), n + 1
     if part.name == "prune":
@@ -367,8 +383,9 @@ def run(cfg, args) -> None:
                              + _own_options_line(args.report_argv))
     doc, claim_rows, files = build_document(out, all_parts, state, args, layout, report_line, cfg)
     write_json_atomic(os.path.join(out, "claims.json"), {
-        "inputs": {"single": files.single, "keep_one": files.keep_one, "pruning": files.pruning,
-                   "speed": files.speed, "dynamics": files.dynamics_path, "l0_sweep": files.l0_path,
+        "inputs": {"single": files.single, "keep_one": files.keep_one, "keep_one_select": files.keep_one_select,
+                   "keep_one_selection": files.keep_one_selection, "pruning": files.pruning, "speed": files.speed,
+                   "dynamics": files.dynamics_path, "l0_sweep": files.l0_path,
                    "heads": len(layout.all_heads()),
                    "heads_per_layer": {f"{t}:{layer}": len(h) for (t, layer), h in layout.heads.items()}},
         "claims": [c.as_dict() for c in claim_rows]})
@@ -431,7 +448,8 @@ def build_document(out: str, parts: Dict[str, Part], state: State, args, layout,
     """The report (and the claim rows and input files it was computed from)."""
     from fairseq_headprune.experiments import report_sections as sections
 
-    files = sections.Files(out, *snapshot_inputs(out, args.dynamics, args.l0_sweep))
+    files = sections.Files(out, *snapshot_inputs(out, args.dynamics, args.l0_sweep), args.keep_one_select,
+                           cfg.dataset.gen_subset)
     doc = Document(f"Attention heads of {os.path.basename(os.path.dirname(os.path.abspath(cfg.common_eval.path)))}"
                    f"/{os.path.basename(cfg.common_eval.path)}: fairseq-headprune report")
     sections.header(doc, files, cfg, args, state, layout)
@@ -439,7 +457,7 @@ def build_document(out: str, parts: Dict[str, Part], state: State, args, layout,
     sections.claims_table(doc, claim_rows)
     sections.importance(doc, files, parts["score"], state)
     sections.single(doc, files, parts["single"], state, layout)
-    sections.keep_one(doc, files, parts["keep-one"], state)
+    sections.keep_one(doc, files, parts["keep-one"], state, layout)
     sections.pruning(doc, files, parts["prune"], parts["prune-types"], state)
     sections.speed(doc, files, parts["speed"], state)
     sections.dynamics(doc, files)

@@ -27,12 +27,19 @@ class Files:
     out: str
     dynamics_path: Optional[str]
     l0_path: Optional[str]
+    keep_one_select: str = "bleu"  # report --keep-one-select
+    gen_subset: str = "test"
 
     def __post_init__(self):
+        from fairseq_headprune.experiments.ablation import report_name
+
         j = lambda name: os.path.join(self.out, name)  # noqa: E731
         self.importance = j("importance.json")
         self.single = j("ablation-single.jsonl")
-        self.keep_one = j("ablation-keep-one.jsonl")
+        # keep-one's BLEU rows: every head of every layer, or (loss) the NLL-chosen head of each layer
+        self.keep_one = j("ablation-keep-one.jsonl" if self.keep_one_select == "bleu"
+                          else report_name("loss", self.gen_subset, "bleu") + ".jsonl")
+        self.keep_one_selection = j("ablation-keep-one-loss.jsonl") if self.keep_one_select == "loss" else None
         self.pruning = j("pruning.jsonl")
         self.speed = j("speed.json")
         self.analysis = j("heads_analysis.json")
@@ -99,13 +106,18 @@ def evaluate_claims(files: Files, parts: Dict, layout, args) -> List[cl.Claim]:
     return [
         cl.claim_single_heads(single, len(layout.all_heads()), parts["single"].lines()[0]),
         cl.claim_keep_one(cl.read_rows(files.keep_one), len(per_layer), parts["keep-one"].lines()[0],
-                          heads_per_layer=per_layer),
+                          os.path.basename(files.keep_one), keep_one_tried(files, layout), files.keep_one_select),
         cl.claim_prunable(pruning, parts["prune"].lines()[0]),
         cl.claim_enc_dec_sensitive(pruning, single, "\n".join(parts["prune-types"].lines())),
         cl.claim_dynamics(cl.read_rows(files.dynamics_path), DYNAMICS_COMMAND, source=files.dynamics_path or ""),
         cl.claim_speed(cl.read_json(files.speed), parts["speed"].lines()[0]),
         cl.claim_voita(l0_points, VOITA_COMMAND, source=l0_source),
     ]
+
+
+def keep_one_tried(files: Files, layout) -> Dict:
+    """The keep-one rows each layer needs to be complete: every head tried, or (NLL-selected) its chosen head."""
+    return {key: 1 if files.keep_one_selection else len(heads) for key, heads in layout.heads.items()}
 
 
 def read_l0_sweep(path: Optional[str]):
@@ -214,20 +226,39 @@ def single(doc: Document, files: Files, part, state, layout) -> None:
     _provenance(doc, part, state)
 
 
-def keep_one(doc: Document, files: Files, part, state) -> None:
+def keep_one(doc: Document, files: Files, part, state, layout=None) -> None:
     doc.heading("One head per layer (Michel et al. Tables 2/3)")
     rows = cl.read_rows(files.keep_one)
     if rows is None:
-        _missing(doc, "ablation-keep-one.jsonl", part.lines())
+        _missing(doc, os.path.basename(files.keep_one), part.lines())
         return
     base = next((r for r in rows if r.get("key") == "baseline"), None)
-    doc.paragraph("One layer at a time keeps a single head (each head tried; the best one shown), all other layers "
-                  "intact. Change against the unpruned model" + (f" ({base['bleu']:.2f} BLEU)" if base else "")
-                  + "; **bold**: significant.")
-    table = []
-    for r in cl.best_per_layer(rows):
-        table.append([r["type"], str(r["layer"]), str(r["head"]), f"{r['bleu']:.2f}", _change(r)])
-    doc.table(["type", "layer", "best head", "BLEU", "change"], table)
+    bleu = f" ({base['bleu']:.2f} BLEU)" if base else ""
+    if files.keep_one_selection:
+        header = _header_of(files.keep_one)
+        chosen_on, subset = header.get("selected_on"), header.get("subset")
+        selection = {r["key"]: r for r in cl.read_rows(files.keep_one_selection) or [] if "nll" in r}
+        doc.paragraph(f"One layer at a time keeps a single head, all other layers intact. Each layer's head was "
+                      f"chosen by the lowest teacher-forced NLL on `{chosen_on}` (every head tried, a fast preview), "
+                      f"and only the chosen head was decoded and scored by BLEU on `{subset}`. BLEU change against "
+                      f"the unpruned model{bleu}; **bold**: significant (paired bootstrap, p < "
+                      f"{(header.get('bootstrap') or {}).get('significance')}).")
+        table = []
+        for r in cl.best_per_layer(rows):
+            nll = selection.get(r["key"], {}).get("delta")
+            table.append([r["type"], str(r["layer"]), str(r["head"]), "" if nll is None else f"{nll:+.3f}",
+                          f"{r['bleu']:.2f}", _change(r)])
+        doc.table(["type", "layer", "chosen head", f"NLL change on {chosen_on}", f"BLEU on {subset}", "change"],
+                  table)
+        if layout is not None:
+            doc.paragraph(f"{len(table)} of {len(layout.heads)} layers done.")
+    else:
+        doc.paragraph("One layer at a time keeps a single head (each head tried; the best one shown), all other "
+                      f"layers intact. Change against the unpruned model{bleu}; **bold**: significant.")
+        table = []
+        for r in cl.best_per_layer(rows):
+            table.append([r["type"], str(r["layer"]), str(r["head"]), f"{r['bleu']:.2f}", _change(r)])
+        doc.table(["type", "layer", "best head", "BLEU", "change"], table)
     _provenance(doc, part, state)
 
 
