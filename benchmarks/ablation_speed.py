@@ -40,8 +40,9 @@ def main():
         subprocess.run(["bash", os.path.join(ROOT, "data_prep/encode-for-model.sh"), a.model, "de", "en",
                         f"{a.work}/slice", data, "test"], check=True)
     ckpt = os.path.join(a.model, "model.pt")
-    gen = ["--gen-subset", "test", "--beam", "5", "--max-tokens", "4000", "--required-batch-size-multiple", "1", "--tokenizer", "moses", "-s", "de",
-           "-t", "en", "--bpe", "subword_nmt", "--bpe-codes", os.path.join(a.model, "code")]
+    gen = ["--gen-subset", "test", "--beam", "5", "--max-tokens", "4000", "--required-batch-size-multiple", "1",
+           "--tokenizer", "moses", "-s", "de", "-t", "en", "--bpe", "subword_nmt",
+           "--bpe-codes", os.path.join(a.model, "code")]
 
     from fairseq_headprune import cli
     from fairseq_headprune.evaluate import SubsetEvaluator
@@ -58,7 +59,9 @@ def main():
     masks = [[heads[i * len(heads) // a.masks]] for i in range(a.masks)]
 
     ev.translate()  # warm-up: kernels meet the batch shapes once
-    t = time.perf_counter(); base = ev.translate(); one_decode = time.perf_counter() - t
+    t = time.perf_counter()
+    base = ev.translate()
+    one_decode = time.perf_counter() - t
     boot = BleuBootstrap(ev.references, base)
 
     t = time.perf_counter()
@@ -83,8 +86,8 @@ def main():
         proc = subprocess.run(["fairseq-generate", data, "--path", ckpt, *gen, "--user-dir",
                                os.path.join(ROOT, "fairseq_headprune"), "--task", "translation_headprune",
                                "--mask-heads", str(m[0])], capture_output=True, text=True, env=env, check=True)
-        lines = sorted((int(l.split("\t")[0][2:]), l.split("\t")[2]) for l in proc.stdout.splitlines()
-                       if l.startswith("D-"))
+        lines = sorted((int(ln.split("\t")[0][2:]), ln.split("\t")[2]) for ln in proc.stdout.splitlines()
+                       if ln.startswith("D-"))
         hyps = [h for _, h in lines]
         subprocess.run(["sacrebleu", f"{a.work}/data-bin/test.raw.en", "-b"], input="\n".join(hyps) + "\n",
                        capture_output=True, text=True, check=True)

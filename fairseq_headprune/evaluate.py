@@ -94,7 +94,7 @@ class SubsetEvaluator:
         for sample in self.samples:
             outputs = task.inference_step(self.generator, [model], sample)
             for sid, nbest in zip(sample["id"].tolist(), outputs):
-                hyps[sid] = self._hypothesis_text(nbest[0])
+                hyps[sid] = self.hypothesis_text(nbest[0])
         return hyps
 
     @torch.no_grad()
@@ -129,7 +129,7 @@ class SubsetEvaluator:
                     for attn in modules.values():
                         attn.row_head_mask = None
                 for r, nbest in enumerate(outputs):
-                    results[group[r // n]][ids[r % n]] = self._hypothesis_text(nbest[0])
+                    results[group[r // n]][ids[r % n]] = self.hypothesis_text(nbest[0])
         return results
 
     def _encoder_out(self, b: int, sample) -> dict:
@@ -150,7 +150,8 @@ class SubsetEvaluator:
             rows[key] = r.view(len(masks) * n, attn.num_heads)
         return rows
 
-    def _hypothesis_text(self, best) -> str:
+    def hypothesis_text(self, best) -> str:
+        """One hypothesis as fairseq-generate's D- line: BPE removed, detokenised (what sacreBLEU scores)."""
         from fairseq import utils
 
         _, text, _ = utils.post_process_prediction(

@@ -191,3 +191,25 @@ def head_function_map(layers: List[dict], baselines: Optional[Dict[str, float]],
     fig.suptitle("encoder self-attention head functions (* = labelled)", fontsize=10)
     fig.tight_layout()
     return _save(fig, path)
+
+
+def l0_vs_importance(rows: Sequence[Dict], total: int, tolerance: float, path: str) -> str:
+    """BLEU vs heads kept: Voita's L0-gated runs against Michel's I_h masks at the same sizes (`compare`)."""
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    base = next(r["bleu"] for r in rows if r["key"] == "baseline")
+    ax.axhline(base, color="grey", ls="--", lw=1, label=f"unpruned ({base:.2f})")
+    ax.axhline(base - tolerance, color="grey", ls=":", lw=1, label=f"unpruned - {tolerance}")
+    for method, label, marker in (("l0", "L0 gates (fine-tuned)", "o"), ("michel", "Michel I_h (no fine-tuning)", "s")):
+        pts = sorted((r["heads_kept"], r["bleu"], r.get("l0_lambda")) for r in rows if r.get("method") == method)
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, ms=4, label=label)
+            for x, y, lam in pts:
+                if lam is not None:
+                    ax.annotate(f"λ={lam:g}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    ax.axvline(total / 2, color="C3", lw=0.5)
+    ax.set_xlim(0, total * 1.1)  # room for the labels of the points near the full model
+    ax.set_xlabel(f"heads kept (of {total})")
+    ax.set_ylabel("BLEU")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return _save(fig, path)

@@ -47,11 +47,13 @@ def zeroed_checkpoint(stock_checkpoint, tmp_path_factory):
 
 def test_generate_unmasked_equals_stock_fairseq_generate(tiny_data, stock_checkpoint):
     stock = hypotheses(generate(tiny_data, stock_checkpoint))
-    ours = hypotheses(generate(tiny_data, stock_checkpoint, "--user-dir", cli.PACKAGE_DIR, "--task", "translation_headprune"))
+    ours = hypotheses(generate(tiny_data, stock_checkpoint, "--user-dir", cli.PACKAGE_DIR,
+                               "--task", "translation_headprune"))
     assert stock == ours  # bit-identical: no active mask means fairseq's own code path
 
 
-def test_generate_mask_heads_equals_stock_model_with_zeroed_columns(tiny_data, stock_checkpoint, zeroed_checkpoint, tmp_path):
+def test_generate_mask_heads_equals_stock_model_with_zeroed_columns(tiny_data, stock_checkpoint, zeroed_checkpoint,
+                                                                    tmp_path):
     expected = hypotheses(generate(tiny_data, zeroed_checkpoint))
     spec = "enc-self:2:3,enc-dec:3:2,dec-self:1:4"
     ours = hypotheses(generate(tiny_data, stock_checkpoint, "--user-dir", cli.PACKAGE_DIR,

@@ -56,7 +56,8 @@ def test_mask_equals_zeroed_out_proj_columns(stock, head):
     assert not torch.allclose(unmasked, expected, atol=1e-3), "the head must matter for this test to mean anything"
     torch.testing.assert_close(teacher_forced_logits(masked, batch), expected, atol=1e-5, rtol=0)
     # incremental decoding: Python path, cached keys/values, static keys/values of encoder-decoder attention
-    torch.testing.assert_close(incremental_logits(masked, batch), incremental_logits(reference, batch), atol=1e-5, rtol=0)
+    torch.testing.assert_close(incremental_logits(masked, batch), incremental_logits(reference, batch),
+                               atol=1e-5, rtol=0)
     got, want = beam_hypotheses(masked, task, batch), beam_hypotheses(reference, task, batch)
     assert [tokens for tokens, _ in got] == [tokens for tokens, _ in want]
     assert [s for _, s in got] == pytest.approx([s for _, s in want], abs=1e-5)
@@ -82,7 +83,8 @@ def test_several_heads_and_current_masked_heads(stock):
     for h in heads:
         reference = zero_head_columns(reference, *h)
     batch = sample_batch(task)
-    torch.testing.assert_close(teacher_forced_logits(masked, batch), teacher_forced_logits(reference, batch), atol=1e-5, rtol=0)
+    torch.testing.assert_close(teacher_forced_logits(masked, batch), teacher_forced_logits(reference, batch),
+                               atol=1e-5, rtol=0)
     set_head_masks(masked, [])
     assert current_masked_heads(masked) == []
     assert torch.equal(teacher_forced_logits(masked, batch), teacher_forced_logits(model, batch))
@@ -90,7 +92,8 @@ def test_several_heads_and_current_masked_heads(stock):
 
 def test_all_heads_of_a_layer_masked_gives_finite_outputs(stock):
     model, task = stock
-    masked = masked_copy(model, [Head("enc-dec", 2, h) for h in range(1, 5)] + [Head("enc-self", 4, h) for h in range(1, 9)])
+    heads = [Head("enc-dec", 2, h) for h in range(1, 5)] + [Head("enc-self", 4, h) for h in range(1, 9)]
+    masked = masked_copy(model, heads)
     batch = sample_batch(task)
     assert torch.isfinite(teacher_forced_logits(masked, batch)).all()
     assert all(tokens for tokens, _ in beam_hypotheses(masked, task, batch))

@@ -141,7 +141,8 @@ def run_paths(attn, kind: str):
             outs.append(attn(x, enc, enc, key_padding_mask=pad, static_kv=True)[0])
             state = {}
             for t in range(3):
-                outs.append(attn(x[t : t + 1], enc, enc, key_padding_mask=pad, incremental_state=state, static_kv=True)[0])
+                step = attn(x[t : t + 1], enc, enc, key_padding_mask=pad, incremental_state=state, static_kv=True)
+                outs.append(step[0])
                 attn.reorder_incremental_state(state, torch.tensor([1, 1, 0]))
     return outs
 
@@ -340,7 +341,8 @@ def test_reload_with_fairseq_loader_equals_in_memory_model(pruned_checkpoint, pr
     assert isinstance(reloaded, HeadpruneTransformerModel)
     assert HeadLayout.of(reloaded) == HeadLayout.of(pruned)
     batch = sample_batch(task)
-    torch.testing.assert_close(teacher_forced_logits(reloaded, batch), teacher_forced_logits(pruned, batch), atol=1e-6, rtol=0)
+    torch.testing.assert_close(teacher_forced_logits(reloaded, batch), teacher_forced_logits(pruned, batch),
+                               atol=1e-6, rtol=0)
     same_beams(beam_hypotheses(reloaded, task, batch), beam_hypotheses(pruned, task, batch))
 
 
@@ -355,7 +357,8 @@ def test_checkpoint_with_a_dict_model_config(pruned, stock_checkpoint, stock, ti
     reloaded = reload(path, tiny_data)
     assert HeadLayout.of(reloaded) == HeadLayout.of(pruned)
     batch = sample_batch(stock[1])
-    torch.testing.assert_close(teacher_forced_logits(reloaded, batch), teacher_forced_logits(pruned, batch), atol=1e-6, rtol=0)
+    torch.testing.assert_close(teacher_forced_logits(reloaded, batch), teacher_forced_logits(pruned, batch),
+                               atol=1e-6, rtol=0)
 
 
 def test_fairseq_generate_on_pruned_checkpoint_equals_in_memory_model(pruned_checkpoint, pruned, stock, tiny_data):
@@ -383,12 +386,14 @@ def test_reloaded_model_is_pruned_again_and_masked_by_original_ids(pruned_checkp
     # a mask on the reloaded model addresses the same original heads as on the stock model
     masked = masked_copy(reloaded, more)
     reference = masked_copy(model, HEADS + more)
-    torch.testing.assert_close(teacher_forced_logits(masked, batch), teacher_forced_logits(reference, batch), atol=1e-4, rtol=0)
+    torch.testing.assert_close(teacher_forced_logits(masked, batch), teacher_forced_logits(reference, batch),
+                               atol=1e-4, rtol=0)
     with pytest.raises(HeadSpecError, match="head enc-self:1:8 was removed"):
         set_head_masks(masked, [Head("enc-self", 1, 8)])
     # second round of surgery, saved with the pruned checkpoint as source, reloads with the smaller shape
     again = prune_model(reloaded, more)
-    torch.testing.assert_close(teacher_forced_logits(again, batch), teacher_forced_logits(reference, batch), atol=1e-4, rtol=0)
+    torch.testing.assert_close(teacher_forced_logits(again, batch), teacher_forced_logits(reference, batch),
+                               atol=1e-4, rtol=0)
     path = save_pruned_checkpoint(again, pruned_checkpoint, tmp_path / "again.pt")
     twice = reload(path, tiny_data)
     assert HeadLayout.of(twice) == HeadLayout.of(again)

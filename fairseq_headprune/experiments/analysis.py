@@ -139,7 +139,7 @@ def analyse_batch(loaded, evaluator: SubsetEvaluator, sample: dict, frequencies:
     with torch.no_grad():
         outputs = task.inference_step(evaluator.generator, [model], sample)
     hyps = [nbest[0]["tokens"] for nbest in outputs]
-    texts = {str(sid): evaluator._hypothesis_text(nbest[0]) for sid, nbest in zip(sample["id"].tolist(), outputs)}
+    texts = {str(sid): evaluator.hypothesis_text(nbest[0]) for sid, nbest in zip(sample["id"].tolist(), outputs)}
     src = sample["net_input"]["src_tokens"]
     prev = data_utils.collate_tokens(hyps, pad, eos, left_pad=False, move_eos_to_beginning=True).to(src.device)
     target = data_utils.collate_tokens(hyps, pad, eos, left_pad=False).to(src.device)

@@ -30,6 +30,7 @@ from fairseq_headprune.experiments.pruning import importance_scores, rank_by_sco
 from fairseq_headprune.heads import ATTENTION_TYPES, Head, HeadLayout, attention_modules, format_head_spec
 from fairseq_headprune.loading import file_sha256, load
 from fairseq_headprune.masking import set_head_masks
+from fairseq_headprune.plots import l0_vs_importance
 from fairseq_headprune.store import ResultsLog, atomic_output
 
 TOLERANCE = 0.25  # "more than half of the heads pruned for <= 0.25 BLEU" (the question)
@@ -142,7 +143,7 @@ def run(cfg, args) -> None:
     md = os.path.join(args.results_dir, "compare.md")
     with atomic_output(md) as f:
         f.write(report(log.rows, log.header))
-    png = figure(log.rows, total, os.path.join(args.results_dir, "compare.png"))
+    png = l0_vs_importance(log.rows, total, TOLERANCE, os.path.join(args.results_dir, "compare.png"))
     print(f"wrote {log.path}\nwrote {md}\nwrote {png}")
 
 
@@ -213,25 +214,3 @@ def claim(rows: List[dict], total: int, base: float) -> str:
                        f"{best['bleu']:.2f} ({best['bleu'] - base:+.2f}).")
     return "\n".join(out)
 
-
-def figure(rows: List[dict], total: int, path: str) -> str:
-    from fairseq_headprune.plots import _save, plt
-
-    fig, ax = plt.subplots(figsize=(5.5, 4))
-    base = next(r["bleu"] for r in rows if r["key"] == "baseline")
-    ax.axhline(base, color="grey", ls="--", lw=1, label=f"unpruned ({base:.2f})")
-    ax.axhline(base - TOLERANCE, color="grey", ls=":", lw=1, label=f"unpruned - {TOLERANCE}")
-    for method, label, marker in (("l0", "L0 gates (fine-tuned)", "o"), ("michel", "Michel I_h (no fine-tuning)", "s")):
-        pts = sorted((r["heads_kept"], r["bleu"], r.get("l0_lambda")) for r in rows if r.get("method") == method)
-        if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, ms=4, label=label)
-            for x, y, lam in pts:
-                if lam is not None:
-                    ax.annotate(f"λ={lam:g}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
-    ax.axvline(total / 2, color="C3", lw=0.5)
-    ax.set_xlim(0, total * 1.1)  # room for the labels of the points near the full model
-    ax.set_xlabel(f"heads kept (of {total})")
-    ax.set_ylabel("BLEU")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    return _save(fig, path)
