@@ -7,7 +7,8 @@
 # files must be identical; sacreBLEU scores both.
 #
 # usage: recipes/prune_de_en_50.sh [HEADS_JSON] [OUT_DIR]
-#   HEADS_JSON  default results/report-de-en/heads-importance-50.json (written by recipes/report_de_en.sh's prune)
+#   HEADS_JSON  default results/report-de-en/heads-importance-50.json (written by recipes/report_de_en.sh's prune:
+#               the first 72 heads of the whole-model importance order)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH=$PWD/.venv/bin:$PATH OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1

@@ -56,7 +56,7 @@ def test_prune_by_importance_and_random(tiny_data, stock_checkpoint, tmp_path):
     assert "heads masked" not in out
     assert len(open(tmp_path / "pruning.jsonl").readlines()) == 11
     # the 50% of heads the importance order prunes, written as a spec file and physically removed
-    half = parse_head_spec(f"@{tmp_path / 'heads-importance-50.json'}")
+    half = parse_head_spec(f"@{tmp_path / 'heads-importance-enc-dec+dec-self-50.json'}")
     assert set(half) == set(by_order["importance"][2])
     run(["fairseq-headprune", "score", tiny_data, "--path", tmp_path / "pruned.pt", "--results-dir", tmp_path / "p",
          "--gen-subset", "valid"])
@@ -91,3 +91,12 @@ def test_prune_reestimate_rescores_remaining_heads(tiny_data, stock_checkpoint, 
     assert masked[1] == set(parse_head_spec(once[1]["masked"]))
     assert (rows[0]["bleu"], rows[1]["bleu"]) == (once[0]["bleu"], once[1]["bleu"])
     assert masked[2] != set(parse_head_spec(once[2]["masked"]))  # re-ranking changed which heads go next
+
+
+def test_heads_file_names_keep_the_whole_model_and_each_type_apart():
+    from fairseq_headprune.experiments.pruning import heads_file_name
+    from fairseq_headprune.heads import ATTENTION_TYPES
+
+    assert heads_file_name("importance", ATTENTION_TYPES, 50.0) == "heads-importance-50.json"
+    assert heads_file_name("importance", ["dec-self"], 50.0) == "heads-importance-dec-self-50.json"
+    assert heads_file_name("random", ["enc-dec", "dec-self"], 12.5) == "heads-random-enc-dec+dec-self-12.5.json"

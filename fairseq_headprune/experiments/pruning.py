@@ -17,7 +17,7 @@ from typing import Dict, List, Sequence
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.evaluate import SubsetEvaluator
 from fairseq_headprune.experiments.ablation import parse_types
-from fairseq_headprune.heads import Head, HeadLayout, format_head_spec
+from fairseq_headprune.heads import ATTENTION_TYPES, Head, HeadLayout, format_head_spec
 from fairseq_headprune.importance import from_nested_lists, normalize_by_layer
 from fairseq_headprune.loading import file_sha256, load
 from fairseq_headprune.masking import set_head_masks
@@ -40,7 +40,7 @@ def add_args(parser) -> None:
     g.add_argument("--references", help="raw reference file of the subset (default: its decoded targets)")
     g.add_argument("--masks-per-batch", type=int, default=8, help="pruning steps decoded together in one beam search")
     g.add_argument("--save-percent", type=float, default=50.0,
-                   help="write DIR/heads-ORDER-PCT.json, the heads each order prunes at this percent")
+                   help="write DIR/heads-ORDER[-TYPES]-PCT.json, the heads each order prunes at this percent")
     g.add_argument("--save-pruned", metavar="OUT.pt",
                    help="also write a checkpoint with those heads (of the first order) physically removed")
 
@@ -135,7 +135,7 @@ def run(cfg, args) -> None:
     evaluate_steps(evaluator, log, types, fixed, len(candidates), args)
     for label, ranking in rankings.items():
         chosen = ranking[: int(round(args.save_percent / 100 * len(candidates)))]
-        spec_path = os.path.join(args.results_dir, f"heads-{label.split(':')[0]}-{args.save_percent:g}.json")
+        spec_path = os.path.join(args.results_dir, heads_file_name(label.split(":")[0], types, args.save_percent))
         write_json_atomic(spec_path, heads_to_json(chosen))
         print(f"wrote {spec_path} ({len(chosen)} heads)")
         if args.save_pruned and label == next(iter(rankings)):
@@ -194,6 +194,13 @@ def prune_reestimating(loaded, evaluator, log, label, ranking, candidates, types
         print(f"{label}: {n}/{len(candidates)} heads masked, BLEU {row['bleu']:.2f}")
     set_head_masks(loaded.model, [])
     return ranking
+
+def heads_file_name(order: str, types: Sequence[str], percent: float) -> str:
+    """heads-ORDER-PCT.json for the whole model, heads-ORDER-TYPE+TYPE-PCT.json for some types: runs of several
+    --types into one results folder (the report's per-type curves) must not overwrite the whole model's file."""
+    scope = "" if set(types) == set(ATTENTION_TYPES) else "-" + "+".join(types)
+    return f"heads-{order}{scope}-{percent:g}.json"
+
 
 def heads_to_json(heads: Sequence[Head]) -> Dict[str, Dict[str, List[int]]]:
     """The `@file.json` form of a head list: {TYPE: {LAYER: [HEADS]}}, readable by --mask-heads and --heads."""

@@ -188,7 +188,7 @@ def heads_file(out: str, percent: float) -> str:
 def write_speed_heads(out: str, percent: float, layout) -> str:
     """The heads the whole-model importance order prunes at `percent` (what `prune` masks there), as a head file.
 
-    Written by the report itself: `prune --types T` writes heads-importance-P.json too, for its own type."""
+    Written by the report itself, so that the speed part does not depend on the prune part having run."""
     from fairseq_headprune.experiments.pruning import heads_to_json, importance_scores, rank_by_scores
 
     importance = os.path.join(out, "importance.json")
