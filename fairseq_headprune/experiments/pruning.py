@@ -149,7 +149,6 @@ def run(cfg, args) -> None:
     print(f"wrote {log.path}\nwrote {png}")
 
 
-
 def step_row(label: str, types: Sequence[str], masked: Sequence[Head], n_candidates: int, bleu: float) -> Dict:
     return {"key": f"{label}:{len(masked)}", "order": label.split(":")[0], "types": list(types),
             "heads_masked": len(masked), "percent_pruned": 100.0 * len(masked) / n_candidates,
@@ -165,9 +164,10 @@ def evaluate_steps(evaluator, log, types, rankings, n_candidates: int, args) -> 
     jobs = [(label, ranking[:n]) for label, ranking in rankings for n in steps(n_candidates, args.step)
             if f"{label}:{n}" not in done]
     set_head_masks(evaluator.loaded.model, [])
-    for start in range(0, len(jobs), args.masks_per_batch):
-        group = jobs[start : start + args.masks_per_batch]
-        outputs = evaluator.translate_many([masked for _, masked in group], args.masks_per_batch)
+    per_batch = max(1, args.masks_per_batch)
+    for start in range(0, len(jobs), per_batch):
+        group = jobs[start : start + per_batch]
+        outputs = evaluator.translate_many([masked for _, masked in group], per_batch)
         for (label, masked), hyps in zip(group, outputs):
             row = step_row(label, types, masked, n_candidates, evaluator.bleu(hyps).score)
             log.append(row)
@@ -194,6 +194,7 @@ def prune_reestimating(loaded, evaluator, log, label, ranking, candidates, types
         print(f"{label}: {n}/{len(candidates)} heads masked, BLEU {row['bleu']:.2f}")
     set_head_masks(loaded.model, [])
     return ranking
+
 
 def heads_file_name(order: str, types: Sequence[str], percent: float) -> str:
     """heads-ORDER-PCT.json for the whole model, heads-ORDER-TYPE+TYPE-PCT.json for some types: runs of several
