@@ -11,7 +11,9 @@ from fairseq.sequence_generator import EnsembleModel
 
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.heads import Head, attention_modules, head_ids
+from fairseq_headprune.layer_inputs import LayerInputCache, encoder_is_stock
 from fairseq_headprune.loading import Loaded, batches
+from fairseq_headprune.masking import set_head_masks
 
 
 class _ReusableEncoderEnsemble(EnsembleModel):
@@ -37,7 +39,7 @@ class SubsetEvaluator:
         self.samples = [self._to_device(s) for s in itr]
         self.generator = task.build_generator([loaded.model], cfg.generation)
         self.generator.model = _ReusableEncoderEnsemble([loaded.model])
-        self._encoder_cache: Dict[int, dict] = {}
+        self._cache = LayerInputCache(loaded.model)
         self.tokenizer = task.build_tokenizer(cfg.tokenizer)
         self.bpe = task.build_bpe(cfg.bpe)
         self.post_process = cfg.common_eval.post_process
@@ -88,11 +90,18 @@ class SubsetEvaluator:
 
     @torch.no_grad()
     def translate(self) -> List[str]:
-        """Detokenised best hypotheses in dataset order, under the current masks."""
+        """Detokenised best hypotheses in dataset order, under the current masks. While the encoder runs as
+        stock (no encoder mask or gate), its output is computed once per batch and reused by later calls."""
         task, model = self.loaded.task, self.loaded.model
+        ensemble = self.generator.model
+        reuse = encoder_is_stock(model)
         hyps = [""] * self.size
-        for sample in self.samples:
-            outputs = task.inference_step(self.generator, [model], sample)
+        for b, sample in enumerate(self.samples):
+            ensemble.encoder_outs = [self._cache.encoder_out(b, sample["net_input"])] if reuse else None
+            try:
+                outputs = task.inference_step(self.generator, [model], sample)
+            finally:
+                ensemble.encoder_outs = None
             for sid, nbest in zip(sample["id"].tolist(), outputs):
                 hyps[sid] = self.hypothesis_text(nbest[0])
         return hyps
@@ -101,12 +110,22 @@ class SubsetEvaluator:
     def translate_many(self, mask_sets: Sequence[Sequence[Head]], masks_per_batch: int = 8) -> List[List[str]]:
         """Hypotheses for each set of masked heads, as translate() under that mask would give them.
 
-        Several masks share one beam search: each sentence is repeated once per mask and every row carries
-        its own ξ (fairseq's per-step Python overhead, which dominates small models on CPU, is paid once).
-        When no mask of a group touches the encoder, the encoder runs once per batch for the whole sweep.
-        The model's own masks must be off (all ξ = 1) meanwhile.
+        masks_per_batch 1 decodes one mask at a time (the fastest on CPU, where a beam search of a few
+        thousand tokens is compute-bound: benchmarks/ablation_speed.py). Above 1, several masks share one beam
+        search: each sentence is repeated once per mask and every row carries its own ξ, which pays fairseq's
+        per-step Python overhead once (for small batches, or GPUs). Either way, masks that leave the encoder alone
+        reuse one encoder pass per batch. The model's own masks must be off (all ξ = 1) meanwhile.
         """
         model, task = self.loaded.model, self.loaded.task
+        if masks_per_batch <= 1:
+            results = []
+            try:
+                for mask in mask_sets:
+                    set_head_masks(model, mask)
+                    results.append(self.translate())
+            finally:
+                set_head_masks(model, [])
+            return results
         modules = attention_modules(model)
         ensemble = self.generator.model
         beam = self.generator.beam_size
@@ -119,7 +138,8 @@ class SubsetEvaluator:
                 rows = self._row_masks(modules, masks, n)
                 if not any(h.type == "enc-self" for m in masks for h in m):
                     expand = torch.arange(n, device=self.device).repeat(len(group))
-                    ensemble.encoder_outs = [model.encoder.reorder_encoder_out(self._encoder_out(b, sample), expand)]
+                    encoder_out = self._cache.encoder_out(b, sample["net_input"])
+                    ensemble.encoder_outs = [model.encoder.reorder_encoder_out(encoder_out, expand)]
                 try:
                     for key, attn in modules.items():
                         attn.row_head_mask = rows[key] if key[0] == "enc-self" else rows[key].repeat_interleave(beam, 0)
@@ -131,11 +151,6 @@ class SubsetEvaluator:
                 for r, nbest in enumerate(outputs):
                     results[group[r // n]][ids[r % n]] = self.hypothesis_text(nbest[0])
         return results
-
-    def _encoder_out(self, b: int, sample) -> dict:
-        if b not in self._encoder_cache:
-            self._encoder_cache[b] = self.loaded.model.encoder.forward_torchscript(sample["net_input"])
-        return self._encoder_cache[b]
 
     def _row_masks(self, modules, masks: Sequence[Sequence[Head]], n: int) -> Dict:
         """(len(masks) * n, heads) per module: mask-major rows, zeros on each mask's heads."""
@@ -177,13 +192,15 @@ class SubsetEvaluator:
         """Teacher-forced NLL per target token (nats) of the references under the current masks."""
         model, pad = self.loaded.model, self.loaded.task.target_dictionary.pad()
         total, tokens = 0.0, 0
-        for sample in self.samples:
-            logits = model(**sample["net_input"])[0]
-            lprobs = model.get_normalized_probs((logits, None), log_probs=True)
+        for b, sample in enumerate(self.samples):
+            # each forward starts at the lowest masked layer; only real target tokens meet the output layer
+            features = self._cache.decoder_features(b, sample["net_input"])
             target = sample["target"]
-            nll = -lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)
-            total += float(nll.masked_fill(target.eq(pad), 0).sum())
-            tokens += int(target.ne(pad).sum())
+            real = target.ne(pad)
+            logits = model.decoder.output_layer(features[real])
+            lprobs = model.get_normalized_probs((logits, None), log_probs=True)
+            total -= float(lprobs.gather(-1, target[real].unsqueeze(-1)).sum())
+            tokens += int(real.sum())
         return total / max(tokens, 1)
 
 

@@ -1,0 +1,145 @@
+"""Teacher-forced forward passes that start at the lowest masked layer.
+
+A head mask in layer L of a stack changes nothing below L: layers 1..L of that stack see the inputs of the
+unmasked model. A loss sweep (`ablate --metric loss`) runs one forward per mask over the same batches, so the
+unmasked input of every layer is recorded once and each masked forward starts at its lowest masked layer: a
+decoder-side mask reuses the whole encoder and the decoder layers below it, an encoder mask the encoder layers
+below it. The result is the full forward's, operation for operation (tested to float equality).
+
+Memory: one (tokens x d_model) tensor per layer per batch, plus the encoder output and the decoder features.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Dict, Iterator, List, Optional
+
+import torch
+from torch import nn
+
+from fairseq_headprune.heads import attention_modules
+
+
+class LayerInputCache:
+    """Per batch: the unmasked encoder output (what decoding under decoder-side masks reuses) and, once a loss
+    forward needs them, the unmasked inputs of every encoder and decoder layer. Cleared when the weights change."""
+
+    def __init__(self, model):
+        self.model = model
+        self._encoder_outs: Dict[int, dict] = {}
+        self._layers: Dict[int, dict] = {}
+        self._weights_version = self._version()
+
+    def _version(self) -> int:
+        """Changes whenever a parameter is modified in place (a checkpoint loaded into the model, a training step)."""
+        return sum(p._version for p in self.model.parameters())
+
+    def _check_weights(self) -> None:
+        if self._version() != self._weights_version:
+            self._encoder_outs.clear()
+            self._layers.clear()
+            self._weights_version = self._version()
+
+    def encoder_out(self, b: int, net_input: dict) -> dict:
+        """Batch b's encoder output with no encoder head masked or gated."""
+        self._check_weights()
+        if b not in self._encoder_outs:
+            with _unmasked(self.model):
+                self._encoder_outs[b] = self.model.encoder.forward_torchscript(net_input)
+        return self._encoder_outs[b]
+
+    def decoder_features(self, b: int, net_input: dict) -> torch.Tensor:
+        """model.decoder(..., features_only=True) features of batch b under the model's current masks."""
+        starts = lowest_masked_layers(self.model)
+        if starts is None:  # gates or per-row masks: nothing is known to be unchanged
+            return self.model(**net_input, features_only=True)[0]
+        cached = self._layer_inputs(b, net_input)
+        enc_start, dec_start = starts
+        decoder, prev = self.model.decoder, net_input["prev_output_tokens"]
+        if enc_start is not None:
+            with _starting_at(self.model.encoder, enc_start, cached["encoder"][enc_start]):
+                encoder_out = self.model.encoder(net_input["src_tokens"], src_lengths=net_input["src_lengths"])
+            return decoder(prev, encoder_out=encoder_out, features_only=True)[0]
+        if dec_start is None:
+            return cached["features"]
+        encoder_out = self.encoder_out(b, net_input)  # not inside _starting_at: that hides the lower layers
+        with _starting_at(decoder, dec_start, cached["decoder"][dec_start]):
+            return decoder(prev, encoder_out=encoder_out, features_only=True)[0]
+
+    def _layer_inputs(self, b: int, net_input: dict) -> dict:
+        """One unmasked forward of batch b, keeping every layer's input and the decoder's features."""
+        self._check_weights()
+        if b not in self._layers:
+            encoder, decoder = self.model.encoder, self.model.decoder
+            with _unmasked(self.model), _layer_inputs(encoder.layers) as enc_inputs:
+                encoder(net_input["src_tokens"], src_lengths=net_input["src_lengths"])
+            with _unmasked(self.model), _layer_inputs(decoder.layers) as dec_inputs:
+                features = decoder(net_input["prev_output_tokens"], encoder_out=self.encoder_out(b, net_input),
+                                   features_only=True)[0]
+            self._layers[b] = {"encoder": enc_inputs, "decoder": dec_inputs, "features": features}
+        return self._layers[b]
+
+
+def lowest_masked_layers(model):
+    """(lowest masked encoder layer, lowest masked decoder layer), 0-based, None where nothing is masked; None
+    altogether when a gate or a per-row mask is active (their effect is not a fixed ξ)."""
+    enc: Optional[int] = None
+    dec: Optional[int] = None
+    for (attn_type, layer), attn in attention_modules(model).items():
+        if getattr(attn, "head_gate", None) is not None or getattr(attn, "row_head_mask", None) is not None:
+            return None
+        mask = getattr(attn, "head_mask", None)
+        if mask is None or bool((mask == 1).all()):
+            continue
+        if attn_type == "enc-self":
+            enc = layer - 1 if enc is None else min(enc, layer - 1)
+        else:
+            dec = layer - 1 if dec is None else min(dec, layer - 1)
+    return enc, dec
+
+
+@contextlib.contextmanager
+def _unmasked(model) -> Iterator[None]:
+    """All ξ = 1 for the duration; the masks are put back afterwards."""
+    modules = {key: attn for key, attn in attention_modules(model).items()
+               if getattr(attn, "head_mask", None) is not None}
+    saved = {key: attn.head_mask.clone() for key, attn in modules.items()}
+    try:
+        for attn in modules.values():
+            attn.head_mask.fill_(1)
+        yield
+    finally:
+        for key, mask in saved.items():
+            modules[key].head_mask.copy_(mask)
+
+
+@contextlib.contextmanager
+def _layer_inputs(layers: nn.ModuleList) -> Iterator[List[torch.Tensor]]:
+    """Records the first positional input (the hidden states) of each layer, in order."""
+    inputs: List[torch.Tensor] = []
+    handles = [layer.register_forward_pre_hook(lambda _module, args: inputs.append(args[0])) for layer in layers]
+    try:
+        yield inputs
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@contextlib.contextmanager
+def _starting_at(stack, index: int, hidden: torch.Tensor) -> Iterator[None]:
+    """The stack (a fairseq encoder or decoder) runs only its layers from `index` on, the first of them fed
+    `hidden` instead of what the embeddings give."""
+    layers = stack.layers
+    handle = layers[index].register_forward_pre_hook(lambda _module, args: (hidden, *args[1:]))
+    stack.layers = nn.ModuleList(list(layers)[index:])
+    try:
+        yield
+    finally:
+        stack.layers = layers
+        handle.remove()
+
+
+def encoder_is_stock(model) -> bool:
+    """No encoder head is masked (and nothing is gated or masked per row): a cached unmasked encoder output is
+    the encoder's output."""
+    starts = lowest_masked_layers(model)
+    return starts is not None and starts[0] is None
