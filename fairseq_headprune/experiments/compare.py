@@ -43,7 +43,7 @@ def add_args(parser) -> None:
     g.add_argument("--gated", nargs="+", required=True, metavar="CHECKPOINT",
                    help="checkpoints fine-tuned with --gated-types (Voita's L0 gates)")
     g.add_argument("--references", help="raw reference file of the subset (default: its decoded targets)")
-    g.add_argument("--masks-per-batch", type=int, default=8, help="Michel masks decoded together")
+    g.add_argument("--masks-per-batch", type=int, default=1, help="Michel masks sharing one beam search")
 
 
 def michel_mask(scores: Dict[Head, float], layout: HeadLayout, types: List[str], kept: int) -> List[Head]:

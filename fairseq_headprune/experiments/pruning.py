@@ -38,7 +38,8 @@ def add_args(parser) -> None:
     g.add_argument("--ablation", help="ablation-single.jsonl of `ablate`, for --order oracle")
     g.add_argument("--random-seed", type=int, default=1)
     g.add_argument("--references", help="raw reference file of the subset (default: its decoded targets)")
-    g.add_argument("--masks-per-batch", type=int, default=8, help="pruning steps decoded together in one beam search")
+    g.add_argument("--masks-per-batch", type=int, default=1,
+                   help="pruning steps sharing one beam search (see ablate --masks-per-batch)")
     g.add_argument("--save-percent", type=float, default=50.0,
                    help="write DIR/heads-ORDER[-TYPES]-PCT.json, the heads each order prunes at this percent")
     g.add_argument("--save-pruned", metavar="OUT.pt",
@@ -158,8 +159,8 @@ def step_row(label: str, types: Sequence[str], masked: Sequence[Head], n_candida
 def evaluate_steps(evaluator, log, types, rankings, n_candidates: int, args) -> None:
     """Every step of every fixed ranking not yet in the log, decoded masks_per_batch masks at a time.
 
-    The steps of all orders share beam searches (SubsetEvaluator.translate_many); rows are appended as each group
-    finishes, so an interrupted run resumes at the next group."""
+    SubsetEvaluator.translate_many decodes them (one beam search per step by default, several sharing one with
+    --masks-per-batch); rows are appended as each group finishes, so an interrupted run resumes at the next group."""
     done = log.done()
     jobs = [(label, ranking[:n]) for label, ranking in rankings for n in steps(n_candidates, args.step)
             if f"{label}:{n}" not in done]
