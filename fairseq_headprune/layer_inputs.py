@@ -50,7 +50,7 @@ class LayerInputCache:
     def decoder_features(self, b: int, net_input: dict) -> torch.Tensor:
         """model.decoder(..., features_only=True) features of batch b under the model's current masks."""
         starts = lowest_masked_layers(self.model)
-        if starts is None:  # gates or per-row masks: nothing is known to be unchanged
+        if starts is None or self.model.training:  # gates, per-row masks or dropout: nothing is fixed
             return self.model(**net_input, features_only=True)[0]
         cached = self._layer_inputs(b, net_input)
         enc_start, dec_start = starts
@@ -71,7 +71,7 @@ class LayerInputCache:
         if b not in self._layers:
             encoder, decoder = self.model.encoder, self.model.decoder
             with _unmasked(self.model), _layer_inputs(encoder.layers) as enc_inputs:
-                encoder(net_input["src_tokens"], src_lengths=net_input["src_lengths"])
+                self._encoder_outs.setdefault(b, encoder.forward_torchscript(net_input))
             with _unmasked(self.model), _layer_inputs(decoder.layers) as dec_inputs:
                 features = decoder(net_input["prev_output_tokens"], encoder_out=self.encoder_out(b, net_input),
                                    features_only=True)[0]
