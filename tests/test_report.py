@@ -426,3 +426,26 @@ def test_browser_check_sees_a_broken_image(full_report, tmp_path):
     broken.write_text(html[:start] + "AAAA" + html[start + 4000:], encoding="utf-8")  # a corrupt PNG
     probe = browser_probe(broken, tmp_path)
     assert [w for _, w, _ in probe["images"]].count(0) == 1
+
+
+def test_prune_progress_counts_only_the_whole_model_curves(tmp_path):
+    """pruning.jsonl also holds the per-type curves (and rows merged from elsewhere): the prune part's progress
+    counts the rows of its own orders over all types."""
+    from argparse import Namespace
+
+    from fairseq_headprune.experiments.report import Part, Ticker, expected_rows
+    from fairseq_headprune.heads import HeadLayout
+
+    layout = HeadLayout({(t, layer): tuple(range(1, 5)) for t in ("enc-self", "enc-dec", "dec-self")
+                         for layer in (1, 2)}, {})
+    args = Namespace(results_dir=str(tmp_path), prune_orders="importance,random", prune_step=0.25,
+                     keep_one_select="bleu")
+    path, expected, prefixes = expected_rows(Part("prune", "pruning curves"), layout, args)
+    assert path == str(tmp_path / "pruning.jsonl") and expected == 2 * 5
+    keys = ["importance:enc-self,enc-dec,dec-self:0", "importance:enc-self,enc-dec,dec-self:6",
+            "random:enc-self,enc-dec,dec-self:0", "importance:enc-dec:2", "oracle:enc-self,enc-dec,dec-self:6"]
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(json.dumps({"header": {}}) + "\n")
+        f.writelines(json.dumps({"key": k, "bleu": 1.0}) + "\n" for k in keys)
+    assert Ticker("prune", path, expected, key_prefixes=prefixes).rows() == 3
+    assert Ticker("single", path, expected).rows() == len(keys)

@@ -284,10 +284,12 @@ class Ticker:
     """Progress lines while a part runs and no terminal shows fairseq's progress bars (a log file, CI): every
     `interval` seconds, the rows in the part's results file against the rows it will have."""
 
-    def __init__(self, label: str, path: Optional[str], expected: Optional[int], interval: float = 60.0):
+    def __init__(self, label: str, path: Optional[str], expected: Optional[int], interval: float = 60.0,
+                 key_prefixes: Sequence[str] = ()):
         import threading
 
         self.label, self.path, self.expected, self.interval = label, path, expected, interval
+        self.key_prefixes = [f'"key": "{p}'.encode() for p in key_prefixes]
         self.start = time.time()
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, daemon=True)
@@ -296,7 +298,9 @@ class Ticker:
         if not self.path or not os.path.exists(self.path):
             return None
         with open(self.path, "rb") as f:
-            return max(0, f.read().count(b"\n") - 1)  # minus the header line
+            if not self.key_prefixes:
+                return max(0, f.read().count(b"\n") - 1)  # minus the header line
+            return sum(any(p in line for p in self.key_prefixes) for line in f)
 
     def _loop(self) -> None:
         while not self.stop.wait(self.interval):
@@ -314,20 +318,22 @@ class Ticker:
         self.stop.set()
 
 
-def expected_rows(part: Part, layout, args) -> Tuple[Optional[str], Optional[int]]:
-    """The results file a part appends to and how many rows it has when the part is complete."""
+def expected_rows(part: Part, layout, args) -> Tuple[Optional[str], Optional[int], List[str]]:
+    """The results file a part appends to, how many rows it has when the part is complete, and the key prefixes
+    of those rows when the file holds others too (pruning.jsonl: the per-type curves)."""
     from fairseq_headprune.experiments.pruning import steps
 
     out = args.results_dir
     n = len(layout.all_heads())
     if part.name == "keep-one" and args.keep_one_select == "loss":  # the NLL pass over every head, then 1 per layer
-        return os.path.join(out, "ablation-keep-one-loss.jsonl"), n + 1
+        return os.path.join(out, "ablation-keep-one-loss.jsonl"), n + 1, []
     if part.name in ("single", "keep-one"):
-        return os.path.join(out, f"ablation-{part.name}.jsonl"), n + 1
+        return os.path.join(out, f"ablation-{part.name}.jsonl"), n + 1, []
     if part.name == "prune":
-        orders = [o for o in args.prune_orders.split(",") if o.strip()]
-        return os.path.join(out, "pruning.jsonl"), len(orders) * len(steps(n, args.prune_step))
-    return None, None  # prune-types shares pruning.jsonl with prune; the others have no row-per-step file
+        orders = [o.strip() for o in args.prune_orders.split(",") if o.strip()]
+        whole_model = [f"{order}:{','.join(ATTENTION_TYPES)}:" for order in orders]
+        return os.path.join(out, "pruning.jsonl"), len(orders) * len(steps(n, args.prune_step)), whole_model
+    return None, None, []  # prune-types shares pruning.jsonl with prune; the others have no row-per-step file
 
 
 def run_parts(parts: Sequence[Part], state: State, out: str, args, cfg, layout) -> None:
@@ -350,8 +356,8 @@ def run_parts(parts: Sequence[Part], state: State, out: str, args, cfg, layout) 
                 state.record(part, 0.0)
                 continue
         start = time.time()
-        path, expected = expected_rows(part, layout, args)
-        with Ticker(prefix, path, expected):
+        path, expected, key_prefixes = expected_rows(part, layout, args)
+        with Ticker(prefix, path, expected, key_prefixes=key_prefixes):
             for line, (command, argv) in zip(part.lines(), part.commands):
                 print(f"{prefix}: {line}", flush=True)
                 try:
