@@ -107,7 +107,7 @@ class SubsetEvaluator:
         return hyps
 
     @torch.no_grad()
-    def translate_many(self, mask_sets: Sequence[Sequence[Head]], masks_per_batch: int = 8) -> List[List[str]]:
+    def translate_many(self, mask_sets: Sequence[Sequence[Head]], masks_per_batch: int = 1) -> List[List[str]]:
         """Hypotheses for each set of masked heads, as translate() under that mask would give them.
 
         masks_per_batch 1 decodes one mask at a time (the fastest on CPU, where a beam search of a few
