@@ -1,10 +1,10 @@
-"""Teacher-forced forward passes that start at the lowest masked layer.
+"""Forward passes that start at the lowest masked layer, from cached unmasked layer inputs.
 
 A head mask in layer L of a stack changes nothing below L: layers 1..L of that stack see the inputs of the
-unmasked model. A loss sweep (`ablate --metric loss`) runs one forward per mask over the same batches, so the
-unmasked input of every layer is recorded once and each masked forward starts at its lowest masked layer: a
-decoder-side mask reuses the whole encoder and the decoder layers below it, an encoder mask the encoder layers
-below it. The result is the full forward's, operation for operation (tested to float equality).
+unmasked model. A sweep runs one pass per mask over the same batches, so the unmasked encoder output (reused by
+every decode under decoder-side masks) and, for teacher-forced passes (`ablate --metric loss`), the unmasked
+input of every layer are recorded once; each masked forward then starts at its lowest masked layer. The layers
+that do run compute exactly what they compute in a full forward (the NLL matches to float rounding, tested).
 
 Memory: one (tokens x d_model) tensor per layer per batch, plus the encoder output and the decoder features.
 """
