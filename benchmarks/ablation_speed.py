@@ -57,6 +57,7 @@ def main():
     from fairseq_headprune.experiments import ablation
     from fairseq_headprune.heads import HeadLayout
     from fairseq_headprune.loading import load
+    from fairseq_headprune.masking import set_head_masks
     from fairseq_headprune.stats import BleuBootstrap
 
     cli._quiet_dependencies()
@@ -102,8 +103,6 @@ def main():
             loaded.model.encoder.forward_torchscript(sample["net_input"])
     encoder = time.perf_counter() - t  # all a decoder-side mask can skip of an exact decode
     reusing = sum(all(h.type != "enc-self" for h in m) for m in masks) / len(masks)
-
-    from fairseq_headprune.masking import set_head_masks
 
     ev.nll()  # records the unmasked layer inputs, as the sweep's baseline row does
     t = time.perf_counter()
