@@ -11,12 +11,13 @@ Memory: one (tokens x d_model) tensor per layer per batch, plus the encoder outp
 from __future__ import annotations
 
 import contextlib
-from typing import Dict, Iterator, List, Optional
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
 from torch import nn
 
 from fairseq_headprune.heads import attention_modules
+from fairseq_headprune.masking import current_masked_heads, set_head_masks
 
 
 class LayerInputCache:
@@ -79,37 +80,27 @@ class LayerInputCache:
         return self._layers[b]
 
 
-def lowest_masked_layers(model):
+def lowest_masked_layers(model) -> Optional[Tuple[Optional[int], Optional[int]]]:
     """(lowest masked encoder layer, lowest masked decoder layer), 0-based, None where nothing is masked; None
     altogether when a gate or a per-row mask is active (their effect is not a fixed ξ)."""
-    enc: Optional[int] = None
-    dec: Optional[int] = None
-    for (attn_type, layer), attn in attention_modules(model).items():
-        if getattr(attn, "head_gate", None) is not None or getattr(attn, "row_head_mask", None) is not None:
+    for attn in attention_modules(model).values():
+        if attn.head_gate is not None or attn.row_head_mask is not None:
             return None
-        mask = getattr(attn, "head_mask", None)
-        if mask is None or bool((mask == 1).all()):
-            continue
-        if attn_type == "enc-self":
-            enc = layer - 1 if enc is None else min(enc, layer - 1)
-        else:
-            dec = layer - 1 if dec is None else min(dec, layer - 1)
+    masked = current_masked_heads(model)
+    enc = min((h.layer - 1 for h in masked if h.type == "enc-self"), default=None)
+    dec = min((h.layer - 1 for h in masked if h.type != "enc-self"), default=None)
     return enc, dec
 
 
 @contextlib.contextmanager
 def _unmasked(model) -> Iterator[None]:
     """All ξ = 1 for the duration; the masks are put back afterwards."""
-    modules = {key: attn for key, attn in attention_modules(model).items()
-               if getattr(attn, "head_mask", None) is not None}
-    saved = {key: attn.head_mask.clone() for key, attn in modules.items()}
+    masked = current_masked_heads(model)
+    set_head_masks(model, [])
     try:
-        for attn in modules.values():
-            attn.head_mask.fill_(1)
         yield
     finally:
-        for key, mask in saved.items():
-            modules[key].head_mask.copy_(mask)
+        set_head_masks(model, masked)
 
 
 @contextlib.contextmanager
