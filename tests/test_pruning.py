@@ -1,10 +1,12 @@
 """Iterative pruning curves: the right heads, in the right order, at every step."""
 import json
-
+from types import SimpleNamespace
 
 from conftest import run
-from fairseq_headprune.experiments.pruning import rank_by_scores, steps
-from fairseq_headprune.heads import Head, parse_head_spec
+from fairseq_headprune.experiments import pruning
+from fairseq_headprune.experiments.pruning import evaluate_steps, rank_by_scores, steps
+from fairseq_headprune.heads import Head, format_head_spec, parse_head_spec
+from fairseq_headprune.store import ResultsLog
 
 PRUNE = ["--gen-subset", "test", "--beam", "1", "--max-tokens", "3000", "--types", "enc-dec,dec-self",
          "--step", "0.25"]
@@ -29,12 +31,13 @@ def test_prune_by_importance_and_random(tiny_data, stock_checkpoint, tmp_path):
          "--save-pruned", tmp_path / "pruned.pt"])
     lines = [json.loads(line) for line in open(tmp_path / "pruning.jsonl")]
     rows = lines[1:]
-    assert [r["heads_masked"] for r in rows] == [0, 6, 12, 18, 24] * 2
+    assert sorted((r["order"], r["heads_masked"]) for r in rows) == [
+        (order, n) for order in ("importance", "random") for n in (0, 6, 12, 18, 24)]
     importance = json.loads((tmp_path / "importance.json").read_text())
     scores = {Head(t, i + 1, h + 1): v for t in ("enc-dec", "dec-self")
               for i, layer in enumerate(importance[t]) for h, v in enumerate(layer)}
     by_order = {}
-    for row in rows:
+    for row in sorted(rows, key=lambda r: r["heads_masked"]):
         by_order.setdefault(row["order"], []).append(parse_head_spec(row["masked"]))
     for masked_sets in by_order.values():
         for smaller, larger in zip(masked_sets, masked_sets[1:]):
@@ -42,14 +45,13 @@ def test_prune_by_importance_and_random(tiny_data, stock_checkpoint, tmp_path):
     six = by_order["importance"][1]
     assert max(scores[h] for h in six) <= min(v for h, v in scores.items() if h not in six)
     assert by_order["random"][1] != six
-    assert rows[0]["bleu"] == rows[5]["bleu"]  # nothing masked: the same model
     assert (tmp_path / "pruning.png").stat().st_size > 1000
-    # the steps share beam searches (8 masks a decode by default): each alone gives the same BLEU
-    run(["fairseq-headprune", "prune", tiny_data, "--path", stock_checkpoint, "--results-dir", tmp_path / "alone",
+    # the steps decoded 8 masks to a beam search give the same BLEU as one mask at a time (the default)
+    run(["fairseq-headprune", "prune", tiny_data, "--path", stock_checkpoint, "--results-dir", tmp_path / "shared",
          *PRUNE, "--order", "importance,random", "--importance", tmp_path / "importance.json",
-         "--masks-per-batch", "1"])
-    alone = [json.loads(line) for line in open(tmp_path / "alone" / "pruning.jsonl")][1:]
-    assert [(r["key"], r["bleu"]) for r in alone] == [(r["key"], r["bleu"]) for r in rows]
+         "--masks-per-batch", "8"])
+    shared = [json.loads(line) for line in open(tmp_path / "shared" / "pruning.jsonl")][1:]
+    assert sorted((r["key"], r["bleu"]) for r in shared) == sorted((r["key"], r["bleu"]) for r in rows)
     # a rerun resumes: nothing new is computed
     out = run(["fairseq-headprune", "prune", tiny_data, "--path", stock_checkpoint, "--results-dir", tmp_path, *PRUNE,
                "--order", "importance,random", "--importance", tmp_path / "importance.json"]).stdout
@@ -64,6 +66,43 @@ def test_prune_by_importance_and_random(tiny_data, stock_checkpoint, tmp_path):
     for t in ("enc-dec", "dec-self"):
         for layer, ids in enumerate(pruned["meta"]["head_ids"][t], start=1):
             assert set(ids) == {1, 2, 3, 4} - {h.head for h in half if (h.type, h.layer) == (t, layer)}
+
+
+class CountingEvaluator:
+    """Stands in for SubsetEvaluator: records which masked sets are decoded; BLEU = 100 - heads masked."""
+
+    def __init__(self):
+        self.loaded = SimpleNamespace(model=None)
+        self.decoded = []
+
+    def translate_many(self, mask_sets, masks_per_batch):
+        self.decoded += [format_head_spec(m) for m in mask_sets]
+        return [[str(len(m))] for m in mask_sets]
+
+    def bleu(self, hyps):
+        return SimpleNamespace(score=100.0 - int(hyps[0]))
+
+
+def test_each_masked_set_is_decoded_once_and_reused_from_the_log(tmp_path, monkeypatch):
+    monkeypatch.setattr(pruning, "set_head_masks", lambda model, heads: None)
+    heads = [Head("enc-dec", 1, h) for h in (1, 2, 3, 4)]
+    first = CountingEvaluator()
+    for per_batch in (1, 3):
+        first.decoded = []
+        log = ResultsLog(str(tmp_path / f"pruning-{per_batch}.jsonl"), {"command": "prune"})
+        evaluate_steps(first, log, ["enc-dec"], [("importance:enc-dec", heads), ("random:enc-dec", heads[::-1])],
+                       len(heads), SimpleNamespace(step=0.25, masks_per_batch=per_batch))
+        # 10 steps, 8 distinct sets: both orders start with nothing masked and end with everything masked
+        assert len(log.rows) == 10 and len(first.decoded) == len(set(first.decoded)) == 8
+        assert all(r["bleu"] == 100 - r["heads_masked"] == 100 - len(parse_head_spec(r["masked"]))
+                   for r in log.rows)
+    # later orders decode only the sets the log lacks: the oracle's are the importance order's, and of 2, 3, 4, 1
+    # only {2} and {2, 3} are new ({2, 3, 4} was the random order's third step)
+    later = CountingEvaluator()
+    evaluate_steps(later, log, ["enc-dec"], [("oracle:enc-dec", heads), ("other:enc-dec", heads[1:] + heads[:1])],
+                   len(heads), SimpleNamespace(step=0.25, masks_per_batch=1))
+    assert later.decoded == ["enc-dec:1:2", "enc-dec:1:2+3"]
+    assert len(log.rows) == 20
 
 
 def test_prune_bad_input(tiny_data, stock_checkpoint, tmp_path):

@@ -159,20 +159,33 @@ def step_row(label: str, types: Sequence[str], masked: Sequence[Head], n_candida
 def evaluate_steps(evaluator, log, types, rankings, n_candidates: int, args) -> None:
     """Every step of every fixed ranking not yet in the log, decoded masks_per_batch masks at a time.
 
+    A set of masked heads is decoded once: the orders share their first (nothing masked) and last (everything
+    masked) steps, and a set already scored in this log (same model, data and decoding: its header) is reused.
     SubsetEvaluator.translate_many decodes them (one beam search per step by default, several sharing one with
     --masks-per-batch); rows are appended as each group finishes, so an interrupted run resumes at the next group."""
     done = log.done()
-    jobs = [(label, ranking[:n]) for label, ranking in rankings for n in steps(n_candidates, args.step)
-            if f"{label}:{n}" not in done]
+    scored = {row["masked"]: row["bleu"] for row in log.rows if "masked" in row}
+    steps_of: Dict[str, List] = {}  # spec of a masked set -> the (label, masked) steps that mask exactly it
+    for label, ranking in rankings:
+        for n in steps(n_candidates, args.step):
+            if f"{label}:{n}" not in done:
+                steps_of.setdefault(format_head_spec(ranking[:n]), []).append((label, ranking[:n]))
+
+    def record(spec: str, bleu: float) -> None:
+        for label, masked in steps_of[spec]:
+            log.append(step_row(label, types, masked, n_candidates, bleu))
+            print(f"{label}: {len(masked)}/{n_candidates} heads masked, BLEU {bleu:.2f}")
+
+    for spec in [s for s in steps_of if s in scored]:
+        record(spec, scored[spec])
+    to_decode = [s for s in steps_of if s not in scored]
     set_head_masks(evaluator.loaded.model, [])
     per_batch = max(1, args.masks_per_batch)
-    for start in range(0, len(jobs), per_batch):
-        group = jobs[start : start + per_batch]
-        outputs = evaluator.translate_many([masked for _, masked in group], per_batch)
-        for (label, masked), hyps in zip(group, outputs):
-            row = step_row(label, types, masked, n_candidates, evaluator.bleu(hyps).score)
-            log.append(row)
-            print(f"{label}: {len(masked)}/{n_candidates} heads masked, BLEU {row['bleu']:.2f}")
+    for start in range(0, len(to_decode), per_batch):
+        group = to_decode[start : start + per_batch]
+        outputs = evaluator.translate_many([steps_of[spec][0][1] for spec in group], per_batch)
+        for spec, hyps in zip(group, outputs):
+            record(spec, evaluator.bleu(hyps).score)
 
 
 def prune_reestimating(loaded, evaluator, log, label, ranking, candidates, types, args) -> List[Head]:
