@@ -141,6 +141,8 @@ def test_loss_preview_and_correlate(tiny_data, stock_checkpoint, uninterrupted, 
                uninterrupted / "ablation-single.jsonl", "--results-dir", tmp_path]).stdout
     result = json.loads((tmp_path / "correlation-ablation-single-loss-vs-ablation-single.json").read_text())
     assert result["n"] == 12 and -1 <= result["pearson_r"] <= 1
+    assert result["first"] == "ablation-single-loss.jsonl"  # relative to the result's folder
+    assert (tmp_path / result["second"]).samefile(uninterrupted / "ablation-single.jsonl")
     from scipy import stats
 
     x = [r["delta"] for r in rows[1:]]

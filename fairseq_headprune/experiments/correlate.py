@@ -55,8 +55,10 @@ def run(cfg, args) -> None:
     label_b = f"{head_b.get('subset')} ({head_b.get('metric')})"
     name = args.name or "correlation-" + "-vs-".join(
         os.path.splitext(os.path.basename(p))[0] for p in (args.first, args.second))
-    result = {**stats, "field": args.field, "first": os.path.abspath(args.first),
-              "second": os.path.abspath(args.second), "first_label": label_a, "second_label": label_b}
+    # the inputs' paths relative to the result's folder: results folders are committed and moved between machines
+    result = {**stats, "field": args.field, "first": os.path.relpath(args.first, args.results_dir),
+              "second": os.path.relpath(args.second, args.results_dir), "first_label": label_a,
+              "second_label": label_b}
     write_json_atomic(os.path.join(args.results_dir, name + ".json"), result)
     png = scatter_with_fit(x, y, f"{args.field}: {label_a}", f"{args.field}: {label_b}",
                            f"Pearson r={stats['pearson_r']:.2f} (p={stats['pearson_p']:.2g}), "
