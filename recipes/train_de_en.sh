@@ -3,13 +3,17 @@
 # Shape: the papers' 6+6 layers with 8 heads in every attention (144 heads), scaled to this CPU:
 # d_model 256, FFN 512 (the IWSLT model's 512/1024 halved), pre-norm as in Michel et al.'s IWSLT model.
 # Every epoch checkpoint is kept: they are the training-dynamics study's input (recipes/iwslt_dynamics.sh).
+# Trained to convergence: early stopping when the valid loss has not improved for PATIENCE epochs (fairseq's
+# --patience), then recipes/bundle_checkpoint.py averages the last epochs. Resumable: rerun the same command
+# (fairseq restarts from checkpoint_last.pt with its optimizer state).
 #
-# usage: recipes/train_de_en.sh [SHARED_DATA_DIR] [WORK_DIR] [MAX_EPOCH]
+# usage: recipes/train_de_en.sh [SHARED_DATA_DIR] [WORK_DIR] [MAX_EPOCH] [PATIENCE]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA=${1:-../shared/data}
 WORK=${2:-work/de-en}
-MAX_EPOCH=${3:-30}
+MAX_EPOCH=${3:-100}
+PATIENCE=${4:-5}
 export PATH=$PWD/.venv/bin:$PATH
 BIN=$WORK/data-bin
 [ -f "$BIN/train.de-en.de.bin" ] || bash data_prep/prepare-multi30k.sh "$DATA" "$BIN" 6000
@@ -24,7 +28,7 @@ fairseq-train "$BIN" --user-dir fairseq_headprune --task translation_headprune \
   --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 0.0 \
   --lr 1e-3 --lr-scheduler inverse_sqrt --warmup-updates 800 --warmup-init-lr 1e-07 \
   --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
-  --max-tokens 2048 --max-epoch "$MAX_EPOCH" --seed 1 \
+  --max-tokens 2048 --max-epoch "$MAX_EPOCH" --patience "$PATIENCE" --seed 1 \
   --save-dir "$WORK/checkpoints" --save-interval 1 --keep-last-epochs -1 \
   --log-format simple --log-interval 50 --num-workers 0 \
   --tensorboard-logdir '' 2>&1 | tee -a "$WORK/train.log"
