@@ -7,7 +7,6 @@ lifts that default; never load a checkpoint you would not run as code.
 from __future__ import annotations
 
 import ast
-import hashlib
 import os
 import warnings
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from typing import Any, List
 import torch
 
 from fairseq_headprune.errors import UserError
+from fairseq_headprune.results.identity import file_sha256  # noqa: F401  (commands import it from here)
 
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -24,14 +24,6 @@ def trust_fairseq_checkpoints() -> None:
     """Let fairseq's own torch.load calls unpickle checkpoints (torch >= 2.6 defaults to weights_only)."""
     os.environ.setdefault("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
     warnings.filterwarnings("ignore", message="Environment variable TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD detected")
-
-
-def file_sha256(path: str, limit: int | None = None) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()[:limit] if limit else h.hexdigest()
 
 
 @dataclass

@@ -28,7 +28,7 @@ from torch import nn
 
 from fairseq_headprune.heads import ATTENTION_TYPES, Head, HeadLayout, HeadSpecError, attention_modules, head_ids
 from fairseq_headprune.masking import HeadMaskedMultiheadAttention
-from fairseq_headprune.store import atomic_output
+from fairseq_headprune.results.log import atomic_output
 
 PRUNED_ARCH = "headprune_transformer"
 

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from conftest import BIN, ENV, run
-from fairseq_headprune.store import ResultsLog
+from fairseq_headprune.results.log import ResultsLog
 
 SWEEP = ["--gen-subset", "test", "--beam", "1", "--max-tokens", "3000", "--types", "enc-dec", "--masks-per-batch", "3"]
 

@@ -6,7 +6,7 @@ from conftest import run
 from fairseq_headprune.experiments import pruning
 from fairseq_headprune.experiments.pruning import evaluate_steps, rank_by_scores, steps
 from fairseq_headprune.heads import Head, format_head_spec, parse_head_spec
-from fairseq_headprune.store import ResultsLog
+from fairseq_headprune.results.log import ResultsLog
 
 PRUNE = ["--gen-subset", "test", "--beam", "1", "--max-tokens", "3000", "--types", "enc-dec,dec-self",
          "--step", "0.25"]

@@ -23,7 +23,7 @@ from fairseq_headprune.evaluate import SubsetEvaluator
 from fairseq_headprune.heads import ATTENTION_TYPES, Head, HeadLayout
 from fairseq_headprune.loading import file_sha256, load, progress_for
 from fairseq_headprune.masking import set_head_masks
-from fairseq_headprune.store import ResultsLog
+from fairseq_headprune.results.log import ResultsLog
 from fairseq_headprune.stats import BleuBootstrap
 
 

@@ -7,7 +7,7 @@ from typing import Dict, List, Optional
 
 from fairseq_headprune.heads import HeadLayout
 from fairseq_headprune.plots import head_heatmap
-from fairseq_headprune.store import ResultsLog
+from fairseq_headprune.results.log import ResultsLog
 
 
 def _value(row: Dict, metric: str) -> float:

@@ -30,7 +30,7 @@ from fairseq_headprune.heads import ATTENTION_TYPES, Head, HeadLayout, format_he
 from fairseq_headprune.loading import file_sha256, load, progress_for
 from fairseq_headprune.lrp import RULE, conservative_propagation, layer_shares, relevance_inputs, step_head_relevances
 from fairseq_headprune.masking import row_head_masks
-from fairseq_headprune.store import ResultsLog, write_json_atomic
+from fairseq_headprune.results.log import ResultsLog, write_json_atomic
 
 RESULTS = "heads_analysis.json"
 PARTIAL = "heads_analysis.partial.jsonl"

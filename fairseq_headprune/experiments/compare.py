@@ -31,7 +31,7 @@ from fairseq_headprune.heads import ATTENTION_TYPES, Head, HeadLayout, attention
 from fairseq_headprune.loading import file_sha256, load
 from fairseq_headprune.masking import set_head_masks
 from fairseq_headprune.plots import l0_vs_importance
-from fairseq_headprune.store import ResultsLog, atomic_output
+from fairseq_headprune.results.log import ResultsLog, atomic_output
 
 TOLERANCE = 0.25  # "more than half of the heads pruned for <= 0.25 BLEU" (the question)
 

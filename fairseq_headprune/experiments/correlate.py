@@ -12,7 +12,7 @@ import os
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.plots import scatter_with_fit
 from fairseq_headprune.stats import correlations
-from fairseq_headprune.store import write_json_atomic
+from fairseq_headprune.results.log import write_json_atomic
 
 USES_FAIRSEQ_OPTIONS = False
 

@@ -20,7 +20,7 @@ from fairseq_headprune.experiments.pruning import estimate_importance, rank_by_s
 from fairseq_headprune.heads import HeadLayout, format_head_spec
 from fairseq_headprune.loading import file_sha256, load
 from fairseq_headprune.masking import set_head_masks
-from fairseq_headprune.store import ResultsLog
+from fairseq_headprune.results.log import ResultsLog
 
 EPOCH_FILE = re.compile(r"checkpoint(\d+)\.pt$")
 

@@ -28,7 +28,7 @@ from fairseq_headprune.gates import (
 )
 from fairseq_headprune.heads import ATTENTION_TYPES, Head
 from fairseq_headprune.loading import file_sha256, trust_fairseq_checkpoints
-from fairseq_headprune.store import atomic_output, write_json_atomic
+from fairseq_headprune.results.log import atomic_output, write_json_atomic
 
 USES_FAIRSEQ_OPTIONS = False
 

@@ -21,7 +21,7 @@ from fairseq_headprune.heads import ATTENTION_TYPES, Head, HeadLayout, format_he
 from fairseq_headprune.importance import from_nested_lists, normalize_by_layer
 from fairseq_headprune.loading import file_sha256, load
 from fairseq_headprune.masking import set_head_masks
-from fairseq_headprune.store import ResultsLog, write_json_atomic
+from fairseq_headprune.results.log import ResultsLog, write_json_atomic
 
 ORDERS = ("importance", "oracle", "random")
 

@@ -31,7 +31,7 @@ from fairseq_headprune.document import Document, to_html, to_markdown
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.heads import ATTENTION_TYPES
 from fairseq_headprune.loading import PACKAGE_DIR, file_sha256
-from fairseq_headprune.store import atomic_output, write_json_atomic
+from fairseq_headprune.results.log import atomic_output, write_json_atomic
 
 PARTS = ("score", "single", "keep-one", "prune", "prune-types", "speed", "analyze")
 STATE = "report-state.json"

@@ -10,7 +10,7 @@ from fairseq_headprune.criterions.head_importance import HeadImportanceCriterion
 from fairseq_headprune.heads import ATTENTION_TYPES, HeadLayout
 from fairseq_headprune.importance import normalize_by_layer, to_nested_lists
 from fairseq_headprune.loading import batches, file_sha256, load
-from fairseq_headprune.store import write_json_atomic
+from fairseq_headprune.results.log import write_json_atomic
 
 DEFINITION = (
     "I_h = mean over sentences x of |dL(x)/dxi_h|, L(x) = summed token NLL of x (teacher forcing, no label "

@@ -19,7 +19,7 @@ from fairseq_headprune.errors import UserError
 from fairseq_headprune.heads import HeadLayout, attention_modules, parse_head_spec
 from fairseq_headprune.loading import load
 from fairseq_headprune.masking import set_head_masks
-from fairseq_headprune.store import write_json_atomic
+from fairseq_headprune.results.log import write_json_atomic
 from fairseq_headprune.surgery import prune_model
 
 
