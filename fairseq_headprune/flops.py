@@ -1,0 +1,151 @@
+"""Decoding cost of a fairseq transformer from its shape alone: FLOPs, and the cache reorder as memory traffic.
+
+Pure arithmetic (no fairseq, no model needed), so FLOP-budget pruning can price a head set before building it
+(`ModelShape.without`). It follows what fairseq 0.12's SequenceGenerator does with a stock transformer:
+
+- the encoder runs once per sentence, on the source padded to the longest of its batch;
+- the encoder output is expanded to one row per beam hypothesis before decoding, and the stock transformer is
+  not "beamable" (only BART sets the enc-dec modules' beam size), so encoder-decoder attention projects its
+  keys/values for every beam row at the first step (then caches them);
+- every decoding step runs one query per beam row through every layer, self-attention over the steps so far;
+- from the second step on, fairseq re-indexes (index_select) each decoder self-attention cache (keys and values)
+  and the encoder output (encoder_out and encoder_embedding) by the surviving beams. That is a copy, not
+  arithmetic: it is counted apart, as `reorder_elements` (tensor elements copied), never folded into the FLOPs.
+  (Cached encoder-decoder keys/values are re-indexed only when finished sentences leave the batch: not counted.)
+
+FLOPs are 2 x multiply-adds of the matrix products (projections, attention scores and weighted sums, FFNs,
+output layer); softmax, LayerNorm, biases and beam bookkeeping are left out. Their ratio between two models is a
+FLOP ratio: what the speed-up would be if time followed these FLOPs, not a bound on the measured one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+TYPES: Tuple[str, ...] = ("enc-self", "enc-dec", "dec-self")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What decoding cost depends on: widths, FFN sizes, vocabulary and the heads each (type, layer) holds."""
+
+    embed_dim: int
+    vocab: int
+    enc_ffn: Tuple[int, ...]
+    dec_ffn: Tuple[int, ...]
+    heads: Mapping[Tuple[str, int], int]  # (type, 1-indexed layer) -> heads it holds
+    head_dims: Mapping[Tuple[str, int], int]  # (type, 1-indexed layer) -> head dimension
+
+    @classmethod
+    def uniform(cls, *, enc_layers: int, dec_layers: int, heads: int, embed_dim: int, ffn: int, vocab: int,
+                head_dim: Optional[int] = None) -> "ModelShape":
+        """A model with the same number of heads in every attention module (head_dim = embed_dim / heads)."""
+        keys = [("enc-self", i) for i in range(1, enc_layers + 1)]
+        keys += [(t, i) for i in range(1, dec_layers + 1) for t in ("enc-dec", "dec-self")]
+        return cls(embed_dim, vocab, (ffn,) * enc_layers, (ffn,) * dec_layers, {k: heads for k in keys},
+                   {k: head_dim or embed_dim // heads for k in keys})
+
+    @classmethod
+    def of(cls, model) -> "ModelShape":
+        """Read a fairseq transformer (pruned or not); attention modules report their own head counts."""
+        modules = {("enc-self", i): layer.self_attn for i, layer in enumerate(model.encoder.layers, start=1)}
+        for i, layer in enumerate(model.decoder.layers, start=1):
+            modules[("dec-self", i)] = layer.self_attn
+            if getattr(layer, "encoder_attn", None) is not None:
+                modules[("enc-dec", i)] = layer.encoder_attn
+        return cls(model.encoder.embed_tokens.embedding_dim, model.decoder.output_projection.out_features,
+                   tuple(layer.fc1.out_features for layer in model.encoder.layers),
+                   tuple(layer.fc1.out_features for layer in model.decoder.layers),
+                   {k: m.num_heads for k, m in modules.items()}, {k: m.head_dim for k, m in modules.items()})
+
+    def without(self, heads: Iterable[Sequence]) -> "ModelShape":
+        """The shape after removing heads given as (type, layer, head) (heads.Head or tuples); ids may repeat."""
+        removed: Dict[Tuple[str, int], set] = {}
+        for h in heads:
+            removed.setdefault((h[0], int(h[1])), set()).add(int(h[2]))
+        counts = dict(self.heads)
+        for key, ids in removed.items():
+            if key not in counts:
+                raise ValueError(f"{key[0]} layer {key[1]} is not in this model")
+            if len(ids) > counts[key]:
+                raise ValueError(f"{key[0]} layer {key[1]} holds {counts[key]} heads, {len(ids)} removed")
+            counts[key] -= len(ids)
+        return replace(self, heads=counts)
+
+    def width(self, attn_type: str, layer: int) -> int:
+        """heads x head_dim of one attention module: the size its cost scales with (0 if it has no heads)."""
+        return self.heads.get((attn_type, layer), 0) * self.head_dims.get((attn_type, layer), 0)
+
+
+@dataclass(frozen=True)
+class DecodeCost:
+    """flops: 2 x multiply-adds. reorder_elements: elements copied by the per-step cache/encoder-out reorder."""
+
+    flops: float
+    reorder_elements: float
+
+
+def padded_sources(src_lens: Sequence[int], batch_size: int) -> List[int]:
+    """Each sentence's source length as the encoder sees it: padded to the longest of its batch (in order)."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1: {batch_size}")
+    out = []
+    for k in range(0, len(src_lens), batch_size):
+        chunk = src_lens[k : k + batch_size]
+        out += [max(chunk)] * len(chunk)
+    return out
+
+
+def decode_cost(shape: ModelShape, src_lens: Sequence[int], tgt_lens: Sequence[int], beam: int,
+                batch_size: int = 1) -> DecodeCost:
+    """Cost of beam-decoding these sentences: src_lens source tokens (with EOS), tgt_lens decoding steps each.
+
+    Sentences are batched in the given order; a sentence stays in the batch for its own steps (fairseq drops
+    finished sentences), which makes the hypothesis length (with EOS) a slight underestimate of the steps run."""
+    if len(src_lens) != len(tgt_lens):
+        raise ValueError(f"{len(src_lens)} source lengths but {len(tgt_lens)} target lengths")
+    if beam < 1:
+        raise ValueError(f"beam must be at least 1: {beam}")
+    d = shape.embed_dim
+    macs = reorder = 0.0
+    for s, t in zip(padded_sources(src_lens, batch_size), tgt_lens):
+        for i, ffn in enumerate(shape.enc_ffn, start=1):
+            a = shape.width("enc-self", i)
+            macs += 4 * s * d * a + 2 * s * s * a + 2 * s * d * ffn  # q/k/v/out, scores and sums, FFN
+        steps_sum = t * (t + 1) // 2  # self-attention attends over 1, 2, ..., t positions
+        cached_sum = t * (t - 1) // 2  # the reorder before step j copies a cache of j - 1 positions, j = 2..t
+        for i, ffn in enumerate(shape.dec_ffn, start=1):
+            sa, ca = shape.width("dec-self", i), shape.width("enc-dec", i)
+            macs += beam * 2 * s * d * ca  # encoder keys/values, projected once per beam row
+            macs += beam * (t * (4 * d * sa + 2 * d * ca + 2 * s * ca + 2 * d * ffn) + 2 * steps_sum * sa)
+            reorder += beam * 2 * cached_sum * sa  # prev_key and prev_value
+        macs += beam * t * d * shape.vocab
+        reorder += beam * max(t - 1, 0) * 2 * s * d  # encoder_out and encoder_embedding, once per reorder
+    return DecodeCost(flops=2 * macs, reorder_elements=reorder)
+
+
+def decode_flops(model_or_shape, src_lens: Sequence[int], tgt_lens: Sequence[int], beam: int,
+                 batch_size: int = 1) -> float:
+    """FLOPs of decode_cost, from a ModelShape or a fairseq transformer (read with ModelShape.of)."""
+    shape = model_or_shape if isinstance(model_or_shape, ModelShape) else ModelShape.of(model_or_shape)
+    return decode_cost(shape, src_lens, tgt_lens, beam, batch_size).flops
+
+
+def flop_ratio(base, pruned, src_lens: Sequence[int], tgt_lens: Sequence[int], beam: int,
+               batch_size: int = 1) -> float:
+    """FLOPs of base over FLOPs of pruned on the same sentences and lengths (> 1: pruned does less arithmetic)."""
+    return (decode_flops(base, src_lens, tgt_lens, beam, batch_size)
+            / decode_flops(pruned, src_lens, tgt_lens, beam, batch_size))
+
+
+def flops_per_head(shape: ModelShape, src_lens: Sequence[int], tgt_lens: Sequence[int], beam: int,
+                   batch_size: int = 1) -> Dict[Tuple[str, int], float]:
+    """FLOPs one head of each (type, layer) costs on these sentences: removing k of them saves k times that
+    (cost is linear in a module's head count)."""
+    base = decode_cost(shape, src_lens, tgt_lens, beam, batch_size).flops
+    out = {}
+    for (attn_type, layer), n in shape.heads.items():
+        if n:
+            fewer = replace(shape, heads={**shape.heads, (attn_type, layer): n - 1})
+            out[(attn_type, layer)] = base - decode_cost(fewer, src_lens, tgt_lens, beam, batch_size).flops
+    return out

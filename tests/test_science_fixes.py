@@ -1,0 +1,68 @@
+"""Issue 17's science fixes, each pinned by a test that failed before it (FLOPs, positional function, fp16
+importance, masks that cannot be honoured, bootstrap resample size, per-position importance, claims)."""
+import pytest
+
+from fairseq_headprune import flops
+
+# ---------------------------------------------------------------------------------------------- FLOP count
+# A model small enough to price by hand: d=4, 2 heads of dim 2 everywhere (width 4), 1+1 layers, FFN 8, vocab 10.
+TINY = flops.ModelShape.uniform(enc_layers=1, dec_layers=1, heads=2, embed_dim=4, ffn=8, vocab=10)
+
+
+def test_flops_by_hand():
+    """One sentence, source 3 tokens, 2 decoding steps, beam 2 (multiply-adds, then x2).
+
+    encoder:  q/k/v/out 4*3*4*4=192, scores+sums 2*3*3*4=72, FFN 2*3*4*8=192             -> 456
+    enc-dec keys/values for each of the 2 beam rows: 2 rows * 2*3*4*4                    -> 192
+    per row and step: self q/k/v/out 4*4*4=64, cross q/out 2*4*4=32, cross scores+sums
+    2*3*4=24, FFN 2*4*8=64 = 184; 2 steps = 368; self scores+sums over 1 then 2 keys
+    2*(1+2)*4=24; 392 per row, 2 rows                                                   -> 784
+    output layer: 2 rows * 2 steps * 4*10                                                -> 160
+    total 1592 multiply-adds = 3184 FLOPs.
+    reorder before step 2 (copies, not FLOPs): keys+values of 1 cached position, 2 rows,
+    width 4: 2*2*1*4=16; encoder_out+encoder_embedding 2 rows * 2*3*4=48                 -> 64 elements."""
+    cost = flops.decode_cost(TINY, [3], [2], beam=2)
+    assert cost.flops == 3184
+    assert cost.reorder_elements == 64
+    assert flops.decode_flops(TINY, [3], [2], beam=2) == 3184
+
+
+def test_flops_encoder_keys_values_per_beam_row():
+    """fairseq expands the encoder output per beam row before enc-dec attention projects it: the projection
+    grows with the beam (the old count priced it once per sentence)."""
+    one, five = (flops.decode_flops(TINY, [3], [2], beam=b) for b in (1, 5))
+    enc = 2 * 456  # encoder FLOPs, the only part not multiplied by the beam
+    assert five - enc == 5 * (one - enc)
+
+
+def test_flops_of_a_pruned_shape_and_per_head_costs():
+    """Removing enc-dec head 1 halves that module's width: 2*3*4*2 (k/v) + 2*4*2 + 2*3*2 (per step) saved per
+    row, x2 rows, x2 FLOPs; flops_per_head says the same, and the ratio is base over pruned."""
+    pruned = TINY.without([("enc-dec", 1, 1)])
+    assert pruned.heads[("enc-dec", 1)] == 1 and TINY.heads[("enc-dec", 1)] == 2
+    saved_macs = 2 * (2 * 3 * 4 * 2 + 2 * (2 * 4 * 2 + 2 * 3 * 2))
+    assert flops.decode_flops(pruned, [3], [2], beam=2) == 3184 - 2 * saved_macs
+    assert flops.flops_per_head(TINY, [3], [2], beam=2)[("enc-dec", 1)] == 2 * saved_macs
+    assert flops.flop_ratio(TINY, pruned, [3], [2], beam=2) == 3184 / (3184 - 2 * saved_macs)
+    with pytest.raises(ValueError):
+        TINY.without([("enc-dec", 1, 1), ("enc-dec", 1, 2), ("enc-dec", 1, 3)])
+
+
+def test_flops_batches_pad_the_source():
+    """Batched with a 5-token source, a 3-token one is encoded (and attended) at length 5."""
+    assert flops.padded_sources([3, 5, 2], batch_size=2) == [5, 5, 2]
+    assert flops.decode_flops(TINY, [3, 5], [2, 2], beam=2, batch_size=2) == 2 * flops.decode_flops(
+        TINY, [5], [2], beam=2)
+
+
+def test_flops_shape_of_a_fairseq_model(stock_checkpoint):
+    """ModelShape.of reads the stock checkpoint's asymmetric shape (4 enc layers x 8 heads, 3 dec x 4)."""
+    import torch
+    from fairseq import checkpoint_utils
+
+    models, _cfg, _task = checkpoint_utils.load_model_ensemble_and_task([str(stock_checkpoint)])
+    shape = flops.ModelShape.of(models[0])
+    assert shape.embed_dim == 32 and shape.enc_ffn == (64,) * 4 and shape.dec_ffn == (64,) * 3
+    assert shape.heads[("enc-self", 4)] == 8 and shape.heads[("enc-dec", 3)] == 4
+    assert shape.head_dims[("enc-self", 1)] == 4 and shape.head_dims[("dec-self", 1)] == 8
+    assert torch.is_tensor(next(models[0].parameters()))
