@@ -8,10 +8,11 @@ returns sums and counts, so statistics of batches add up and a results log can r
   EOS is left out because heads park attention on it (Voita et al. exclude it); queries are the source tokens
   (encoder self-attention) or the generation steps (decoder sides), EOS queries excluded, as are decoder steps
   that see no key but EOS (the first step of decoder self-attention).
-- Positional: the share of source tokens (EOS excluded) whose maximum attention weight goes to relative
-  position -1 or +1; a head is positional when one of them reaches 90% (Voita et al.).
-- Rare token: the share of source tokens whose maximum attention weight goes to the least frequent token of
-  the sentence (EOS excluded; ties: any of the least frequent tokens). Frequencies are training counts of the
+- Positional: the share of source tokens (EOS excluded) whose maximum attention weight over keys other than
+  EOS goes to relative position -1 or +1; a head is positional when one of them reaches 90% (Voita et al.).
+  EOS is left out of the maximum as for confidence: it is the last key, so a look at it would count as +1.
+- Rare token: the share of source tokens whose maximum attention weight (over keys other than EOS, as above)
+  goes to the least frequent token of the sentence (EOS excluded; ties: any of the least frequent tokens). Frequencies are training counts of the
   model's own tokens (BPE pieces): fairseq's dictionary counts, or counts from a given training text.
 - Syntactic: for each dependency relation (nsubj, obj (UD v1 dobj), amod, advmod; subtypes like nsubj:pass
   count as their relation) and each direction (from the dependent to its governor, and back), the share of
@@ -61,12 +62,16 @@ def positional_rare_counts(
     weights: torch.Tensor, src_tokens: torch.Tensor, pad: int, eos: int, frequencies: torch.Tensor
 ) -> Dict[str, object]:
     """For encoder self-attention weights (heads, batch, src, src): how many source tokens (EOS and padding
-    excluded) each head sends its maximum weight to position -1, to +1, and to the sentence's rarest token.
+    excluded) each head sends its maximum weight (EOS keys left out) to position -1, to +1, and to the
+    sentence's rarest token.
 
     frequencies: (vocabulary,) training counts of the model's tokens."""
     heads = weights.size(0)
     real = src_tokens.ne(pad) & src_tokens.ne(eos)  # (batch, src)
-    target = weights.argmax(dim=-1)  # (heads, batch, src): the key position of each query's maximum
+    # the key position of each query's maximum over keys other than EOS (heads park attention there, as for
+    # confidence): with EOS last, the last token's look at EOS would otherwise count as "+1"
+    not_eos = src_tokens.ne(eos)[None, :, None, :]
+    target = weights.masked_fill(~not_eos, float("-inf")).argmax(dim=-1)  # (heads, batch, src)
     position = torch.arange(src_tokens.size(1), device=src_tokens.device)
     offset = target - position.view(1, 1, -1)
     counts = frequencies.to(src_tokens.device)[src_tokens].double().masked_fill(~real, float("inf"))

@@ -66,3 +66,28 @@ def test_flops_shape_of_a_fairseq_model(stock_checkpoint):
     assert shape.heads[("enc-self", 4)] == 8 and shape.heads[("enc-dec", 3)] == 4
     assert shape.head_dims[("enc-self", 1)] == 4 and shape.head_dims[("dec-self", 1)] == 8
     assert torch.is_tensor(next(models[0].parameters()))
+
+
+# ------------------------------------------------------------------------------------- positional function
+def test_positional_argmax_leaves_eos_out():
+    """A head that sends the last real token to EOS (right after it) with weight 0.9 and 0.1 to the token
+    before: its maximum over keys other than EOS is -1, not +1 (confidence already leaves EOS out)."""
+    import torch
+
+    from fairseq_headprune import head_functions as hf
+
+    pad, eos = 1, 2
+    src = torch.tensor([[pad, 10, 11, 12, eos]])  # left-padded, EOS last, as fairseq batches
+    n = src.size(1)
+    w = torch.zeros(1, 1, n, n)
+    for q in (1, 2):
+        w[0, 0, q, q + 1] = 1.0  # ordinary +1 heads for the first two tokens
+    w[0, 0, 3, 4], w[0, 0, 3, 2] = 0.9, 0.1  # the last token: EOS, then -1
+    w[0, 0, 4, 3] = 1.0  # EOS as a query is not counted either way
+    out = hf.positional_rare_counts(w, src, pad, eos, torch.ones(20))
+    assert out["queries"] == 3
+    assert out["next"] == [2] and out["prev"] == [1]
+    # rare: the argmax leaves EOS out too, so the last token's maximum is token 11, the rarest (as the first's)
+    counts = torch.ones(20)
+    counts[11] = 0.5
+    assert hf.positional_rare_counts(w, src, pad, eos, counts)["rare"] == [2]
