@@ -3,7 +3,8 @@ experiment reuses. The data is read and batched once; each call decodes it again
 from __future__ import annotations
 
 import hashlib
-from typing import Dict, List, Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import sacrebleu
 import torch
@@ -28,11 +29,27 @@ class _ReusableEncoderEnsemble(EnsembleModel):
         return super().forward_encoder(net_input)
 
 
+@dataclass(frozen=True)
+class EvaluatorSpec:
+    """What another process needs to build the same evaluator (picklable): the fairseq config the model and data
+    were loaded with, the subset and the reference file. `open()` loads the checkpoint as `load(cfg)` does."""
+
+    cfg: Any
+    subset: str
+    references: Optional[str] = None
+
+    def open(self) -> "SubsetEvaluator":
+        from fairseq_headprune.loading import load
+
+        return SubsetEvaluator(load(self.cfg), self.subset, self.references)
+
+
 class SubsetEvaluator:
     """Translate and score one subset repeatedly, as fairseq-generate would with the same options."""
 
     def __init__(self, loaded: Loaded, subset: str, references: Optional[str] = None):
         self.loaded, self.subset = loaded, subset
+        self.spec = EvaluatorSpec(loaded.cfg, subset, references)
         cfg, task = loaded.cfg, loaded.task
         self.dataset, itr = batches(loaded, subset)
         self.device = next(loaded.model.parameters()).device
@@ -110,11 +127,12 @@ class SubsetEvaluator:
     def translate_many(self, mask_sets: Sequence[Sequence[Head]], masks_per_batch: int = 1) -> List[List[str]]:
         """Hypotheses for each set of masked heads, as translate() under that mask would give them.
 
-        masks_per_batch 1 decodes one mask at a time (the fastest on CPU, where a beam search of a few
-        thousand tokens is compute-bound: benchmarks/ablation_speed.py). Above 1, several masks share one beam
-        search: each sentence is repeated once per mask and every row carries its own ξ, which pays fairseq's
-        per-step Python overhead once (for small batches, or GPUs). Either way, masks that leave the encoder alone
-        reuse one encoder pass per batch. The model's own masks must be off (all ξ = 1) meanwhile.
+        masks_per_batch 1 decodes one mask at a time. Above 1, several masks share one beam search: each
+        sentence is repeated once per mask and every row carries its own ξ, which pays fairseq's per-step Python
+        overhead once: faster for small batches (and on GPUs), slower where a beam search of a few thousand rows is
+        compute-bound on a CPU. fairseq_headprune.mask_batching chooses the number by measuring (`auto`). Either
+        way, masks that leave the encoder alone reuse one encoder pass per batch, and the hypotheses are the same.
+        The model's own masks must be off (all ξ = 1) meanwhile.
         """
         model, task = self.loaded.model, self.loaded.task
         if masks_per_batch <= 1:
@@ -209,3 +227,14 @@ def _repeat(sample, times: int) -> dict:
     net_input = {k: (v.repeat(times, *([1] * (v.dim() - 1))) if torch.is_tensor(v) else v)
                  for k, v in sample["net_input"].items()}
     return {**sample, "net_input": net_input, "id": sample["id"].repeat(times)}
+
+
+def translate_worker(spec: EvaluatorSpec) -> Callable[[Sequence, Any], List[List[str]]]:
+    """A local worker's handler (fairseq_headprune.workers): the evaluator built once from `spec`, then for each
+    task, a group of (index, heads) pairs, the hypotheses of each, the group sharing beam searches."""
+    evaluator = spec.open()
+
+    def translate_group(group: Sequence, shared: Any = None) -> List[List[str]]:
+        return evaluator.translate_many([masked for _, masked in group], len(group))
+
+    return translate_group

@@ -1,0 +1,193 @@
+"""How many masks share one beam search: `--masks-per-batch auto` (the default) or a fixed number.
+
+Sharing a beam search between k masks (each sentence repeated once per mask, every row with its own ξ) pays
+fairseq's per-step overhead once for k masks, and costs the same arithmetic per mask. Which wins depends on the
+set and the machine: on this project's 2-core CPU, 64 sentences decoded greedily (64 rows per step) ran 1.45x
+faster per mask with 8 masks per search, while 500 sentences at beam 5 (about 700 rows per step) ran 1.3x
+slower with 8 (results/benchmarks/); on a GPU sharing wins almost always. No fixed number suits every set, and
+the crossover in rows per step moves with the hardware, so `auto` measures on the sweep's own first masks:
+
+  the sweep's first groups have 1, 2, 4, 8, 16 masks (the real work of the sweep: nothing is decoded twice), each
+  timed; the group size keeps doubling while the time per mask falls by at least GAIN, and the sweep then runs on
+  the best size measured. Times are normalised by the output each group decoded (hypothesis words plus one end
+  of sentence per sentence), so that groups of masks that decode longer hypotheses (heavily pruned models run to
+  the length cap) are not mistaken for slower sizes.
+
+Hypotheses do not depend on the choice (SubsetEvaluator.translate_many is tested identical for every size), so
+neither does any BLEU, p-value or results row; the choice and its measurements are recorded beside the results.
+The logic is pure (no model, no clock): callers time the groups and report them with `record`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Union
+
+from fairseq_headprune.errors import UserError
+
+CANDIDATES = (1, 2, 4, 8, 16)
+GAIN = 0.05  # a larger size must be at least 5% faster per mask than the best so far to keep doubling
+AUTO = "auto"
+
+
+def parse_masks_per_batch(text: Union[str, int]) -> Union[str, int]:
+    """`auto`, or a whole number >= 1; anything else is a user error."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        value = text
+    else:
+        text = str(text).strip().lower()
+        if text == AUTO:
+            return AUTO
+        try:
+            value = int(text)
+        except ValueError:
+            raise UserError(f"--masks-per-batch must be 'auto' or a whole number >= 1, not {text!r}") from None
+    if value < 1:
+        raise UserError(f"--masks-per-batch must be 'auto' or a whole number >= 1, not {value}")
+    return value
+
+
+def output_units(hypotheses: Sequence[Sequence[str]]) -> int:
+    """What a group of masks decoded: words of every hypothesis plus one end of sentence per sentence."""
+    return sum(len(h.split()) + 1 for hyps in hypotheses for h in hyps)
+
+
+@dataclass
+class Measurement:
+    size: int
+    seconds: float
+    masks: int
+    units: int
+
+    @property
+    def per_mask(self) -> float:
+        return self.seconds / max(1, self.masks)
+
+    @property
+    def per_unit(self) -> float:
+        return self.seconds / max(1, self.units)
+
+
+@dataclass
+class MaskBatching:
+    """The group sizes of one sweep: fixed, or chosen by measuring the first groups (`auto`).
+
+    Ask `next_size(remaining)` before each group (several may be in flight, e.g. on local workers), report each
+    finished group with `record`. `chosen` is the size in use once settled, `reason` says why (for logs and
+    result headers)."""
+
+    option: Union[str, int] = AUTO
+    candidates: Sequence[int] = CANDIDATES
+    gain: float = GAIN
+    measurements: Dict[int, Measurement] = field(default_factory=dict)
+    dispatched: List[int] = field(default_factory=list)
+    chosen: Optional[int] = None
+    settled_by: str = ""
+
+    def __post_init__(self):
+        self.option = parse_masks_per_batch(self.option)
+        if self.option != AUTO:
+            self.chosen = self.option
+            self.settled_by = "fixed"
+
+    @property
+    def auto(self) -> bool:
+        return self.option == AUTO
+
+    def next_size(self, remaining: int) -> int:
+        """The size of the next group (at most `remaining`, at least 1)."""
+        remaining = max(1, remaining)
+        if self.chosen is None:
+            self._settle()
+        if self.chosen is not None:
+            return min(self.chosen, remaining)
+        untried = [c for c in self.candidates if c not in self.dispatched and c > max(self.dispatched, default=0)]
+        if untried and untried[0] <= remaining:
+            self.dispatched.append(untried[0])
+            return untried[0]
+        # the next candidate does not fit in what is left, or every candidate is in flight: the best so far
+        best = self._best()
+        return min(best.size if best else max(self.dispatched, default=1), remaining)
+
+    def record(self, size: int, seconds: float, units: Optional[int] = None) -> None:
+        """A finished group of `size` masks took `seconds` and decoded `units` of output (default: size)."""
+        if self.chosen is not None or size in self.measurements or size not in self.dispatched:
+            return  # groups after the choice, or of a size already measured, do not change it
+        self.measurements[size] = Measurement(size, seconds, size, units if units else size)
+        self._settle()
+
+    def finish(self) -> None:
+        """The sweep ran out of masks before the choice settled: settle on what was measured."""
+        if self.chosen is None:
+            best = self._best()
+            self.chosen = best.size if best else 1
+            self.settled_by = "the sweep ended before every size was measured"
+
+    def _best(self) -> Optional[Measurement]:
+        return min(self.measurements.values(), key=lambda m: m.per_unit, default=None)
+
+    def _settle(self) -> None:
+        """Walk the candidates in order: stop at the first measured size that is not GAIN faster than the best
+        smaller one; wait while a size in the walk is still unmeasured."""
+        best = None
+        for size in self.candidates:
+            m = self.measurements.get(size)
+            if m is None:
+                if size in self.dispatched:
+                    return  # in flight: its time decides
+                if self.dispatched and size > max(self.dispatched):
+                    return  # not tried yet
+                continue
+            if best is not None and m.per_unit > best.per_unit * (1 - self.gain):
+                winner = m if m.per_unit < best.per_unit else best
+                self.chosen = winner.size
+                self.settled_by = f"{size} masks per search were not {self.gain:.0%} faster than {best.size}"
+                return
+            best = m if best is None or m.per_unit < best.per_unit else best
+        if best is not None and len(self.measurements) == len(self.candidates):
+            self.chosen, self.settled_by = best.size, "the largest size measured"
+
+    def reason(self) -> str:
+        """One line for logs and result files."""
+        if not self.auto:
+            return f"{self.chosen} masks per beam search (--masks-per-batch {self.chosen})"
+        times = ", ".join(f"{m.size}: {m.per_mask:.2f} s/mask, {1000 * m.per_unit:.2f} ms/output word"
+                          for m in sorted(self.measurements.values(), key=lambda m: m.size))
+        return (f"{self.chosen if self.chosen is not None else '?'} masks per beam search (auto: measured on the "
+                f"sweep's first groups: {times or 'nothing measured'}; {self.settled_by or 'not settled'})")
+
+    def as_dict(self) -> dict:
+        return {"option": self.option, "chosen": self.chosen, "reason": self.reason(),
+                "measured": {str(m.size): {"seconds": round(m.seconds, 3), "masks": m.masks, "units": m.units}
+                             for m in self.measurements.values()}}
+
+
+def sized_groups(items: Sequence, batching: MaskBatching) -> Iterator[list]:
+    """`items` in consecutive groups, each sized by `batching` when it is asked for (lazily: a group's size can
+    depend on the times of the groups before it)."""
+    start = 0
+    while start < len(items):
+        size = batching.next_size(len(items) - start)
+        yield list(items[start : start + size])
+        start += size
+
+
+def translate_masks(evaluator, mask_sets: Sequence[Sequence], on_group: Callable[[List[int], List[List[str]]], None],
+                    batching: Optional[MaskBatching] = None, pool=None) -> MaskBatching:
+    """Hypotheses of every set of masked heads (SubsetEvaluator.translate_many), decoded in groups that share beam
+    searches, sized by `batching` (default auto); on a `workers.Workers` pool built with
+    `evaluate.translate_worker` and this evaluator's spec, or in this process. on_group(indices, hypotheses) runs
+    here, in order, as each group finishes. Returns the batching, settled, to record its `reason()`."""
+    from fairseq_headprune.workers import map_tasks
+
+    batching = batching or MaskBatching()
+
+    def translate_group(group, shared=None):
+        return evaluator.translate_many([masked for _, masked in group], len(group))
+
+    def on_result(group, hypotheses, seconds):
+        batching.record(len(group), seconds, output_units(hypotheses))
+        on_group([i for i, _ in group], hypotheses)
+
+    map_tasks(sized_groups(list(enumerate(mask_sets)), batching), translate_group, on_result, pool)
+    batching.finish()
+    return batching

@@ -1,0 +1,232 @@
+"""Local worker processes for sweeps: a sweep's tasks split over N processes of one thread each.
+
+    with Workers(n, setup, config) as pool:         # spawns n processes; each runs handler = setup(config) once
+        pool.run(tasks, on_result, shared=...)       # handler(task, shared) in some worker, on_result in the parent
+
+`setup` is a module-level function (it is pickled by name) that builds the worker's handler from a picklable study
+configuration, typically by loading the model once; `tasks` is any iterable, pulled lazily whenever a worker is
+free (a generator can size the next task from the results seen so far); `on_result(task, result, seconds)` runs in
+the parent, in task order, whatever order the workers finish in, so the parent is the results file's only writer
+and writes the rows in the order one process would. `shared` reaches every worker once per run (e.g. the baseline a
+sweep compares against). `run_tasks` runs the same loop in this process when there is no pool (`--workers 1`).
+
+Workers are spawned (never forked: torch and fairseq state does not survive a fork), start with OMP_NUM_THREADS=1
+and torch.set_num_threads(1), and are stopped when the block ends, whether it ends normally or not. A task that
+raises stops the run: a UserError keeps its one-line message, anything else carries the worker's traceback; a
+worker that dies (killed, out of memory) is reported with its exit code.
+
+`--workers` defaults to the free cores (`free_cores`): the CPU's idle share over half a second, times the cores
+this process may use, at least 1.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import time
+import traceback
+from typing import Any, Callable, Iterable, Optional, Tuple
+
+from fairseq_headprune.errors import UserError
+
+AUTO = "auto"
+
+
+def parse_workers(text) -> Any:
+    """`auto` (the free cores) or a whole number >= 1."""
+    if text is None or str(text).strip().lower() == AUTO:
+        return AUTO
+    try:
+        value = int(str(text).strip())
+    except ValueError:
+        raise UserError(f"--workers must be 'auto' or a whole number >= 1, not {text!r}") from None
+    if value < 1:
+        raise UserError(f"--workers must be 'auto' or a whole number >= 1, not {value}")
+    return value
+
+
+def _cpu_times() -> Tuple[int, int]:
+    with open("/proc/stat", encoding="ascii") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return idle, sum(fields[:8])  # user nice system idle iowait irq softirq steal (guest is inside user)
+
+
+def free_cores(sample_seconds: float = 0.5) -> Tuple[int, str]:
+    """(cores that are free now, how that was measured): the machine's idle share over `sample_seconds` times its
+    cores, rounded, at most the cores this process may run on, at least 1."""
+    allowed = len(os.sched_getaffinity(0))
+    total_cpus = os.cpu_count() or allowed
+    try:
+        idle0, all0 = _cpu_times()
+        time.sleep(sample_seconds)
+        idle1, all1 = _cpu_times()
+    except OSError:  # no /proc/stat: not Linux
+        return allowed, f"{allowed} usable cores (load not measurable here)"
+    idle_share = (idle1 - idle0) / max(1, all1 - all0)
+    free = max(1, min(allowed, round(idle_share * total_cpus)))
+    return free, (f"{free} of {allowed} usable cores free ({idle_share * total_cpus:.1f} of {total_cpus} CPUs idle "
+                  f"over {sample_seconds:g} s)")
+
+
+def resolve_workers(option) -> Tuple[int, str]:
+    """The number of workers for `--workers OPTION`, and why."""
+    option = parse_workers(option)
+    if option == AUTO:
+        n, why = free_cores()
+        return n, f"{n} worker{'s' * (n != 1)} (--workers auto: {why})"
+    return option, f"{option} worker{'s' * (option != 1)} (--workers {option})"
+
+
+def run_tasks(tasks: Iterable, handler: Callable[[Any, Any], Any], on_result: Callable[[Any, Any, float], None],
+              shared: Any = None) -> None:
+    """The pool's loop in this process: handler(task, shared), then on_result(task, result, seconds)."""
+    for task in tasks:
+        start = time.perf_counter()
+        result = handler(task, shared)
+        on_result(task, result, time.perf_counter() - start)
+
+
+def _describe(error: BaseException) -> Tuple[bool, str]:
+    if isinstance(error, UserError):
+        return True, str(error)
+    return False, "".join(traceback.format_exception(type(error), error, error.__traceback__))
+
+
+def _worker_main(index: int, setup: Callable, config: Any, inbox, outbox) -> None:
+    """A worker: one thread, the handler built once, then tasks until told to stop."""
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch
+
+    torch.set_num_threads(1)
+    try:
+        handler = setup(config)
+    except BaseException as e:  # noqa: B036 - reported to the parent, which stops the run
+        outbox.put(("error", index, None, _describe(e)))
+        return
+    outbox.put(("ready", index, None, None))
+    shared = None
+    while True:
+        message = inbox.get()
+        if message[0] == "stop":
+            return
+        if message[0] == "shared":
+            shared = message[1]
+            continue
+        _, task_id, task = message
+        start = time.perf_counter()
+        try:
+            result = handler(task, shared)
+        except BaseException as e:  # noqa: B036
+            outbox.put(("error", index, task_id, _describe(e)))
+            return
+        outbox.put(("result", index, task_id, (result, time.perf_counter() - start)))
+
+
+class Workers:
+    """N spawned worker processes, each with the handler `setup(config)` built once (see the module docstring)."""
+
+    def __init__(self, n: int, setup: Callable[[Any], Callable[[Any, Any], Any]], config: Any):
+        import multiprocessing
+
+        if n < 1:
+            raise ValueError("at least one worker")
+        ctx = multiprocessing.get_context("spawn")
+        self.n = n
+        self.outbox = ctx.Queue()
+        self.inboxes = [ctx.Queue() for _ in range(n)]
+        self.processes = []
+        saved = os.environ.get("OMP_NUM_THREADS")
+        os.environ["OMP_NUM_THREADS"] = "1"  # the children's environment, read before torch starts its threads
+        try:
+            for i in range(n):
+                p = ctx.Process(target=_worker_main, args=(i, setup, config, self.inboxes[i], self.outbox),
+                                name=f"fairseq-headprune-worker-{i}", daemon=True)
+                p.start()
+                self.processes.append(p)
+        except BaseException:
+            self.close(force=True)
+            raise
+        finally:
+            if saved is None:
+                os.environ.pop("OMP_NUM_THREADS", None)
+            else:
+                os.environ["OMP_NUM_THREADS"] = saved
+
+    def __enter__(self) -> "Workers":
+        return self
+
+    def __exit__(self, kind, error, tb) -> None:
+        self.close(force=kind is not None)
+
+    def _receive(self):
+        while True:
+            try:
+                return self.outbox.get(timeout=1.0)
+            except queue.Empty:
+                dead = [(i, p.exitcode) for i, p in enumerate(self.processes) if not p.is_alive()]
+                if dead:
+                    i, code = dead[0]
+                    raise RuntimeError(f"worker {i} exited with code {code} (killed? out of memory?)") from None
+
+    def run(self, tasks: Iterable, on_result: Callable[[Any, Any, float], None], shared: Any = None) -> None:
+        """Each task handled by a free worker; on_result(task, result, seconds) in the parent, in task order."""
+        for inbox in self.inboxes:
+            inbox.put(("shared", shared))
+        tasks = iter(tasks)
+        idle = list(range(self.n))
+        in_flight, finished = {}, {}  # task id -> task; task id -> (task, result, seconds)
+        next_id = next_out = 0
+        exhausted = False
+        while True:
+            while idle and not exhausted:
+                try:
+                    task = next(tasks)
+                except StopIteration:
+                    exhausted = True
+                    break
+                worker = idle.pop(0)
+                self.inboxes[worker].put(("task", next_id, task))
+                in_flight[next_id] = task
+                next_id += 1
+            if not in_flight:
+                return
+            kind, worker, task_id, body = self._receive()
+            if kind == "ready":
+                continue
+            if kind == "error":
+                user_error, message = body
+                if user_error:
+                    raise UserError(message)
+                raise RuntimeError(f"worker {worker} failed:\n{message}")
+            result, seconds = body
+            finished[task_id] = (in_flight.pop(task_id), result, seconds)
+            idle.append(worker)
+            while next_out in finished:
+                on_result(*finished.pop(next_out))
+                next_out += 1
+
+    def close(self, force: bool = False) -> None:
+        if not force:
+            for inbox in self.inboxes:
+                try:
+                    inbox.put(("stop",))
+                except (OSError, ValueError):
+                    pass
+            for p in self.processes:
+                p.join(timeout=30)
+        for p in self.processes:
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=5)
+        for q in [self.outbox, *self.inboxes]:
+            q.cancel_join_thread()  # a message nobody will read must not block this process's exit
+            q.close()
+
+
+def map_tasks(tasks: Iterable, handler: Callable[[Any, Any], Any], on_result: Callable[[Any, Any, float], None],
+              pool: Optional[Workers] = None, shared: Any = None) -> None:
+    """`pool.run` when there is a pool, else the same loop in this process with `handler`."""
+    if pool is None:
+        run_tasks(tasks, handler, on_result, shared)
+    else:
+        pool.run(tasks, on_result, shared)

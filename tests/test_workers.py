@@ -1,0 +1,174 @@
+"""--masks-per-batch auto and local workers: the choice and the split never change a result."""
+import pytest
+
+from fairseq_headprune.errors import UserError
+from fairseq_headprune.mask_batching import MaskBatching, parse_masks_per_batch, sized_groups, translate_masks
+from fairseq_headprune.workers import Workers, map_tasks, parse_workers, resolve_workers
+
+# ---------------------------------------------------------------- the choice, on made-up timings
+
+
+def measure(batching, seconds_per_mask, total=100):
+    """Run a sweep of `total` masks through `batching`, each group of k taking seconds_per_mask[k] * k."""
+    sizes = []
+    for group in sized_groups(list(range(total)), batching):
+        k = len(group)
+        sizes.append(k)
+        batching.record(k, seconds_per_mask.get(k, 9.0) * k)
+    batching.finish()
+    return sizes
+
+
+def test_auto_keeps_doubling_while_sharing_pays_then_settles_on_the_best():
+    b = MaskBatching("auto")
+    sizes = measure(b, {1: 2.6, 2: 2.0, 4: 1.8, 8: 1.6, 16: 1.7})
+    assert sizes[:5] == [1, 2, 4, 8, 16] and sizes[5:] == [8] * 8 + [5]
+    assert b.chosen == 8 and sum(sizes) == 100
+    assert "8 masks per beam search" in b.reason() and "16: 1.70 s/mask" in b.reason()
+
+
+def test_auto_stops_at_the_first_size_that_does_not_pay():
+    b = MaskBatching("auto")
+    sizes = measure(b, {1: 14.0, 2: 18.0, 4: 1.0})  # 4 would be faster, but 2 already lost: 4 is never tried
+    assert sizes[:2] == [1, 2] and set(sizes[2:]) == {1} and b.chosen == 1
+    b = MaskBatching("auto")
+    sizes = measure(b, {1: 2.0, 2: 1.95, 4: 1.0})  # 2.5% faster is not enough to keep doubling
+    assert sizes[:3] == [1, 2, 2] and b.chosen == 2  # ... but the best size measured is the one used
+
+
+def test_auto_normalises_by_output_length():
+    """A later group that decodes twice the words per mask (pruned models running to the cap) is not slower."""
+    b = MaskBatching("auto")
+    b.next_size(100), b.record(1, 1.0, units=100)
+    b.next_size(99), b.record(2, 3.0, units=400)  # 1.5 s per mask but 7.5 ms per word instead of 10
+    assert b.chosen is None and b.next_size(97) == 4
+
+
+def test_auto_with_groups_in_flight_and_out_of_order():
+    b = MaskBatching("auto")
+    assert [b.next_size(100), b.next_size(99)] == [1, 2]  # two workers start at once
+    b.record(2, 3.0)  # the 2-group finishes first: nothing decided until 1 is in
+    assert b.chosen is None and b.next_size(97) == 4
+    b.record(1, 1.0)  # 2 was 1.5 s/mask vs 1.0: settle on 1; the 4-group in flight does not change it
+    b.record(4, 0.1)
+    assert b.chosen == 1 and b.next_size(93) == 1
+
+
+def test_fixed_and_short_sweeps():
+    b = MaskBatching(4)
+    assert measure(b, {}, total=10) == [4, 4, 2] and b.chosen == 4 and "--masks-per-batch 4" in b.reason()
+    b = MaskBatching("auto")
+    assert measure(b, {1: 3.0, 2: 1.0, 4: 0.5}, total=5) == [1, 2, 2]  # 4 does not fit in what is left
+    assert b.chosen == 2 and "ended" in b.reason()
+
+
+@pytest.mark.parametrize("text", ["0", "-3", "many", "2.5", ""])
+def test_bad_masks_per_batch_and_workers_are_user_errors(text):
+    with pytest.raises(UserError, match="--masks-per-batch"):
+        parse_masks_per_batch(text)
+    with pytest.raises(UserError, match="--workers"):
+        parse_workers(text if text else "x")
+
+
+def test_option_values():
+    assert parse_masks_per_batch("AUTO") == "auto" and parse_masks_per_batch("8") == 8
+    assert parse_workers("auto") == "auto" and parse_workers("3") == 3
+    n, why = resolve_workers("auto")
+    assert n >= 1 and "free" in why
+    assert resolve_workers(2) == (2, "2 workers (--workers 2)")
+
+
+# ---------------------------------------------------------------- the pool, on plain functions
+
+
+def _power_setup(config):
+    """A worker's handler: the task raised to config's power, with the worker's torch threads."""
+    import os
+
+    import torch
+
+    def handle(task, shared):
+        if task == "user":
+            raise UserError("bad input in a worker")
+        if task == "crash":
+            raise ZeroDivisionError("crash in a worker")
+        return task ** config + (shared or 0), torch.get_num_threads(), os.environ["OMP_NUM_THREADS"], os.getpid()
+
+    return handle
+
+
+def test_pool_returns_every_result_once_in_task_order_from_one_thread_workers():
+    got = []
+    with Workers(2, _power_setup, 2) as pool:
+        pool.run(range(12), lambda task, result, seconds: got.append((task, result)), shared=1)
+        assert [t for t, _ in got] == list(range(12))
+        assert [r[0] for _, r in got] == [t * t + 1 for t in range(12)]
+        assert {r[1:3] for _, r in got} == {(1, "1")}
+        with pytest.raises(UserError, match="bad input in a worker"):
+            pool.run(["user"], lambda *a: None)
+    local = []
+    map_tasks(range(12), _power_setup(2), lambda task, result, seconds: local.append((task, result[0])), shared=1)
+    assert local == [(t, r[0]) for t, r in got]
+
+
+def test_pool_reports_a_crash_with_its_traceback():
+    with pytest.raises(RuntimeError, match="ZeroDivisionError: crash in a worker"):
+        with Workers(1, _power_setup, 1) as pool:
+            pool.run([1, "crash", 2], lambda *a: None)
+
+
+# ---------------------------------------------------------------- on a real (tiny) model
+
+
+@pytest.fixture(scope="module")
+def evaluator(tiny_data, stock_checkpoint):
+    """The tiny model's test set at beam 3, several batches, loaded as every command loads it."""
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    from fairseq_headprune.evaluate import SubsetEvaluator
+    from fairseq_headprune.loading import PACKAGE_DIR, load
+
+    parser = options.get_generation_parser(default_task="translation_headprune")
+    args = options.parse_args_and_arch(parser, input_args=[
+        "--user-dir", PACKAGE_DIR, str(tiny_data), "--path", str(stock_checkpoint), "--gen-subset", "test",
+        "--beam", "3", "--max-tokens", "1200"])
+    evaluator = SubsetEvaluator(load(convert_namespace_to_omegaconf(args)), "test")
+    assert len(evaluator.samples) > 1
+    return evaluator
+
+
+def _masks():
+    from fairseq_headprune.heads import Head
+
+    heads = [Head("enc-self", 2, 3), Head("enc-dec", 3, 2), Head("dec-self", 1, 4), Head("enc-dec", 1, 1),
+             Head("dec-self", 3, 2), Head("enc-self", 4, 8), Head("enc-dec", 2, 4)]
+    return [[h] for h in heads] + [heads[:3], [Head("enc-self", 1, h) for h in range(1, 9)], []]
+
+
+def test_auto_and_two_workers_give_the_hypotheses_of_one_decode_per_mask(evaluator):
+    """The auto choice and the split over two local workers change nothing: the same hypotheses, every mask
+    once, in order, and so the same BLEU and p-values."""
+    from fairseq_headprune.evaluate import translate_worker
+    from fairseq_headprune.stats import BleuBootstrap
+
+    masks = _masks()
+    fixed = evaluator.translate_many(masks, 1)
+    assert len({tuple(h) for h in fixed}) > len(masks) // 2, "the masks must change the output"
+
+    def collect(into):
+        return lambda indices, hyps: into.extend(zip(indices, hyps))
+
+    auto = []
+    batching = translate_masks(evaluator, masks, collect(auto), MaskBatching("auto"))
+    assert batching.chosen in (1, 2, 4, 8, 16) and len(batching.measurements) >= 2
+    with Workers(2, translate_worker, evaluator.spec) as pool:
+        split = []
+        translate_masks(evaluator, masks, collect(split), MaskBatching("auto"), pool)
+        split_fixed = []
+        translate_masks(evaluator, masks, collect(split_fixed), MaskBatching(3), pool)
+    for got in (auto, split, split_fixed):
+        assert [i for i, _ in got] == list(range(len(masks)))
+        assert [h for _, h in got] == fixed
+    boot = BleuBootstrap(evaluator.references, fixed[-1], samples=200)
+    assert [boot.test(h).p_value for _, h in split] == [boot.test(h).p_value for h in fixed]
