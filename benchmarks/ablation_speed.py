@@ -54,7 +54,7 @@ def main():
 
     from fairseq_headprune import cli
     from fairseq_headprune.evaluate import SubsetEvaluator
-    from fairseq_headprune.experiments import ablation
+    from fairseq_headprune.cli import ablate as ablation
     from fairseq_headprune.heads import HeadLayout
     from fairseq_headprune.loading import load
     from fairseq_headprune.masking import set_head_masks

@@ -21,7 +21,7 @@ mkdir -p "$WORK/de-en-same-work"
 fairseq-headprune score "$WORK/val" --path "$MODEL/model.pt" --gen-subset valid --results-dir "$WORK/de-en"
 python - "$WORK/de-en" <<'PY'
 import json, sys
-from fairseq_headprune.experiments.pruning import heads_to_json, importance_scores, rank_by_scores
+from fairseq_headprune.studies.ranking import heads_to_json, importance_scores, rank_by_scores
 scores = importance_scores(f"{sys.argv[1]}/importance.json")
 ranked = rank_by_scores(scores, sorted(scores))
 json.dump(heads_to_json(ranked[: len(ranked) // 2]), open(f"{sys.argv[1]}/heads-50.json", "w"))
@@ -43,7 +43,7 @@ if [ ! -f "$WORK/iwslt8/checkpoint_last.pt" ]; then
 fi
 python - "$WORK/iwslt8" <<'PY'
 import json, random, sys
-from fairseq_headprune.experiments.pruning import heads_to_json
+from fairseq_headprune.studies.ranking import heads_to_json
 from fairseq_headprune.heads import Head
 heads = [Head(t, l, h) for t in ("enc-self", "enc-dec", "dec-self") for l in range(1, 7) for h in range(1, 9)]
 json.dump(heads_to_json(random.Random(1).sample(heads, len(heads) // 2)), open(f"{sys.argv[1]}/heads-50.json", "w"))

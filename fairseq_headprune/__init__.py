@@ -1,16 +1,19 @@
 """fairseq user module: `--user-dir fairseq_headprune` registers the task, models and criteria.
 
 Importing it also lets fairseq's torch.load calls read fairseq checkpoints under torch >= 2.6
-(see loading.trust_fairseq_checkpoints: checkpoints are trusted files).
+(see loading.trust_fairseq_checkpoints: checkpoints are trusted files), and shows this module's usage errors in
+fairseq's own commands as one line with exit code 2 (errors.report_user_errors).
 """
 import logging
 
+from fairseq_headprune.errors import report_user_errors
 from fairseq_headprune.loading import trust_fairseq_checkpoints
 
 # fairseq's text-to-speech task logs an install hint for tensorboardX on every import; it concerns no user here
 logging.getLogger("fairseq.tasks.text_to_speech").setLevel(logging.WARNING)
 
 trust_fairseq_checkpoints()
+report_user_errors()
 
 from fairseq_headprune.criterions import head_importance  # noqa: E402,F401
 from fairseq_headprune.criterions import label_smoothed_cross_entropy_l0  # noqa: E402,F401

@@ -71,9 +71,6 @@ class Document:
     def bullets(self, items: Sequence[str]) -> None:
         self.blocks.append(Block("bullets", items=tuple(items)))
 
-    def images(self) -> List[str]:
-        return [b.items[0] for b in self.blocks if b.kind == "image"]
-
 
 def _md_cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")

@@ -15,7 +15,6 @@ from typing import Any, List
 import torch
 
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.results.identity import file_sha256  # noqa: F401  (commands import it from here)
 
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -61,6 +60,11 @@ def _explain_load_failure(path: str, error: Exception) -> UserError:
     return UserError(f"cannot load checkpoint {path}: {type(error).__name__}: {error}")
 
 
+def _unreadable(path: str, error: Exception) -> UserError:
+    first = (str(error).strip().splitlines() or [""])[0]
+    return UserError(f"cannot load checkpoint {path}: {type(error).__name__}: {first}")
+
+
 def load(cfg) -> Loaded:
     """Set up the task and load the model of `cfg.common_eval.path` (one checkpoint) as fairseq-generate does."""
     from fairseq import checkpoint_utils, tasks, utils
@@ -87,7 +91,11 @@ def load(cfg) -> Loaded:
                 f"checkpoint {path} does not fit the dictionaries in {cfg.task.data}: "
                 f"{str(e).splitlines()[0]} (is it the model's data directory?)"
             ) from e
+        raise _unreadable(path, e) from e
+    except UserError:
         raise
+    except Exception as e:  # a truncated file, not a checkpoint at all, a model the data cannot build
+        raise _unreadable(path, e) from e
     model = models[0]
     model.eval()
     return Loaded(cfg, task, model, saved_cfg, path)
@@ -106,6 +114,8 @@ def batches(loaded: Loaded, subset: str, shuffle: bool = False):
     except FileNotFoundError as e:
         raise UserError(f"no '{subset}' subset in {cfg.task.data}: {e}") from e
     dataset = task.dataset(subset)
+    if len(dataset) == 0:
+        raise UserError(f"subset '{subset}' of {cfg.task.data} is empty: there is nothing to score")
     itr = task.get_batch_iterator(
         dataset=dataset,
         max_tokens=cfg.dataset.max_tokens,

@@ -27,13 +27,18 @@ import torch
 from torch import nn
 
 from fairseq_headprune.heads import ATTENTION_TYPES, Head, HeadLayout, HeadSpecError, attention_modules, head_ids
-from fairseq_headprune.masking import HeadMaskedMultiheadAttention
+from fairseq_headprune.errors import UserError
+from fairseq_headprune.masking import HeadMaskedMultiheadAttention, head_gates
 from fairseq_headprune.results.log import atomic_output
 
 PRUNED_ARCH = "headprune_transformer"
 
 
 # --------------------------------------------------------------------------------------------- pure functions
+
+
+class GatedModelError(UserError):
+    """Physical removal asked of a model that still carries L0 head gates."""
 
 
 def head_rows(positions: Iterable[int], head_dim: int, device=None) -> torch.Tensor:
@@ -162,6 +167,10 @@ def prune_model(model, heads: Iterable[Head]):
     beyond the model), so a bad list changes nothing. The modules' `head_ids` are the one record of the new
     shape: kept_heads_json(model) reads it, save_pruned_checkpoint writes it into the checkpoint's config.
     """
+    if head_gates(model):  # slicing q/k/v/out_proj would leave the gates' per-head parameters the old shape
+        raise GatedModelError("the model has L0 head gates: fold them into a stock checkpoint first "
+                              "(fairseq-headprune gates CKPT --results-dir DIR --fold-out stock.pt), then remove "
+                              "heads from that")
     heads = sorted(set(heads))
     HeadLayout.of(model).check(heads)
     modules = attention_modules(model)

@@ -155,7 +155,7 @@ def test_shared_decode_equals_one_decode_per_mask(tiny_data, stock_checkpoint):
     """Several masks in one beam search (rows repeated per mask, encoder reused) give each mask's own output."""
     from fairseq_headprune import cli
     from fairseq_headprune.evaluate import SubsetEvaluator
-    from fairseq_headprune.experiments import ablation
+    from fairseq_headprune.cli import ablate as ablation
     from fairseq_headprune.heads import Head
     from fairseq_headprune.loading import load
     from fairseq_headprune.masking import set_head_masks

@@ -10,7 +10,7 @@ import torch
 from conftest import SLICE, run
 from fairseq_headprune import head_functions as hf
 from fairseq_headprune.attention_capture import capture_attention
-from fairseq_headprune.experiments import analysis
+from fairseq_headprune.studies import analysis
 from fairseq_headprune.lrp import (conservation_terms, conservative_propagation, layer_shares, relevance_inputs,
                                    step_head_relevances)
 from fairseq_headprune.masking import install_head_masks, row_head_masks

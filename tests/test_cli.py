@@ -7,7 +7,7 @@ import torch
 
 from conftest import run
 from fairseq_headprune import cli
-from fairseq_headprune.experiments.score import compute_importance
+from fairseq_headprune.studies.scoring import compute_importance
 
 
 def hypotheses(stdout: str):
@@ -93,7 +93,7 @@ def test_score_writes_normalised_importance(tiny_data, stock_checkpoint, tmp_pat
     meta = result["meta"]
     assert meta["sentences"] == 200 and meta["subset"] == "valid" and meta["normalized_by_layer"]
     # the raw scores are the in-process computation's
-    cfg, _ = cli.parse("score", __import__("fairseq_headprune.experiments.score", fromlist=["x"]),
+    cfg, _ = cli.parse("score", __import__("fairseq_headprune.cli.score", fromlist=["x"]),
                        [str(tiny_data), "--path", str(stock_checkpoint), "--results-dir", str(tmp_path),
                         "--gen-subset", "valid", "--max-tokens", "2000"])
     from fairseq_headprune.loading import load

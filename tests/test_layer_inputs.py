@@ -20,7 +20,7 @@ MASKS = [
 def evaluator(tiny_data, stock_checkpoint):
     from fairseq_headprune import cli
     from fairseq_headprune.evaluate import SubsetEvaluator
-    from fairseq_headprune.experiments import ablation
+    from fairseq_headprune.cli import ablate as ablation
     from fairseq_headprune.loading import load
 
     cfg, _ = cli.parse("ablate", ablation, [str(tiny_data), "--path", str(stock_checkpoint), "--results-dir", "unused",

@@ -3,8 +3,9 @@ import json
 from types import SimpleNamespace
 
 from conftest import run
-from fairseq_headprune.experiments import pruning
-from fairseq_headprune.experiments.pruning import evaluate_steps, rank_by_scores, steps
+from fairseq_headprune.studies import pruning
+from fairseq_headprune.studies.pruning import evaluate_steps
+from fairseq_headprune.studies.ranking import rank_by_scores, steps
 from fairseq_headprune.heads import Head, format_head_spec, parse_head_spec
 from fairseq_headprune.results.log import ResultsLog
 
@@ -91,7 +92,7 @@ def test_each_masked_set_is_decoded_once_and_reused_from_the_log(tmp_path, monke
         first.decoded = []
         log = ResultsLog(str(tmp_path / f"pruning-{per_batch}.jsonl"), {"command": "prune"})
         evaluate_steps(first, log, ["enc-dec"], [("importance:enc-dec", heads), ("random:enc-dec", heads[::-1])],
-                       len(heads), SimpleNamespace(step=0.25, masks_per_batch=per_batch))
+                       len(heads), 0.25, per_batch)
         # 10 steps, 8 distinct sets: both orders start with nothing masked and end with everything masked
         assert len(log.rows) == 10 and len(first.decoded) == len(set(first.decoded)) == 8
         assert all(r["bleu"] == 100 - r["heads_masked"] == 100 - len(parse_head_spec(r["masked"]))
@@ -100,7 +101,7 @@ def test_each_masked_set_is_decoded_once_and_reused_from_the_log(tmp_path, monke
     # only {2} and {2, 3} are new ({2, 3, 4} was the random order's third step)
     later = CountingEvaluator()
     evaluate_steps(later, log, ["enc-dec"], [("oracle:enc-dec", heads), ("other:enc-dec", heads[1:] + heads[:1])],
-                   len(heads), SimpleNamespace(step=0.25, masks_per_batch=1))
+                   len(heads), 0.25, 1)
     assert later.decoded == ["enc-dec:1:2", "enc-dec:1:2+3"]
     assert len(log.rows) == 20
 
@@ -133,7 +134,7 @@ def test_prune_reestimate_rescores_remaining_heads(tiny_data, stock_checkpoint, 
 
 
 def test_heads_file_names_keep_the_whole_model_and_each_type_apart():
-    from fairseq_headprune.experiments.pruning import heads_file_name
+    from fairseq_headprune.results.layout import heads_file_name
     from fairseq_headprune.heads import ATTENTION_TYPES
 
     assert heads_file_name("importance", ATTENTION_TYPES, 50.0) == "heads-importance-50.json"

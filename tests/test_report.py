@@ -1,5 +1,6 @@
 """`fairseq-headprune report`: the whole study of a tiny model end to end, resumed after a kill, and the claims'
 verdict rules on synthetic rows (each rule both ways) and on the committed results of the bundled model."""
+import base64
 import json
 import os
 import re
@@ -10,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from browser import browser_probe, browser_problems, embedded_images, pil_problems
 from conftest import BIN, ENV, ROOT, run
 from fairseq_headprune import claims as cl
-from fairseq_headprune.experiments.report import fairseq_argv, set_option
+from fairseq_headprune.cli.report import fairseq_argv
+from fairseq_headprune.report.pipeline import set_option
 
 REPORT = ["--gen-subset", "test", "--beam", "1", "--max-tokens", "3000", "--masks-per-batch", "8",
           "--prune-step", "0.25", "--speed-batch-sizes", "1,8", "--speed-runs", "1", "--speed-sentences", "8",
@@ -377,70 +380,72 @@ def test_committed_report_claims_are_computed_from_its_files():
 
 # ---------------------------------------------------------------- the HTML in a real browser
 
-CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
-PROBE = """<script>
-window.addEventListener("load", () => {
-  const images = Array.from(document.images).map(i => [i.complete, i.naturalWidth, i.naturalHeight]);
-  document.body.setAttribute("data-probe", JSON.stringify({images: images, title: document.title,
-                                                           tables: document.querySelectorAll("table").length}));
-});
-</script>"""
-
-
-def browser_probe(html_path: Path, tmp: Path) -> dict:
-    """Load a copy of the page (with a probe script) in headless Chromium; what the browser decoded."""
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"Chromium not found at {CHROMIUM}: the HTML report is checked in a real browser. Install "
-                    "Debian's chromium (`apt-get install -y chromium`; `make test` does it when run as root) or "
-                    "set CHROMIUM to a Chromium/Chrome binary.")
-    page = tmp / "probe.html"
-    page.write_text(html_path.read_text(encoding="utf-8").replace("</body>", PROBE + "\n</body>"), encoding="utf-8")
-    profile = tmp / "chromium-profile"
-    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-           "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile}",
-           "--virtual-time-budget=10000", "--dump-dom", page.resolve().as_uri()]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    found = re.search(r'data-probe="([^"]*)"', proc.stdout)
-    assert found, f"chromium did not run the page (exit {proc.returncode}): {proc.stderr[-2000:]}"
-    import html as html_lib
-
-    return json.loads(html_lib.unescape(found.group(1)))
-
-
 def test_html_report_loads_in_chromium_with_every_image(full_report, tmp_path):
     out, _ = full_report
     html = (out / "report.html").read_text(encoding="utf-8")
+    images = embedded_images(html)
+    assert len(images) == html.count("<img ") >= 9
     probe = browser_probe(out / "report.html", tmp_path)
     assert probe["title"].endswith("fairseq-headprune report")
     assert probe["tables"] >= 8
-    assert len(probe["images"]) == html.count("<img ") >= 9
-    for complete, width, height in probe["images"]:
-        assert complete and width > 100 and height > 100  # decoded, not a broken-image icon
+    assert pil_problems(images) == {}  # every PNG decodes completely (CRCs, every row)
+    assert browser_problems(images, probe) == {}  # and the browser drew every pixel of it
+    for seen in probe["images"]:
+        assert seen["width"] > 100 and seen["height"] > 100
 
 
-def test_browser_check_sees_a_broken_image(full_report, tmp_path):
-    out, _ = full_report
-    html = (out / "report.html").read_text(encoding="utf-8")
-    start = html.index('src="data:image/png;base64,') + len('src="data:image/png;base64,')
+def test_committed_report_html_decodes_completely(tmp_path):
+    html = (COMMITTED / "report.html").read_text(encoding="utf-8")
+    images = embedded_images(html)
+    assert len(images) == html.count("<img ") >= 9
+    assert pil_problems(images) == {}
+    assert browser_problems(images, browser_probe(COMMITTED / "report.html", tmp_path)) == {}
+
+
+def _corrupt(data: bytes, how: str) -> bytes:
+    if how == "header":  # the signature and IHDR: a broken-image icon
+        return b"\0" * 3 + data[3:]
+    if how == "truncated":  # the body cut at 60%: a valid header, the top rows decode
+        return data[: int(len(data) * 0.6)]
+    if how == "zeroed":  # a fifth of the body zeroed in the middle (IDAT), length unchanged
+        n = len(data)
+        return data[: 2 * n // 5] + bytes(n // 5) + data[3 * n // 5:]
+    raise ValueError(how)
+
+
+def test_browser_and_pil_checks_see_broken_headers_and_bodies(tmp_path):
+    """The checks of the test above on a page whose first three images are damaged: a broken header, a body
+    truncated to 60% and a body with zeroed middle bytes (both still report their size); the rest are intact.
+    Each of the two decoders flags exactly the three damaged images."""
+    html = (COMMITTED / "report.html").read_text(encoding="utf-8")
+    intact = embedded_images(html)
+    damaged = {0: "header", 1: "truncated", 2: "zeroed"}
+    page = html
+    for i, how in damaged.items():
+        old = base64.b64encode(intact[i]).decode()
+        page = page.replace(old, base64.b64encode(_corrupt(intact[i], how)).decode(), 1)
     broken = tmp_path / "broken.html"
-    broken.write_text(html[:start] + "AAAA" + html[start + 4000:], encoding="utf-8")  # a corrupt PNG
+    broken.write_text(page, encoding="utf-8")
+    assert embedded_images(page)[3:] == intact[3:]
+    assert set(pil_problems(embedded_images(page))) == set(damaged)
     probe = browser_probe(broken, tmp_path)
-    assert [w for _, w, _ in probe["images"]].count(0) == 1
+    assert set(browser_problems(intact, probe)) == set(damaged)
+    # what the old header-only check saw: the two damaged bodies still report their full size
+    for i in (1, 2):
+        assert probe["images"][i]["complete"] and probe["images"][i]["width"] > 100
+    assert probe["images"][0]["width"] == 0
 
 
 def test_prune_progress_counts_only_the_whole_model_curves(tmp_path):
     """pruning.jsonl also holds the per-type curves (and rows merged from elsewhere): the prune part's progress
     counts the rows of its own orders over all types."""
-    from argparse import Namespace
-
-    from fairseq_headprune.experiments.report import Part, Ticker, expected_rows
+    from fairseq_headprune.report.pipeline import Part, ReportOptions, Ticker, expected_rows
     from fairseq_headprune.heads import HeadLayout
 
     layout = HeadLayout({(t, layer): tuple(range(1, 5)) for t in ("enc-self", "enc-dec", "dec-self")
                          for layer in (1, 2)}, {})
-    args = Namespace(results_dir=str(tmp_path), prune_orders="importance,random", prune_step=0.25,
-                     keep_one_select="bleu")
-    path, expected, prefixes = expected_rows(Part("prune", "pruning curves"), layout, args)
+    options = ReportOptions(subset="test", prune_orders="importance,random", prune_step=0.25, keep_one_select="bleu")
+    path, expected, prefixes = expected_rows(Part("prune", "pruning curves"), layout, options, str(tmp_path))
     assert path == str(tmp_path / "pruning.jsonl") and expected == 2 * 5
     keys = ["importance:enc-self,enc-dec,dec-self:0", "importance:enc-self,enc-dec,dec-self:6",
             "random:enc-self,enc-dec,dec-self:0", "importance:enc-dec:2", "oracle:enc-self,enc-dec,dec-self:6"]

@@ -5,13 +5,15 @@ Any transformer-family model it builds, stock or ours, gets the masks before its
 `--gated-types` adds Voita et al.'s Hard Concrete gate on every head of those types (fairseq_headprune.gates;
 train them with the label_smoothed_cross_entropy_l0 criterion). A stock checkpoint loads into a gated model
 (the gates start at their initial value), and a gated checkpoint loads with or without the flag.
+Bad flags raise UserError, as fairseq's own classes raise; `fairseq-headprune` and, through the hook this package
+installs (fairseq_headprune.errors.report_user_errors), fairseq's own commands show it as one line, exit code 2.
 """
-import sys
 from dataclasses import dataclass, field
 
 from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
+from fairseq_headprune.errors import UserError
 from fairseq_headprune.gates import INIT_LOG_ALPHA, TEMPERATURE
 from fairseq_headprune.heads import ATTENTION_TYPES, HeadSpecError, parse_head_spec
 from fairseq_headprune.masking import install_head_gates, install_head_masks, set_head_masks
@@ -58,15 +60,12 @@ class TranslationHeadpruneTask(TranslationTask):
             if bad or not (self.cfg.gate_temperature > 0 and self.cfg.gate_lr_scale > 0):
                 what = (f"unknown attention type '{bad[0]}' (use {', '.join(ATTENTION_TYPES)})" if bad
                         else "--gate-temperature and --gate-lr-scale must be > 0")
-                print(f"error: --gated-types: {what}", file=sys.stderr)
-                raise SystemExit(2)
+                raise UserError(f"--gated-types: {what}")
             install_head_gates(model, types, self.cfg.gate_temperature, self.cfg.gate_init_log_alpha,
                                self.cfg.gate_lr_scale)
         if self.cfg.mask_heads:
             try:
                 set_head_masks(model, parse_head_spec(self.cfg.mask_heads))
             except HeadSpecError as e:
-                # fairseq's CLIs have no error handling of their own: a bad flag is a usage error (exit 2)
-                print(f"error: --mask-heads: {e}", file=sys.stderr)
-                raise SystemExit(2) from None
+                raise HeadSpecError(f"--mask-heads: {e}") from None
         return model

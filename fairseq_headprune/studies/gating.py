@@ -1,4 +1,4 @@
-"""`fairseq-headprune gates CHECKPOINT --results-dir DIR`: the heads a gated (L0 fine-tuned) checkpoint keeps.
+"""The heads a gated (L0 fine-tuned) checkpoint keeps (`fairseq-headprune gates CHECKPOINT --results-dir DIR`).
 
 Reads the gates from the checkpoint's state dict (no data needed) and writes, in DIR:
   gates.json         log α, evaluation gate and P(open) of every head; λ, updates, kept heads per type and layer
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import copy
 import os
-from typing import Dict, List, Mapping, Tuple
+from typing import Dict, List, Mapping, Optional, Tuple
 
 import torch
 
@@ -27,17 +27,11 @@ from fairseq_headprune.gates import (
     prob_open,
 )
 from fairseq_headprune.heads import ATTENTION_TYPES, Head
-from fairseq_headprune.loading import file_sha256, trust_fairseq_checkpoints
+from fairseq_headprune.loading import trust_fairseq_checkpoints
+from fairseq_headprune.results import layout as names
+from fairseq_headprune.results.identity import file_sha256
 from fairseq_headprune.results.log import atomic_output, write_json_atomic
-
-USES_FAIRSEQ_OPTIONS = False
-
-
-def add_args(parser) -> None:
-    parser.add_argument("checkpoint", help="a checkpoint fine-tuned with --gated-types")
-    parser.add_argument("--results-dir", required=True)
-    parser.add_argument("--fold-out", metavar="OUT.pt", help="also write the gates folded into a stock checkpoint")
-
+from fairseq_headprune.studies.ranking import heads_to_json
 
 def read_checkpoint(path: str) -> dict:
     trust_fairseq_checkpoints()
@@ -116,13 +110,11 @@ def fold_checkpoint(state: dict) -> dict:
 
 
 def write_results(summary: dict, checkpoint: str, results_dir: str) -> Tuple[str, str, str]:
-    from fairseq_headprune.experiments.pruning import heads_to_json
-
     closed = summary["closed_heads"]
     meta = {k: v for k, v in summary.items() if k != "closed_heads"}
     meta.update(checkpoint=checkpoint, checkpoint_sha256=file_sha256(checkpoint))
     meta["closed_spec"] = ",".join(map(str, closed))
-    paths = tuple(os.path.join(results_dir, name) for name in ("gates.json", "closed-heads.json", "kept-heads.md"))
+    paths = tuple(os.path.join(results_dir, name) for name in (names.GATES, names.CLOSED_HEADS, names.KEPT_HEADS))
     write_json_atomic(paths[0], meta)
     write_json_atomic(paths[1], heads_to_json(closed))
     with atomic_output(paths[2]) as f:
@@ -133,16 +125,16 @@ def write_results(summary: dict, checkpoint: str, results_dir: str) -> Tuple[str
     return paths
 
 
-def run(cfg, args) -> None:
-    state = read_checkpoint(args.checkpoint)
+def run(checkpoint: str, results_dir: str, fold_out: Optional[str] = None) -> List[str]:
+    """gates.json, closed-heads.json, kept-heads.md (and the folded stock checkpoint); returns the files written."""
+    state = read_checkpoint(checkpoint)
     summary = gate_summary(state)
-    paths = write_results(summary, args.checkpoint, args.results_dir)
+    paths = list(write_results(summary, checkpoint, results_dir))
     print(f"{summary['kept']} of {summary['total']} gated heads kept (lambda {summary['l0_lambda']}, "
           f"{summary['updates']} updates); {summary['fractional']} open gates fractional\n{kept_table(summary)}")
-    print("\n".join(f"wrote {p}" for p in paths))
-    if args.fold_out:
-        if os.path.abspath(args.fold_out) == os.path.abspath(args.checkpoint):
-            raise UserError("--fold-out must not overwrite the gated checkpoint")
-        with atomic_output(args.fold_out, "wb") as f:
+    if fold_out:
+        with atomic_output(fold_out, "wb") as f:
             torch.save(fold_checkpoint(state), f)
-        print(f"wrote {args.fold_out} (stock checkpoint, gates folded into out_proj)")
+        print(f"{fold_out}: a stock checkpoint, gates folded into out_proj")
+        paths.append(fold_out)
+    return paths

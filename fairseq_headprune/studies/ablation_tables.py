@@ -1,13 +1,13 @@
 """Tables and figures of ablation sweeps, laid out like Michel et al.'s Tables 1-3 and 5/6, and shard merging."""
 from __future__ import annotations
 
-import json
 import os
 from typing import Dict, List, Optional
 
 from fairseq_headprune.heads import HeadLayout
 from fairseq_headprune.plots import head_heatmap
-from fairseq_headprune.results.log import ResultsLog
+from fairseq_headprune.results.log import ResultsLog, read_log
+from fairseq_headprune.results.rows import best_per_layer
 
 
 def _value(row: Dict, metric: str) -> float:
@@ -67,20 +67,6 @@ def write_tables(results_dir: str, name: str, rows: List[Dict], layout: HeadLayo
     return [path] + outputs
 
 
-def best_per_layer(rows: List[Dict], metric: str) -> List[Dict]:
-    """For each (type, layer), the keep-one row with the best score (highest BLEU or lowest NLL)."""
-    best: Dict = {}
-    for row in rows:
-        if row["key"] == "baseline":
-            continue
-        key = (row["type"], row["layer"])
-        better = (lambda a, b: a > b) if metric == "bleu" else (lambda a, b: a < b)
-        if key not in best or better(_value(row, metric), _value(best[key], metric)):
-            best[key] = row
-    order = {"enc-self": 0, "enc-dec": 1, "dec-self": 2}
-    return [best[k] for k in sorted(best, key=lambda k: (order[k[0]], k[1]))]
-
-
 def write_keep_one_transfer(results_dir: str, name: str, chosen: List[Dict], report_rows: List[Dict],
                             metric: str, report_metric: Optional[str] = None, selected_on: str = "the selection subset",
                             report_subset: str = "the report subset") -> List[str]:
@@ -112,9 +98,7 @@ def _label(metric: str) -> str:
 
 
 def _alpha(results_dir: str, name: str) -> Optional[float]:
-    path = os.path.join(results_dir, name + ".jsonl")
-    with open(path, encoding="utf-8") as f:
-        boot = json.loads(f.readline())["header"].get("bootstrap")
+    boot = read_log(os.path.join(results_dir, name + ".jsonl"))[0].get("bootstrap")
     return boot["significance"] if boot else None
 
 

@@ -1,4 +1,4 @@
-"""`fairseq-headprune dynamics DATA --checkpoint-dir DIR`: head importance during training (Michel et al.
+"""Head importance during training (`fairseq-headprune dynamics DATA --checkpoint-dir DIR`; Michel et al.
 Section 6, Figure 5).
 
 For the checkpoint of each epoch (checkpointN.pt): I_h on --importance-subset, then heads pruned by importance
@@ -8,34 +8,57 @@ looking for new epochs while training goes on (a checkpoint is read once its fil
 """
 from __future__ import annotations
 
+import copy
 import glob
 import os
 import re
 import time
-from typing import Dict, List
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
 
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.evaluate import SubsetEvaluator
-from fairseq_headprune.experiments.pruning import estimate_importance, rank_by_scores, steps
 from fairseq_headprune.heads import HeadLayout, format_head_spec
-from fairseq_headprune.loading import file_sha256, load
+from fairseq_headprune.loading import load
 from fairseq_headprune.masking import set_head_masks
+from fairseq_headprune.results import layout as names
+from fairseq_headprune.results.identity import file_sha256, run_identity
 from fairseq_headprune.results.log import ResultsLog
+from fairseq_headprune.studies.ranking import rank_by_scores, steps
+from fairseq_headprune.studies.scoring import estimate_importance
 
 EPOCH_FILE = re.compile(r"checkpoint(\d+)\.pt$")
 
 
-def add_args(parser) -> None:
-    g = parser.add_argument_group("dynamics")
-    g.add_argument("--checkpoint-dir", required=True, help="folder of epoch checkpoints (checkpointN.pt)")
-    g.add_argument("--results-dir", required=True)
-    g.add_argument("--epochs", help="comma-separated epochs to analyse (default: all)")
-    g.add_argument("--step", type=float, default=0.1)
-    g.add_argument("--importance-subset", default="valid")
-    g.add_argument("--references", help="raw reference file of --gen-subset")
-    g.add_argument("--watch", action="store_true", help="keep waiting for new epochs while training runs")
-    g.add_argument("--watch-until-epoch", type=int, default=0, help="with --watch, stop after this epoch")
-    g.add_argument("--poll-seconds", type=float, default=60.0)
+@dataclass
+class DynamicsOptions:
+    """What `dynamics` analyses; field names are the command's options."""
+
+    subset: str = field(metadata={"flag": "--gen-subset"})
+    checkpoint_dir: str = ""
+    epochs: Optional[str] = None
+    step: float = 0.1
+    importance_subset: str = "valid"
+    references: Optional[str] = None
+    watch: bool = False
+    watch_until_epoch: int = 0
+    poll_seconds: float = 60.0
+
+    def wanted(self) -> Optional[set]:
+        if not self.epochs:
+            return None
+        try:
+            return {int(e) for e in self.epochs.split(",")}
+        except ValueError:
+            raise UserError(f"--epochs must be comma-separated numbers: {self.epochs!r}") from None
+
+    def check(self) -> None:
+        if not os.path.isdir(self.checkpoint_dir):
+            raise UserError(f"checkpoint folder not found: {self.checkpoint_dir}")
+        self.wanted()
+        steps(1, self.step)
+        if self.references and not os.path.isfile(self.references):
+            raise UserError(f"--references: no such file: {self.references}")
 
 
 def epoch_checkpoints(folder: str) -> Dict[int, str]:
@@ -52,19 +75,25 @@ def settled(path: str, quiet_seconds: float = 20.0) -> bool:
     return time.time() - os.path.getmtime(path) > quiet_seconds
 
 
-def analyse_epoch(cfg, args, epoch: int, path: str, log: ResultsLog) -> None:
+def analyse_epoch(cfg, options: DynamicsOptions, epoch: int, path: str, log: ResultsLog) -> None:
+    """One epoch's checkpoint: I_h, then BLEU with 0, step, 2 step, ... of its heads pruned by importance."""
     sha = file_sha256(path)
     rows = {r["key"]: r for r in log.rows if r.get("epoch") == epoch}
     if any(r["checkpoint_sha256"] != sha for r in rows.values()):
         raise UserError(f"{log.path} holds epoch {epoch} of another checkpoint; use another --results-dir")
+    cfg = copy.deepcopy(cfg)  # the caller's configuration is left as it was
     cfg.common_eval.path = path
     loaded = load(cfg)
     candidates = HeadLayout.of(loaded.model).all_heads()
-    counts = steps(len(candidates), args.step)
+    counts = steps(len(candidates), options.step)
     if all(f"{epoch}:{n}" in rows for n in counts):
         return
-    evaluator = SubsetEvaluator(loaded, cfg.dataset.gen_subset, args.references)
-    ranking = rank_by_scores(estimate_importance(loaded, args.importance_subset), candidates)
+    evaluator = SubsetEvaluator(loaded, options.subset, options.references)
+    # every epoch must read the same data (and decode it the same way): known once the first one is loaded
+    log.confirm(run_identity("dynamics", None, evaluator, cfg=cfg, decoding=False))
+    importance_set = SubsetEvaluator(loaded, options.importance_subset)
+    log.confirm({"importance_data_fingerprint": importance_set.data_fingerprint()})
+    ranking = rank_by_scores(estimate_importance(loaded, options.importance_subset), candidates)
     base = None
     for n in counts:  # counts start at 0: the unpruned BLEU every later step is compared with
         key = f"{epoch}:{n}"
@@ -81,37 +110,34 @@ def analyse_epoch(cfg, args, epoch: int, path: str, log: ResultsLog) -> None:
     set_head_masks(loaded.model, [])
 
 
-def run(cfg, args) -> None:
-    folder = args.checkpoint_dir
-    if not os.path.isdir(folder):
-        raise UserError(f"checkpoint folder not found: {folder}")
-    wanted = {int(e) for e in args.epochs.split(",")} if args.epochs else None
-    g = cfg.generation
-    log = ResultsLog(os.path.join(args.results_dir, "dynamics.jsonl"), {
-        "command": "dynamics", "checkpoint_dir": os.path.abspath(folder), "subset": cfg.dataset.gen_subset,
-        "importance_subset": args.importance_subset, "step": args.step,
-        "decoding": {"beam": g.beam, "lenpen": g.lenpen, "max_len_a": g.max_len_a, "max_len_b": g.max_len_b,
-                     "remove_bpe": cfg.common_eval.post_process},
-    })
+def run(cfg, options: DynamicsOptions, results_dir: str) -> List[str]:
+    """Every (wanted) epoch checkpoint of the folder, following a running training with watch; returns the files
+    written. Takes fairseq's configuration, not a loaded model: it loads one checkpoint per epoch."""
+    options.check()
+    folder, wanted = options.checkpoint_dir, options.wanted()
+    header = run_identity("dynamics", cfg=cfg, checkpoint_dir=os.path.abspath(folder), subset=options.subset,
+                          importance_subset=options.importance_subset, step=options.step)
+    log = ResultsLog(os.path.join(results_dir, names.DYNAMICS), header)
     analysed: set = set()
     while True:
         found = {e: p for e, p in epoch_checkpoints(folder).items() if wanted is None or e in wanted}
         todo = [(e, p) for e, p in found.items() if e not in analysed and settled(p)]
         for epoch, path in todo:
-            analyse_epoch(cfg, args, epoch, path, log)
+            analyse_epoch(cfg, options, epoch, path, log)
             analysed.add(epoch)
-        last_wanted = max(wanted) if wanted else args.watch_until_epoch
-        if not args.watch or (last_wanted and last_wanted in analysed):
+        last_wanted = max(wanted) if wanted else options.watch_until_epoch
+        if not options.watch or (last_wanted and last_wanted in analysed):
             break
         if not todo:
-            time.sleep(args.poll_seconds)
+            time.sleep(options.poll_seconds)
     if not analysed:
         raise UserError(f"no epoch checkpoint (checkpointN.pt) to analyse in {folder}")
     from fairseq_headprune.plots import dynamics_figure
 
-    png = dynamics_figure(log.rows, os.path.join(args.results_dir, "dynamics.png"))
-    write_table(log.rows, os.path.join(args.results_dir, "dynamics.md"))
-    print(f"wrote {log.path}\nwrote {png}\nwrote {os.path.join(args.results_dir, 'dynamics.md')}")
+    png = dynamics_figure(log.rows, os.path.join(results_dir, "dynamics.png"))
+    table = os.path.join(results_dir, "dynamics.md")
+    write_table(log.rows, table)
+    return [log.path, png, table]
 
 
 def write_table(rows: List[dict], path: str) -> None:

@@ -1,4 +1,4 @@
-"""`fairseq-headprune analyze`: Voita et al. (2019)'s analysis of every head: confidence, LRP relevance, and
+"""Voita et al. (2019)'s analysis of every head (`fairseq-headprune analyze`): confidence, LRP relevance, and
 the functions of encoder self-attention heads (positional, rare-token, syntactic).
 
 Decoder-side statistics are over generation steps, as Voita et al. take them: the subset is translated with
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -27,13 +28,16 @@ from fairseq_headprune.attention_capture import capture_attention
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.evaluate import SubsetEvaluator
 from fairseq_headprune.heads import ATTENTION_TYPES, Head, HeadLayout, format_head_spec
-from fairseq_headprune.loading import file_sha256, load, progress_for
 from fairseq_headprune.lrp import RULE, conservative_propagation, layer_shares, relevance_inputs, step_head_relevances
 from fairseq_headprune.masking import row_head_masks
+from fairseq_headprune.results import layout as names
+from fairseq_headprune.results.identity import file_sha256, run_identity
 from fairseq_headprune.results.log import ResultsLog, write_json_atomic
+from fairseq_headprune.studies.ranking import importance_scores
+from fairseq_headprune.studies.scoring import frozen_weights
 
-RESULTS = "heads_analysis.json"
-PARTIAL = "heads_analysis.partial.jsonl"
+RESULTS = names.ANALYSIS
+PARTIAL = names.ANALYSIS_PARTIAL
 CONFIDENCE = ("mean over queries of the head's maximum attention weight over keys other than EOS; queries: "
               "source tokens other than EOS (enc-self), generation steps (enc-dec), generation steps after the "
               "first (dec-self, whose first step sees only EOS)")
@@ -43,26 +47,33 @@ NO_PARSER = ("syntactic functions skipped: no --source-parses given (a CoNLL-U p
              "sentences from any dependency parser; none with bundled German weights installs from PyPI here)")
 
 
-def add_args(parser) -> None:
-    g = parser.add_argument_group("analyze")
-    g.add_argument("--results-dir", required=True, help=f"folder for {RESULTS} and the figures")
-    g.add_argument("--num-sentences", type=int, help="analyse the first N sentences (by id) of the subset")
-    g.add_argument("--source-parses", metavar="FILE.conllu",
-                   help="dependency parses of the subset's raw source sentences, one CoNLL-U sentence per line of "
-                        "the source (UD labels: nsubj, obj/dobj, amod, advmod); without it no syntactic functions")
-    g.add_argument("--frequency-text", metavar="FILE",
-                   help="training source text to count token frequencies for rare-token heads, encoded with "
-                        "--tokenizer/--bpe if given (else already in the model's tokens); default: the source "
-                        "dictionary's counts (fairseq's dict.*.txt count the training set's tokens)")
-    g.add_argument("--importance", metavar="importance.json",
-                   help="importance.json of `score`: correlate relevance with I_h and compare the least important")
-    g.add_argument("--positional-threshold", type=float, default=hf.POSITIONAL_THRESHOLD,
-                   help="share of tokens whose maximum goes to -1 (or +1) for a positional label (Voita et al.: 0.9)")
-    g.add_argument("--rare-threshold", type=float, default=hf.RARE_THRESHOLD,
-                   help="share of tokens whose maximum goes to the rarest token for a rare-token label (Voita et al. "
-                        "give none; default: most of the time)")
-    g.add_argument("--syntactic-margin", type=float, default=hf.SYNTACTIC_MARGIN,
-                   help="accuracy above the positional baseline needed for a syntactic label (Voita et al.: 10 points)")
+@dataclass
+class AnalyzeOptions:
+    """What `analyze` reads and how it labels heads; field names are the command's options."""
+
+    subset: str = field(metadata={"flag": "--gen-subset"})
+    num_sentences: Optional[int] = None
+    source_parses: Optional[str] = None
+    frequency_text: Optional[str] = None
+    importance: Optional[str] = None
+    positional_threshold: float = hf.POSITIONAL_THRESHOLD
+    rare_threshold: float = hf.RARE_THRESHOLD
+    syntactic_margin: float = hf.SYNTACTIC_MARGIN
+
+    def check(self) -> None:
+        """Everything that can be refused before the model is loaded."""
+        if self.num_sentences is not None and self.num_sentences < 1:
+            raise UserError(f"--num-sentences must be at least 1, not {self.num_sentences}")
+        for name in ("positional_threshold", "rare_threshold"):
+            value = getattr(self, name)
+            if not 0 < value <= 1:
+                raise UserError(f"--{name.replace('_', '-')} must be in (0, 1], not {value}")
+        if not 0 <= self.syntactic_margin < 1:
+            raise UserError(f"--syntactic-margin must be in [0, 1), not {self.syntactic_margin}")
+        for option in ("source_parses", "frequency_text", "importance"):
+            path = getattr(self, option)
+            if path and not os.path.isfile(path):
+                raise UserError(f"--{option.replace('_', '-')}: no such file: {path}")
 
 
 # -- inputs -------------------------------------------------------------------------------------------------
@@ -145,10 +156,10 @@ def analyse_batch(loaded, evaluator: SubsetEvaluator, sample: dict, frequencies:
     target = data_utils.collate_tokens(hyps, pad, eos, left_pad=False).to(src.device)
     valid = target.ne(pad)
     net_input = {"src_tokens": src, "src_lengths": sample["net_input"]["src_lengths"], "prev_output_tokens": prev}
-    for p in model.parameters():
-        p.requires_grad_(False)  # gradients go to the ξ leaves, embeddings and biases only
-    with torch.enable_grad(), conservative_propagation(model), capture_attention(model) as captured, \
-            relevance_inputs(model) as inputs, row_head_masks(model, src.size(0), requires_grad=True) as leaves:
+    # gradients go to the ξ leaves, embeddings and biases only; the weights' flags are restored afterwards
+    with frozen_weights(model), torch.enable_grad(), conservative_propagation(model), \
+            capture_attention(model) as captured, relevance_inputs(model) as inputs, \
+            row_head_masks(model, src.size(0), requires_grad=True) as leaves:
         logits = model(**net_input)[0]
         top = logits.max(dim=-1)
         relevance, worst = step_head_relevances(top.values, valid, leaves, inputs)
@@ -220,7 +231,7 @@ def _ratio(values: Sequence[float], count: float) -> List[float]:
     return [v / count if count else float("nan") for v in values]
 
 
-def build_results(total: dict, layout: HeadLayout, args, meta: dict) -> dict:
+def build_results(total: dict, layout: HeadLayout, options: AnalyzeOptions, meta: dict) -> dict:
     """heads_analysis.json: per type a list of layers, each with its heads' statistics and labels."""
     baselines, baseline_offsets = {}, {}
     for name, entry in total.get("arcs", {}).items():
@@ -254,14 +265,14 @@ def build_results(total: dict, layout: HeadLayout, args, meta: dict) -> dict:
                         functions["syntactic"] = syntactic
                     entry["functions"] = functions
                     entry["labels"] = hf.head_labels(functions["prev"], functions["next"], functions["rare"],
-                                                     syntactic, baselines, args.positional_threshold,
-                                                     args.rare_threshold, args.syntactic_margin)
+                                                     syntactic, baselines, options.positional_threshold,
+                                                     options.rare_threshold, options.syntactic_margin)
                 heads.append(entry)
             out[t].append({"layer": layer, "heads": heads})
     out["summary"] = _summary(out, layout)
     out["meta"] = {**meta,
-                   "thresholds": {"positional": args.positional_threshold, "rare": args.rare_threshold,
-                                  "syntactic_margin_over_baseline": args.syntactic_margin},
+                   "thresholds": {"positional": options.positional_threshold, "rare": options.rare_threshold,
+                                  "syntactic_margin_over_baseline": options.syntactic_margin},
                    "syntactic": ({"relations": {name: {"arcs": total["arcs"][name]["n"],
                                                        "baseline_offset": baseline_offsets[name],
                                                        "baseline_accuracy": baselines[name]}
@@ -296,7 +307,6 @@ def _summary(out: dict, layout: HeadLayout) -> dict:
 def compare_importance(results: dict, path: str) -> dict:
     """Relevance vs Michel et al.'s I_h per type: Pearson/Spearman, and how many of the quarter of heads with
     the lowest relevance are also in the quarter with the lowest I_h."""
-    from fairseq_headprune.experiments.pruning import importance_scores
     from fairseq_headprune.stats import correlations
 
     scores = importance_scores(path)
@@ -318,55 +328,37 @@ def compare_importance(results: dict, path: str) -> dict:
 
 # -- command ------------------------------------------------------------------------------------------------
 
-def _check_args(args) -> None:
-    if args.num_sentences is not None and args.num_sentences < 1:
-        raise UserError(f"--num-sentences must be at least 1, not {args.num_sentences}")
-    for name in ("positional_threshold", "rare_threshold"):
-        value = getattr(args, name)
-        if not 0 < value <= 1:
-            raise UserError(f"--{name.replace('_', '-')} must be in (0, 1], not {value}")
-    if not 0 <= args.syntactic_margin < 1:
-        raise UserError(f"--syntactic-margin must be in [0, 1), not {args.syntactic_margin}")
-    for option in ("source_parses", "frequency_text", "importance"):
-        path = getattr(args, option)
-        if path and not os.path.isfile(path):
-            raise UserError(f"--{option.replace('_', '-')}: no such file: {path}")
+def header(loaded, evaluator: SubsetEvaluator, analysed: int, frequency_source: str,
+           options: AnalyzeOptions) -> dict:
+    """The run identity of the partial results (batches are the rows' keys: batching is part of it here)."""
+    cfg = loaded.cfg
+    return run_identity(
+        "analyze", loaded, evaluator, sentences=analysed,
+        batching={"max_tokens": cfg.dataset.max_tokens, "batch_size": cfg.dataset.batch_size},
+        frequencies=frequency_source,
+        source_parses=(f"{os.path.abspath(options.source_parses)} (sha256 {file_sha256(options.source_parses, 16)})"
+                       if options.source_parses else None),
+        thresholds=[options.positional_threshold, options.rare_threshold, options.syntactic_margin])
 
 
-def header(cfg, loaded, evaluator: SubsetEvaluator, analysed: int, frequency_source: str, args) -> dict:
-    g = cfg.generation
-    return {
-        "command": "analyze",
-        "checkpoint_sha256": file_sha256(loaded.checkpoint),
-        "subset": evaluator.subset,
-        "data_fingerprint": evaluator.data_fingerprint(),
-        "sentences": analysed,
-        "batching": {"max_tokens": cfg.dataset.max_tokens, "batch_size": cfg.dataset.batch_size},
-        "decoding": {"beam": g.beam, "lenpen": g.lenpen, "max_len_a": g.max_len_a, "max_len_b": g.max_len_b,
-                     "remove_bpe": cfg.common_eval.post_process},
-        "frequencies": frequency_source,
-        "source_parses": (f"{os.path.abspath(args.source_parses)} (sha256 {file_sha256(args.source_parses, 16)})"
-                          if args.source_parses else None),
-    }
-
-
-def run(cfg, args) -> None:
+def run(loaded, options: AnalyzeOptions, results_dir: str, progress=None) -> List[str]:
+    """heads_analysis.json and its figures in DIR (batches resumable); returns the files written."""
     from fairseq_headprune import plots
 
-    _check_args(args)
-    loaded = load(cfg)
-    evaluator = SubsetEvaluator(loaded, cfg.dataset.gen_subset)
-    samples = first_sentences(evaluator.samples, args.num_sentences)
+    options.check()
+    if options.importance:  # a bad or foreign importance file is refused now, not after the analysis
+        importance_scores(options.importance, file_sha256(loaded.checkpoint))
+    evaluator = SubsetEvaluator(loaded, options.subset)
+    samples = first_sentences(evaluator.samples, options.num_sentences)
     analysed = sum(s["nsentences"] for s in samples)
-    frequencies, frequency_source = token_frequencies(loaded, evaluator, args.frequency_text)
-    parses = read_parses(args.source_parses, evaluator.size, analysed) if args.source_parses else None
-    hdr = header(cfg, loaded, evaluator, analysed, frequency_source, args)
-    out_path = os.path.join(args.results_dir, RESULTS)
-    partial = os.path.join(args.results_dir, PARTIAL)
+    frequencies, frequency_source = token_frequencies(loaded, evaluator, options.frequency_text)
+    parses = read_parses(options.source_parses, evaluator.size, analysed) if options.source_parses else None
+    hdr = header(loaded, evaluator, analysed, frequency_source, options)
+    out_path = os.path.join(results_dir, RESULTS)
+    partial = os.path.join(results_dir, PARTIAL)
     log = ResultsLog(partial, hdr)
     done = log.done()
-    progress = progress_for(cfg, f"analyze {evaluator.subset}")
-    for b, sample in enumerate(progress(samples)):
+    for b, sample in enumerate(progress(samples) if progress else samples):
         if b not in done:
             log.append({"key": b, "stats": analyse_batch(loaded, evaluator, sample, frequencies, parses)})
     total = aggregate(log.rows)
@@ -375,27 +367,26 @@ def run(cfg, args) -> None:
     bleu = evaluator.bleu_metric().corpus_score([hypotheses[str(i)] for i in ids],
                                                 [[evaluator.references[i] for i in ids]])
     layout = HeadLayout.of(loaded.model)
-    meta = {**hdr, "checkpoint": os.path.abspath(loaded.checkpoint), "data": os.path.abspath(cfg.task.data),
+    meta = {**hdr, "checkpoint": os.path.abspath(loaded.checkpoint), "data": os.path.abspath(loaded.cfg.task.data),
             "generation_steps": total["steps"], "bleu_of_analysed_translations": round(bleu.score, 2),
             "top1_equals_beam_token": total["top1_is_hypothesis"] / max(1, total["steps"]),
             "lrp_rule": RULE, "lrp_conservation_max_relative_error": total["conservation_worst"],
             "confidence_definition": CONFIDENCE, "relevance_definition": RELEVANCE,
             "frequency_definition": "rarest token of a sentence by " + frequency_source}
-    results = build_results(total, layout, args, meta)
-    if args.importance:
-        results["summary"]["importance_comparison"] = compare_importance(results, args.importance)
+    results = build_results(total, layout, options, meta)
+    if options.importance:
+        results["summary"]["importance_comparison"] = compare_importance(results, options.importance)
     write_json_atomic(out_path, results)
-    figures = [plots.head_confidence_relevance(results[t], t, os.path.join(args.results_dir, f"heads_analysis-{t}.png"))
+    figures = [plots.head_confidence_relevance(results[t], t, os.path.join(results_dir, f"heads_analysis-{t}.png"))
                for t in ATTENTION_TYPES]
     syntactic = results["meta"]["syntactic"]
     baselines = ({name: r["baseline_accuracy"] for name, r in syntactic["relations"].items()}
                  if "relations" in syntactic else None)
     figures.append(plots.head_function_map(results["enc-self"], baselines,
-                                           os.path.join(args.results_dir, "head_functions.png")))
+                                           os.path.join(results_dir, "head_functions.png")))
     os.unlink(partial)  # everything it held is in the JSON now
     print(format_report(results))
-    for path in [out_path, *figures]:
-        print(f"wrote {path}")
+    return [out_path, *figures]
 
 
 def format_report(results: dict) -> str:

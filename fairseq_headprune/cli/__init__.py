@@ -1,7 +1,10 @@
 """`fairseq-headprune COMMAND [fairseq options] [command options]`: argument parsing and one call per command.
 
 Every command takes fairseq-generate's own options (data folder, --path, --gen-subset, --max-tokens, --beam, ...)
-and defaults to `--task translation_headprune` with this package as `--user-dir`.
+and defaults to `--task translation_headprune` with this package as `--user-dir`. Each command is one thin module
+of this package, named as the command: `add_args(parser)` and `run(cfg, args)`, which checks the cheap things
+(options, input files, the results folder), builds the study's options and calls the study
+(fairseq_headprune.studies). The studies never see argparse.
 """
 from __future__ import annotations
 
@@ -17,17 +20,18 @@ from fairseq_headprune.errors import UserError
 from fairseq_headprune.loading import PACKAGE_DIR, trust_fairseq_checkpoints
 
 COMMANDS = {
-    "score": ("fairseq_headprune.experiments.score", "head importance I_h = E|dL/dxi_h| (Michel et al.)"),
-    "ablate": ("fairseq_headprune.experiments.ablation", "single-head and keep-one-head ablations with significance"),
-    "prune": ("fairseq_headprune.experiments.pruning", "pruning curves: importance, oracle or random order"),
-    "remove": ("fairseq_headprune.experiments.remove", "write a checkpoint whose given heads are physically gone"),
-    "speed": ("fairseq_headprune.experiments.speed", "generation speed of unpruned, masked and pruned models"),
-    "dynamics": ("fairseq_headprune.experiments.dynamics", "pruning curves of every epoch of a training run"),
-    "correlate": ("fairseq_headprune.experiments.correlate", "Pearson/Spearman between two ablation result files"),
-    "report": ("fairseq_headprune.experiments.report", "the whole study of a model, its claims checked"),
-    "analyze": ("fairseq_headprune.experiments.analysis", "confidence, LRP relevance, function of each head (Voita)"),
-    "gates": ("fairseq_headprune.experiments.gates", "heads kept by the L0 gates of a gated checkpoint (Voita)"),
-    "compare": ("fairseq_headprune.experiments.compare", "Michel's I_h pruning vs Voita's L0 gates, equal heads kept"),
+    "score": ("fairseq_headprune.cli.score", "head importance I_h = E|dL/dxi_h| (Michel et al.)"),
+    "ablate": ("fairseq_headprune.cli.ablate", "single-head and keep-one-head ablations with significance"),
+    "prune": ("fairseq_headprune.cli.prune", "pruning curves: importance, oracle or random order"),
+    "remove": ("fairseq_headprune.cli.remove", "write a checkpoint whose given heads are physically gone"),
+    "speed": ("fairseq_headprune.cli.speed", "generation speed of unpruned, masked and pruned models"),
+    "dynamics": ("fairseq_headprune.cli.dynamics", "pruning curves of every epoch of a training run"),
+    "correlate": ("fairseq_headprune.cli.correlate", "Pearson/Spearman between two ablation result files"),
+    "report": ("fairseq_headprune.cli.report", "the whole study of a model, its claims checked"),
+    "analyze": ("fairseq_headprune.cli.analyze", "confidence, LRP relevance, function of each head (Voita)"),
+    "gates": ("fairseq_headprune.cli.gates", "heads kept by the L0 gates of a gated checkpoint (Voita)"),
+    "compare": ("fairseq_headprune.cli.compare", "Michel's I_h pruning vs Voita's L0 gates, equal heads kept"),
+    "shrink": ("fairseq_headprune.cli.shrink", "prune to a budget without retraining (Kwon et al.): smaller checkpoint"),
 }
 
 
@@ -52,6 +56,7 @@ def parse(command: str, module, argv: List[str]):
     parser.prog = f"fairseq-headprune {command}"
     module.add_args(parser)
     args = options.parse_args_and_arch(parser, input_args=argv)
+    args.command_argv = [a for a in argv]  # the tokens as given (report renders each part's command line from them)
     try:
         return convert_namespace_to_omegaconf(args), args
     except Exception as e:  # hydra's message names the option that does not fit

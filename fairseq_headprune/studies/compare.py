@@ -1,4 +1,4 @@
-"""`fairseq-headprune compare`: Michel et al.'s I_h pruning and Voita et al.'s L0 gates at equal numbers of heads.
+"""Michel et al.'s I_h pruning and Voita et al.'s L0 gates at equal numbers of heads (`fairseq-headprune compare`).
 
     fairseq-headprune compare DATA --path UNPRUNED.pt --importance importance.json --gated A.pt B.pt ... \
         --results-dir DIR [--references RAW] [fairseq-generate decoding options]
@@ -21,29 +21,41 @@ from __future__ import annotations
 
 import copy
 import os
-from typing import Dict, List
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
 
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.evaluate import SubsetEvaluator
-from fairseq_headprune.experiments.gates import gate_summary, read_checkpoint
-from fairseq_headprune.experiments.pruning import importance_scores, rank_by_scores
 from fairseq_headprune.heads import ATTENTION_TYPES, Head, HeadLayout, attention_modules, format_head_spec
-from fairseq_headprune.loading import file_sha256, load
+from fairseq_headprune.loading import load
 from fairseq_headprune.masking import set_head_masks
 from fairseq_headprune.plots import l0_vs_importance
+from fairseq_headprune.results import layout as names
+from fairseq_headprune.results.identity import file_sha256, input_file, run_identity
 from fairseq_headprune.results.log import ResultsLog, atomic_output
+from fairseq_headprune.studies.gating import gate_summary, read_checkpoint
+from fairseq_headprune.studies.ranking import importance_scores, rank_by_scores
 
 TOLERANCE = 0.25  # "more than half of the heads pruned for <= 0.25 BLEU" (the issue's question)
 
 
-def add_args(parser) -> None:
-    g = parser.add_argument_group("compare")
-    g.add_argument("--results-dir", required=True)
-    g.add_argument("--importance", required=True, help="importance.json of `fairseq-headprune score` (Michel's I_h)")
-    g.add_argument("--gated", nargs="+", required=True, metavar="CHECKPOINT",
-                   help="checkpoints fine-tuned with --gated-types (Voita's L0 gates)")
-    g.add_argument("--references", help="raw reference file of the subset (default: its decoded targets)")
-    g.add_argument("--masks-per-batch", type=int, default=1, help="Michel masks sharing one beam search")
+@dataclass
+class CompareOptions:
+    """What `compare` scores; field names are the command's options."""
+
+    subset: str = field(metadata={"flag": "--gen-subset"})
+    importance: str = ""
+    gated: List[str] = field(default_factory=list)
+    references: Optional[str] = None
+    masks_per_batch: int = 1
+
+    def check(self) -> None:
+        for option, path in (("--importance", self.importance), ("--references", self.references)):
+            if path and not os.path.isfile(path):
+                raise UserError(f"{option}: no such file: {path}")
+        for path in self.gated:
+            if not os.path.isfile(path):
+                raise UserError(f"--gated: checkpoint not found: {path}")
 
 
 def michel_mask(scores: Dict[Head, float], layout: HeadLayout, types: List[str], kept: int) -> List[Head]:
@@ -70,13 +82,13 @@ def _gated_runs(paths: List[str], layout: HeadLayout) -> List[dict]:
     return runs
 
 
-def _evaluate_gated(cfg, run: dict, references, fingerprint: str):
+def _evaluate_gated(cfg, run: dict, references, fingerprint: str, subset: str):
     """BLEU of the gated model, and of its closed heads as masks with open gates at 1 (None if no gate is
     fractional). Loaded as every command loads a checkpoint: the gates come with its state dict."""
     cfg = copy.deepcopy(cfg)
     cfg.common_eval.path = run["path"]
     loaded = load(cfg)
-    evaluator = SubsetEvaluator(loaded, cfg.dataset.gen_subset, references)
+    evaluator = SubsetEvaluator(loaded, subset, references)
     if evaluator.data_fingerprint() != fingerprint:
         raise UserError(f"{run['path']} does not read the subset as the unpruned model does (other dictionaries?)")
     gated = evaluator.bleu(evaluator.translate()).score
@@ -89,26 +101,20 @@ def _evaluate_gated(cfg, run: dict, references, fingerprint: str):
     return gated, as_masks
 
 
-def run(cfg, args) -> None:
-    loaded = load(cfg)
-    evaluator = SubsetEvaluator(loaded, cfg.dataset.gen_subset, args.references)
+def run(loaded, options: CompareOptions, results_dir: str) -> List[str]:
+    """Rows of DIR/compare.jsonl (resumable; new gated checkpoints join), its table and figure; returns the files.
+    The gated checkpoints are loaded one by one with the unpruned model's fairseq configuration."""
+    options.check()
+    cfg = loaded.cfg
+    evaluator = SubsetEvaluator(loaded, options.subset, options.references)
     layout = HeadLayout.of(loaded.model)
     total = len(layout.all_heads())
-    scores = importance_scores(args.importance)
-    runs = _gated_runs(args.gated, layout)
-    g = cfg.generation
+    scores = importance_scores(options.importance, file_sha256(loaded.checkpoint))
+    runs = _gated_runs(options.gated, layout)
     fingerprint = evaluator.data_fingerprint()
-    log = ResultsLog(os.path.join(args.results_dir, "compare.jsonl"), {
-        "command": "compare",
-        "checkpoint_sha256": file_sha256(loaded.checkpoint),
-        "importance_sha256": file_sha256(args.importance),
-        "subset": evaluator.subset,
-        "data_fingerprint": fingerprint,
-        "decoding": {"beam": g.beam, "lenpen": g.lenpen, "max_len_a": g.max_len_a, "max_len_b": g.max_len_b,
-                     "remove_bpe": cfg.common_eval.post_process},
-        "bleu_signature": evaluator.bleu_signature(),
-        "total_heads": total,
-    })
+    log = ResultsLog(os.path.join(results_dir, names.COMPARE), run_identity(
+        "compare", loaded, evaluator, metric="bleu", inputs={"importance_sha256": input_file(options.importance)},
+        bleu_signature=evaluator.bleu_signature(), total_heads=total))
     done = log.done()
     if "baseline" not in done:
         set_head_masks(loaded.model, [])
@@ -122,7 +128,7 @@ def run(cfg, args) -> None:
             pending[key] = michel_mask(scores, layout, r["gated_types"], r["kept"])
     baseline = next(r["bleu"] for r in log.rows if r.get("key") == "baseline")
     decode = [key for key, masked in pending.items() if masked]  # nothing masked: the baseline itself
-    hyps = dict(zip(decode, evaluator.translate_many([pending[k] for k in decode], args.masks_per_batch)))
+    hyps = dict(zip(decode, evaluator.translate_many([pending[k] for k in decode], options.masks_per_batch)))
     for key, masked in pending.items():
         log.append({"key": key, "method": "michel", "types": key.split(":")[1].split(","),
                     "heads_kept": total - len(masked), "kept_per_type": kept_per_type(layout, masked),
@@ -132,7 +138,7 @@ def run(cfg, args) -> None:
     for r in runs:
         if f"l0:{r['sha']}" in done:
             continue
-        gated, as_masks = _evaluate_gated(cfg, r, args.references, fingerprint)
+        gated, as_masks = _evaluate_gated(cfg, r, options.references, fingerprint, options.subset)
         log.append({"key": f"l0:{r['sha']}", "method": "l0", "checkpoint": r["path"],
                     "l0_lambda": r["l0_lambda"], "updates": r["updates"], "types": r["gated_types"],
                     "heads_kept": total - r["closed"], "kept_per_type": kept_per_type(layout, r["closed_heads"]),
@@ -140,11 +146,11 @@ def run(cfg, args) -> None:
                     "michel_key": f"michel:{','.join(r['gated_types'])}:{r['kept']}",
                     "bleu": gated, "bleu_closed_as_masks": as_masks})
         print(f"L0 lambda {r['l0_lambda']} ({total - r['closed']} heads kept): BLEU {gated:.2f}")
-    md = os.path.join(args.results_dir, "compare.md")
+    md = os.path.join(results_dir, "compare.md")
     with atomic_output(md) as f:
         f.write(report(log.rows, log.header))
-    png = l0_vs_importance(log.rows, total, TOLERANCE, os.path.join(args.results_dir, "compare.png"))
-    print(f"wrote {log.path}\nwrote {md}\nwrote {png}")
+    png = l0_vs_importance(log.rows, total, TOLERANCE, os.path.join(results_dir, "compare.png"))
+    return [log.path, md, png]
 
 
 def _fmt(x) -> str:
@@ -160,7 +166,8 @@ def report(rows: List[dict], header: dict) -> str:
     lines = [
         "# Michel et al.'s I_h pruning vs Voita et al.'s L0 gates",
         "",
-        f"sacreBLEU on `{header['subset']}` ({header['bleu_signature']}), beam {header['decoding']['beam']}; "
+        f"sacreBLEU on `{header['subset']}` ({header['bleu_signature']}), "
+        f"beam {header['decoding']['generation']['beam']}; "
         f"unpruned model: **{base:.2f}**, {total} heads.",
         "",
         "L0: fine-tuned with a Hard Concrete gate per head and λ·E[L0] (deterministic gates at evaluation; "

@@ -14,6 +14,8 @@ from fairseq_headprune import claims as cl
 from fairseq_headprune.document import Document
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.heads import ATTENTION_TYPES, TYPE_DESCRIPTIONS
+from fairseq_headprune.results import layout as names
+from fairseq_headprune.results.identity import file_sha256
 
 VERDICT_CLASS = {cl.SUPPORTED: "verdict-supported", cl.NOT_SUPPORTED: "verdict-not-supported",
                  cl.NOT_RUN: "verdict-not-run", cl.INCOMPLETE: "verdict-incomplete"}
@@ -31,14 +33,12 @@ class Files:
     gen_subset: str = "test"
 
     def __post_init__(self):
-        from fairseq_headprune.experiments.ablation import report_name
-
         j = lambda name: os.path.join(self.out, name)  # noqa: E731
         self.importance = j("importance.json")
         self.single = j("ablation-single.jsonl")
         # keep-one's BLEU rows: every head of every layer, or (loss) the NLL-chosen head of each layer
         self.keep_one = j("ablation-keep-one.jsonl" if self.keep_one_select == "bleu"
-                          else report_name("loss", self.gen_subset, "bleu") + ".jsonl")
+                          else names.keep_one_report_name("loss", self.gen_subset, "bleu") + ".jsonl")
         self.keep_one_selection = j("ablation-keep-one-loss.jsonl") if self.keep_one_select == "loss" else None
         self.pruning = j("pruning.jsonl")
         self.speed = j("speed.json")
@@ -71,7 +71,6 @@ def _provenance(doc: Document, part, state) -> None:
 # ---------------------------------------------------------------- header and claims
 
 def header(doc: Document, files: Files, cfg, args, state, layout) -> None:
-    from fairseq_headprune.loading import file_sha256
 
     ckpt = cfg.common_eval.path
     g = cfg.generation
@@ -148,7 +147,7 @@ def claims_table(doc: Document, rows: Sequence[cl.Claim]) -> None:
 # ---------------------------------------------------------------- parts
 
 def importance(doc: Document, files: Files, part, state) -> None:
-    from fairseq_headprune.experiments.pruning import importance_scores
+    from fairseq_headprune.studies.ranking import importance_scores
     from fairseq_headprune.plots import head_heatmap
 
     doc.heading("Head importance I_h")

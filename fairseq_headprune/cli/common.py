@@ -1,0 +1,46 @@
+"""What every command checks before it starts work, and how options reach a study."""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Optional, Tuple, Type, TypeVar
+
+from fairseq_headprune.errors import UserError
+from fairseq_headprune.results.log import FolderLock
+
+T = TypeVar("T")
+
+
+def options_from(cls: Type[T], args, **overrides: Any) -> T:
+    """A study's options dataclass filled from argparse's namespace (same field names), then `overrides`."""
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls)
+              if f.name not in overrides and hasattr(args, f.name)}
+    return cls(**values, **overrides)
+
+
+def results_folder(folder: str, shard: Optional[Tuple[int, int]] = None) -> FolderLock:
+    """The results folder, created if needed, writable, and locked for this process (use as a context manager)."""
+    return FolderLock(folder, shard)
+
+
+def at_least(option: str, value, minimum) -> None:
+    if value is None or value < minimum:
+        raise UserError(f"{option} must be at least {minimum}, not {value}")
+
+
+def readable_file(option: str, path: Optional[str]) -> None:
+    if path and not os.path.isfile(path):
+        raise UserError(f"{option}: no such file: {path}")
+
+
+def output_checkpoint(option: str, out: str, source: str) -> None:
+    """A checkpoint to write: not a folder, in a writable folder, and never the input itself (links resolved)."""
+    if os.path.isdir(out):
+        raise UserError(f"{option} {out} is a folder; name the checkpoint file to write")
+    folder = os.path.dirname(os.path.abspath(out)) or "."
+    if not os.path.isdir(folder):
+        raise UserError(f"{option}: folder {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise UserError(f"{option}: folder {folder} is not writable")
+    if os.path.exists(out) and os.path.realpath(out) == os.path.realpath(source):
+        raise UserError(f"{option} {out} is the checkpoint being read ({os.path.realpath(source)}); write elsewhere")

@@ -1,0 +1,27 @@
+"""`fairseq-headprune remove --heads SPEC --out OUT.pt`: write a checkpoint whose given heads are physically gone."""
+from __future__ import annotations
+
+from fairseq_headprune.cli.common import output_checkpoint
+from fairseq_headprune.errors import UserError
+from fairseq_headprune.heads import parse_head_spec
+from fairseq_headprune.loading import batches, load
+from fairseq_headprune.studies.removal import remove_and_save
+
+
+def add_args(parser) -> None:
+    g = parser.add_argument_group("remove")
+    g.add_argument("--heads", required=True, help="heads to remove: TYPE:LAYER:HEADS,... or @file.json")
+    g.add_argument("--out", required=True, help="the pruned checkpoint to write")
+
+
+def run(cfg, args) -> None:
+    heads = parse_head_spec(args.heads)
+    if not heads:
+        raise UserError("--heads names no head")
+    output_checkpoint("--out", args.out, cfg.common_eval.path or "")
+    loaded = load(cfg)
+    _, samples = batches(loaded, cfg.dataset.gen_subset)
+    info = remove_and_save(loaded, heads, args.out, samples[0] if samples else None)
+    print(f"removed {info['removed']} heads ({info['kept']} kept): {info['params_before']:,} -> "
+          f"{info['params_after']:,} parameters; max logit difference to the masked model "
+          f"{info['max_logit_diff']:.1e}\nwrote {args.out}")

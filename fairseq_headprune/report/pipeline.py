@@ -1,0 +1,473 @@
+"""The whole study of one model in one process (`fairseq-headprune report DATA --path CKPT --results-dir DIR`).
+
+The model and task are loaded once; every part is a study called as a function on them (fairseq_headprune.studies):
+`score` (I_h), `ablate --mode single` and `--mode keep-one`, `prune` (whole model by --prune-orders; each attention
+type alone by importance), `speed` (the heads the importance order prunes at --speed-percent), and `analyze`.
+Then it checks the papers' claims against the result files (fairseq_headprune.claims) and writes DIR/report.md and
+a self-contained DIR/report.html (figures embedded) with every table and figure, the sacreBLEU signatures and, for
+each part, the command line that produces or resumes it on its own (rendered from the part's options);
+DIR/claims.json holds the claim rows with the files they were computed from.
+
+Reuse and resume: each study appends its results as it goes and resumes from its own files (refusing files of
+another run identity). DIR/report-state.json records each finished part with its command lines, the checkpoint's
+hash and the data's fingerprints: a finished part whose commands and inputs are unchanged is not run again. An
+interrupted report therefore resumes inside the part it was in.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from fairseq_headprune.document import Document, to_html, to_markdown
+from fairseq_headprune.errors import UserError
+from fairseq_headprune.heads import ATTENTION_TYPES, HeadLayout
+from fairseq_headprune.results import layout as names
+from fairseq_headprune.results.identity import file_sha256
+from fairseq_headprune.results.log import atomic_output, read_json, write_json_atomic
+from fairseq_headprune.studies import ablation, analysis, pruning, scoring, speed
+from fairseq_headprune.studies.ranking import heads_to_json, importance_scores, rank_by_scores, steps
+
+PARTS = ("score", "single", "keep-one", "prune", "prune-types", "speed", "analyze")
+STATE = names.REPORT_STATE
+DEFAULT_DYNAMICS = os.path.join("results", "dynamics", "dynamics.jsonl")
+
+
+@dataclass
+class ReportOptions:
+    """What the report runs and how; field names are the command's options."""
+
+    subset: str = field(metadata={"flag": "--gen-subset"})
+    parts: str = ",".join(PARTS)
+    references: Optional[str] = None
+    importance_subset: Optional[str] = None
+    masks_per_batch: int = 1
+    keep_one_select: str = "bleu"
+    bootstrap_sample_ratio: float = 1.0
+    prune_orders: str = "importance,oracle,random"
+    prune_step: float = 0.1
+    speed_percent: float = 50.0
+    speed_batch_sizes: str = "1,4,16,64"
+    speed_runs: int = 3
+    speed_sentences: int = 128
+    analyze_sentences: Optional[int] = None
+    dynamics: Optional[str] = DEFAULT_DYNAMICS
+    l0_sweep: Optional[str] = None
+    note: str = ""
+    render_only: bool = False
+
+    def part_names(self) -> List[str]:
+        parts = [p.strip() for p in self.parts.split(",") if p.strip()]
+        bad = [p for p in parts if p not in PARTS]
+        if bad or not parts:
+            raise UserError(f"--parts: unknown part {bad[0] if bad else self.parts!r} (use {', '.join(PARTS)})")
+        return parts
+
+
+# ---------------------------------------------------------------- command lines
+
+def options_argv(options: Any) -> List[str]:
+    """A study's options as its command's own options: every field that differs from its default, as
+    `--field-name value` (or the field's own flag), so the line reproduces the options when pasted."""
+    out: List[str] = []
+    for f in dataclasses.fields(options):
+        flag = f.metadata.get("flag", "--" + f.name.replace("_", "-"))
+        if flag == "--gen-subset":
+            continue  # a fairseq option: set in the base line
+        value = getattr(options, f.name)
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+        if value == default or value is None:
+            continue
+        if isinstance(value, bool):
+            out.append(flag)  # a flag given means the non-default value (negated flags included)
+        elif isinstance(value, (list, tuple)):
+            out += [flag, *map(str, value)]
+        else:
+            out += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
+    return out
+
+
+def set_option(argv: Sequence[str], name: str, value: Optional[str] = None) -> List[str]:
+    """argv with `name` given once, set to `value` (a flag when value is None): replaced in place if present."""
+    out, i, placed = [], 0, False
+    argv = list(argv)
+    while i < len(argv):
+        token = argv[i]
+        if token == name or token.startswith(name + "="):
+            if not placed:
+                out += [name] + ([value] if value is not None else [])
+                placed = True
+            i += 1 + (value is not None and "=" not in token)
+            continue
+        out.append(token)
+        i += 1
+    if not placed:
+        out += [name] + ([value] if value is not None else [])
+    return out
+
+
+def command_line(command: str, options: Any, base: Sequence[str], out: str) -> str:
+    """`fairseq-headprune COMMAND` with the user's fairseq options (the study's subset as --gen-subset), the
+    results folder and the study's own options."""
+    argv = set_option(set_option(base, "--results-dir", out), "--gen-subset", options.subset)
+    return shlex.join(["fairseq-headprune", command, *argv, *options_argv(options)])
+
+
+@dataclass
+class Part:
+    """One section of the study: the studies that produce its files, with their options."""
+
+    name: str
+    title: str
+    commands: List[Tuple[str, Any]] = field(default_factory=list)  # (command, study options)
+    rendered: List[str] = field(default_factory=list)
+
+    def lines(self) -> List[str]:
+        return list(self.rendered)
+
+
+def plan(options: ReportOptions, base: Sequence[str], out: str) -> Dict[str, Part]:
+    """Every part's study options, built from the report's options."""
+    subset = options.subset
+    importance = os.path.join(out, names.IMPORTANCE)
+    single = os.path.join(out, names.ablation_name("single", "bleu") + ".jsonl")
+    orders = [o.strip() for o in options.prune_orders.split(",") if o.strip()]
+    sweep = dict(masks_per_batch=options.masks_per_batch, bootstrap_sample_ratio=options.bootstrap_sample_ratio)
+    prune = dict(step=options.prune_step, masks_per_batch=options.masks_per_batch, references=options.references,
+                 importance=importance)
+    parts = {
+        "score": Part("score", "Head importance", [
+            ("score", scoring.ScoreOptions(subset=options.importance_subset or subset))]),
+        "single": Part("single", "Single-head ablation", [
+            ("ablate", ablation.AblationOptions(subset=subset, mode="single", references=options.references,
+                                                **sweep))]),
+        "keep-one": Part("keep-one", "Keep one head per layer", [("ablate", keep_one_options(options, sweep))]),
+        "prune": Part("prune", "Pruning curves", [
+            ("prune", pruning.PruneOptions(subset=subset, order=",".join(orders),
+                                           ablation=single if "oracle" in orders else None, **prune))]),
+        "prune-types": Part("prune-types", "Pruning each attention type alone", [
+            ("prune", pruning.PruneOptions(subset=subset, order="importance", types=t, **prune))
+            for t in ATTENTION_TYPES]),
+        "speed": Part("speed", "Speed", [
+            ("speed", speed.SpeedOptions(subset=subset, heads="@" + heads_file(out, options.speed_percent),
+                                         batch_sizes=options.speed_batch_sizes, runs=options.speed_runs,
+                                         num_sentences=options.speed_sentences))]),
+        "analyze": Part("analyze", "Head analysis", [
+            ("analyze", analysis.AnalyzeOptions(subset=subset, importance=importance,
+                                                num_sentences=options.analyze_sentences))]),
+    }
+    for part in parts.values():
+        part.rendered = [command_line(command, opts, base, out) for command, opts in part.commands]
+    return parts
+
+
+def keep_one_options(options: ReportOptions, sweep: Dict) -> ablation.AblationOptions:
+    """`ablate --mode keep-one`: BLEU of every head on the subset, or (--keep-one-select loss) each layer's head
+    chosen by NLL on the importance subset and only those decoded on the subset, BLEU and significance."""
+    subset = options.subset
+    if options.keep_one_select == "bleu":
+        return ablation.AblationOptions(subset=subset, mode="keep-one", references=options.references, **sweep)
+    return ablation.AblationOptions(subset=subset, mode="keep-one", metric="loss",
+                                    select_subset=options.importance_subset or subset, report_subset=subset,
+                                    report_metric="bleu", report_references=options.references, **sweep)
+
+
+def heads_file(out: str, percent: float) -> str:
+    return os.path.join(out, names.speed_heads_name(percent))
+
+
+def write_speed_heads(out: str, percent: float, layout, checkpoint_sha: str) -> str:
+    """The heads the whole-model importance order prunes at `percent` (what `prune` masks there), as a head file.
+
+    Written by the report itself, so that the speed part does not depend on the prune part having run."""
+    importance = os.path.join(out, names.IMPORTANCE)
+    if not os.path.exists(importance):
+        raise UserError(f"speed needs {importance} (the score part) to choose the heads to prune: add score to --parts")
+    candidates = layout.all_heads()
+    ranking = rank_by_scores(importance_scores(importance, checkpoint_sha), candidates)
+    path = heads_file(out, percent)
+    write_json_atomic(path, heads_to_json(ranking[: int(round(percent / 100 * len(candidates)))]))
+    return path
+
+
+# ---------------------------------------------------------------- running the parts
+
+def run_study(command: str, options: Any, loaded, out: str) -> None:
+    """One part's study, in this process, on the report's loaded model."""
+    from fairseq_headprune.loading import progress_for
+
+    cfg = loaded.cfg
+    if command == "score":
+        scoring.run(loaded, options, out, progress_for(cfg, f"score {options.subset}"))
+    elif command == "ablate":
+        ablation.run(loaded, options, out, progress=progress_for(cfg, f"ablate {options.mode}"))
+    elif command == "prune":
+        pruning.run(loaded, options, out)
+    elif command == "speed":
+        speed.run(loaded, options, out)
+    elif command == "analyze":
+        analysis.run(loaded, options, out, progress_for(cfg, f"analyze {options.subset}"))
+    else:
+        raise ValueError(f"no study for command {command!r}")
+
+
+class State:
+    """DIR/report-state.json: the parts finished, with their command lines and the checkpoint they ran on."""
+
+    def __init__(self, path: str, checkpoint_sha: str, data_fingerprints: Optional[Dict[str, str]] = None):
+        self.path, self.checkpoint_sha = path, checkpoint_sha
+        self.data_fingerprints = data_fingerprints or {}
+        self.data = read_json(path) or {"parts": {}}
+
+    def finished(self, part: Part) -> bool:
+        """Recorded as finished with the same command lines, on the same checkpoint and the same data (a data
+        folder changed in place since makes the part run again, and its results files refuse the old rows)."""
+        rec = self.data["parts"].get(part.name)
+        return bool(rec and rec.get("finished") and rec.get("commands") == part.lines()
+                    and rec.get("checkpoint_sha256") == self.checkpoint_sha
+                    and rec.get("data_fingerprints") == self.data_fingerprints)
+
+    def record(self, part: Part, seconds: float) -> None:
+        self.data["parts"][part.name] = {
+            "commands": part.lines(), "checkpoint_sha256": self.checkpoint_sha,
+            "data_fingerprints": self.data_fingerprints, "seconds": round(seconds, 1),
+            "finished": datetime.datetime.now().isoformat(timespec="seconds"),
+        }
+        write_json_atomic(self.path, self.data)
+
+    def seconds(self, name: str) -> Optional[float]:
+        return self.data["parts"].get(name, {}).get("seconds")
+
+
+def check_importance(path: str, checkpoint_sha: str, subset: str) -> bool:
+    """True when DIR/importance.json is I_h of this checkpoint on this subset (reuse it); refuse another's."""
+    data = read_json(path)
+    if data is None:
+        return False
+    meta = data.get("meta", {})
+    if meta.get("checkpoint_sha256") != checkpoint_sha or meta.get("subset") != subset:
+        theirs = str(meta.get("checkpoint_sha256"))[:12]
+        raise UserError(f"{path} holds the importance of another run (checkpoint {theirs}, subset "
+                        f"{meta.get('subset')!r}); use another --results-dir or delete the file")
+    return True
+
+
+def check_speed(path: str, options: speed.SpeedOptions, beam: int, checkpoint_sha: str) -> bool:
+    """True when DIR/speed.json was measured with these settings on this checkpoint (reuse it)."""
+    data = read_json(path)
+    if data is None:
+        return False
+    sizes = sorted(int(b) for b in data.get("batch_sizes", {}))
+    wanted = sorted(options.batch_size_list())
+    heads = read_json(options.heads.lstrip("@")) or {}
+    n_heads = sum(len(h) for layers in heads.values() for h in layers.values())
+    same = ((data.get("beam"), data.get("subset"), data.get("heads_pruned"), data.get("runs"),
+             data.get("num_sentences"), data.get("checkpoint_sha256"))
+            == (beam, options.subset, n_heads, options.runs, options.num_sentences, checkpoint_sha))
+    if sizes != wanted or not same:
+        raise UserError(f"{path} was measured with other settings or another checkpoint (batch sizes {sizes}, beam "
+                        f"{data.get('beam')}, {data.get('heads_pruned')} heads pruned, {data.get('runs')} runs); "
+                        "use another --results-dir or delete the file")
+    return True
+
+
+class Ticker:
+    """Progress lines while a part runs and no terminal shows fairseq's progress bars (a log file, CI): every
+    `interval` seconds, the rows in the part's results file against the rows it will have."""
+
+    def __init__(self, label: str, path: Optional[str], expected: Optional[int], interval: float = 60.0,
+                 key_prefixes: Sequence[str] = ()):
+        import threading
+
+        self.label, self.path, self.expected, self.interval = label, path, expected, interval
+        self.key_prefixes = [f'"key": "{p}'.encode() for p in key_prefixes]
+        self.start = time.time()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def rows(self) -> Optional[int]:
+        if not self.path or not os.path.exists(self.path):
+            return None
+        with open(self.path, "rb") as f:
+            if not self.key_prefixes:
+                return max(0, f.read().count(b"\n") - 1)  # minus the header line
+            return sum(any(p in line for p in self.key_prefixes) for line in f)
+
+    def _loop(self) -> None:
+        while not self.stop.wait(self.interval):
+            minutes = (time.time() - self.start) / 60
+            done = self.rows()
+            count = f", {done}/{self.expected} results" if done is not None and self.expected else ""
+            print(f"{self.label}: running for {minutes:.1f} min{count}", flush=True)
+
+    def __enter__(self):
+        if not sys.stderr.isatty():
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+
+
+def expected_rows(part: Part, layout, options: ReportOptions, out: str
+                  ) -> Tuple[Optional[str], Optional[int], List[str]]:
+    """The results file a part appends to, how many rows it has when the part is complete, and the key prefixes
+    of those rows when the file holds others too (pruning.jsonl: the per-type curves)."""
+    n = len(layout.all_heads())
+    if part.name == "keep-one" and options.keep_one_select == "loss":  # the NLL pass over every head, then 1/layer
+        return os.path.join(out, names.ablation_name("keep-one", "loss") + ".jsonl"), n + 1, []
+    if part.name in ("single", "keep-one"):
+        return os.path.join(out, names.ablation_name(part.name, "bleu") + ".jsonl"), n + 1, []
+    if part.name == "prune":
+        orders = [o.strip() for o in options.prune_orders.split(",") if o.strip()]
+        whole_model = [f"{order}:{','.join(ATTENTION_TYPES)}:" for order in orders]
+        return (os.path.join(out, names.PRUNING), len(orders) * len(steps(n, options.prune_step)), whole_model)
+    return None, None, []  # prune-types shares pruning.jsonl with prune; the others have no row-per-step file
+
+
+def run_parts(parts: Sequence[Part], state: State, out: str, options: ReportOptions, loaded, layout) -> None:
+    total = len(parts)
+    for i, part in enumerate(parts, start=1):
+        prefix = f"report [{i}/{total}] {part.name}"
+        if state.finished(part):
+            print(f"{prefix}: done before, reused")
+            continue
+        if part.name == "score" and check_importance(os.path.join(out, names.IMPORTANCE), state.checkpoint_sha,
+                                                     options.importance_subset or options.subset):
+            print(f"{prefix}: {out}/{names.IMPORTANCE} is this checkpoint's I_h on that subset, reused")
+            state.record(part, 0.0)
+            continue
+        if part.name == "speed":
+            write_speed_heads(out, options.speed_percent, layout, state.checkpoint_sha)
+            if check_speed(os.path.join(out, names.SPEED), part.commands[0][1], loaded.cfg.generation.beam,
+                           state.checkpoint_sha):
+                print(f"{prefix}: {out}/{names.SPEED} was measured with these settings, reused")
+                state.record(part, 0.0)
+                continue
+        start = time.time()
+        path, expected, key_prefixes = expected_rows(part, layout, options, out)
+        with Ticker(prefix, path, expected, key_prefixes=key_prefixes):
+            for line, (command, study_options) in zip(part.lines(), part.commands):
+                print(f"{prefix}: {line}", flush=True)
+                try:
+                    run_study(command, study_options, loaded, out)
+                except UserError as e:
+                    raise UserError(f"part {part.name} ({command}): {e}") from None
+        seconds = time.time() - start
+        state.record(part, seconds)
+        print(f"{prefix}: finished in {seconds / 60:.1f} min", flush=True)
+
+
+def check(options: ReportOptions, parts: Dict[str, Part]) -> None:
+    """Everything that can be refused before the model is loaded: options, input files, each part's options."""
+    options.part_names()
+    if options.keep_one_select not in ("bleu", "loss"):
+        raise UserError(f"--keep-one-select must be bleu or loss, not {options.keep_one_select!r}")
+    if options.references and not os.path.isfile(options.references):
+        raise UserError(f"references not found: {options.references}")
+    if options.l0_sweep and not os.path.isfile(options.l0_sweep):
+        raise UserError(f"--l0-sweep: no such file: {options.l0_sweep}")
+    if not 0 < options.speed_percent < 100:
+        raise UserError(f"--speed-percent must be in (0, 100), not {options.speed_percent}")
+    pruning.PruneOptions(subset=options.subset, order=options.prune_orders, step=options.prune_step).orders()
+    steps(1, options.prune_step)
+    parts["speed"].commands[0][1].batch_size_list()
+    for name, value in (("--speed-runs", options.speed_runs), ("--speed-sentences", options.speed_sentences)):
+        if value < 1:
+            raise UserError(f"{name} must be at least 1, not {value}")
+    for part in parts.values():
+        for _, study_options in part.commands:
+            if isinstance(study_options, ablation.AblationOptions):
+                study_options.check()
+
+
+def run(cfg, options: ReportOptions, base: Sequence[str], out: str) -> List[str]:
+    """Run the parts not finished yet on one loaded model, then write the report; returns the files written.
+    `base`: the user's fairseq options as given (for the command lines the report prints)."""
+    from fairseq_headprune.evaluate import SubsetEvaluator
+    from fairseq_headprune.loading import load
+
+    all_parts = plan(options, base, out)
+    check(options, all_parts)
+    parts_wanted = options.part_names()
+    started = time.time()
+    loaded = load(cfg)
+    layout = HeadLayout.of(loaded.model)
+    subsets = sorted({options.subset, options.importance_subset or options.subset})
+    fingerprints = {s: SubsetEvaluator(loaded, s, options.references if s == options.subset else None)
+                    .data_fingerprint() for s in subsets}
+    state = State(os.path.join(out, STATE), file_sha256(loaded.checkpoint), fingerprints)
+    if not options.render_only:
+        run_parts([all_parts[p] for p in parts_wanted], state, out, options, loaded, layout)
+    report_line = shlex.join(["fairseq-headprune", "report", *set_option(base, "--results-dir", out),
+                              *options_argv(options)])
+    doc, claim_rows, files = build_document(out, all_parts, state, options, layout, report_line, cfg)
+    write_json_atomic(os.path.join(out, names.CLAIMS), {
+        "inputs": {"single": files.single, "keep_one": files.keep_one, "keep_one_select": files.keep_one_select,
+                   "keep_one_selection": files.keep_one_selection, "pruning": files.pruning, "speed": files.speed,
+                   "dynamics": files.dynamics_path, "l0_sweep": files.l0_path,
+                   "heads": len(layout.all_heads()),
+                   "heads_per_layer": {f"{t}:{layer}": len(h) for (t, layer), h in layout.heads.items()}},
+        "claims": [c.as_dict() for c in claim_rows]})
+    md, html_path = os.path.join(out, names.REPORT_MD), os.path.join(out, names.REPORT_HTML)
+    with atomic_output(md) as f:
+        f.write(to_markdown(doc, out))
+    with atomic_output(html_path) as f:
+        f.write(to_html(doc))
+    print(f"report finished in {(time.time() - started) / 60:.1f} min")
+    return [md, html_path]
+
+
+# ---------------------------------------------------------------- the document
+
+def snapshot_inputs(out: str, dynamics: Optional[str], l0_sweep: Optional[str]) -> Tuple[Optional[str], Optional[str]]:
+    """Copy the result files of other studies the claims read (and the L0 sweep's figure) into DIR/inputs/, so
+    that a report and its claims.json stay true to the files they were computed from when those files change."""
+    import shutil
+
+    copies = []
+    for path, name in ((dynamics, "dynamics.jsonl"), (l0_sweep, "l0-sweep.jsonl")):
+        if not path or not os.path.exists(path):
+            if path and path == l0_sweep:
+                raise UserError(f"--l0-sweep: no such file: {path}")
+            copies.append(path)
+            continue
+        target = os.path.join(out, names.INPUTS, name)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        if os.path.abspath(path) != os.path.abspath(target):
+            shutil.copyfile(path, target)
+            figure = os.path.splitext(path)[0] + ".png"
+            if name == "l0-sweep.jsonl" and os.path.exists(figure):
+                shutil.copyfile(figure, os.path.splitext(target)[0] + ".png")
+        copies.append(target)
+    return copies[0], copies[1]
+
+
+def build_document(out: str, parts: Dict[str, Part], state: State, options: ReportOptions, layout, report_line: str,
+                   cfg):
+    """The report (and the claim rows and input files it was computed from)."""
+    from fairseq_headprune.report import sections
+
+    files = sections.Files(out, *snapshot_inputs(out, options.dynamics, options.l0_sweep), options.keep_one_select,
+                           options.subset)
+    doc = Document(f"Attention heads of {os.path.basename(os.path.dirname(os.path.abspath(cfg.common_eval.path)))}"
+                   f"/{os.path.basename(cfg.common_eval.path)}: fairseq-headprune report")
+    sections.header(doc, files, cfg, options, state, layout)
+    claim_rows = sections.evaluate_claims(files, parts, layout, options)
+    sections.claims_table(doc, claim_rows)
+    sections.importance(doc, files, parts["score"], state)
+    sections.single(doc, files, parts["single"], state, layout)
+    sections.keep_one(doc, files, parts["keep-one"], state, layout)
+    sections.pruning(doc, files, parts["prune"], parts["prune-types"], state)
+    sections.speed(doc, files, parts["speed"], state)
+    sections.dynamics(doc, files)
+    sections.voita(doc, files)
+    sections.analysis(doc, files, parts["analyze"], state)
+    sections.commands(doc, parts, report_line)
+    return doc, claim_rows, files

@@ -1,0 +1,201 @@
+"""Iterative pruning (`fairseq-headprune prune`; Michel et al. Section 4, Figures 3 and 4).
+
+All heads of --types are ranked once (or again after every step with --reestimate) and 10% more of them are
+masked at each step (--step), the least important first; BLEU is measured after each step. Orders:
+  importance  I_h from `score` (l2-normalised per layer, ranked globally), or computed on --importance-subset
+  oracle      the single-head ablation deltas of `ablate` (the head whose removal hurts least goes first)
+  random      a seeded permutation, the baseline
+Rows go to DIR/pruning.jsonl as they finish (resumable); DIR/pruning.png has one curve per order and types.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence
+
+from fairseq_headprune.errors import UserError
+from fairseq_headprune.evaluate import SubsetEvaluator
+from fairseq_headprune.heads import ATTENTION_TYPES, Head, HeadLayout, format_head_spec
+from fairseq_headprune.masking import set_head_masks
+from fairseq_headprune.results import layout as names
+from fairseq_headprune.results.identity import file_sha256, input_file, run_identity
+from fairseq_headprune.results.log import ResultsLog, write_json_atomic
+from fairseq_headprune.studies.ranking import (
+    heads_to_json,
+    importance_scores,
+    oracle_scores,
+    parse_types,
+    random_ranking,
+    rank_by_scores,
+    steps,
+)
+from fairseq_headprune.studies.scoring import estimate_importance
+
+ORDERS = ("importance", "oracle", "random")
+
+
+@dataclass
+class PruneOptions:
+    """What `prune` sweeps; field names are the command's options."""
+
+    subset: str = field(metadata={"flag": "--gen-subset"})
+    order: str = "importance"
+    types: str = ",".join(ATTENTION_TYPES)
+    step: float = 0.1
+    importance: Optional[str] = None
+    importance_subset: str = "valid"
+    reestimate: bool = False
+    ablation: Optional[str] = None
+    random_seed: int = 1
+    references: Optional[str] = None
+    masks_per_batch: int = 1
+    save_percent: float = 50.0
+    save_pruned: Optional[str] = None
+
+    def orders(self) -> List[str]:
+        orders = [o.strip() for o in self.order.split(",") if o.strip()]
+        bad = [o for o in orders if o not in ORDERS]
+        if bad or not orders:
+            raise UserError(f"--order: unknown order {bad[0] if bad else self.order!r} (use {', '.join(ORDERS)})")
+        return orders
+
+    def check(self) -> None:
+        """Everything that can be refused before the model is loaded."""
+        orders = self.orders()
+        if "oracle" in orders and not self.ablation:
+            raise UserError("--order oracle needs --ablation ablation-single.jsonl (from `fairseq-headprune ablate`)")
+        parse_types(self.types)
+        steps(1, self.step)
+        if not 0 <= self.save_percent <= 100:
+            raise UserError(f"--save-percent must be in [0, 100], not {self.save_percent}")
+        for option, path in (("--importance", self.importance), ("--ablation", self.ablation),
+                             ("--references", self.references)):
+            if path and not os.path.isfile(path):
+                raise UserError(f"{option}: no such file: {path}")
+
+    def inputs(self, orders: Sequence[str]) -> Dict:
+        """The study inputs this invocation's rows depend on (the run identity's `inputs`)."""
+        out: Dict = {}
+        if "importance" in orders:
+            if self.importance:
+                out["importance_sha256"] = input_file(self.importance)
+            else:
+                out["importance_subset"] = self.importance_subset
+            out["reestimate"] = self.reestimate
+        if "oracle" in orders:
+            out["ablation_sha256"] = input_file(self.ablation)
+        if "random" in orders:
+            out["random_seed"] = self.random_seed
+        return out
+
+
+def run(loaded, options: PruneOptions, results_dir: str) -> List[str]:
+    """Every step of every order into DIR/pruning.jsonl (resumable), the heads each order prunes at
+    save_percent, the figure; returns the files written."""
+    orders = options.orders()
+    types = parse_types(options.types)
+    evaluator = SubsetEvaluator(loaded, options.subset, options.references)
+    layout = HeadLayout.of(loaded.model)
+    candidates = layout.all_heads(types)
+    log = ResultsLog(os.path.join(results_dir, names.PRUNING), run_identity(
+        "prune", loaded, evaluator, metric="bleu", bleu_signature=evaluator.bleu_signature(),
+        total_heads=len(layout.all_heads())))
+    # rows of other invocations (orders, types) share the file: each input, once recorded, must stay the same
+    log.confirm({f"inputs.{k}": v for k, v in options.inputs(orders).items()})
+    checkpoint_sha = file_sha256(loaded.checkpoint)
+    rankings = {}
+    for order in orders:
+        label = f"{order}{'+reestimate' if order == 'importance' and options.reestimate else ''}:{','.join(types)}"
+        rankings[label] = initial_ranking(order, options, loaded, candidates, checkpoint_sha)
+        if order == "importance" and options.reestimate:
+            rankings[label] = prune_reestimating(loaded, evaluator, log, label, rankings[label], candidates, types,
+                                                 options.step, options.importance_subset)
+    fixed = [(label, ranking) for label, ranking in rankings.items() if "+reestimate" not in label]
+    evaluate_steps(evaluator, log, types, fixed, len(candidates), options.step, options.masks_per_batch)
+    for label, ranking in rankings.items():
+        chosen = ranking[: int(round(options.save_percent / 100 * len(candidates)))]
+        spec_path = os.path.join(results_dir, names.heads_file_name(label.split(":")[0], types, options.save_percent))
+        write_json_atomic(spec_path, heads_to_json(chosen))
+        print(f"wrote {spec_path} ({len(chosen)} heads)")
+        if options.save_pruned and label == next(iter(rankings)):
+            from fairseq_headprune.studies.removal import remove_and_save
+
+            info = remove_and_save(loaded, chosen, options.save_pruned, evaluator.samples[0])
+            print(f"wrote {options.save_pruned}: {info['kept']} heads kept, {info['params_after']:,} parameters")
+    from fairseq_headprune.plots import pruning_curves
+
+    png = pruning_curves(log.rows, os.path.join(results_dir, names.PRUNING_FIGURE))
+    return [log.path, png]
+
+
+def step_row(label: str, types: Sequence[str], masked: Sequence[Head], n_candidates: int, bleu: float) -> Dict:
+    return {"key": f"{label}:{len(masked)}", "order": label.split(":")[0], "types": list(types),
+            "heads_masked": len(masked), "percent_pruned": 100.0 * len(masked) / n_candidates,
+            "masked": format_head_spec(masked), "bleu": bleu}
+
+
+def evaluate_steps(evaluator, log, types, rankings, n_candidates: int, step: float,
+                   masks_per_batch: int = 1) -> None:
+    """Every step of every fixed ranking not yet in the log, decoded masks_per_batch masks at a time.
+
+    A set of masked heads is decoded once: the orders share their first (nothing masked) and last (everything
+    masked) steps, and a set already scored in this log (same model, data and decoding: its header) is reused.
+    SubsetEvaluator.translate_many decodes them (one beam search per step by default, several sharing one with
+    --masks-per-batch); rows are appended as each group finishes, so an interrupted run resumes at the next group."""
+    done = log.done()
+    scored = {row["masked"]: row["bleu"] for row in log.rows if "masked" in row}
+    steps_of: Dict[str, List] = {}  # spec of a masked set -> the (label, masked) steps that mask exactly it
+    for label, ranking in rankings:
+        for n in steps(n_candidates, step):
+            if f"{label}:{n}" not in done:
+                steps_of.setdefault(format_head_spec(ranking[:n]), []).append((label, ranking[:n]))
+
+    def record(spec: str, bleu: float) -> None:
+        for label, masked in steps_of[spec]:
+            log.append(step_row(label, types, masked, n_candidates, bleu))
+            print(f"{label}: {len(masked)}/{n_candidates} heads masked, BLEU {bleu:.2f}")
+
+    for spec in [s for s in steps_of if s in scored]:
+        record(spec, scored[spec])
+    to_decode = [s for s in steps_of if s not in scored]
+    set_head_masks(evaluator.loaded.model, [])
+    per_batch = max(1, masks_per_batch)
+    for start in range(0, len(to_decode), per_batch):
+        group = to_decode[start : start + per_batch]
+        outputs = evaluator.translate_many([steps_of[spec][0][1] for spec in group], per_batch)
+        for spec, hyps in zip(group, outputs):
+            record(spec, evaluator.bleu(hyps).score)
+
+
+def prune_reestimating(loaded, evaluator, log, label, ranking, candidates, types, step: float,
+                       importance_subset: str) -> List[Head]:
+    """--reestimate: I_h is re-scored on the remaining heads after each step, so the steps run one by one.
+
+    Returns the final ranking (the order the heads were pruned in)."""
+    done = log.done()
+    masked: List[Head] = []
+    for n in steps(len(candidates), step):
+        if n > len(masked):
+            set_head_masks(loaded.model, masked)
+            remaining = [h for h in candidates if h not in masked]
+            ranking = masked + rank_by_scores(estimate_importance(loaded, importance_subset), remaining)
+        masked = ranking[:n]
+        if f"{label}:{n}" in done:
+            continue
+        set_head_masks(loaded.model, masked)
+        row = step_row(label, types, masked, len(candidates), evaluator.bleu(evaluator.translate()).score)
+        log.append(row)
+        print(f"{label}: {n}/{len(candidates)} heads masked, BLEU {row['bleu']:.2f}")
+    set_head_masks(loaded.model, [])
+    return ranking
+
+
+def initial_ranking(order: str, options: PruneOptions, loaded, candidates: List[Head],
+                    checkpoint_sha: Optional[str] = None) -> List[Head]:
+    if order == "random":
+        return random_ranking(candidates, options.random_seed)
+    if order == "oracle":
+        return rank_by_scores(oracle_scores(options.ablation, checkpoint_sha), candidates)
+    if options.importance:
+        return rank_by_scores(importance_scores(options.importance, checkpoint_sha), candidates)
+    return rank_by_scores(estimate_importance(loaded, options.importance_subset), candidates)

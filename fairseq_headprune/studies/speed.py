@@ -1,0 +1,181 @@
+"""Does removing heads make generation faster? (`fairseq-headprune speed`; Michel et al. Table 4)
+
+Generation throughput of the unpruned model, the masked model (heads zeroed) and the physically pruned model, at
+several batch sizes, over several interleaved runs (mean and standard deviation). The masked and the pruned model
+compute the same function, so they write identical hypotheses: **pruned over masked is the equal-work speed-up**
+(the one the claims use; each batch size records whether the two wrote the same number of tokens). Pruned over
+unpruned is shown beside it, but it includes the effect of different (often shorter) translations. Beside the
+measurement: the FLOP ratio on the same sentences and lengths (fairseq_headprune.flops: what the speed-up would be
+if time followed the arithmetic) and the incremental state the decoder keeps.
+"""
+from __future__ import annotations
+
+import copy
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List
+
+import torch
+
+from fairseq_headprune import flops
+from fairseq_headprune.errors import UserError
+from fairseq_headprune.heads import HeadLayout, parse_head_spec
+from fairseq_headprune.masking import set_head_masks
+from fairseq_headprune.results import layout as names
+from fairseq_headprune.results.identity import file_sha256
+from fairseq_headprune.results.log import write_json_atomic
+from fairseq_headprune.surgery import prune_model
+
+
+@dataclass
+class SpeedOptions:
+    """What `speed` measures; field names are the command's options."""
+
+    subset: str = field(metadata={"flag": "--gen-subset"})
+    heads: str = ""
+    batch_sizes: str = "1,4,16,64"
+    runs: int = 3
+    num_sentences: int = 128
+
+    def batch_size_list(self) -> List[int]:
+        try:
+            sizes = [int(b) for b in self.batch_sizes.split(",")]
+        except ValueError:
+            raise UserError(f"--batch-sizes must be numbers, e.g. 1,4,16,64: {self.batch_sizes!r}") from None
+        if not sizes or min(sizes) < 1:
+            raise UserError(f"--batch-sizes must be at least 1 each: {self.batch_sizes!r}")
+        return sizes
+
+    def check(self) -> None:
+        self.batch_size_list()
+        for option, value in (("--runs", self.runs), ("--num-sentences", self.num_sentences)):
+            if value < 1:
+                raise UserError(f"{option} must be at least 1, not {value}")
+        if not parse_head_spec(self.heads):
+            raise UserError("--heads names no head")
+
+
+class IncrementalStateMeter:
+    """The largest incremental state (bytes) of the decoder during generation, read at its last layer (fairseq
+    calls decoder.forward directly, past module hooks, but its layers through __call__)."""
+
+    def __init__(self, decoder):
+        self.peak = 0
+        self.handle = decoder.layers[-1].register_forward_pre_hook(self._measure, with_kwargs=True)
+
+    def _measure(self, _module, args, kwargs):
+        # TransformerDecoderLayer.forward(x, encoder_out, encoder_padding_mask, incremental_state, ...)
+        state = kwargs.get("incremental_state", args[3] if len(args) > 3 else None)
+        if state:
+            size = sum(v.numel() * v.element_size() for buf in state.values() for v in buf.values()
+                       if torch.is_tensor(v))
+            self.peak = max(self.peak, size)
+
+    def close(self):
+        self.handle.remove()
+
+
+def fixed_batches(loaded, subset: str, n: int, batch_size: int):
+    """The first n sentences of the subset in batches of exactly batch_size (the last may be smaller)."""
+    dataset = loaded.task.dataset(subset)
+    ids = list(range(min(n, len(dataset))))
+    return [dataset.collater([dataset[i] for i in ids[k : k + batch_size]]) for k in range(0, len(ids), batch_size)]
+
+
+@torch.no_grad()
+def timed_generation(task, generator, model, batches) -> Dict[str, float]:
+    start = time.perf_counter()
+    sentences = tokens = 0
+    for sample in batches:
+        for nbest in task.inference_step(generator, [model], sample):
+            sentences += 1
+            tokens += len(nbest[0]["tokens"])
+    seconds = time.perf_counter() - start
+    return {"seconds": seconds, "sentences": sentences, "tokens": tokens}
+
+
+def run(loaded, options: SpeedOptions, results_dir: str) -> str:
+    """Measure, write DIR/speed.json, return its path. The loaded model is left as it was (copies are pruned)."""
+    options.check()
+    heads = parse_head_spec(options.heads)
+    layout = HeadLayout.of(loaded.model)
+    layout.check(heads)
+    batch_sizes = options.batch_size_list()
+    subset, task, cfg = options.subset, loaded.task, loaded.cfg
+    load_subset(loaded, subset)
+    pruned = prune_model(copy.deepcopy(loaded.model), heads)  # refuses a gated model before any timing
+    masked = copy.deepcopy(loaded.model)
+    set_head_masks(masked, heads)
+    models = {"unpruned": loaded.model, "masked": masked, "pruned": pruned}
+    generators = {name: task.build_generator([m], cfg.generation) for name, m in models.items()}
+    result = {"heads_pruned": len(heads), "heads_total": len(layout.all_heads()), "subset": subset,
+              "checkpoint_sha256": file_sha256(loaded.checkpoint),
+              "beam": cfg.generation.beam, "threads": torch.get_num_threads(), "runs": options.runs,
+              "num_sentences": options.num_sentences, "batch_sizes": {},
+              "equal_work": "pruned vs masked: the same function, identical hypotheses (tokens counted per run)"}
+    for bs in batch_sizes:
+        data = fixed_batches(loaded, subset, options.num_sentences, bs)
+        times: Dict[str, List[Dict]] = {name: [] for name in models}
+        meters = {}
+        for name, model in models.items():  # warm-up: kernels meet the shapes once, state sizes measured
+            meters[name] = IncrementalStateMeter(model.decoder)
+            timed_generation(task, generators[name], model, data[:1])
+            meters[name].close()
+        for _ in range(options.runs):
+            for name, model in models.items():  # interleaved, so drift in machine load hits all alike
+                times[name].append(timed_generation(task, generators[name], model, data))
+        row = {}
+        for name, runs in times.items():
+            rates = [r["sentences"] / r["seconds"] for r in runs]
+            row[name] = {"sentences_per_s": statistics.mean(rates), "sentences_per_s_std": statistics.pstdev(rates),
+                         "tokens_per_s": statistics.mean(r["tokens"] / r["seconds"] for r in runs),
+                         "tokens": runs[0]["tokens"], "incremental_state_bytes": meters[name].peak}
+        for name in ("masked", "pruned"):
+            # tokens/s: a pruned model may write longer or shorter hypotheses than the unpruned one
+            row[name]["speedup"] = row[name]["tokens_per_s"] / row["unpruned"]["tokens_per_s"]
+            row[name]["speedup_sentences"] = row[name]["sentences_per_s"] / row["unpruned"]["sentences_per_s"]
+        # equal work: same hypotheses, so the ratio of seconds per run is the speed-up (std over paired runs)
+        paired = [m["seconds"] / p["seconds"] for m, p in zip(times["masked"], times["pruned"])]
+        row["pruned"]["speedup_over_masked"] = statistics.mean(paired)
+        row["pruned"]["speedup_over_masked_std"] = statistics.pstdev(paired)
+        row["pruned"]["same_tokens_as_masked"] = all(
+            m["tokens"] == p["tokens"] for m, p in zip(times["masked"], times["pruned"]))
+        result["batch_sizes"][str(bs)] = row
+        print(f"batch {bs:>3}: " + ", ".join(f"{n} {r['sentences_per_s']:.1f}±{r['sentences_per_s_std']:.1f} sent/s "
+                                          f"{r['tokens_per_s']:.0f} tok/s" for n, r in row.items())
+              + f"; pruned over masked (equal work) x{row['pruned']['speedup_over_masked']:.3f}")
+    sample_batches = fixed_batches(loaded, subset, options.num_sentences, 64)
+    src_lens, hyp_lens = _lengths(task, generators["unpruned"], loaded.model, sample_batches)
+    beam = cfg.generation.beam
+    # on the same sentences and lengths: what the speed-up would be if time followed the arithmetic
+    ratio = flops.flop_ratio(loaded.model, pruned, src_lens, hyp_lens, beam)
+    result["flop_ratio"] = ratio
+    for row in result["batch_sizes"].values():
+        row["pruned"]["speedup_over_masked_vs_flop_ratio"] = row["pruned"]["speedup_over_masked"] / ratio
+    result["params"] = {name: sum(p.numel() for p in m.parameters()) for name, m in models.items()}
+    out = os.path.join(results_dir, names.SPEED)
+    write_json_atomic(out, result)
+    print(f"FLOP ratio unpruned/pruned on these sentences: {ratio:.3f}")
+    return out
+
+
+def load_subset(loaded, subset: str) -> None:
+    try:
+        loaded.task.load_dataset(subset, task_cfg=loaded.saved_cfg.task)
+    except FileNotFoundError as e:
+        raise UserError(f"no '{subset}' subset in {loaded.cfg.task.data}: {e}") from None
+    if len(loaded.task.dataset(subset)) == 0:
+        raise UserError(f"subset '{subset}' of {loaded.cfg.task.data} is empty")
+
+
+@torch.no_grad()
+def _lengths(task, generator, model, batches):
+    src, hyp = [], []
+    for sample in batches:
+        lens = sample["net_input"]["src_lengths"].tolist()
+        for s, nbest in zip(lens, task.inference_step(generator, [model], sample)):
+            src.append(s)
+            hyp.append(len(nbest[0]["tokens"]))
+    return src, hyp
