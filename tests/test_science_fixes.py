@@ -91,3 +91,96 @@ def test_positional_argmax_leaves_eos_out():
     counts = torch.ones(20)
     counts[11] = 0.5
     assert hf.positional_rare_counts(w, src, pad, eos, counts)["rare"] == [2]
+
+
+# ------------------------------------------------------------------------- importance: loss scale, per token
+@pytest.fixture(scope="module")
+def stock(stock_checkpoint, tiny_data):
+    from helpers import load_stock
+
+    return load_stock(stock_checkpoint, tiny_data)
+
+
+def _importance(model, task, batch, backward=lambda loss: loss.backward(), per_position=False):
+    from fairseq_headprune.criterions.head_importance import HeadImportanceCriterion
+
+    criterion = HeadImportanceCriterion(task, sentence_avg=False, **({"per_position": True} if per_position else {}))
+    loss, _, _ = criterion(model, batch)
+    backward(loss)
+    criterion.accumulate()
+    return criterion.accumulator
+
+
+def _maskable_frozen(model):
+    import copy
+
+    from fairseq_headprune.masking import install_head_masks
+
+    model = copy.deepcopy(model)
+    install_head_masks(model)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def test_importance_divides_out_the_fp16_loss_scale(stock):
+    """fairseq's fp16 optimizer backpropagates scaler.scale(loss) = 1024 x loss: I_h must not grow 1024-fold.
+    A batch whose scaled gradients overflow is skipped (the optimizer skips it too)."""
+    import torch
+    from fairseq.optim.dynamic_loss_scaler import DynamicLossScaler
+
+    from helpers import sample_batch
+
+    model, task = stock
+    model = _maskable_frozen(model)
+    batch = sample_batch(task, n=4)
+    plain = _importance(model, task, batch).mean()
+    scaler = DynamicLossScaler(init_scale=1024.0)
+    scaled = _importance(model, task, batch, backward=lambda loss: scaler.scale(loss).backward())
+    for key, value in plain.items():
+        torch.testing.assert_close(scaled.mean()[key], value, rtol=1e-5, atol=1e-12)
+    assert scaled.sentences == 4 and scaled.skipped == 0
+    overflow = _importance(model, task, batch, backward=lambda loss: (loss * float("inf")).backward())
+    assert overflow.skipped == 1 and overflow.sentences == 0 and not overflow.sums
+
+
+def test_per_position_importance_is_the_mean_of_per_token_absolute_gradients(stock):
+    """per_position=True: sum over target tokens of |dl_t/dxi_h|, over the number of tokens; checked against
+    one backward per (sentence, token) with a single shared xi. By the triangle inequality the per-token sums
+    are at least the per-sentence ones, and larger wherever a head helps one token and hurts another."""
+    import torch
+
+    from fairseq_headprune.masking import row_head_masks
+    from helpers import sample_batch
+
+    model, task = stock
+    model = _maskable_frozen(model)
+    batch = sample_batch(task, n=3)
+    pad = task.target_dictionary.pad()
+    acc = _importance(model, task, batch, per_position=True)
+    tokens = int(batch["target"].ne(pad).sum())
+    assert acc.tokens == tokens == int(batch["ntokens"]) and acc.sentences == 3
+
+    expected = {}
+    for b in range(3):
+        one = {k: v[b : b + 1] if torch.is_tensor(v) and v.dim() else v for k, v in batch["net_input"].items()}
+        target = batch["target"][b]
+        with row_head_masks(model, 1, requires_grad=True) as leaves:
+            logits = model(**one)[0]
+        lprobs = torch.log_softmax(logits.float(), dim=-1)[0]
+        for t in range(target.size(0)):
+            if target[t] == pad:
+                continue
+            grads = torch.autograd.grad(-lprobs[t, target[t]], list(leaves.values()), retain_graph=True)
+            for key, g in zip(leaves, grads):
+                expected[key] = expected.get(key, 0) + g[0].double().abs()
+    mean = acc.mean()
+    for key, total in expected.items():
+        torch.testing.assert_close(mean[key], total / tokens, rtol=1e-4, atol=1e-9)
+
+    sentence = _importance(model, task, batch)
+    larger = 0
+    for key, per_token in acc.sums.items():
+        assert bool((per_token >= sentence.sums[key] * (1 - 1e-6)).all())
+        larger += int((per_token > sentence.sums[key] * 1.01).sum())
+    assert larger > 0
