@@ -33,6 +33,14 @@ def _load_helper():
 H = _load_helper()
 
 
+@pytest.fixture(autouse=True, scope="module")
+def shared_data_present():
+    """Every test here reads the real corpora of ../shared/data (CI has them): without them, one line says so."""
+    if not DATA.is_dir():
+        pytest.fail(f"tests/test_data_prep.py needs the shared corpora (iwslt14/, wmt14_en_fr/, mtnt/, multi30k/, ...) "
+                    f"in {DATA}, i.e. ../shared/data beside the repository, as CI provides: not found", pytrace=False)
+
+
 def lines(path: Path) -> list[str]:
     return path.read_text(encoding="utf-8").split("\n")[:-1]
 
