@@ -101,6 +101,23 @@ def load(cfg) -> Loaded:
     return Loaded(cfg, task, model, saved_cfg, path)
 
 
+def load_subset(loaded: Loaded, subset: str):
+    """The subset's dataset, loaded as fairseq-generate loads it; a missing or empty subset is one line."""
+    cfg, task = loaded.cfg, loaded.task
+    try:
+        task.load_dataset(subset, task_cfg=loaded.saved_cfg.task)
+    except FileNotFoundError as e:
+        raise UserError(f"no '{subset}' subset in {cfg.task.data}: {e}") from e
+    except ValueError as e:  # numpy cannot map the empty files fairseq-preprocess writes for an empty text
+        if "empty" not in str(e):
+            raise
+        raise UserError(f"subset '{subset}' of {cfg.task.data} is empty: there is nothing to score") from None
+    dataset = task.dataset(subset)
+    if len(dataset) == 0:
+        raise UserError(f"subset '{subset}' of {cfg.task.data} is empty: there is nothing to score")
+    return dataset
+
+
 def batches(loaded: Loaded, subset: str, shuffle: bool = False):
     """The batches of a data subset, sized by --max-tokens/--batch-size as in fairseq-generate.
 
@@ -109,13 +126,7 @@ def batches(loaded: Loaded, subset: str, shuffle: bool = False):
     from fairseq import utils
 
     cfg, task = loaded.cfg, loaded.task
-    try:
-        task.load_dataset(subset, task_cfg=loaded.saved_cfg.task)
-    except FileNotFoundError as e:
-        raise UserError(f"no '{subset}' subset in {cfg.task.data}: {e}") from e
-    dataset = task.dataset(subset)
-    if len(dataset) == 0:
-        raise UserError(f"subset '{subset}' of {cfg.task.data} is empty: there is nothing to score")
+    dataset = load_subset(loaded, subset)
     itr = task.get_batch_iterator(
         dataset=dataset,
         max_tokens=cfg.dataset.max_tokens,

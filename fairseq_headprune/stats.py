@@ -18,17 +18,21 @@ class BleuBootstrap:
     """Paired bootstrap resampling (Koehn 2004) of corpus sacreBLEU against one fixed baseline.
 
     compare-mt does the resampling; the baseline's sufficient statistics are computed once and reused for
-    every system. Resamples are full-size (sample_ratio 1.0, the textbook bootstrap; compare-mt's default of
-    0.5 widens the spread). The p-value is one-sided in the observed direction: 1 - the share of resamples in
+    every system. Resamples are full-size by default (sample_ratio 1.0, the textbook bootstrap); compare-mt's own
+    default, and presumably Michel et al.'s setting, is 0.5: half-size resamples, a wider spread, fewer
+    significant differences. The p-value is one-sided in the observed direction: 1 - the share of resamples in
     which the better of the two systems wins.
     """
 
-    def __init__(self, references: Sequence[str], baseline: Sequence[str], samples: int = 1000, seed: int = 1):
+    def __init__(self, references: Sequence[str], baseline: Sequence[str], samples: int = 1000, seed: int = 1,
+                 sample_ratio: float = 1.0):
         from compare_mt.scorers import SacreBleuScorer
 
+        if not 0 < sample_ratio <= 1:
+            raise ValueError(f"sample_ratio must be in (0, 1]: {sample_ratio}")
         self.scorer = SacreBleuScorer()
         self.refs = [r.split() for r in references]
-        self.samples, self.seed = samples, seed
+        self.samples, self.seed, self.sample_ratio = samples, seed, sample_ratio
         self.baseline_stats = self._stats(baseline)
 
     def _stats(self, hypotheses: Sequence[str]) -> "_StatsWithArray":
@@ -42,7 +46,7 @@ class BleuBootstrap:
         np.random.seed(self.seed)  # the same resamples for every system: comparable p-values, reproducible
         try:
             wins, _ = eval_with_paired_bootstrap(
-                self.refs, [None, None], None, self.scorer, num_samples=self.samples, sample_ratio=1.0,
+                self.refs, [None, None], None, self.scorer, num_samples=self.samples, sample_ratio=self.sample_ratio,
                 cache_stats=[self.baseline_stats, stats],
             )
         finally:

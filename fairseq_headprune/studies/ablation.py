@@ -169,8 +169,8 @@ class AblationOptions:
 def header(loaded, evaluator: SubsetEvaluator, options: AblationOptions, mode: str,
            metric: Optional[str] = None, **extra) -> Dict:
     """The run identity of an ablation results file."""
-    metric = metric or options.metric
-    return run_identity(f"ablate --mode {mode}", loaded, evaluator, metric=metric,
+    metric = metric or options.metric  # teacher-forced NLL never decodes: decoding options cannot change it
+    return run_identity(f"ablate --mode {mode}", loaded, evaluator, metric=metric, decoding=metric == "bleu",
                         bootstrap=options.bootstrap() if metric == "bleu" else None,
                         bleu_signature=evaluator.bleu_signature() if metric == "bleu" else None, **extra)
 

@@ -22,6 +22,7 @@ import torch
 from fairseq_headprune import flops
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.heads import HeadLayout, parse_head_spec
+from fairseq_headprune.loading import load_subset
 from fairseq_headprune.masking import set_head_masks
 from fairseq_headprune.results import layout as names
 from fairseq_headprune.results.identity import file_sha256
@@ -159,15 +160,6 @@ def run(loaded, options: SpeedOptions, results_dir: str) -> str:
     write_json_atomic(out, result)
     print(f"FLOP ratio unpruned/pruned on these sentences: {ratio:.3f}")
     return out
-
-
-def load_subset(loaded, subset: str) -> None:
-    try:
-        loaded.task.load_dataset(subset, task_cfg=loaded.saved_cfg.task)
-    except FileNotFoundError as e:
-        raise UserError(f"no '{subset}' subset in {loaded.cfg.task.data}: {e}") from None
-    if len(loaded.task.dataset(subset)) == 0:
-        raise UserError(f"subset '{subset}' of {loaded.cfg.task.data} is empty")
 
 
 @torch.no_grad()
