@@ -2,20 +2,33 @@
 
 `stock_checkpoint` is a stock fairseq `transformer` (trained without this package) with an asymmetric shape:
 4 encoder layers x 8 heads, 3 decoder layers x 4 heads.
+
+The binarised data and the stock models are built once per machine and cached in tests/.cache/ (or
+$HEADPRUNE_TEST_CACHE), keyed on what builds them: the source of the functions below that prepare and train, the
+data slice, and the versions of fairseq, torch, sacremoses and subword-nmt. This package's own code trains
+nothing here, so a change to it never reuses a stale model. Each test session gets its own copy of the files.
 """
 from __future__ import annotations
 
+import fcntl
+import hashlib
+import inspect
 import io
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from importlib import metadata
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SLICE = ROOT / "tests" / "data" / "multi30k"
 BIN = Path(sys.executable).parent
+CACHE = Path(os.environ.get("HEADPRUNE_TEST_CACHE", ROOT / "tests" / ".cache"))
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1", "PYTHONWARNINGS": "ignore"}
 
 TINY_ARCH = [
@@ -84,11 +97,6 @@ def _prepare(out: Path) -> Path:
     return out
 
 
-@pytest.fixture(scope="session")
-def tiny_data(tmp_path_factory) -> Path:
-    return _prepare(tmp_path_factory.mktemp("data-bin"))
-
-
 def train(data: Path, save_dir: Path, extra=(), updates: int = 120, arch=TINY_ARCH) -> Path:
     """A stock fairseq-train run (no user module); `arch` replaces the tiny asymmetric shape."""
     run(["fairseq-train", data, *arch, *extra,
@@ -99,7 +107,81 @@ def train(data: Path, save_dir: Path, extra=(), updates: int = 120, arch=TINY_AR
     return save_dir / "checkpoint_last.pt"
 
 
+def train_epochs(data: Path, save_dir: Path) -> Path:
+    """Two epochs of a stock fairseq-train run with a checkpoint per epoch (checkpoint1.pt, checkpoint2.pt)."""
+    run(["fairseq-train", data, *TINY_ARCH, "--optimizer", "adam", "--lr", "3e-3", "--lr-scheduler",
+         "inverse_sqrt", "--warmup-updates", "10", "--criterion", "cross_entropy", "--max-tokens", "3000",
+         "--max-epoch", "2", "--save-dir", save_dir, "--no-save-optimizer-state", "--disable-validation",
+         "--num-workers", "0"])
+    return save_dir
+
+
+def build_key(*functions: Callable) -> str:
+    """What a cached build depends on: the functions' source (and what they call here), the arch, the data slice,
+    and the versions of the tools that prepare and train."""
+    h = hashlib.sha256()
+    for fn in (*functions, run, _run_cli_in_process):
+        h.update(inspect.getsource(fn).encode())
+    h.update(repr(TINY_ARCH).encode())
+    for path in sorted(SLICE.iterdir()):
+        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    for dist in ("fairseq-fixed", "torch", "sacremoses", "subword-nmt", "numpy"):
+        try:
+            h.update(f"{dist}=={metadata.version(dist)}".encode())
+        except metadata.PackageNotFoundError:
+            h.update(f"{dist} missing".encode())
+    return h.hexdigest()[:16]
+
+
+def cached_build(name: str, key: str, build: Callable[[Path], object]) -> Path:
+    """The folder `build` fills, built once per key under CACHE (a lock keeps concurrent sessions from building it
+    twice; a build is renamed into place only when complete, so a killed one is never reused)."""
+    target = CACHE / f"{name}-{key}"
+    if (target / "COMPLETE").exists():
+        return target
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (target / "COMPLETE").exists():
+            shutil.rmtree(target, ignore_errors=True)
+            partial = Path(tempfile.mkdtemp(dir=CACHE, prefix=f".{name}-"))
+            build(partial)
+            (partial / "COMPLETE").write_text(key + "\n")
+            os.rename(partial, target)
+            for stale in CACHE.glob(f"{name}-*"):  # builds of older code
+                if stale != target:
+                    shutil.rmtree(stale, ignore_errors=True)
+    return target
+
+
+def _copy(cached: Path, dest: Path) -> Path:
+    shutil.copytree(cached, dest, dirs_exist_ok=True, ignore=shutil.ignore_patterns("COMPLETE"))
+    return dest
+
+
+def _data_key() -> str:
+    return build_key(_prepare)
+
+
+def _cached_data() -> Path:
+    return cached_build("data-bin", _data_key(), _prepare)
+
+
 @pytest.fixture(scope="session")
-def stock_checkpoint(tiny_data, tmp_path_factory) -> Path:
+def tiny_data(tmp_path_factory) -> Path:
+    return _copy(_cached_data(), tmp_path_factory.mktemp("data-bin"))
+
+
+@pytest.fixture(scope="session")
+def stock_checkpoint(tmp_path_factory) -> Path:
     """A stock fairseq transformer checkpoint, trained without this package."""
-    return train(tiny_data, tmp_path_factory.mktemp("stock"))
+    cached = cached_build("stock", _data_key() + build_key(train), lambda out: train(_cached_data(), out))
+    return _copy(cached, tmp_path_factory.mktemp("stock")) / "checkpoint_last.pt"
+
+
+@pytest.fixture(scope="session")
+def epoch_checkpoints(tmp_path_factory) -> Path:
+    """A folder with checkpoint1.pt and checkpoint2.pt: two epochs of stock training (for the dynamics)."""
+    cached = cached_build("epochs", _data_key() + build_key(train_epochs),
+                          lambda out: train_epochs(_cached_data(), out))
+    return _copy(cached, tmp_path_factory.mktemp("epochs"))

@@ -4,18 +4,14 @@ import os
 import shutil
 import time
 
-from conftest import TINY_ARCH, run
+from conftest import run
 
 DYN = ["--gen-subset", "test", "--importance-subset", "valid", "--beam", "1", "--max-tokens", "3000",
        "--step", "0.5"]
 
 
-def test_dynamics_over_epoch_checkpoints(tiny_data, tmp_path):
-    ckpts = tmp_path / "ckpts"
-    run(["fairseq-train", tiny_data, *TINY_ARCH, "--optimizer", "adam", "--lr", "3e-3", "--lr-scheduler",
-         "inverse_sqrt", "--warmup-updates", "10", "--criterion", "cross_entropy", "--max-tokens", "3000",
-         "--max-epoch", "2", "--save-dir", ckpts, "--no-save-optimizer-state", "--disable-validation",
-         "--num-workers", "0"])
+def test_dynamics_over_epoch_checkpoints(tiny_data, epoch_checkpoints, tmp_path):
+    ckpts = epoch_checkpoints  # two epochs of stock training (conftest.train_epochs, cached)
     assert (ckpts / "checkpoint1.pt").exists() and (ckpts / "checkpoint2.pt").exists()
     past = time.time() - 3600  # settled files
     for name in ("checkpoint1.pt", "checkpoint2.pt"):
