@@ -117,6 +117,14 @@ def test_number_of_resamples_and_seed_are_honoured():
     assert other_seed.p_value == pytest.approx(reference_p(REFS, GOOD, GOOD_2, 50, seed=7), abs=1e-12)
 
 
+def test_a_smaller_sample_ratio_draws_smaller_resamples():
+    n = len(REFS)
+    half = BleuBootstrap(REFS, GOOD, samples=100, sample_ratio=0.5).test(GOOD_2)
+    assert half.p_value == pytest.approx(reference_p(REFS, GOOD, GOOD_2, 100, size=int(n * 0.5)), abs=1e-12)
+    assert BleuBootstrap(REFS, GOOD, samples=100, sample_ratio=1.0).test(GOOD_2).p_value == pytest.approx(
+        reference_p(REFS, GOOD, GOOD_2, 100), abs=1e-12)
+
+
 def test_bootstrap_leaves_the_global_numpy_random_state_alone():
     np.random.seed(123)
     expected = np.random.rand(3)

@@ -108,9 +108,10 @@ MUTANTS: Sequence[Mutant] = (
            'pr["sentences_per_s"] - pr["sentences_per_s_std"] >= un["sentences_per_s"]',
            ("tests/test_claims_rules.py",)),
     # ---- statistics and gates
-    Mutant("stats-half-resamples", "bootstrap resamples of half the set", "fairseq_headprune/stats.py",
-           "num_samples=self.samples, sample_ratio=1.0", "num_samples=self.samples, sample_ratio=0.5",
-           ("tests/test_stats.py",)),
+    Mutant("stats-half-resamples", "bootstrap resamples of half the set by default", "fairseq_headprune/stats.py",
+           "sample_ratio: float = 1.0):", "sample_ratio: float = 0.5):", ("tests/test_stats.py",)),
+    Mutant("stats-ratio-ignored", "the sample ratio is not passed to compare-mt", "fairseq_headprune/stats.py",
+           "sample_ratio=self.sample_ratio,", "sample_ratio=1.0,", ("tests/test_stats.py",)),
     Mutant("stats-seed", "bootstrap resamples not seeded", "fairseq_headprune/stats.py",
            "np.random.seed(self.seed)", "pass", ("tests/test_stats.py",)),
     Mutant("gates-p-open", "P(open) with log(r / -l) instead of log(-l / r)", "fairseq_headprune/gates.py",
