@@ -14,17 +14,31 @@ its own ξ: per-sentence gradient leaves for importance scoring, or several mask
 A third factor is optional: `head_gate`, Voita et al.'s Hard Concrete gate per head (fairseq_headprune.gates),
 a submodule that exists only on gated models (`install_head_gates`, or loading a gated checkpoint: a load
 pre-hook creates the gates that a state dict holds). A gated module always takes the Python path.
+
+A call that cannot honour an active mask raises UnsupportedMaskError rather than ignoring the mask or changing
+the computation behind the user's back: `before_softmax=True` (it returns attention logits and values, before
+per-head outputs exist), and a module configured for xformers (`xformers_att_config`) on a call that stock
+fairseq sends to xformers (rerouting it would silently swap the attention implementation).
 """
 from __future__ import annotations
 
 import contextlib
+import inspect
 from typing import Dict, Iterable, Iterator, Optional, Tuple
 
 import torch
 from fairseq.modules.multihead_attention import MultiheadAttention
 
+from fairseq_headprune.errors import UserError
 from fairseq_headprune.gates import INIT_LOG_ALPHA, TEMPERATURE, HeadGate
 from fairseq_headprune.heads import Head, HeadLayout, attention_modules, head_ids
+
+
+class UnsupportedMaskError(UserError, ValueError):
+    """A head mask (or gate) is active on a call that cannot apply it; the message is one line for the user."""
+
+
+_FORWARD = inspect.signature(MultiheadAttention.forward)
 
 
 class HeadMaskedMultiheadAttention(MultiheadAttention):
@@ -83,6 +97,7 @@ class HeadMaskedMultiheadAttention(MultiheadAttention):
         scale = self.head_output_scale(self._rows_for(incremental_state))
         if scale is None:
             return super().forward(query, key, value, key_padding_mask, incremental_state, *args, **kwargs)
+        self._check_mask_applies(query, key, value, key_padding_mask, incremental_state, args, kwargs)
         handle = self.out_proj.register_forward_pre_hook(lambda _module, inputs: (inputs[0] * scale.to(inputs[0]),))
         fused_allowed = self.skip_embed_dim_check
         self.skip_embed_dim_check = True  # per-head outputs exist only on fairseq's Python path
@@ -91,6 +106,21 @@ class HeadMaskedMultiheadAttention(MultiheadAttention):
         finally:
             handle.remove()
             self.skip_embed_dim_check = fused_allowed
+
+    def _check_mask_applies(self, query, key, value, key_padding_mask, incremental_state, args, kwargs) -> None:
+        """Raise UnsupportedMaskError when this call would ignore the mask or run another implementation."""
+        call = _FORWARD.bind(self, query, key, value, key_padding_mask, incremental_state, *args, **kwargs).arguments
+        if call.get("before_softmax", False):
+            raise UnsupportedMaskError(
+                "a head mask or gate is active but the call asks for before_softmax=True, which returns attention "
+                "logits before per-head outputs exist: the mask would be ignored; unmask the heads for this call")
+        stock_takes_fused = (not self.onnx_trace and query.device.type != "xla" and incremental_state is None
+                             and not call.get("static_kv", False) and not self.skip_embed_dim_check)
+        if stock_takes_fused and getattr(self, "use_xformers", False):
+            raise UnsupportedMaskError(
+                "a head mask or gate is active on an attention module configured for xformers "
+                "(xformers_att_config): masking needs fairseq's Python attention path, which would silently "
+                "replace xformers here; mask a model built without --encoder/--decoder-xformers-att-config")
 
 
 def install_head_masks(model) -> Dict[Tuple[str, int], HeadMaskedMultiheadAttention]:

@@ -184,3 +184,67 @@ def test_per_position_importance_is_the_mean_of_per_token_absolute_gradients(sto
         assert bool((per_token >= sentence.sums[key] * (1 - 1e-6)).all())
         larger += int((per_token > sentence.sums[key] * 1.01).sum())
     assert larger > 0
+
+
+# --------------------------------------------------------------------------- masks that cannot be honoured
+def _masked_attention(self_attention=True, xformers=False):
+    """A small fairseq attention module with head 1 masked; `xformers` marks it as xformers-configured (the
+    package is not installed, so the flag is set after construction, as a built module would carry it)."""
+    import torch
+    from fairseq.modules.multihead_attention import MultiheadAttention
+
+    from fairseq_headprune.masking import HeadMaskedMultiheadAttention
+
+    torch.manual_seed(0)
+    attn = MultiheadAttention(8, 2, self_attention=self_attention, encoder_decoder_attention=not self_attention)
+    attn = HeadMaskedMultiheadAttention.convert(attn).eval()
+    attn.use_xformers = xformers
+    return attn, torch.randn(5, 3, 8)
+
+
+def test_mask_with_before_softmax_raises_instead_of_being_ignored():
+    """before_softmax=True returns logits and values before per-head outputs exist: the mask cannot apply.
+    Unmasked, the call is stock; masked, it stops with UnsupportedMaskError (a UserError and a ValueError),
+    also when before_softmax is passed positionally."""
+    import torch
+    from fairseq.modules.multihead_attention import MultiheadAttention
+
+    from fairseq_headprune.errors import UserError
+    from fairseq_headprune.masking import UnsupportedMaskError
+
+    attn, x = _masked_attention()
+    stock = MultiheadAttention(8, 2, self_attention=True).eval()
+    stock.load_state_dict(attn.state_dict())
+    unmasked, _ = attn(x, x, x, before_softmax=True)  # no mask: whatever stock fairseq returns
+    assert torch.equal(unmasked, stock(x, x, x, before_softmax=True)[0])
+    attn.head_mask[0] = 0
+    with pytest.raises(UnsupportedMaskError, match="before_softmax"):
+        attn(x, x, x, before_softmax=True)
+    with pytest.raises(UnsupportedMaskError):
+        attn(x, x, x, None, None, True, False, None, True)  # need_weights, static_kv, attn_mask, before_softmax
+    assert issubclass(UnsupportedMaskError, UserError) and issubclass(UnsupportedMaskError, ValueError)
+    out, _ = attn(x, x, x)  # an ordinary call still honours the mask
+    assert out.shape == x.shape
+
+
+def test_mask_on_an_xformers_module_is_not_rerouted(monkeypatch):
+    """Unmasked, an xformers-configured module takes xformers, as stock fairseq; masked, the call stops
+    instead of silently running fairseq's Python attention in its place. Calls that stock fairseq itself runs
+    on the Python path (incremental decoding) are masked as usual."""
+    from fairseq.modules.multihead_attention import MultiheadAttention
+
+    from fairseq_headprune.masking import UnsupportedMaskError
+
+    attn, x = _masked_attention(xformers=True)
+    calls = []
+    monkeypatch.setattr(MultiheadAttention, "_xformers_attn_forward",
+                        lambda self, *a, **k: calls.append("xformers") or (a[0], None))
+    attn(x, x, x)
+    assert calls == ["xformers"]
+    attn.head_mask[1] = 0
+    with pytest.raises(UnsupportedMaskError, match="xformers"):
+        attn(x, x, x)
+    assert calls == ["xformers"]
+    state = {}
+    out, _ = attn(x[:1], x[:1], x[:1], incremental_state=state)  # a decoding step: Python path in stock too
+    assert out.shape == (1, 3, 8) and calls == ["xformers"]
