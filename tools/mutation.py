@@ -80,7 +80,7 @@ MUTANTS: Sequence[Mutant] = (
            "fairseq_headprune/flops.py",
            "macs += 4 * s * d * a + 2 * s * s * a + 2 * s * d * ffn",
            "macs += 4 * s * d * a + 2 * s * d * ffn",
-           ("tests/test_science_fixes.py::test_flops_by_hand",), True),
+           ("tests/test_flops.py", "tests/test_science_fixes.py::test_flops_by_hand"), True),
     Mutant("png-body", "the HTML report embeds each figure truncated to 60% (a valid header, a damaged body)",
            "fairseq_headprune/document.py", "base64.b64encode(f.read())",
            "base64.b64encode((lambda b: b[: len(b) * 6 // 10])(f.read()))",
@@ -127,7 +127,7 @@ MUTANTS: Sequence[Mutant] = (
     # ---- FLOPs
     Mutant("flops-beam-kv", "enc-dec keys/values projected once per sentence, not per beam row",
            "fairseq_headprune/flops.py", "macs += beam * 2 * s * d * ca", "macs += 2 * s * d * ca",
-           ("tests/test_science_fixes.py::test_flops_by_hand",)),
+           ("tests/test_flops.py", "tests/test_science_fixes.py::test_flops_by_hand")),
     # ---- evaluation: references and the batching guard
     Mutant("batches-guard", "a subset batched incompletely is scored anyway", "fairseq_headprune/loading.py",
            "if batched != len(dataset):", "if False:", ("tests/test_evaluate.py",)),
@@ -170,7 +170,7 @@ def run_tests(copy: Path, tests: Sequence[str], timeout: float) -> Tuple[str, Li
     """('pass' | 'fail' | 'timeout' | 'error', failing test ids, seconds) of pytest on the copy."""
     env = {**os.environ, "PYTHONPATH": str(copy), "OMP_NUM_THREADS": "1",
            "HEADPRUNE_TEST_CACHE": os.environ.get("HEADPRUNE_TEST_CACHE", str(ROOT / "tests" / ".cache"))}
-    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-rf", *tests]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE", *tests]
     start = time.time()
     try:
         proc = subprocess.run(cmd, cwd=copy, env=env, capture_output=True, text=True, timeout=timeout)
@@ -256,7 +256,8 @@ def main(argv=None) -> int:
             status, failed, seconds = run_tests(copy, m.tests, args.timeout)
             killed = status != "pass"
             counts["killed" if killed else "survived"] += 1
-            by = f"by {failed[0]}" if failed else f"({status})"
+            by = (f"by {len(failed)} test{'s' if len(failed) > 1 else ''}: {', '.join(failed[:4])}"
+                  + (", ..." if len(failed) > 4 else "")) if failed else f"({status})"
             tag = "[issue 19] " if m.issue_19 else ""
             say(f"{'KILLED ' if killed else 'SURVIVED'}  {m.name}: {tag}{m.what}; {by if killed else 'tests pass'}"
                 f" [{seconds:.0f} s]")
