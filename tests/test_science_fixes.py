@@ -248,3 +248,31 @@ def test_mask_on_an_xformers_module_is_not_rerouted(monkeypatch):
     state = {}
     out, _ = attn(x[:1], x[:1], x[:1], incremental_state=state)  # a decoding step: Python path in stock too
     assert out.shape == (1, 3, 8) and calls == ["xformers"]
+
+
+# ---------------------------------------------------------------------------------- bootstrap resample size
+def test_bootstrap_resamples_have_the_size_sample_ratio_asks(monkeypatch):
+    """compare-mt draws int(n x sample_ratio) sentences per resample: 10 sentences give 5 at 0.5 (compare-mt's
+    default), 2 at 0.25, 10 at 1.0, the constructor's default (existing results stay reproducible)."""
+    import inspect
+
+    from compare_mt.scorers import SacreBleuScorer
+
+    from fairseq_headprune.stats import BleuBootstrap
+
+    sizes = []
+    original = SacreBleuScorer.score_cached_corpus
+    monkeypatch.setattr(SacreBleuScorer, "score_cached_corpus",
+                        lambda self, ids, stats: sizes.append(len(ids)) or original(self, ids, stats))
+    refs = [f"a b c d e {i}" for i in range(10)]
+    hyps = [f"a b c x e {i}" for i in range(10)]
+    assert inspect.signature(BleuBootstrap).parameters["sample_ratio"].default == 1.0
+    for ratio, size in ((0.5, 5), (0.25, 2), (1.0, 10)):
+        sizes.clear()
+        BleuBootstrap(refs, refs, samples=3, sample_ratio=ratio).test(hyps)
+        assert sizes == [size] * 6  # two systems scored per resample
+    sizes.clear()
+    BleuBootstrap(refs, refs, samples=3).test(hyps)
+    assert sizes == [10] * 6
+    with pytest.raises(ValueError):
+        BleuBootstrap(refs, refs, sample_ratio=0.0)
