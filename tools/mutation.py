@@ -84,7 +84,8 @@ MUTANTS: Sequence[Mutant] = (
     Mutant("png-body", "the HTML report embeds each figure truncated to 60% (a valid header, a damaged body)",
            "fairseq_headprune/document.py", "base64.b64encode(f.read())",
            "base64.b64encode((lambda b: b[: len(b) * 6 // 10])(f.read()))",
-           ("tests/test_report.py::test_html_report_loads_in_chromium_with_every_image",), True),
+           ("tests/test_document.py", "tests/test_report.py::test_html_report_loads_in_chromium_with_every_image"),
+           True),
     # ---- claims: the other boundaries and windows
     Mutant("c5-window-low", "C5: window includes 0% pruned", "fairseq_headprune/claims.py",
            'low < r["percent_pruned"] <= high', 'low <= r["percent_pruned"] <= high',
