@@ -147,7 +147,10 @@ def test_loss_preview_and_correlate(tiny_data, stock_checkpoint, uninterrupted, 
 
     x = [r["delta"] for r in rows[1:]]
     _, full = rows_of(uninterrupted / "ablation-single.jsonl")
-    assert result["spearman_r"] == pytest.approx(stats.spearmanr(x, [r["delta"] for r in full[1:]])[0])
+    y = [r["delta"] for r in full[1:]]
+    assert result["spearman_r"] == pytest.approx(stats.spearmanr(x, y)[0])
+    assert result["pearson_r"] == pytest.approx(stats.pearsonr(x, y)[0])
+    assert result["pearson_p"] == pytest.approx(stats.pearsonr(x, y)[1])
     assert "Pearson r" in out
 
 
