@@ -12,6 +12,9 @@ def add_args(parser) -> None:
     group.add_argument(
         "--no-normalize-by-layer", action="store_true", help="keep raw scores instead of l2-normalising each layer"
     )
+    group.add_argument("--per-position", action="store_true",
+                       help="|dl_t/dxi_h| per target token, as Michel et al.'s code (default: per sentence, as the "
+                            "paper's expectation over examples)")
 
 
 def run(cfg, args) -> None:

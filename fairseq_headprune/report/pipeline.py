@@ -251,10 +251,12 @@ def check_importance(path: str, checkpoint_sha: str, subset: str) -> bool:
     if data is None:
         return False
     meta = data.get("meta", {})
-    if meta.get("checkpoint_sha256") != checkpoint_sha or meta.get("subset") != subset:
+    if (meta.get("checkpoint_sha256") != checkpoint_sha or meta.get("subset") != subset
+            or meta.get("per_position") or not meta.get("normalized_by_layer", True)):
         theirs = str(meta.get("checkpoint_sha256"))[:12]
         raise UserError(f"{path} holds the importance of another run (checkpoint {theirs}, subset "
-                        f"{meta.get('subset')!r}); use another --results-dir or delete the file")
+                        f"{meta.get('subset')!r}, per position {bool(meta.get('per_position'))}, normalised "
+                        f"{meta.get('normalized_by_layer', True)}); use another --results-dir or delete the file")
     return True
 
 

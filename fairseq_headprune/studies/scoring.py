@@ -26,12 +26,20 @@ DEFINITION = (
 )
 
 
-def compute_importance(loaded, subset: str, progress=None) -> Tuple[Dict, Dict[str, float]]:
-    """Raw I_h per (type, layer) and the subset's statistics; no parameter is updated or given a gradient."""
+PER_POSITION_DEFINITION = (
+    "I_h = mean over target tokens t of |dl_t/dxi_h|, l_t = the token's NLL (teacher forcing, no label smoothing, "
+    "eval mode), xi_h = 1 for every head: the reference code's definition"
+)
+
+
+def compute_importance(loaded, subset: str, progress=None, per_position: bool = False
+                       ) -> Tuple[Dict, Dict[str, float]]:
+    """Raw I_h per (type, layer) and the subset's statistics; no parameter is updated or given a gradient.
+    per_position: |dl_t/dxi_h| per target token, as the reference code (default: per sentence, as the paper)."""
     model = loaded.model
     model.eval()
     with frozen_weights(model):
-        return _accumulate(loaded, model, subset, progress)
+        return _accumulate(loaded, model, subset, progress, per_position)
 
 
 @contextlib.contextmanager
@@ -47,8 +55,8 @@ def frozen_weights(model):
             p.requires_grad_(flag)
 
 
-def _accumulate(loaded, model, subset: str, progress) -> Tuple[Dict, Dict[str, float]]:
-    criterion = HeadImportanceCriterion(loaded.task, sentence_avg=False)
+def _accumulate(loaded, model, subset: str, progress, per_position: bool) -> Tuple[Dict, Dict[str, float]]:
+    criterion = HeadImportanceCriterion(loaded.task, sentence_avg=False, per_position=per_position)
     _, samples = batches(loaded, subset)
     nll, tokens = 0.0, 0
     device = next(model.parameters()).device
@@ -97,17 +105,19 @@ class ScoreOptions:
 
     subset: str = field(metadata={"flag": "--gen-subset"})
     normalize_by_layer: bool = field(default=True, metadata={"flag": "--no-normalize-by-layer", "negate": True})
+    per_position: bool = False
 
 
 def importance_result(loaded, options: ScoreOptions, progress=None) -> Tuple[Dict, Dict]:
     """(importance.json document, the scores it holds per (type, layer))."""
-    raw, stats = compute_importance(loaded, options.subset, progress)
+    raw, stats = compute_importance(loaded, options.subset, progress, options.per_position)
     scores = normalize_by_layer(raw) if options.normalize_by_layer else raw
     layout = HeadLayout.of(loaded.model)
     result = to_nested_lists(scores)
     result["meta"] = {
-        "definition": DEFINITION,
+        "definition": PER_POSITION_DEFINITION if options.per_position else DEFINITION,
         "normalized_by_layer": options.normalize_by_layer,
+        "per_position": options.per_position,
         "unnormalized": to_nested_lists(raw),
         "checkpoint": os.path.abspath(loaded.checkpoint),
         "checkpoint_sha256": file_sha256(loaded.checkpoint),

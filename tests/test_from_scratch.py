@@ -1,0 +1,33 @@
+"""Voita et al.'s last column: a pruned head configuration trained from random initialisation. The
+`headprune_transformer` architecture takes --kept-heads at build time, so fairseq-train builds the uneven (even
+empty) layers before any weight exists, and the checkpoint reloads in that shape."""
+import json
+
+from conftest import ROOT, run
+
+SMALL = ["--share-all-embeddings", "--encoder-layers", "2", "--decoder-layers", "2", "--encoder-attention-heads", "4",
+         "--decoder-attention-heads", "4", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
+         "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64"]
+
+
+def test_a_pruned_configuration_trains_from_scratch_and_reloads(tiny_data, tmp_path):
+    import torch
+
+    kept = {"enc-self": {"1": [1, 2], "2": []}, "enc-dec": {"2": [3]}, "dec-self": {"1": [4]}}
+    run(["fairseq-train", tiny_data, "--user-dir", ROOT / "fairseq_headprune", "--task", "translation_headprune",
+         "--arch", "headprune_transformer", *SMALL, "--kept-heads", json.dumps(kept), "--optimizer", "adam",
+         "--lr", "3e-3", "--max-update", "3", "--max-tokens", "1500", "--criterion", "cross_entropy",
+         "--save-dir", tmp_path, "--no-epoch-checkpoints", "--disable-validation", "--num-workers", "0", "--seed", "1"])
+    state = torch.load(tmp_path / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+    weights = state["model"]
+    assert weights["encoder.layers.0.self_attn.q_proj.weight"].shape == (2 * 8, 32)  # 2 heads of 8 dims
+    assert weights["encoder.layers.1.self_attn.q_proj.weight"].shape == (0, 32)  # an empty layer trains too
+    assert weights["decoder.layers.1.encoder_attn.k_proj.weight"].shape == (8, 32)
+    assert weights["decoder.layers.0.self_attn.out_proj.weight"].shape == (32, 8)
+    assert weights["decoder.layers.1.self_attn.q_proj.weight"].shape == (32, 32)  # not listed: all 4 heads
+    assert torch.isfinite(weights["encoder.layers.0.self_attn.q_proj.weight"]).all()
+    proc = run(["fairseq-headprune", "score", tiny_data, "--path", tmp_path / "checkpoint_last.pt",
+                "--results-dir", tmp_path / "r", "--gen-subset", "valid"])
+    ids = json.loads((tmp_path / "r" / "importance.json").read_text())["meta"]["head_ids"]
+    assert ids["enc-self"] == [[1, 2], []] and ids["enc-dec"][1] == [3] and ids["dec-self"][0] == [4]
+    assert proc.returncode == 0
