@@ -20,11 +20,12 @@ this process may use, at least 1.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import time
 import traceback
-from typing import Any, Callable, Iterable, Optional, Tuple
+from typing import Any, Callable, Iterable, Iterator, Optional, Tuple
 
 from fairseq_headprune.errors import UserError
 
@@ -64,8 +65,8 @@ def free_cores(sample_seconds: float = 0.5) -> Tuple[int, str]:
         return allowed, f"{allowed} usable cores (load not measurable here)"
     idle_share = (idle1 - idle0) / max(1, all1 - all0)
     free = max(1, min(allowed, round(idle_share * total_cpus)))
-    return free, (f"{free} of {allowed} usable cores free ({idle_share * total_cpus:.1f} of {total_cpus} CPUs idle "
-                  f"over {sample_seconds:g} s)")
+    return free, (f"{idle_share * total_cpus:.1f} of {total_cpus} CPUs idle over {sample_seconds:g} s, "
+                  f"{allowed} usable: {free} free")
 
 
 def resolve_workers(option) -> Tuple[int, str]:
@@ -230,3 +231,22 @@ def map_tasks(tasks: Iterable, handler: Callable[[Any, Any], Any], on_result: Ca
         run_tasks(tasks, handler, on_result, shared)
     else:
         pool.run(tasks, on_result, shared)
+
+
+MIN_TASKS = 8  # fewer masks than this run in the sweep's own process: a worker's start-up (~5 s) would not pay
+
+
+@contextlib.contextmanager
+def pool_for(option, n_tasks: int, setup: Callable[[Any], Callable[[Any, Any], Any]], config: Any,
+             min_tasks: int = MIN_TASKS) -> Iterator[Tuple[Optional[Workers], str]]:
+    """(a pool of the `--workers` number of processes, or None to run in this process; why), for a sweep of
+    `n_tasks` masks. One worker, or fewer than `min_tasks` masks, means this process."""
+    if n_tasks < min_tasks:
+        yield None, f"one process ({n_tasks} masks to do, fewer than {min_tasks})"
+        return
+    n, why = resolve_workers(option)
+    if n <= 1:
+        yield None, why
+        return
+    with Workers(min(n, n_tasks), setup, config) as pool:
+        yield pool, why
