@@ -6,18 +6,29 @@ says "not run" and names the command that produces them; partial results say "in
 
 Verdict rules (the thresholds are module constants, shown in every row's rule):
   C1  share of single heads whose removal is NOT a significant BLEU drop (compare-mt paired bootstrap, the
-      ablation's own p threshold) > 50%
+      ablation's own p threshold) > 50%, over encoder self-attention heads when the ablation has them (the
+      paper's 8 of 96 is encoder self-attention only); the share over all heads ablated is shown beside it
   C2  share of layers whose best single head is NOT significantly worse than the full layer > 50%
   C3  largest % of heads pruned by importance (whole model) with every step so far within C3_TOLERANCE BLEU of
-      the unpruned model >= C3_MIN_PERCENT
+      the unpruned model >= C3_MIN_PERCENT (the paper: 20% on WMT, 40% on BERT)
   C4  per-type pruning curves (Figure 4): enc-dec has the lowest mean BLEU over the shared pruning levels; without
       per-type curves, single-head ablation: enc-dec has the most negative mean BLEU change
   C5  dynamics: the last epoch keeps, on average over the steps pruning (0, 50]% of heads, at least C5_MARGIN
       percentage points more of its own BLEU than the first epoch
-  C6  speed: at the largest batch size the pruned model's sentences/s minus its standard deviation exceeds the
-      unpruned model's plus its standard deviation (faster beyond run-to-run noise)
-  V   L0 gates: among the λ sweep points within VOITA_TOLERANCE BLEU of the full model, the largest share of
-      gated heads closed > 50%
+  C6  speed at equal work: at the largest batch size the pruned model's sentences/s minus its standard deviation
+      exceeds the masked model's plus its standard deviation, the two having written the same tokens (the masked
+      model computes the same function with the unpruned model's work per step). Fields read from speed.json
+      (`fairseq-headprune speed`), per batch size B: batch_sizes[B].masked/pruned.sentences_per_s and
+      .sentences_per_s_std, batch_sizes[B].pruned.same_tokens_as_masked (must be true), .speedup_over_masked and
+      .speedup_over_masked_std (quoted); top level: flop_ratio (quoted). Without them: "incomplete", never the
+      free-length pruned-vs-unpruned figure (different translations, different work)
+  V   L0 gates: each L0 model is compared with the λ = 0 control of the same number of updates and gated types
+      when the sweep has one (the same fine-tuning without the penalty), else with the un-fine-tuned model (shown
+      beside it in any case). Among the models within VOITA_TOLERANCE BLEU of their baseline, the largest share
+      of encoder self-attention heads closed > 50% (Voita's 38 of 48 is encoder heads); the share of all heads
+      closed is reported separately. Points without per-type counts are judged on all heads. Point fields
+      (l0_points, from compare.jsonl): method, lambda, updates, types, heads_kept, heads_total, kept_per_type,
+      closed_per_type, bleu
 """
 from __future__ import annotations
 
@@ -104,11 +115,11 @@ PAPER = {
 CLAIM_TEXT = {
     "C1": "most single heads can be removed without a significant BLEU loss",
     "C2": "many layers can be reduced to one head",
-    "C3": "20-60% of the heads can be pruned (importance order) without noticeable loss",
+    "C3": "20% (WMT) and 40% (BERT) of the heads can be pruned (importance order) without noticeable loss",
     "C4": "encoder-decoder attention is the most sensitive to pruning",
     "C5": "head importance separates during training",
-    "C6": "pruned models decode faster",
-    "V": "more than half of the heads pruned for at most 0.25 BLEU",
+    "C6": "pruned models decode faster (at equal work)",
+    "V": "more than half of the encoder heads pruned by L0 gates for at most 0.25 BLEU",
 }
 
 
@@ -130,19 +141,34 @@ def _significant_drop(row: Dict) -> bool:
 
 def claim_single_heads(rows: Optional[Sequence[Dict]], expected: Optional[int] = None,
                        command: Optional[str] = None, source: str = "ablation-single.jsonl") -> Claim:
-    rule = "share of heads whose removal alone is not a significant BLEU drop > 50%"
+    """The verdict follows the paper's scope (encoder self-attention) when the ablation has such heads; the
+    share over every head ablated is reported beside it."""
+    rule = ("share of heads whose removal alone is not a significant BLEU drop > 50%, over encoder "
+            "self-attention heads (the paper's scope) when ablated, else over all heads")
     if rows is None:
         return _not_run("C1", rule, command, "single-head ablation")
     heads = _results(rows)
     if not heads or (expected and len(heads) < expected):
         return _claim("C1", f"{len(heads)} of {expected or '?'} heads ablated so far", INCOMPLETE, rule, (source,),
                       command)
+
+    def removable(subset: Sequence[Dict]) -> Tuple[int, float]:
+        fine = len(subset) - sum(_significant_drop(r) for r in subset)
+        return fine, 100.0 * fine / len(subset)
+
     drops = sum(_significant_drop(r) for r in heads)
     gains = sum(bool(r.get("significant")) and r["delta"] > 0 for r in heads)
-    share = 100.0 * (len(heads) - drops) / len(heads)
-    ours = (f"{len(heads) - drops} of {len(heads)} heads removable ({share:.0f}%); {drops} significant drops, "
-            f"{gains} significant gains")
-    return _claim("C1", ours, SUPPORTED if share > 50 else NOT_SUPPORTED, rule, (source,))
+    fine_all, share_all = removable(heads)
+    pooled = (f"{fine_all} of {len(heads)} heads removable ({share_all:.0f}%); {drops} significant drops, "
+              f"{gains} significant gains")
+    enc = [r for r in heads if r.get("type") == "enc-self"]
+    if not enc:
+        return _claim("C1", pooled, SUPPORTED if share_all > 50 else NOT_SUPPORTED, rule, (source,))
+    fine_enc, share_enc = removable(enc)
+    enc_gains = sum(bool(r.get("significant")) and r["delta"] > 0 for r in enc)
+    ours = (f"enc-self: {fine_enc} of {len(enc)} heads removable ({share_enc:.0f}%; {len(enc) - fine_enc} "
+            f"significant drops, {enc_gains} significant gains); all types: {pooled}")
+    return _claim("C1", ours, SUPPORTED if share_enc > 50 else NOT_SUPPORTED, rule, (source,))
 
 
 def best_per_layer(rows: Sequence[Dict]) -> List[Dict]:
@@ -281,49 +307,135 @@ def claim_dynamics(rows: Optional[Sequence[Dict]], command: Optional[str] = None
 
 
 def claim_speed(speed: Optional[Dict], command: Optional[str] = None, source: str = "speed.json") -> Claim:
-    rule = ("at the largest batch size, pruned sentences/s - std > unpruned sentences/s + std (faster beyond "
-            "run-to-run noise)")
+    """Equal work only: the pruned model against the masked one (same function, identical hypotheses). A
+    speed.json without that comparison is "incomplete": the free-length pruned-vs-unpruned speed-up also counts
+    the pruned model's different translations (see the module docstring for the fields read)."""
+    rule = ("equal work: at the largest batch size, pruned sentences/s - std > masked sentences/s + std, both "
+            "having written the same tokens (faster beyond run-to-run noise)")
     if not speed or not speed.get("batch_sizes"):
         return _not_run("C6", rule, command, "speed measurement")
     sizes = sorted(speed["batch_sizes"], key=int)
     row = speed["batch_sizes"][sizes[-1]]
-    un, pr = row["unpruned"], row["pruned"]
-    faster = pr["sentences_per_s"] - pr["sentences_per_s_std"] > un["sentences_per_s"] + un["sentences_per_s_std"]
-    ups = ", ".join(f"batch {b}: x{speed['batch_sizes'][b]['pruned']['speedup']:.2f}" for b in sizes)
-    ours = (f"{speed['heads_pruned']} of {speed['heads_total']} heads pruned; tokens/s speed-up {ups} "
-            f"(FLOP bound x{speed.get('flop_bound_speedup', float('nan')):.2f})")
+    ma, pr = row.get("masked"), row.get("pruned") or {}
+    needed = ("sentences_per_s", "sentences_per_s_std")
+    if (not ma or not all(k in ma and k in pr for k in needed) or "same_tokens_as_masked" not in pr
+            or "speedup_over_masked" not in pr):
+        return _claim("C6", "speed.json has no equal-work measurement (pruned vs masked with the same hypotheses)",
+                      INCOMPLETE, rule, (source,), command)
+    if not pr["same_tokens_as_masked"]:
+        return _claim("C6", f"at batch {sizes[-1]} the pruned and masked models wrote different tokens: not equal "
+                      "work", INCOMPLETE, rule, (source,), command)
+    faster = pr["sentences_per_s"] - pr["sentences_per_s_std"] > ma["sentences_per_s"] + ma["sentences_per_s_std"]
+
+    def up(b: str) -> str:
+        p = speed["batch_sizes"][b].get("pruned", {})
+        if "speedup_over_masked" not in p:
+            return f"batch {b}: -"
+        std = p.get("speedup_over_masked_std")
+        return f"batch {b}: x{p['speedup_over_masked']:.2f}" + (f"±{std:.2f}" if std is not None else "")
+
+    ratio = speed.get("flop_ratio")
+    ours = (f"{speed['heads_pruned']} of {speed['heads_total']} heads pruned; equal-work speed-up (pruned over "
+            f"masked, same hypotheses) {', '.join(up(b) for b in sizes)}"
+            + (f"; FLOP ratio x{ratio:.2f}" if ratio is not None else ""))
+    if "speedup" in pr:
+        ours += f"; free-length pruned over unpruned x{pr['speedup']:.2f} at batch {sizes[-1]} (not equal work)"
     return _claim("C6", ours, SUPPORTED if faster else NOT_SUPPORTED, rule, (source,))
+
+
+def _same_run_shape(a: Dict, b: Dict) -> bool:
+    """Two L0 points fine-tuned alike: the same known number of updates and the same gated types."""
+    return (a.get("updates") is not None and a.get("updates") == b.get("updates")
+            and sorted(a.get("types") or []) == sorted(b.get("types") or []))
+
+
+def _encoder_counts(p: Dict) -> Optional[Tuple[int, int]]:
+    """(encoder self-attention heads closed, enc-self heads in the model), if the point has per-type counts."""
+    kept, closed = p.get("kept_per_type"), p.get("closed_per_type")
+    if not kept or closed is None or "enc-self" not in kept:
+        return None
+    total = kept["enc-self"] + closed.get("enc-self", 0)
+    return (closed.get("enc-self", 0), total) if total else None
 
 
 def claim_voita(points: Optional[Sequence[Dict]], command: Optional[str] = None, source: str = "") -> Claim:
     """`points` (l0_points): the L0 models (method "l0") against the full model (method "unpruned"); points of
-    other methods (Michel's masks at the same numbers of heads) do not enter the verdict."""
-    rule = (f"largest share of heads closed by L0 gates among λ points within {VOITA_TOLERANCE} BLEU of the "
-            f"unpruned model > {VOITA_MIN_SHARE:.0f}%")
+    other methods (Michel's masks at the same numbers of heads) do not enter the verdict. λ = 0 points are
+    controls (the baseline of the L0 models fine-tuned alike), not candidates."""
+    rule = (f"largest share of encoder self-attention heads closed by L0 gates (all heads when the points have no "
+            f"per-type counts) among models within {VOITA_TOLERANCE} BLEU of their baseline > {VOITA_MIN_SHARE:.0f}%; "
+            "baseline: the λ = 0 control of the same updates and gated types when the sweep has one, else the "
+            "un-fine-tuned model")
     points = [p for p in points or [] if p.get("method", "l0") in ("unpruned", "l0")]
-    if not any(p.get("method", "l0") == "l0" for p in points):
+    l0 = [p for p in points if p.get("method", "l0") == "l0"]
+    if not l0:
         return _not_run("V", rule, command, "L0 λ sweep")
-    full = [p for p in points if p.get("method") == "unpruned" or p["heads_kept"] == p["heads_total"]]
+    full = ([p for p in points if p.get("method") == "unpruned"]
+            or [p for p in points if p["heads_kept"] == p["heads_total"]])
     if not full:
         return _claim("V", "the sweep has no full-model point to compare with", INCOMPLETE, rule, (source,), command)
-    base = full[0]["bleu"]
-    within = [p for p in points if p["bleu"] >= base - VOITA_TOLERANCE]
-    best = max(within, key=lambda p: 1 - p["heads_kept"] / p["heads_total"])
-    share = 100.0 * (1 - best["heads_kept"] / best["heads_total"])
-    label = f" (λ={best['lambda']})" if best.get("lambda") is not None else ""
-    ours = (f"{best['heads_total'] - best['heads_kept']} of {best['heads_total']} heads closed{label}, "
-            f"BLEU {best['bleu']:.2f} vs {base:.2f} ({best['bleu'] - base:+.2f})")
-    return _claim("V", ours, SUPPORTED if share > VOITA_MIN_SHARE else NOT_SUPPORTED, rule, (source,))
+    untuned = full[0]["bleu"]
+    controls = [p for p in l0 if p.get("lambda") == 0]
+    candidates = [p for p in l0 if p.get("lambda") != 0]
+    if not candidates:
+        return _claim("V", "the sweep has only λ = 0 controls", INCOMPLETE, rule, (source,), command)
+
+    def baseline(p: Dict) -> Tuple[float, Optional[Dict]]:
+        control = next((c for c in controls if _same_run_shape(c, p)), None)
+        return (control["bleu"], control) if control else (untuned, None)
+
+    by_encoder = all(_encoder_counts(p) for p in candidates)
+
+    def closed(p: Dict, encoder: bool) -> Tuple[int, int]:
+        return _encoder_counts(p) if encoder else (p["heads_total"] - p["heads_kept"], p["heads_total"])
+
+    def describe(p: Dict, encoder: bool) -> str:
+        shut, total = closed(p, encoder)
+        base, control = baseline(p)
+        label = f"λ={p['lambda']}" if p.get("lambda") is not None else ""
+        if p.get("updates") is not None:
+            label += f", {p['updates']} updates"
+        what = "encoder self-attention heads" if encoder else "heads"
+        text = (f"{shut} of {total} {what} closed" + (f" ({label.lstrip(', ')})" if label else "")
+                + f", BLEU {p['bleu']:.2f} vs {base:.2f} ({p['bleu'] - base:+.2f})")
+        if control:
+            text += (f" against the λ = 0 control of the same fine-tuning; un-fine-tuned model {untuned:.2f} "
+                     f"({p['bleu'] - untuned:+.2f})")
+        else:
+            text += " against the un-fine-tuned model (no λ = 0 control of the same updates)"
+        return text
+
+    within = [p for p in candidates if p["bleu"] >= baseline(p)[0] - VOITA_TOLERANCE]
+    if not within:
+        nearest = max(candidates, key=lambda p: p["bleu"] - baseline(p)[0])
+        return _claim("V", f"no L0 model within {VOITA_TOLERANCE} BLEU of its baseline; the nearest: "
+                      + describe(nearest, by_encoder), NOT_SUPPORTED, rule, (source,))
+
+    def share(p: Dict, encoder: bool) -> float:
+        shut, total = closed(p, encoder)
+        return 100.0 * shut / total
+
+    best = max(within, key=lambda p: share(p, by_encoder))
+    ours = describe(best, by_encoder)
+    if by_encoder:
+        best_all = max(within, key=lambda p: share(p, False))
+        ours = f"encoder self-attention: {ours}; all types: {describe(best_all, False)}"
+    return _claim("V", ours, SUPPORTED if share(best, by_encoder) > VOITA_MIN_SHARE else NOT_SUPPORTED, rule,
+                  (source,))
 
 
 # ---------------------------------------------------------------- Voita's L0 sweep
 
 def l0_points(path: str) -> List[Dict]:
     """The points of an L0 λ sweep: DIR/compare.jsonl of `fairseq-headprune compare` (header: total_heads; rows:
-    method "unpruned" (the full model), "l0" (a gated checkpoint: l0_lambda, heads_kept = heads whose gate is not
-    closed) or "michel" (the unpruned model with as many heads masked by I_h), each with its BLEU).
+    method "unpruned" (the full model), "l0" (a gated checkpoint: l0_lambda, updates, types gated, heads_kept =
+    heads whose gate is not closed, kept_per_type, masked = its closed heads) or "michel" (the unpruned model with
+    as many heads masked by I_h), each with its BLEU).
 
-    Each point: method, lambda, heads_kept, heads_total, bleu."""
+    Each point: method, lambda, updates, types, heads_kept, heads_total, kept_per_type, closed_per_type (from
+    `masked`; None without it), bleu."""
+    from fairseq_headprune.heads import parse_head_spec
+
     header, rows = read_jsonl(path)
     total = header.get("total_heads")
     points = []
@@ -334,8 +446,14 @@ def l0_points(path: str) -> List[Dict]:
         if heads_total is None:
             raise ValueError(f"{path}: no total_heads in its header: not a `compare` result file")
         method = r.get("method") or ("unpruned" if r["heads_kept"] == heads_total else "l0")
-        points.append({"method": method, "lambda": r.get("l0_lambda"), "heads_kept": r["heads_kept"],
-                       "heads_total": heads_total, "bleu": r["bleu"]})
+        closed = None
+        if "masked" in r:
+            closed = {t: 0 for t in TYPES}
+            for h in parse_head_spec(r["masked"]) if r["masked"] else []:
+                closed[h.type] += 1
+        points.append({"method": method, "lambda": r.get("l0_lambda"), "updates": r.get("updates"),
+                       "types": r.get("types"), "heads_kept": r["heads_kept"], "heads_total": heads_total,
+                       "kept_per_type": r.get("kept_per_type"), "closed_per_type": closed, "bleu": r["bleu"]})
     return points
 
 

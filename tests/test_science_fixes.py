@@ -276,3 +276,132 @@ def test_bootstrap_resamples_have_the_size_sample_ratio_asks(monkeypatch):
     assert sizes == [10] * 6
     with pytest.raises(ValueError):
         BleuBootstrap(refs, refs, sample_ratio=0.0)
+
+
+# ------------------------------------------------------------------------------------------------- claims
+def _single(types_drops, n=8):
+    """Single-head ablation rows: for each type, n heads of layer 1, the first `drops` significant drops."""
+    rows = [{"key": "baseline", "bleu": 30.0}]
+    for t, drops in types_drops.items():
+        for i in range(n):
+            delta = -1.0 if i < drops else 0.0
+            rows.append({"key": f"{t}:1:{i + 1}", "type": t, "layer": 1, "head": i + 1, "bleu": 30.0 + delta,
+                         "delta": delta, "significant": i < drops})
+    return rows
+
+
+def test_c1_verdict_follows_encoder_self_attention_with_the_pooled_share_beside():
+    from fairseq_headprune import claims as cl
+
+    # enc-self 5 of 8 removable (62%), all 16 heads: 5 of 16 (31%): the paper's scope decides
+    claim = cl.claim_single_heads(_single({"enc-self": 3, "enc-dec": 8}), 16)
+    assert claim.verdict == cl.SUPPORTED
+    assert claim.ours.startswith("enc-self: 5 of 8 heads removable (62%") and "all types: 5 of 16" in claim.ours
+    # enc-self exactly half (not more), all types 12 of 16
+    claim = cl.claim_single_heads(_single({"enc-self": 4, "dec-self": 0}), 16)
+    assert claim.verdict == cl.NOT_SUPPORTED and "all types: 12 of 16 heads removable (75%)" in claim.ours
+    # no enc-self rows: the pooled share decides
+    assert cl.claim_single_heads(_single({"enc-dec": 3}), 8).verdict == cl.SUPPORTED
+
+
+def test_c3_quotes_the_papers_numbers_exactly():
+    from fairseq_headprune import claims as cl
+
+    assert "20% (WMT)" in cl.CLAIM_TEXT["C3"] and "40% (BERT)" in cl.CLAIM_TEXT["C3"]
+    assert "60" not in cl.CLAIM_TEXT["C3"] and "20-" not in cl.CLAIM_TEXT["C3"]
+
+
+def _speed(unpruned, masked, pruned, std=1.0, same=True, equal_work=True):
+    def model(rate):
+        return {"sentences_per_s": rate, "sentences_per_s_std": std, "tokens_per_s": 10 * rate}
+
+    row = {"unpruned": model(unpruned), "masked": model(masked), "pruned": model(pruned)}
+    row["pruned"]["speedup"] = pruned / unpruned
+    if equal_work:
+        row["pruned"].update(speedup_over_masked=pruned / masked, speedup_over_masked_std=0.01,
+                             same_tokens_as_masked=same)
+    return {"heads_pruned": 72, "heads_total": 144, "batch_sizes": {"1": row, "64": row}, "flop_ratio": 1.28}
+
+
+def test_c6_is_judged_at_equal_work_only():
+    """Pruned vs masked (same function, same hypotheses); a free-length speed-up over the unpruned model does not
+    count, and a speed.json without the equal-work figure is incomplete, never judged on the free-length one."""
+    from fairseq_headprune import claims as cl
+
+    # 111 - 1 > 100 + 1 against the unpruned model, but not against the masked model (110 + 1)
+    claim = cl.claim_speed(_speed(100.0, 110.0, 111.0))
+    assert claim.verdict == cl.NOT_SUPPORTED and "equal-work" in claim.rule + claim.ours
+    assert "batch 64: x1.01±0.01" in claim.ours and "FLOP ratio x1.28" in claim.ours
+    assert cl.claim_speed(_speed(100.0, 100.0, 102.01)).verdict == cl.SUPPORTED
+    assert cl.claim_speed(_speed(100.0, 100.0, 102.0)).verdict == cl.NOT_SUPPORTED  # 101 == 101
+    free_length_only = cl.claim_speed(_speed(100.0, 100.0, 179.0, equal_work=False), "fairseq-headprune speed X")
+    assert free_length_only.verdict == cl.INCOMPLETE and free_length_only.command == "fairseq-headprune speed X"
+    assert cl.claim_speed(_speed(100.0, 100.0, 150.0, same=False)).verdict == cl.INCOMPLETE
+
+
+def _l0(lam, kept, bleu, updates=300, enc_closed=None, total=144, types=("enc-self", "enc-dec", "dec-self")):
+    point = {"method": "l0", "lambda": lam, "updates": updates, "types": list(types), "heads_kept": kept,
+             "heads_total": total, "bleu": bleu, "kept_per_type": None, "closed_per_type": None}
+    if enc_closed is not None:
+        closed = total - kept
+        rest = closed - enc_closed
+        point["closed_per_type"] = {"enc-self": enc_closed, "enc-dec": rest // 2, "dec-self": rest - rest // 2}
+        point["kept_per_type"] = {t: total // 3 - point["closed_per_type"][t] for t in point["closed_per_type"]}
+    return point
+
+
+FULL = {"method": "unpruned", "lambda": None, "updates": None, "types": None, "heads_kept": 144,
+        "heads_total": 144, "bleu": 30.0, "kept_per_type": None, "closed_per_type": None}
+
+
+def test_v_compares_with_the_lambda_0_control_of_the_same_updates():
+    """The λ = 0 control fine-tuned as long gains 1.7 BLEU: against it λ = 0.008 loses 1.9, not 0.2."""
+    from fairseq_headprune import claims as cl
+
+    points = [FULL, _l0(0.0, 144, 31.7), _l0(0.008, 68, 29.8)]
+    claim = cl.claim_voita(points)
+    assert claim.verdict == cl.NOT_SUPPORTED
+    assert "BLEU 29.80 vs 31.70 (-1.90) against the λ = 0 control" in claim.ours
+    assert "un-fine-tuned model 30.00 (-0.20)" in claim.ours
+    # a run of another length has no control of its own: the un-fine-tuned model is its baseline, and says so
+    points.append(_l0(0.01, 60, 29.9, updates=600))
+    claim = cl.claim_voita(points)
+    assert claim.verdict == cl.SUPPORTED and "84 of 144 heads closed (λ=0.01, 600 updates)" in claim.ours
+    assert "against the un-fine-tuned model (no λ = 0 control" in claim.ours
+
+
+def test_v_judges_encoder_heads_and_reports_all_types_separately():
+    """Voita's 38 of 48 is encoder heads: 80 of 144 closed (56%) with 20 of 48 encoder heads (42%) is not
+    support; 25 of 48 encoder heads is."""
+    from fairseq_headprune import claims as cl
+
+    claim = cl.claim_voita([FULL, _l0(0.0, 144, 30.0), _l0(0.01, 64, 29.9, enc_closed=20)])
+    assert claim.verdict == cl.NOT_SUPPORTED
+    assert claim.ours.startswith("encoder self-attention: 20 of 48 encoder self-attention heads closed")
+    assert "all types: 80 of 144 heads closed" in claim.ours
+    claim = cl.claim_voita([FULL, _l0(0.0, 144, 30.0), _l0(0.01, 100, 29.9, enc_closed=25)])
+    assert claim.verdict == cl.SUPPORTED and "25 of 48 encoder self-attention heads closed" in claim.ours
+
+
+def test_l0_points_carry_updates_types_and_per_type_counts(tmp_path):
+    import json
+
+    from fairseq_headprune import claims as cl
+
+    rows = [{"header": {"command": "compare", "total_heads": 144}},
+            {"key": "baseline", "method": "unpruned", "heads_kept": 144, "bleu": 36.7},
+            {"key": "l0:0", "method": "l0", "l0_lambda": 0.0, "updates": 300, "types": ["enc-self"],
+             "heads_kept": 144, "kept_per_type": {"enc-self": 48, "enc-dec": 48, "dec-self": 48}, "masked": "",
+             "bleu": 38.4},
+            {"key": "l0:ab", "method": "l0", "l0_lambda": 0.05, "updates": 300, "types": ["enc-self"],
+             "heads_kept": 134, "kept_per_type": {"enc-self": 38, "enc-dec": 48, "dec-self": 48},
+             "masked": "enc-self:1:1-8,enc-self:2:1+2", "bleu": 38.3}]
+    path = tmp_path / "compare.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    points = cl.l0_points(str(path))
+    assert points[2]["updates"] == 300 and points[2]["types"] == ["enc-self"]
+    assert points[2]["closed_per_type"] == {"enc-self": 10, "enc-dec": 0, "dec-self": 0}
+    assert points[1]["closed_per_type"] == {"enc-self": 0, "enc-dec": 0, "dec-self": 0}
+    claim = cl.claim_voita(points)
+    assert "10 of 48 encoder self-attention heads closed" in claim.ours and "vs 38.40 (-0.10)" in claim.ours
+    assert claim.verdict == cl.NOT_SUPPORTED  # 21% of the encoder heads
