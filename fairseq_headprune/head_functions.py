@@ -12,8 +12,9 @@ returns sums and counts, so statistics of batches add up and a results log can r
   EOS goes to relative position -1 or +1; a head is positional when one of them reaches 90% (Voita et al.).
   EOS is left out of the maximum as for confidence: it is the last key, so a look at it would count as +1.
 - Rare token: the share of source tokens whose maximum attention weight (over keys other than EOS, as above)
-  goes to the least frequent token of the sentence (EOS excluded; ties: any of the least frequent tokens). Frequencies are training counts of the
-  model's own tokens (BPE pieces): fairseq's dictionary counts, or counts from a given training text.
+  goes to the least frequent token of the sentence (EOS excluded; ties: any of the least frequent tokens).
+  Frequencies are training counts of the model's own tokens (BPE pieces): fairseq's dictionary counts, or
+  counts from a given training text.
 - Syntactic: for each dependency relation (nsubj, obj (UD v1 dobj), amod, advmod; subtypes like nsubj:pass
   count as their relation) and each direction (from the dependent to its governor, and back), the share of
   arcs where the query word's maximum attention goes to the other word; a head is syntactic for a relation
