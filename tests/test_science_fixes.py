@@ -68,6 +68,38 @@ def test_flops_shape_of_a_fairseq_model(stock_checkpoint):
     assert torch.is_tensor(next(models[0].parameters()))
 
 
+def test_flops_follow_what_fairseq_beam_search_does(stock):
+    """The count's assumptions, watched on a real beam search (beam 3, one sentence): enc-dec k_proj sees one
+    row per beam hypothesis, and the decoder self-attention cache is reordered before every step but the
+    first."""
+    import torch
+
+    from helpers import _GenArgs, sample_batch
+
+    model, task = stock
+    batch = sample_batch(task, n=1)
+    rows, reorders = [], []
+    attn = model.decoder.layers[0].encoder_attn
+    hook = attn.k_proj.register_forward_hook(lambda _m, inputs, _out: rows.append(inputs[0].size(1)))
+    original = type(model.decoder.layers[0].self_attn).reorder_incremental_state
+
+    def counting(self, state, order):
+        if self is model.decoder.layers[0].self_attn:
+            reorders.append(int(order.numel()))
+        return original(self, state, order)
+
+    type(model.decoder.layers[0].self_attn).reorder_incremental_state = counting
+    try:
+        generator = task.build_generator([model], _GenArgs(3))
+        with torch.no_grad():
+            hyp = task.inference_step(generator, [model], batch)[0]
+    finally:
+        hook.remove()
+        type(model.decoder.layers[0].self_attn).reorder_incremental_state = original
+    assert rows == [3]  # projected once, for each of the 3 beam rows (the old count priced 1)
+    steps = max(len(h["tokens"]) for h in hyp)  # the search ran at least as many steps as its longest hypothesis
+    assert len(reorders) >= steps - 1 and set(reorders) == {3}
+
 # ------------------------------------------------------------------------------------- positional function
 def test_positional_argmax_leaves_eos_out():
     """A head that sends the last real token to EOS (right after it) with weight 0.9 and 0.1 to the token
