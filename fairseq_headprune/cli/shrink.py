@@ -1,0 +1,143 @@
+"""`fairseq-headprune shrink`: prune to a budget without retraining (Kwon et al. 2022) into a smaller stock checkpoint.
+
+  fairseq-headprune shrink DATA --path CKPT --remove 50% --out OUT.pt [--results-dir DIR]
+  fairseq-headprune shrink DATA --path CKPT --sweep 10,20,...,80 --gen-subset test --references REF --results-dir DIR
+
+The first form writes OUT.pt (physically pruned, loads with `fairseq-generate --user-dir fairseq_headprune`) and
+OUT.json (kept heads, scales, budget, calibration provenance; in --results-dir when given). The second runs the
+study over budgets (fairseq_headprune.studies.shrink_sweep) and writes shrink-sweep.jsonl, .md and .png.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+from fairseq_headprune.errors import UserError
+from fairseq_headprune.studies.shrink import ShrinkOptions, parse_types, validate
+from fairseq_headprune.studies.shrink_sweep import DEFAULT_METHODS
+
+
+def add_args(parser) -> None:
+    g = parser.add_argument_group("shrink")
+    budget = g.add_mutually_exclusive_group()
+    budget.add_argument("--remove", help="heads to remove: a number (72) or a share of the allowed heads (50%%)")
+    budget.add_argument("--keep", help="heads to keep: a number or a share of the allowed heads")
+    budget.add_argument("--flops", help="the pruned model's decoding FLOPs at most this share of the unpruned's (60%%)")
+    g.add_argument("--types", default="enc-self,enc-dec,dec-self", help="attention types that may lose heads")
+    g.add_argument("--calibration-subset", default="valid")
+    g.add_argument("--calibration-sentences", type=int, default=1000)
+    g.add_argument("--calibration-targets", default="references", choices=("references", "self"),
+                   help="teacher-force the references, or the unpruned model's own translations (no references)")
+    g.add_argument("--calibration-beam", type=int, default=1, help="beam for --calibration-targets self")
+    g.add_argument("--search", default="fisher", choices=("fisher", "importance", "block", "full"),
+                   help="head order: Kwon's Fisher score, Michel's I_h, or a greedy fill on the block-diagonal or "
+                        "full empirical Fisher")
+    g.add_argument("--search-steps", type=int, default=1,
+                   help="remove the budget in N steps, reconstructing and re-scoring the heads between steps")
+    g.add_argument("--no-rearrange", action="store_true", help="skip the in-layer mask rearrangement")
+    g.add_argument("--refit", default="out-proj", choices=("none", "scales", "out-proj"),
+                   help="reconstruction: none, one scale per kept head (Kwon), or a ridge refit of out_proj")
+    g.add_argument("--ridge", type=float, default=1e-3, help="ridge of the out_proj refit (x mean diagonal)")
+    g.add_argument("--max-scale", type=float, default=10.0, help="numerical guard of the fits (see NOTES)")
+    g.add_argument("--refit-unpruned", action="store_true", help="also refit sublayers that lost no head")
+    g.add_argument("--refit-ffn", action="store_true",
+                   help="also refit every FFN's fc2 towards the same drift-corrected targets (beyond Kwon)")
+    g.add_argument("--no-empty-bias", action="store_true", help="leave the bias of emptied sublayers as it is")
+    g.add_argument("--teacher-mildness", type=float, default=0.0,
+                   help="reconstruct towards a teacher with this share of the removed heads masked (0: unpruned)")
+    g.add_argument("--no-check", action="store_true", help="skip decoding the calibration slice with both models")
+    g.add_argument("--check-sentences", type=int, help="calibration sentences decoded by the check (default all)")
+    g.add_argument("--out", metavar="OUT.pt", help="the pruned checkpoint to write")
+    g.add_argument("--results-dir", help="folder for the JSON record (default: next to --out) or the sweep")
+    g.add_argument("--sweep", metavar="PERCENTS",
+                   help="run the study over budgets instead, e.g. 10,20,30,40,50,60,70,80")
+    g.add_argument("--sweep-methods", default=",".join(DEFAULT_METHODS), help="methods of the sweep")
+    g.add_argument("--sweep-tag", default="", help="a name for this calibration variant in the sweep's rows")
+    g.add_argument("--references", help="raw references of --gen-subset for the sweep's BLEU")
+    g.add_argument("--l0-compare", help="compare.jsonl of the L0 runs to show beside the sweep")
+
+
+def options_from(args) -> ShrinkOptions:
+    return ShrinkOptions(
+        remove=args.remove, keep=args.keep, flops=args.flops, types=parse_types(args.types),
+        calibration_subset=args.calibration_subset, calibration_sentences=args.calibration_sentences,
+        calibration_targets=args.calibration_targets, calibration_beam=args.calibration_beam, search=args.search,
+        search_steps=args.search_steps, rearrange=not args.no_rearrange, refit=args.refit, ridge=args.ridge,
+        max_scale=args.max_scale, refit_unpruned=args.refit_unpruned, empty_bias=not args.no_empty_bias,
+        refit_ffn=args.refit_ffn, teacher_mildness=args.teacher_mildness, check=not args.no_check,
+        check_sentences=args.check_sentences)
+
+
+def _percents(text: str):
+    try:
+        values = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise UserError(f"--sweep must be comma-separated percentages, e.g. 10,20,30: {text!r}") from None
+    if not values or any(not 0 < v < 100 for v in values):
+        raise UserError(f"--sweep percentages must be above 0 and below 100: {text!r}")
+    return values
+
+
+def run(cfg, args) -> None:
+    from fairseq_headprune.loading import load
+
+    if args.sweep:
+        return _run_sweep(cfg, args)
+    if not args.out:
+        raise UserError("--out OUT.pt is required (or --sweep for the study over budgets)")
+    options = options_from(args)
+    if os.path.exists(cfg.common_eval.path or "") and os.path.realpath(args.out) == os.path.realpath(
+            cfg.common_eval.path):
+        raise UserError("--out must not overwrite the checkpoint being shrunk")
+    out_dir = os.path.dirname(os.path.abspath(args.out))
+    if not os.access(out_dir if os.path.isdir(out_dir) else os.path.dirname(out_dir), os.W_OK):
+        raise UserError(f"cannot write {args.out}")
+    start = time.perf_counter()
+    loaded = load(cfg)
+    validate(options, loaded.model)
+    from fairseq_headprune.studies.shrink import export, shrink
+
+    result, calibration = shrink(loaded, options)
+    json_dir = args.results_dir or out_dir
+    json_path = os.path.join(json_dir, os.path.splitext(os.path.basename(args.out))[0] + ".json")
+    record = export(loaded, result, calibration, options, args.out, json_path)
+    seconds = time.perf_counter() - start
+    print(f"removed {len(result.selection.removed)} heads ({record['heads_kept']} of {record['heads_total']} kept): "
+          f"{record['params_before']:,} -> {record['params_after']:,} parameters; {seconds:.0f}s in all\n"
+          f"wrote {args.out}\nwrote {json_path}")
+
+
+def _run_sweep(cfg, args) -> None:
+    from fairseq_headprune.evaluate import SubsetEvaluator
+    from fairseq_headprune.loading import load
+    from fairseq_headprune.results.identity import run_identity
+    from fairseq_headprune.results.log import ResultsLog, atomic_output
+    from fairseq_headprune.studies import shrink_sweep as sweep
+
+    if not args.results_dir:
+        raise UserError("--sweep needs --results-dir")
+    percents = _percents(args.sweep)
+    options = options_from(args)
+    methods = tuple(m.strip() for m in args.sweep_methods.split(",") if m.strip())
+    for m in methods:
+        sweep.method_options(m, options)  # unknown methods fail here, before loading anything
+    loaded = load(cfg)
+    options.remove = "1"  # validated per budget in the sweep; the rest of the options here
+    validate(options, loaded.model)
+    options.remove = None
+    evaluator = SubsetEvaluator(loaded, cfg.dataset.gen_subset, args.references)
+    # calibration and reconstruction settings may differ between rows (tagged variants): each row records its own
+    identity = run_identity("shrink-sweep", loaded, evaluator, metric="bleu", inputs={"types": list(options.types)})
+    log = ResultsLog(os.path.join(args.results_dir, "shrink-sweep.jsonl"), identity)
+    opts = sweep.SweepOptions(shrink=options, percents=percents, methods=methods, tag=args.sweep_tag)
+    rows = sweep.run_sweep(loaded, evaluator, opts, log)
+    l0 = sweep.l0_rows(args.l0_compare)
+    total = rows[1]["heads_total"] if len(rows) > 1 else 0
+    md = os.path.join(args.results_dir, "shrink-sweep.md")
+    with atomic_output(md) as f:
+        f.write(f"# Retraining-free pruning to a budget: BLEU on '{evaluator.subset}' against heads removed\n\n"
+                f"{evaluator.bleu_signature()}, beam {cfg.generation.beam}; calibration: "
+                f"{options.calibration_sentences} sentences of '{options.calibration_subset}'.\n\n"
+                f"{sweep.table(rows, l0, total)}\n")
+    png = sweep.figure(rows, os.path.join(args.results_dir, "shrink-sweep.png"), l0, total)
+    print(f"wrote {log.path}\nwrote {md}\nwrote {png}")

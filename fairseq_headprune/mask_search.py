@@ -1,0 +1,254 @@
+"""Which heads to remove under a budget, with no weight update (after Kwon et al. 2022, steps 1 and 2).
+
+Everything starts from per-sentence mask gradients g_x,h = dL(x)/dξ_h at ξ = 1 (L(x) = summed token NLL of
+sentence x, teacher forcing, eval mode): one forward+backward over the calibration sentences, each batch row with
+its own ξ leaves (rows of a transformer batch do not interact, so row b's gradient is sentence b's).
+
+- Fisher score of a head: F_h = Σ_x g_x,h², the diagonal of the empirical Fisher of the masks; Michel et al.'s
+  I_h = mean_x |g_x,h| (l2-normalised per layer) from the same gradients, for the baseline order.
+- Budget fill, global: remove the lowest-scoring heads of the allowed attention types until the number of heads
+  (or the decoding FLOPs) to remove is reached; with a FLOP budget heads are taken by score per FLOP saved.
+- Rearrangement, within each layer: the second-order estimate of the loss increase of removing a set P of a layer's
+  heads with the layer's block of the Fisher, Σ_x (Σ_{h∈P} g_x,h)² = 1_P' F_layer 1_P, is lowered by swapping a
+  removed and a kept head while a swap lowers it. Swaps keep every layer's count, so the budget holds exactly.
+
+Pure functions on tensors and head lists; `sentence_gradients` is the one that runs a model.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+import torch
+
+from fairseq_headprune.heads import ATTENTION_TYPES, Head
+from fairseq_headprune.masking import masked_modules, row_head_masks
+
+Key = Tuple[str, int]
+
+
+# --------------------------------------------------------------------------------------------- gradients
+
+
+def sentence_nll(model, sample, pad: int) -> torch.Tensor:
+    """Summed token NLL of the batch (no label smoothing): its gradient w.r.t. row b's ξ is sentence b's."""
+    net_output = model(**sample["net_input"])
+    lprobs = model.get_normalized_probs(net_output, log_probs=True)
+    target = sample["target"]
+    nll = -lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+    return nll.masked_fill(target.eq(pad), 0.0).sum()
+
+
+def sentence_gradients(model, samples: Iterable[dict], pad: int, progress=None) -> Dict[Key, torch.Tensor]:
+    """{(type, layer): (sentences, heads) float64 tensor of dL(x)/dξ_h}, rows in the order of the samples' rows.
+
+    The model is put in eval mode; weights get no gradient (only the ξ leaves require one)."""
+    model.eval()
+    masked_modules(model)  # raises unless masks are installed
+    flags = [p.requires_grad for p in model.parameters()]
+    for p in model.parameters():
+        p.requires_grad_(False)
+    chunks: Dict[Key, List[torch.Tensor]] = {}
+    try:
+        for sample in progress(samples) if progress else samples:
+            with row_head_masks(model, sample["target"].size(0), requires_grad=True) as leaves:
+                sentence_nll(model, sample, pad).backward()
+                for key, leaf in leaves.items():
+                    grad = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
+                    chunks.setdefault(key, []).append(grad.detach().double().cpu())
+    finally:
+        for p, flag in zip(model.parameters(), flags):
+            p.requires_grad_(flag)
+    return {key: torch.cat(parts) for key, parts in chunks.items()}
+
+
+# --------------------------------------------------------------------------------------------- scores
+
+
+def fisher_scores(grads: Mapping[Key, torch.Tensor]) -> Dict[Key, torch.Tensor]:
+    """F_h = Σ_x g_x,h² (the diagonal of the empirical Fisher of the head masks)."""
+    return {key: g.pow(2).sum(0) for key, g in grads.items()}
+
+
+def michel_scores(grads: Mapping[Key, torch.Tensor], eps: float = 1e-20) -> Dict[Key, torch.Tensor]:
+    """Michel et al.'s I_h = mean_x |g_x,h|, l2-normalised per layer (their default)."""
+    out = {}
+    for key, g in grads.items():
+        s = g.abs().mean(0)
+        out[key] = s / (s.pow(2).sum().sqrt() + eps)
+    return out
+
+
+def layer_fisher(grads: torch.Tensor) -> torch.Tensor:
+    """The layer's block of the empirical Fisher: Σ_x g_x g_x' (heads x heads)."""
+    return grads.t() @ grads
+
+
+# --------------------------------------------------------------------------------------------- budget
+
+
+def ranked_heads(scores: Mapping[Key, torch.Tensor], head_ids: Mapping[Key, Sequence[int]],
+                 types: Iterable[str] = ATTENTION_TYPES) -> List[Tuple[float, Head]]:
+    """(score, head) of the allowed types, lowest score first; ties broken by spec order (deterministic)."""
+    types = set(types)
+    rows = [(float(s), Head(t, layer, head_ids[(t, layer)][i]))
+            for (t, layer), values in scores.items() if t in types for i, s in enumerate(values.tolist())]
+    return sorted(rows, key=lambda r: (r[0], ATTENTION_TYPES.index(r[1].type), r[1].layer, r[1].head))
+
+
+def fill_by_heads(scores: Mapping[Key, torch.Tensor], head_ids: Mapping[Key, Sequence[int]], n_remove: int,
+                  types: Iterable[str] = ATTENTION_TYPES) -> List[Head]:
+    """The n_remove lowest-scoring heads of the allowed types (a global fill, as Kwon's search with equal costs)."""
+    ranked = ranked_heads(scores, head_ids, types)
+    if not 0 <= n_remove <= len(ranked):
+        raise ValueError(f"cannot remove {n_remove} of {len(ranked)} heads")
+    return sorted(h for _, h in ranked[:n_remove])
+
+
+def fill_by_flops(scores: Mapping[Key, torch.Tensor], head_ids: Mapping[Key, Sequence[int]],
+                  head_cost: Mapping[Key, float], flops_to_remove: float,
+                  types: Iterable[str] = ATTENTION_TYPES) -> List[Head]:
+    """Remove heads by ascending score per FLOP saved until at least flops_to_remove are saved.
+
+    head_cost[(type, layer)] is the decoding FLOPs one head of that layer costs; a layer's heads cost alike. Raises
+    ValueError when even every allowed head does not save enough."""
+    rows = [(s / max(head_cost[(h.type, h.layer)], 1e-30), h) for s, h in ranked_heads(scores, head_ids, types)]
+    rows.sort(key=lambda r: (r[0], ATTENTION_TYPES.index(r[1].type), r[1].layer, r[1].head))
+    removed, saved = [], 0.0
+    for _, h in rows:
+        if saved >= flops_to_remove:
+            break
+        removed.append(h)
+        saved += head_cost[(h.type, h.layer)]
+    if saved < flops_to_remove:
+        raise ValueError(f"the allowed heads cost {saved:.3g} FLOPs, less than the {flops_to_remove:.3g} to remove")
+    return sorted(removed)
+
+
+def fill_greedy(grads: Mapping[Key, torch.Tensor], head_ids: Mapping[Key, Sequence[int]], n_remove: int,
+                types: Iterable[str] = ATTENTION_TYPES, block: bool = True,
+                already: Iterable[Head] = ()) -> List[Head]:
+    """Remove n_remove heads one at a time, each the head whose removal raises the Fisher estimate of the loss
+    increase least given the heads already removed: Σ_x (Σ_{h∈P} g_x,h)² over each layer's heads (block: Kwon's
+    block-diagonal Fisher, the objective the rearrangement lowers) or over all heads (full empirical Fisher).
+    Unlike the diagonal fill, heads that fail together (correlated gradients) are not all removed. `already` are
+    removed first (and count towards n_remove)."""
+    types = set(types)
+    keys = [k for k in grads if k[0] in types]
+    columns = [(k, i) for k in keys for i in range(len(head_ids[k]))]
+    if not 0 <= n_remove <= len(columns):
+        raise ValueError(f"cannot remove {n_remove} of {len(columns)} heads")
+    G = torch.cat([grads[k] for k in keys], dim=1)  # (sentences, heads of the allowed types)
+    F = G.t() @ G
+    if block:
+        layer = torch.tensor([keys.index(k) for k, _ in columns])
+        F = F * (layer.unsqueeze(0) == layer.unsqueeze(1))
+    position = {Head(k[0], k[1], head_ids[k][i]): c for c, (k, i) in enumerate(columns)}
+    v = torch.zeros(len(columns), dtype=F.dtype)
+    for h in already:
+        v[position[h]] = 1
+    diag = F.diagonal()
+    while int(v.sum()) < n_remove:
+        increase = 2 * (F @ v) + diag
+        increase[v.bool()] = float("inf")
+        v[int(torch.argmin(increase))] = 1
+    return sorted(Head(k[0], k[1], head_ids[k][i]) for c, (k, i) in enumerate(columns) if v[c])
+
+
+# --------------------------------------------------------------------------------------------- rearrangement
+
+
+def loss_estimate(fisher_block: torch.Tensor, removed: torch.Tensor) -> float:
+    """1_P' F 1_P for the boolean vector `removed` of one layer: Σ_x (Σ_{h∈P} g_x,h)²."""
+    v = removed.to(fisher_block.dtype)
+    return float(v @ fisher_block @ v)
+
+
+def rearrange_layer(fisher_block: torch.Tensor, removed: torch.Tensor, max_swaps: int = 1000) -> torch.Tensor:
+    """Best-improvement swaps of one removed and one kept head while the estimate strictly falls.
+
+    Returns a new boolean vector with the same number of removed heads; the objective never increases."""
+    removed = removed.clone().bool()
+    n = removed.numel()
+    if removed.all() or not removed.any():
+        return removed
+    current = loss_estimate(fisher_block, removed)
+    for _ in range(max_swaps):
+        best, best_pair = current, None
+        for p in removed.nonzero().flatten().tolist():
+            for k in (~removed).nonzero().flatten().tolist():
+                trial = removed.clone()
+                trial[p], trial[k] = False, True
+                value = loss_estimate(fisher_block, trial)
+                if value < best - 1e-12 * max(abs(current), 1.0):
+                    best, best_pair = value, (p, k)
+        if best_pair is None:
+            break
+        removed[best_pair[0]], removed[best_pair[1]] = False, True
+        current = best
+    assert int(removed.sum()) <= n
+    return removed
+
+
+@dataclass
+class Rearrangement:
+    removed: List[Head]
+    objective_before: Dict[Key, float]
+    objective_after: Dict[Key, float]
+    swapped: Dict[Key, int]
+
+
+def rearrange(removed: Iterable[Head], grads: Mapping[Key, torch.Tensor],
+              head_ids: Mapping[Key, Sequence[int]]) -> Rearrangement:
+    """Kwon's mask rearrangement in every layer that has both removed and kept heads (counts per layer kept)."""
+    removed = set(removed)
+    out: List[Head] = []
+    before, after, swapped = {}, {}, {}
+    for key, g in grads.items():
+        ids = list(head_ids[key])
+        vec = torch.tensor([Head(key[0], key[1], h) in removed for h in ids], dtype=torch.bool)
+        block = layer_fisher(g)
+        new = rearrange_layer(block, vec)
+        if vec.any():
+            before[key], after[key] = loss_estimate(block, vec), loss_estimate(block, new)
+            swapped[key] = int((vec & ~new).sum())
+        out += [Head(key[0], key[1], ids[i]) for i in new.nonzero().flatten().tolist()]
+    return Rearrangement(sorted(out), before, after, swapped)
+
+
+def by_type(heads: Iterable[Head]) -> Dict[str, int]:
+    """Number of heads per attention type (every type present, zeros included)."""
+    counts = {t: 0 for t in ATTENTION_TYPES}
+    for h in heads:
+        counts[h.type] += 1
+    return counts
+
+
+def emptied_layers(removed: Iterable[Head], head_ids: Mapping[Key, Sequence[int]]) -> List[Key]:
+    """(type, layer) whose every head is removed."""
+    grouped: Dict[Key, int] = {}
+    for h in removed:
+        grouped[(h.type, h.layer)] = grouped.get((h.type, h.layer), 0) + 1
+    return sorted((k for k, n in grouped.items() if n == len(head_ids[k])),
+                  key=lambda k: (ATTENTION_TYPES.index(k[0]), k[1]))
+
+
+def head_ids_of(model) -> Dict[Key, Tuple[int, ...]]:
+    from fairseq_headprune.heads import HeadLayout
+
+    return dict(HeadLayout.of(model).heads)
+
+
+def keys_in_order(keys: Iterable[Key], decoder_first_self: bool = True) -> List[Key]:
+    """Sublayers in forward order: encoder self-attention 1..L, then per decoder layer its self-attention and its
+    encoder-decoder attention."""
+    rank = {"enc-self": 0, "dec-self": 1, "enc-dec": 2}
+
+    def order(k: Key):
+        return (0, k[1], 0) if k[0] == "enc-self" else (1, k[1], rank[k[0]])
+
+    return sorted(keys, key=order)
+
+
+def optional_types(types: Optional[Iterable[str]]) -> Tuple[str, ...]:
+    return tuple(types) if types else ATTENTION_TYPES

@@ -1,0 +1,502 @@
+"""Prune a loaded model to a budget without retraining and export it as a smaller stock checkpoint.
+
+After Kwon et al. 2022 (A Fast Post-Training Pruning Framework for Transformers), for encoder-decoder translation:
+calibration sentences -> per-sentence mask gradients -> Fisher budget fill (mask_search) -> in-layer
+rearrangement -> layer-by-layer least-squares reconstruction (reconstruction) -> physically pruned checkpoint,
+checked against the in-memory reconstructed model before it is written. No weight gets a gradient step.
+
+Functions take a loaded model (loading.Loaded) and a ShrinkOptions; nothing here parses arguments.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import os
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from fairseq_headprune import flops as flop_model
+from fairseq_headprune import mask_search
+from fairseq_headprune.errors import UserError
+from fairseq_headprune.heads import ATTENTION_TYPES, Head, HeadLayout, format_head_spec
+from fairseq_headprune.masking import head_gates, set_head_masks
+from fairseq_headprune.reconstruction import METHODS, ReconstructionOptions, SublayerFit, reconstruct
+
+Key = Tuple[str, int]
+TARGETS = ("references", "self")
+SEARCHES = ("fisher", "importance", "block", "full")
+
+
+@dataclass
+class ShrinkOptions:
+    """What `fairseq-headprune shrink` does; every field has the command's default."""
+
+    remove: Optional[str] = None  # "50%" or "72": heads to remove (of the allowed types)
+    keep: Optional[str] = None  # the same, counted as heads kept
+    flops: Optional[str] = None  # "60%": the pruned model's decoding FLOPs at most this share of the unpruned's
+    types: Tuple[str, ...] = ATTENTION_TYPES
+    calibration_subset: str = "valid"
+    calibration_sentences: int = 1000
+    calibration_targets: str = "references"  # references (teacher forcing) | self (the model's own translations)
+    calibration_beam: int = 1  # beam for self targets (1 = greedy)
+    search: str = "fisher"  # fisher (diagonal, Kwon) | importance (Michel) | block | full (greedy, mask_search)
+    rearrange: bool = True
+    refit: str = "out-proj"  # none | scales | out-proj
+    ridge: float = 1e-3
+    max_scale: float = 10.0
+    refit_unpruned: bool = False
+    empty_bias: bool = True
+    refit_ffn: bool = False  # also refit every FFN's fc2 towards the same targets (beyond Kwon)
+    search_steps: int = 1  # > 1: remove the budget in this many steps, reconstructing and re-scoring between them
+    teacher_mildness: float = 0.0  # > 0: the teacher has this share of the removed heads masked (a milder mask)
+    check: bool = True
+    check_sentences: Optional[int] = None  # sentences decoded by both models before saving (all calibration)
+
+
+@dataclass(frozen=True)
+class Budget:
+    kind: str  # remove | keep | flops
+    value: float
+    percent: bool
+
+    def describe(self) -> str:
+        amount = f"{self.value:g}%" if self.percent else f"{int(self.value)}"
+        return {"remove": f"remove {amount} of the heads", "keep": f"keep {amount} of the heads",
+                "flops": f"at most {amount} of the decoding FLOPs"}[self.kind]
+
+
+def _parse_amount(text: str, option: str) -> Tuple[float, bool]:
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(%?)\s*", str(text))
+    if not m:
+        raise UserError(f"{option} must be a number of heads (72) or a percentage (50%), not {text!r}")
+    return float(m.group(1)), bool(m.group(2))
+
+
+def parse_budget(options: ShrinkOptions) -> Budget:
+    given = [(k, v) for k, v in (("remove", options.remove), ("keep", options.keep), ("flops", options.flops))
+             if v is not None]
+    if len(given) != 1:
+        raise UserError("give exactly one budget: --remove N|P%, --keep N|P% or --flops P%")
+    kind, text = given[0]
+    value, percent = _parse_amount(text, f"--{kind}")
+    if kind == "flops":
+        if not percent:
+            raise UserError(f"--flops is a share of the unpruned model's decoding FLOPs, e.g. 60%, not {text!r}")
+        if not 0 < value < 100:
+            raise UserError(f"--flops must be above 0% and below 100%, not {text}")
+    elif percent and not 0 < value <= 100:
+        raise UserError(f"--{kind} must be above 0% and at most 100%, not {text}")
+    elif not percent and (value != int(value) or (kind == "remove" and value < 1) or value < 0):
+        raise UserError(f"--{kind} must be a whole number of heads{' above 0' if kind == 'remove' else ''}, "
+                        f"not {text}")
+    return Budget(kind, value, percent)
+
+
+def parse_types(text) -> Tuple[str, ...]:
+    items = [t.strip() for t in (text.split(",") if isinstance(text, str) else text) if t.strip()]
+    bad = [t for t in items if t not in ATTENTION_TYPES]
+    if bad or not items:
+        raise UserError(f"unknown attention type {bad[0] if bad else repr(text)}: "
+                        f"use {', '.join(ATTENTION_TYPES)} (comma-separated)")
+    return tuple(t for t in ATTENTION_TYPES if t in items)
+
+
+def heads_to_remove(budget: Budget, layout: HeadLayout, types: Sequence[str]) -> int:
+    """Number of heads a head budget removes; a UserError when it does not fit the model."""
+    allowed = len(layout.all_heads(types))
+    total = len(layout.all_heads())
+    if budget.kind == "flops":
+        raise ValueError("a FLOP budget has no head count before search")
+    n = budget.value / 100 * allowed if budget.percent else budget.value
+    n = int(round(n))
+    if budget.kind == "keep":
+        if n > allowed:
+            raise UserError(f"--keep {budget.value:g}: the selected types ({', '.join(types)}) have only {allowed} "
+                            f"heads ({layout.describe()})")
+        n = allowed - n
+    if n > allowed:
+        raise UserError(f"cannot remove {n} heads: the selected types ({', '.join(types)}) have {allowed} "
+                        f"({layout.describe()})")
+    if n < 1:
+        raise UserError(f"the budget ({budget.describe()}) removes no head")
+    if n >= total:
+        raise UserError(f"cannot remove all {total} heads of the model")
+    return n
+
+
+def validate(options: ShrinkOptions, model) -> Budget:
+    """Everything that can be checked before any expensive work; raises UserError."""
+    budget = parse_budget(options)
+    if head_gates(model):
+        raise UserError("the checkpoint has L0 head gates: fold them into a stock checkpoint first "
+                        "(fairseq-headprune gates CKPT --results-dir DIR --fold-out stock.pt) and shrink that")
+    parse_types(options.types)
+    if options.calibration_targets not in TARGETS:
+        raise UserError(f"--calibration-targets must be one of {', '.join(TARGETS)}")
+    if options.search not in SEARCHES:
+        raise UserError(f"--search must be one of {', '.join(SEARCHES)}")
+    if options.refit not in METHODS:
+        raise UserError(f"--refit must be one of {', '.join(METHODS)}")
+    if options.calibration_sentences < 1:
+        raise UserError("--calibration-sentences must be at least 1")
+    if options.search_steps < 1:
+        raise UserError("--search-steps must be at least 1")
+    if options.search_steps > 1 and budget.kind == "flops":
+        raise UserError("--search-steps works with head budgets (--remove, --keep), not --flops")
+    if not 0 <= options.teacher_mildness < 1:
+        raise UserError("--teacher-mildness must be in [0, 1)")
+    if options.ridge < 0 or options.max_scale <= 0:
+        raise UserError("--ridge must be >= 0 and --max-scale > 0")
+    layout = HeadLayout.of(model)
+    if budget.kind != "flops":
+        heads_to_remove(budget, layout, parse_types(options.types))
+    return budget
+
+
+# --------------------------------------------------------------------------------------------- calibration
+
+
+@dataclass
+class Calibration:
+    samples: List[dict]
+    subset: str
+    sentences: int
+    targets: str
+    ids_sha256: str
+    source_tokens: int
+    target_tokens: int
+    seconds: float = 0.0
+
+    def provenance(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if k != "samples"}
+
+
+def calibration_samples(loaded, subset: str, n: int, max_tokens: Optional[int] = None) -> Tuple[List[dict], str]:
+    """The first n sentences (by id) of a subset, in batches of similar length; the ids' hash."""
+    task = loaded.task
+    try:
+        task.load_dataset(subset, task_cfg=loaded.saved_cfg.task)
+    except FileNotFoundError as e:
+        raise UserError(f"no '{subset}' subset in {loaded.cfg.task.data}: {e}") from None
+    dataset = task.dataset(subset)
+    if len(dataset) == 0:
+        raise UserError(f"the calibration subset '{subset}' is empty")
+    ids = list(range(min(n, len(dataset))))
+    ids.sort(key=lambda i: (int(dataset.src_sizes[i]), int(dataset.tgt_sizes[i]) if dataset.tgt_sizes is not None
+                            else 0, i))
+    max_tokens = max_tokens or 4000
+    batches, current, longest = [], [], 0
+    for i in ids:
+        size = max(int(dataset.src_sizes[i]), int(dataset.tgt_sizes[i]) if dataset.tgt_sizes is not None else 0)
+        if current and max(longest, size) * (len(current) + 1) > max_tokens:
+            batches.append(current)
+            current, longest = [], 0
+        current.append(i)
+        longest = max(longest, size)
+    if current:
+        batches.append(current)
+    samples = [dataset.collater([dataset[i] for i in b]) for b in batches]
+    sha = hashlib.sha256(",".join(map(str, sorted(ids))).encode()).hexdigest()[:16]
+    return samples, sha
+
+
+@torch.no_grad()
+def self_targets(loaded, samples: List[dict], beam: int) -> List[dict]:
+    """The samples with the model's own translations as targets (teacher forcing on them), no references read."""
+    from fairseq.data import data_utils
+
+    gen_cfg = copy.deepcopy(loaded.cfg.generation)
+    gen_cfg.beam = beam
+    gen_cfg.nbest = 1
+    generator = loaded.task.build_generator([loaded.model], gen_cfg)
+    d = loaded.task.target_dictionary
+    out = []
+    for sample in samples:
+        hyps = loaded.task.inference_step(generator, [loaded.model], sample)
+        order = {sid: r for r, sid in enumerate(sample["id"].tolist())}
+        tokens = [hyps[order[sid]][0]["tokens"].long() for sid in sample["id"].tolist()]
+        target = data_utils.collate_tokens(tokens, d.pad(), d.eos(), left_pad=False)
+        prev = data_utils.collate_tokens(tokens, d.pad(), d.eos(), left_pad=False, move_eos_to_beginning=True)
+        net_input = {**sample["net_input"], "prev_output_tokens": prev}
+        out.append({**sample, "net_input": net_input, "target": target, "ntokens": int(target.ne(d.pad()).sum())})
+    return out
+
+
+def calibrate(loaded, options: ShrinkOptions) -> Calibration:
+    start = time.perf_counter()
+    samples, sha = calibration_samples(loaded, options.calibration_subset, options.calibration_sentences,
+                                       loaded.cfg.dataset.max_tokens)
+    if options.calibration_targets == "self":
+        set_head_masks(loaded.model, [])
+        samples = self_targets(loaded, samples, options.calibration_beam)
+    pad = loaded.task.target_dictionary.pad()
+    n = sum(s["id"].numel() for s in samples)
+    src = sum(int(s["net_input"]["src_tokens"].ne(pad).sum()) for s in samples)
+    tgt = sum(int(s["target"].ne(pad).sum()) for s in samples)
+    return Calibration(samples, options.calibration_subset, n, options.calibration_targets, sha, src, tgt,
+                       time.perf_counter() - start)
+
+
+# --------------------------------------------------------------------------------------------- search
+
+
+@dataclass
+class Selection:
+    removed: List[Head]
+    order: str
+    rearranged: bool
+    budget: Budget
+    rearrangement: Optional[dict] = None
+    flops: Optional[dict] = None
+
+    def summary(self) -> dict:
+        return {"removed": len(self.removed), "removed_per_type": mask_search.by_type(self.removed),
+                "order": self.order, "rearranged": self.rearranged, "budget": asdict(self.budget),
+                "removed_spec": format_head_spec(self.removed), "rearrangement": self.rearrangement,
+                "flops": self.flops}
+
+
+def calibration_lengths(calibration: Calibration, pad: int) -> Tuple[List[int], List[int]]:
+    src, tgt = [], []
+    for s in calibration.samples:
+        src += s["net_input"]["src_tokens"].ne(pad).sum(1).tolist()
+        tgt += s["target"].ne(pad).sum(1).tolist()
+    return src, tgt
+
+
+def select_heads(model, grads: Dict[Key, torch.Tensor], budget: Budget, options: ShrinkOptions,
+                 lengths: Optional[Tuple[List[int], List[int]]] = None, beam: int = 5,
+                 already: Sequence[Head] = ()) -> Selection:
+    """The heads to remove: global fill by Fisher (or Michel's I_h), then (Fisher only) in-layer rearrangement.
+    Heads in `already` are removed in any case (they rank first and stay out of the rearrangement)."""
+    layout = HeadLayout.of(model)
+    ids = dict(layout.heads)
+    types = parse_types(options.types)
+    scores = mask_search.fisher_scores(grads) if options.search == "fisher" else mask_search.michel_scores(grads)
+    for h in already:
+        scores[(h.type, h.layer)] = scores[(h.type, h.layer)].clone()
+        scores[(h.type, h.layer)][ids[(h.type, h.layer)].index(h.head)] = -float("inf")
+    flop_info = None
+    if budget.kind == "flops":
+        if options.search in ("block", "full"):
+            raise UserError("--flops works with --search fisher or importance")
+        # FLOPs of beam decoding the calibration sentences with their target lengths (flops.py's count)
+        shape = flop_model.ModelShape.of(model)
+        src, tgt = lengths
+        total = flop_model.decode_flops(shape, src, tgt, beam)
+        cost = flop_model.flops_per_head(shape, src, tgt, beam)
+        to_remove = total * (1 - budget.value / 100)
+        try:
+            removed = mask_search.fill_by_flops(scores, ids, cost, to_remove, types)
+        except ValueError:
+            everything = flop_model.decode_flops(shape.without(layout.all_heads(types)), src, tgt, beam)
+            raise UserError(f"--flops {budget.value:g}% cannot be reached by removing heads of "
+                            f"{', '.join(types)}: without any of them decoding still costs "
+                            f"{100 * everything / total:.1f}% of the FLOPs") from None
+        if len(removed) >= len(layout.all_heads()):
+            raise UserError(f"--flops {budget.value:g}% would remove every head of the model")
+        after = flop_model.decode_flops(shape.without(removed), src, tgt, beam)
+        flop_info = {"unpruned": total, "pruned": after, "share": after / total, "beam": beam,
+                     "lengths": "calibration sources and targets"}
+    elif options.search in ("block", "full"):
+        removed = mask_search.fill_greedy(grads, ids, heads_to_remove(budget, layout, types), types,
+                                          block=options.search == "block", already=already)
+    else:
+        removed = mask_search.fill_by_heads(scores, ids, heads_to_remove(budget, layout, types), types)
+    info = None
+    if options.rearrange and options.search != "importance" and not already:
+        r = mask_search.rearrange(removed, grads, ids)
+        info = {"objective_before": sum(r.objective_before.values()),
+                "objective_after": sum(r.objective_after.values()),
+                "swapped_heads": sum(r.swapped.values()),
+                "per_layer": {f"{k[0]}:{k[1]}": [r.objective_before[k], r.objective_after[k], r.swapped[k]]
+                              for k in r.objective_before}}
+        removed = r.removed
+    return Selection(removed, options.search, bool(info), budget, info, flop_info)
+
+
+# --------------------------------------------------------------------------------------------- reconstruction
+
+
+@dataclass
+class ShrinkResult:
+    student: object  # the reconstructed model with its removed heads masked (in memory, not pruned)
+    selection: Selection
+    fits: List[SublayerFit]
+    seconds: Dict[str, float] = field(default_factory=dict)
+
+    def fits_json(self) -> List[dict]:
+        return [f.as_json() for f in self.fits]
+
+
+def build_student(model, selection: Selection, calibration: Calibration, options: ShrinkOptions, pad: int,
+                  grads: Optional[Dict[Key, torch.Tensor]] = None, log: Optional[Callable] = None) -> ShrinkResult:
+    """A copy of `model` with the selected heads masked and reconstructed as options.refit says."""
+    start = time.perf_counter()
+    student = copy.deepcopy(model)
+    set_head_masks(student, selection.removed)
+    teacher = model
+    if options.teacher_mildness > 0 and (options.refit != "none" or options.refit_ffn):
+        teacher = copy.deepcopy(model)
+        milder = _milder(selection, grads, int(round(options.teacher_mildness * len(selection.removed))))
+        set_head_masks(teacher, milder)
+    fits = reconstruct(teacher, student, calibration.samples, pad,
+                       ReconstructionOptions(method=options.refit, ridge=options.ridge, max_scale=options.max_scale,
+                                             refit_unpruned=options.refit_unpruned, empty_bias=options.empty_bias,
+                                             refit_ffn=options.refit_ffn),
+                       log=log)
+    return ShrinkResult(student, selection, fits, {"reconstruction": time.perf_counter() - start})
+
+
+def _milder(selection: Selection, grads, n: int) -> List[Head]:
+    """The n least important of the removed heads (by Fisher score): a teacher that lost the least of them."""
+    if not grads or n <= 0:
+        return []
+    scores = mask_search.fisher_scores(grads)  # unpruned model: a head's position is its id - 1
+    ranked = sorted(selection.removed, key=lambda h: float(scores[(h.type, h.layer)][h.head - 1]))
+    return ranked[:n]
+
+
+def search_with_reconstruction(model, grads, budget: Budget, options: ShrinkOptions, calibration: Calibration,
+                               pad: int, log: Optional[Callable] = None) -> ShrinkResult:
+    """Remove the budget in options.search_steps equal steps: after each step the student is reconstructed and its
+    mask gradients recomputed, so the next heads are scored on the model they will be removed from."""
+    layout = HeadLayout.of(model)
+    n_total = heads_to_remove(budget, layout, parse_types(options.types))
+    removed: List[Head] = []
+    result = None
+    step_grads = grads
+    for k in range(1, options.search_steps + 1):
+        n_k = int(round(n_total * k / options.search_steps))
+        selection = select_heads(model, step_grads, Budget("remove", float(n_k), False), options, already=removed)
+        removed = selection.removed
+        result = build_student(model, selection, calibration, options, pad, grads)
+        if log:
+            log(f"step {k}/{options.search_steps}: {len(removed)} heads removed and reconstructed")
+        if k < options.search_steps:
+            step_grads = mask_search.sentence_gradients(result.student, calibration.samples, pad)
+    result.selection = Selection(removed, f"{options.search} in {options.search_steps} steps with reconstruction",
+                                 options.rearrange, budget)
+    return result
+
+
+def shrink(loaded, options: ShrinkOptions, log: Callable = print) -> Tuple[ShrinkResult, Calibration]:
+    """Calibrate, search and reconstruct: the in-memory result (export() writes it)."""
+    budget = validate(options, loaded.model)
+    set_head_masks(loaded.model, [])
+    calibration = calibrate(loaded, options)
+    log(f"calibration: {calibration.sentences} sentences of '{calibration.subset}' "
+        f"({calibration.target_tokens} target tokens, targets: {calibration.targets})")
+    pad = loaded.task.target_dictionary.pad()
+    start = time.perf_counter()
+    grads = mask_search.sentence_gradients(loaded.model, calibration.samples, pad)
+    t_grads = time.perf_counter() - start
+    start = time.perf_counter()
+    if options.search_steps > 1:
+        result = search_with_reconstruction(loaded.model, grads, budget, options, calibration, pad, log)
+        result.seconds.update(calibration=calibration.seconds, gradients=t_grads,
+                              search_and_reconstruction=time.perf_counter() - start)
+        return result, calibration
+    selection = select_heads(loaded.model, grads, budget, options, calibration_lengths(calibration, pad),
+                             beam=loaded.cfg.generation.beam)
+    t_search = time.perf_counter() - start
+    per_type = mask_search.by_type(selection.removed)
+    emptied = mask_search.emptied_layers(selection.removed, HeadLayout.of(loaded.model).heads)
+    log(f"search ({selection.order}{', rearranged' if selection.rearranged else ''}): remove {len(selection.removed)} "
+        f"heads ({', '.join(f'{t} {n}' for t, n in per_type.items())}); emptied layers: "
+        f"{', '.join(f'{t}:{i}' for t, i in emptied) or 'none'}")
+    result = build_student(loaded.model, selection, calibration, options, pad, grads, log)
+    result.seconds.update(calibration=calibration.seconds, gradients=t_grads, search=t_search)
+    return result, calibration
+
+
+# --------------------------------------------------------------------------------------------- export
+
+
+@torch.no_grad()
+def hypotheses(task, generator, model, samples) -> Dict[int, List[int]]:
+    out = {}
+    for sample in samples:
+        for sid, nbest in zip(sample["id"].tolist(), task.inference_step(generator, [model], sample)):
+            out[sid] = nbest[0]["tokens"].tolist()
+    return out
+
+
+def check_pruned(loaded, student, pruned, samples: List[dict]) -> dict:
+    """The physically pruned model against the in-memory reconstructed one: largest logit difference on the first
+    batch and identical best hypotheses (the command's beam) on the given samples; raises UserError otherwise."""
+    from fairseq_headprune.surgery import PRUNED_ARCH  # noqa: F401  (the pruned model's architecture)
+
+    with torch.no_grad():
+        a = student(**samples[0]["net_input"])[0]
+        b = pruned(**samples[0]["net_input"])[0]
+    diff = float((a - b).abs().max())
+    if not torch.isfinite(b).all() or diff > 1e-3:
+        raise UserError(f"the pruned model differs from the reconstructed one (max logit difference {diff:.2e})")
+    task, gen = loaded.task, loaded.cfg.generation
+    h_student = hypotheses(task, task.build_generator([student], gen), student, samples)
+    h_pruned = hypotheses(task, task.build_generator([pruned], gen), pruned, samples)
+    differing = [sid for sid in h_student if h_student[sid] != h_pruned[sid]]
+    if differing:
+        raise UserError(f"the pruned model translates {len(differing)} of {len(h_student)} calibration sentences "
+                        f"differently from the reconstructed one (first: sentence {differing[0]}); nothing written")
+    return {"max_logit_diff": diff, "sentences_checked": len(h_student), "identical_hypotheses": True}
+
+
+def output_path_ok(source: str, out: str) -> None:
+    if os.path.realpath(out) == os.path.realpath(source):
+        raise UserError("--out must not overwrite the checkpoint being shrunk")
+
+
+def export(loaded, result: ShrinkResult, calibration: Calibration, options: ShrinkOptions, out: str,
+           json_path: Optional[str] = None, log: Callable = print) -> dict:
+    """Physically prune the reconstructed model, check it, write the stock checkpoint and the JSON record."""
+    from fairseq_headprune.loading import file_sha256
+    from fairseq_headprune.results.log import write_json_atomic
+    from fairseq_headprune.surgery import kept_heads, prune_model, save_pruned_checkpoint
+
+    output_path_ok(loaded.checkpoint, out)
+    start = time.perf_counter()
+    pruned = prune_model(copy.deepcopy(result.student), result.selection.removed)
+    check = None
+    if options.check:
+        samples = calibration.samples
+        if options.check_sentences:
+            samples, n = [], 0
+            for s in calibration.samples:
+                if n >= options.check_sentences:
+                    break
+                samples.append(s)
+                n += s["id"].numel()
+        check = check_pruned(loaded, result.student, pruned, samples)
+        log(f"check: identical hypotheses on {check['sentences_checked']} calibration sentences, "
+            f"max logit difference {check['max_logit_diff']:.1e}")
+    save_pruned_checkpoint(pruned, loaded.checkpoint, out)
+    result.seconds["export"] = time.perf_counter() - start
+    params = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    layout = HeadLayout.of(loaded.model)
+    record = {
+        "checkpoint": os.path.abspath(out),
+        "source_checkpoint": os.path.abspath(loaded.checkpoint),
+        "source_sha256": file_sha256(loaded.checkpoint),
+        "heads_total": len(layout.all_heads()),
+        "heads_kept": len(layout.all_heads()) - len(result.selection.removed),
+        "kept_heads": kept_heads(pruned),
+        "selection": result.selection.summary(),
+        "reconstruction": {"options": {k: getattr(options, k) for k in (
+            "refit", "ridge", "max_scale", "refit_unpruned", "empty_bias", "refit_ffn", "teacher_mildness")},
+            "sublayers": result.fits_json(),
+            "fallbacks": [f"{f.key[0]}:{f.key[1]}: {f.fallback}" for f in result.fits if f.fallback]},
+        "calibration": {**calibration.provenance(), "data": os.path.abspath(loaded.cfg.task.data)},
+        "check": check,
+        "params_before": params(loaded.model), "params_after": params(pruned),
+        "seconds": result.seconds,
+        "options": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(options).items()},
+    }
+    if json_path:
+        write_json_atomic(json_path, record)
+    return record

@@ -1,0 +1,247 @@
+"""The shrink study over budgets: BLEU against heads removed for each step of the pipeline, and L0 runs.
+
+Methods are written as a base order and steps joined by '+':
+  michel                       Michel et al.'s I_h order (mean |g|, l2 per layer), masks only, no tuning
+  fisher                       Kwon's Fisher order (Σ g²), masks only
+  fisher+rearrange             + in-layer rearrangement
+  fisher+rearrange+scales      + one least-squares scale per kept head (Kwon's mask tuning)
+  fisher+rearrange+out-proj    + ridge refit of each pruned sublayer's out-projection instead
+  block, full                  greedy fill on the block-diagonal or the full empirical Fisher (mask_search)
+Extra steps for the measurements of NOTES.md: `mildP` (a teacher with P% of the removed heads masked), `all` (also
+refit sublayers that lost no head), `nobias` (no bias refit of emptied sublayers), `ffn` (also refit every FFN's
+fc2 towards the same targets), `ridgeX` (the ridge of the refits), `stepsN` (remove the budget in N steps, each
+reconstructed and re-scored before the next: search with reconstruction in the loop).
+
+The calibration (sentences, targets) and the gradients are computed once; every budget and method reuses them.
+Rows go to a resumable JSONL (ResultsLog) as they are computed.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+from fairseq_headprune import mask_search
+from fairseq_headprune.errors import UserError
+from fairseq_headprune.heads import HeadLayout
+from fairseq_headprune.masking import set_head_masks
+from fairseq_headprune.studies.shrink import (
+    Budget,
+    Calibration,
+    ShrinkOptions,
+    build_student,
+    calibrate,
+    parse_types,
+    search_with_reconstruction,
+    select_heads,
+)
+
+DEFAULT_METHODS = ("michel", "fisher", "fisher+rearrange", "fisher+rearrange+scales", "fisher+rearrange+out-proj")
+DEFAULT_PERCENTS = (10, 20, 30, 40, 50, 60, 70, 80)
+
+
+@dataclass
+class SweepOptions:
+    shrink: ShrinkOptions = field(default_factory=ShrinkOptions)
+    percents: Tuple[float, ...] = DEFAULT_PERCENTS
+    methods: Tuple[str, ...] = DEFAULT_METHODS
+    tag: str = ""  # names a calibration variant in the row keys (e.g. "self-targets")
+
+
+def method_options(method: str, base: ShrinkOptions) -> ShrinkOptions:
+    """The ShrinkOptions a method name stands for (see the module docstring)."""
+    parts = method.split("+")
+    order = {"michel": "importance", "fisher": "fisher", "block": "block", "full": "full"}.get(parts[0])
+    if order is None:
+        raise UserError(f"unknown sweep method {method!r}: it starts with michel, fisher, block or full")
+    opts = replace(base, search=order, rearrange=False, refit="none", teacher_mildness=0.0, refit_unpruned=False,
+                   empty_bias=True, refit_ffn=False, search_steps=1)
+    for step in parts[1:]:
+        if step == "rearrange":
+            opts = replace(opts, rearrange=True)
+        elif step in ("scales", "out-proj"):
+            opts = replace(opts, refit=step)
+        elif step.startswith("mild") and step[4:].isdigit():
+            opts = replace(opts, teacher_mildness=int(step[4:]) / 100)
+        elif step == "all":
+            opts = replace(opts, refit_unpruned=True)
+        elif step.startswith("steps") and step[5:].isdigit():
+            opts = replace(opts, search_steps=int(step[5:]))
+        elif step == "ffn":
+            opts = replace(opts, refit_ffn=True)
+        elif step.startswith("ridge"):
+            opts = replace(opts, ridge=float(step[5:]))
+        elif step == "nobias":
+            opts = replace(opts, empty_bias=False)
+        else:
+            raise UserError(f"unknown step {step!r} in sweep method {method!r}")
+    return opts
+
+
+@contextlib.contextmanager
+def weights_of(model, other) -> Iterator[None]:
+    """`model` computes with `other`'s weights for the duration (same architecture); its own are put back."""
+    saved = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    model.load_state_dict(other.state_dict())
+    try:
+        yield
+    finally:
+        model.load_state_dict(saved)
+
+
+def run_sweep(loaded, evaluator, options: SweepOptions, log, say: Callable = print,
+              calibration: Optional[Calibration] = None) -> List[dict]:
+    """Every method at every budget (heads removed, share of the allowed types), BLEU on the evaluator's subset."""
+    model = loaded.model
+    pad = loaded.task.target_dictionary.pad()
+    types = parse_types(options.shrink.types)
+    layout = HeadLayout.of(model)
+    n_allowed = len(layout.all_heads(types))
+    set_head_masks(model, [])
+    done = log.done()
+    if "unpruned" not in done:
+        hyps = evaluator.translate()
+        log.append({"key": "unpruned", "method": "unpruned", "removed": 0, "bleu": evaluator.bleu(hyps).score})
+        say(f"unpruned: BLEU {log.rows[-1]['bleu']:.2f}")
+    base_bleu = next(r["bleu"] for r in log.rows if r["key"] == "unpruned")
+    methods = [(m, method_options(m, options.shrink)) for m in options.methods]
+    todo = [(p, m, o) for p in options.percents for m, o in methods if _key(options.tag, m, p, n_allowed) not in done]
+    if not todo:
+        return log.rows
+    if calibration is None:
+        calibration = calibrate(loaded, options.shrink)
+    start = time.perf_counter()
+    grads = mask_search.sentence_gradients(model, calibration.samples, pad)
+    say(f"gradients of {calibration.sentences} calibration sentences: {time.perf_counter() - start:.0f}s")
+    for percent, method, opts in todo:
+        budget = Budget("remove", float(percent), True)
+        selection = select_heads(model, grads, budget, opts)
+        t0 = time.perf_counter()
+        fits = []
+        if opts.refit == "none" and not opts.refit_ffn:
+            set_head_masks(model, selection.removed)
+            try:
+                hyps = evaluator.translate()
+            finally:
+                set_head_masks(model, [])
+        else:
+            if opts.search_steps > 1:
+                result = search_with_reconstruction(model, grads, budget, opts, calibration, pad)
+                selection = result.selection
+            else:
+                result = build_student(model, selection, calibration, opts, pad, grads)
+            fits = result.fits
+            with weights_of(model, result.student):
+                set_head_masks(model, selection.removed)
+                try:
+                    hyps = evaluator.translate()
+                finally:
+                    set_head_masks(model, [])
+            del result
+        bleu = evaluator.bleu(hyps).score
+        row = {"key": _key(options.tag, method, percent, n_allowed), "method": method, "tag": options.tag,
+               "percent": percent, "removed": len(selection.removed), "heads_total": len(layout.all_heads()),
+               "removed_per_type": mask_search.by_type(selection.removed), "bleu": bleu, "delta": bleu - base_bleu,
+               "emptied": [f"{t}:{i}" for t, i in mask_search.emptied_layers(selection.removed, layout.heads)],
+               "rearrangement": selection.rearrangement and {k: v for k, v in selection.rearrangement.items()
+                                                              if k != "per_layer"},
+               "fallbacks": [f"{f.key[0]}:{f.key[1]}: {f.fallback}" for f in fits if f.fallback],
+               "relative_error": _relative_errors(fits), "seconds": round(time.perf_counter() - t0, 1),
+               "removed_spec": selection.summary()["removed_spec"], "calibration": calibration.provenance()}
+        log.append(row)
+        say(f"{percent:g}% {method}{' [' + options.tag + ']' if options.tag else ''}: {len(selection.removed)} "
+            f"removed, BLEU {bleu:.2f} ({bleu - base_bleu:+.2f})")
+    return log.rows
+
+
+def _key(tag: str, method: str, percent: float, n_allowed: int) -> str:
+    return f"{tag + '/' if tag else ''}{method}:{int(round(percent / 100 * n_allowed))}"
+
+
+def _relative_errors(fits) -> Optional[Dict[str, float]]:
+    if not fits:
+        return None
+    before = sum(f.error_before for f in fits)
+    after = sum(f.error_after for f in fits)
+    energy = sum(f.target_energy for f in fits)
+    return {"before": before / max(energy, 1e-30), "after": after / max(energy, 1e-30)}
+
+
+# --------------------------------------------------------------------------------------------- table and figure
+
+
+def l0_rows(path: Optional[str]) -> List[dict]:
+    """The L0 runs of `compare` (results/voita/compare.jsonl): heads kept and BLEU of each λ > 0."""
+    if not path or not os.path.exists(path):
+        return []
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            row = json.loads(line)
+            if row.get("method") == "l0" and row.get("l0_lambda"):
+                rows.append(row)
+    return rows
+
+
+def table(rows: Sequence[dict], l0: Sequence[dict] = (), heads_total: int = 144) -> str:
+    """Markdown: a row per budget, a column per method (BLEU and change against the unpruned model)."""
+    base = next(r["bleu"] for r in rows if r["key"] == "unpruned")
+    sweep = [r for r in rows if r["key"] != "unpruned"]
+    methods = list(dict.fromkeys((r.get("tag") and r["tag"] + "/" or "") + r["method"] for r in sweep))
+    removed = sorted({r["removed"] for r in sweep})
+    cell = {((r.get("tag") and r["tag"] + "/" or "") + r["method"], r["removed"]): r for r in sweep}
+    lines = [f"Unpruned: **{base:.2f}** BLEU, {heads_total} heads.", "",
+             "| heads removed | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]
+    for n in removed:
+        cells = []
+        for m in methods:
+            r = cell.get((m, n))
+            cells.append(f"{r['bleu']:.2f} ({r['delta']:+.2f})" if r else "-")
+        lines.append(f"| {n} ({100 * n / heads_total:.0f}%) | " + " | ".join(cells) + " |")
+    if l0:
+        lines += ["", "L0 gates (Voita et al., fine-tuned 300 updates per λ; results/voita/compare.jsonl):", "",
+                  "| λ | heads removed | L0 BLEU | change |", "|---|---|---|---|"]
+        for r in sorted(l0, key=lambda r: r["heads_kept"], reverse=True):
+            n = heads_total - r["heads_kept"]
+            lines.append(f"| {r['l0_lambda']} | {n} ({100 * n / heads_total:.0f}%) | {r['bleu']:.2f} | "
+                         f"{r['bleu'] - base:+.2f} |")
+    return "\n".join(lines)
+
+
+def figure(rows: Sequence[dict], path: str, l0: Sequence[dict] = (), heads_total: int = 144,
+           title: str = "") -> str:
+    """BLEU against heads removed: a line per method, the unpruned model, the L0 runs as points."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    base = next(r["bleu"] for r in rows if r["key"] == "unpruned")
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    series: Dict[str, List[Tuple[int, float]]] = {}
+    for r in rows:
+        if r["key"] != "unpruned":
+            series.setdefault((r.get("tag") and r["tag"] + "/" or "") + r["method"], []).append(
+                (r["removed"], r["bleu"]))
+    for name, points in series.items():
+        points.sort()
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
+    if l0:
+        ax.scatter([heads_total - r["heads_kept"] for r in l0], [r["bleu"] for r in l0], marker="*", s=120,
+                   color="black", label="L0 gates (fine-tuned)", zorder=5)
+    ax.axhline(base, color="grey", linestyle="--", label=f"unpruned {base:.2f}")
+    ax.axhline(base - 0.5, color="grey", linestyle=":", label="unpruned - 0.5")
+    ax.set_xlabel(f"heads removed (of {heads_total})")
+    ax.set_ylabel("BLEU")
+    if title:
+        ax.set_title(title)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

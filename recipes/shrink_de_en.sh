@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Issue 16 on the bundled De-En model: retraining-free pruning to a budget (Kwon et al. 2022 and beyond), committed
+# as results/shrink-de-en/. Calibration on Multi30k val (1000 sentences, references as targets), BLEU on test2016
+# (1000 sentences, beam 5, sacreBLEU on detokenised text against the raw references).
+#
+#   1. the study over budgets (10..80% of the heads removed): Michel's I_h order, Fisher, + rearrangement,
+#      + per-head scales, + out-projection refit, + FFN refit; L0 runs from results/voita/compare.jsonl beside them
+#   2. the candidate improvements at 50% (NOTES.md): no rearrangement, refit of unpruned sublayers, milder-mask
+#      teacher, search with reconstruction in the loop, self-translations as targets
+#   3. the operating point written as a stock checkpoint (+ its JSON), and its speed at equal work
+#   4. the targets, side by side in one run (benchmarks/shrink_targets.py)
+# Each sweep row is appended as it is computed: a rerun resumes. Hours of one core on a shared machine.
+#
+# usage: recipes/shrink_de_en.sh [PARTS]     PARTS: comma-separated of sweep,candidates,export,speed,targets
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH=$PWD/.venv/bin:$PATH OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1
+PARTS=${1:-sweep,candidates,export,speed,targets}
+MODEL=checkpoints/de-en
+BIN=${BIN:-work/de-en/data-bin}
+OUT=${OUT:-results/shrink-de-en}
+WORK=${WORK:-work/shrink-de-en}
+if [ ! -f "$BIN/valid.de-en.de.bin" ]; then
+  bash data_prep/encode-for-model.sh "$MODEL" de en ../shared/data/multi30k/val "$BIN" valid
+fi
+[ -f "$BIN/test.de-en.de.bin" ] || bash data_prep/encode-for-model.sh "$MODEL" de en data/multi30k-test2016/test "$BIN" test
+mkdir -p "$OUT" "$WORK"
+GEN=(--path "$MODEL/model.pt" --beam 5 --bpe subword_nmt --bpe-codes "$MODEL/code" --tokenizer moses -s de -t en
+     --max-tokens 4000)
+SWEEP=(shrink "$BIN" "${GEN[@]}" --gen-subset test --references "$BIN/test.raw.en" --results-dir "$OUT"
+       --l0-compare results/voita/compare.jsonl --calibration-subset valid --calibration-sentences 1000)
+has() { [[ ",$PARTS," == *",$1,"* ]]; }
+run() { echo "+ fairseq-headprune $*"; fairseq-headprune "$@"; }
+
+if has sweep; then  # the budgets the targets name first, so an interrupted run has them
+  run "${SWEEP[@]}" --sweep 30,50,70,80,10,20,40,60 \
+    --sweep-methods michel,fisher,fisher+rearrange,fisher+rearrange+scales,fisher+rearrange+out-proj,fisher+rearrange+out-proj+ffn
+fi
+if has candidates; then
+  run "${SWEEP[@]}" --sweep 50 --sweep-methods \
+    fisher+out-proj,fisher+rearrange+out-proj+all,fisher+rearrange+out-proj+mild50,fisher+out-proj+ffn,fisher+out-proj+ffn+steps2
+  run "${SWEEP[@]}" --sweep 50 --sweep-tag self-targets --calibration-targets self \
+    --sweep-methods fisher+rearrange+out-proj+ffn
+fi
+if has export; then
+  /usr/bin/time -v fairseq-headprune shrink "$BIN" "${GEN[@]}" --remove 50% --refit-ffn --calibration-subset valid \
+    --calibration-sentences 1000 --out "$WORK/shrink-50.pt" --results-dir "$OUT" 2> "$WORK/shrink-50.time" \
+    | tee "$OUT/shrink-50.log"
+  grep -E "Elapsed|Maximum resident" "$WORK/shrink-50.time" | tee -a "$OUT/shrink-50.log"
+fi
+if has speed; then  # the operating point's shape against the unpruned model, every hypothesis 20 tokens
+  mkdir -p "$OUT/speed-same-work"
+  SPEC=$(python -c "import json; print(json.load(open('$OUT/shrink-50.json'))['selection']['removed_spec'])")
+  run speed "$BIN" "${GEN[@]}" --gen-subset test --heads "$SPEC" --results-dir "$OUT/speed-same-work" --runs 3 \
+    --num-sentences 128 --max-len-a 0 --max-len-b 20 --min-len 20 | tee "$OUT/speed-same-work/speed.txt"
+fi
+if has targets; then
+  python benchmarks/shrink_targets.py --work "$WORK/targets" --refit-ffn | tee "$OUT/targets.md"
+fi

@@ -1,0 +1,268 @@
+"""Retraining-free pruning to a budget (`shrink`): Fisher scores, rearrangement, reconstruction, export, errors."""
+import copy
+import json
+
+import pytest
+import torch
+
+from conftest import run
+from fairseq_headprune import mask_search
+from fairseq_headprune.heads import Head, HeadLayout
+from fairseq_headprune.masking import install_head_masks, row_head_masks, set_head_masks
+from fairseq_headprune.reconstruction import ReconstructionOptions, capture, reconstruct, token_mask
+from fairseq_headprune.studies.shrink import (
+    Budget,
+    ShrinkOptions,
+    calibration_samples,
+    heads_to_remove,
+    parse_budget,
+)
+from helpers import beam_hypotheses, load_stock, sample_batch
+
+
+@pytest.fixture(scope="module")
+def tiny(stock_checkpoint, tiny_data):
+    model, task = load_stock(stock_checkpoint, tiny_data)
+    install_head_masks(model)
+    task.load_dataset("valid")
+    return model, task
+
+
+def _loaded(model, task):
+    """What calibration_samples needs of a loading.Loaded."""
+    class _Cfg:
+        class task:  # noqa: N801
+            data = ""
+
+    class _Loaded:
+        pass
+
+    loaded = _Loaded()
+    loaded.task, loaded.model, loaded.cfg = task, model, _Cfg
+    loaded.saved_cfg = type("S", (), {"task": task.cfg})
+    return loaded
+
+
+def _samples(model, task, n=24, max_tokens=300):
+    samples, _ = calibration_samples(_loaded(model, task), "valid", n, max_tokens)
+    return samples
+
+
+# ------------------------------------------------------------------------------------------- mask search
+
+
+def test_fisher_equals_sum_of_squared_per_sentence_gradients(tiny):
+    model, task = tiny
+    pad = task.target_dictionary.pad()
+    samples = _samples(model, task, n=10, max_tokens=200)
+    assert len(samples) > 1  # several batches with padding
+    grads = mask_search.sentence_gradients(model, samples, pad)
+    fisher = mask_search.fisher_scores(grads)
+    order = [sid for s in samples for sid in s["id"].tolist()]
+    dataset = task.dataset("valid")
+    expected = {}
+    for sid in sorted(order):  # each sentence alone, in a batch of one
+        alone = dataset.collater([dataset[sid]])
+        for p in model.parameters():
+            p.requires_grad_(False)
+        with row_head_masks(model, 1, requires_grad=True) as leaves:
+            mask_search.sentence_nll(model, alone, pad).backward()
+            for key, leaf in leaves.items():
+                expected[key] = expected.get(key, 0) + leaf.grad.double()[0].pow(2)
+    for key in fisher:
+        torch.testing.assert_close(fisher[key], expected[key], rtol=1e-4, atol=1e-9)
+    assert all(g.shape[0] == 10 for g in grads.values())
+    assert not any(p.grad is not None for p in model.parameters())
+
+
+def test_rearrangement_never_increases_its_objective_and_keeps_the_budget():
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(20):
+        heads = 8
+        grads = {("enc-self", 1): torch.randn(30, heads, generator=gen, dtype=torch.float64),
+                 ("dec-self", 1): torch.randn(30, heads, generator=gen, dtype=torch.float64) * 3}
+        ids = {k: tuple(range(1, heads + 1)) for k in grads}
+        scores = mask_search.fisher_scores(grads)
+        removed = mask_search.fill_by_heads(scores, ids, 3 + trial % 9)
+        r = mask_search.rearrange(removed, grads, ids)
+        assert len(r.removed) == len(removed)
+        for key in grads:
+            assert sum(h[:2] == key for h in r.removed) == sum(h[:2] == key for h in removed)
+            if key in r.objective_before:
+                assert r.objective_after[key] <= r.objective_before[key] + 1e-9
+        # the objective is what the docstring says: Σ_x (Σ_{h∈P} g_x,h)²
+        for key, g in grads.items():
+            cols = [h.head - 1 for h in r.removed if (h.type, h.layer) == key]
+            if cols and key in r.objective_after:
+                assert r.objective_after[key] == pytest.approx(float(g[:, cols].sum(1).pow(2).sum()), rel=1e-9)
+
+
+def test_fill_by_flops_reaches_the_budget():
+    scores = {("enc-self", 1): torch.tensor([1.0, 2.0, 3.0]), ("enc-dec", 1): torch.tensor([1.5, 0.5, 9.0])}
+    ids = {k: (1, 2, 3) for k in scores}
+    cost = {("enc-self", 1): 1.0, ("enc-dec", 1): 4.0}
+    removed = mask_search.fill_by_flops(scores, ids, cost, 5.0)
+    assert sum(cost[(h.type, h.layer)] for h in removed) >= 5.0
+    assert removed[0] == Head("enc-self", 1, 1) or Head("enc-dec", 1, 2) in removed
+    with pytest.raises(ValueError):
+        mask_search.fill_by_flops(scores, ids, cost, 100.0)
+
+
+# ------------------------------------------------------------------------------------------- reconstruction
+
+
+@pytest.mark.parametrize("method", ["scales", "out-proj"])
+def test_nothing_removed_reconstruction_is_the_identity(tiny, method):
+    model, task = tiny
+    pad = task.target_dictionary.pad()
+    samples = _samples(model, task)
+    set_head_masks(model, [])
+    student = copy.deepcopy(model)
+    before = {k: v.clone() for k, v in student.state_dict().items()}
+    fits = reconstruct(model, student, samples, pad, ReconstructionOptions(method=method, refit_unpruned=True))
+    assert len(fits) == len(HeadLayout.of(model).heads)
+    for fit in fits:
+        assert fit.fallback is None and fit.method == method
+        if method == "scales":
+            assert fit.scales == pytest.approx([1.0] * fit.kept, abs=1e-4)
+    for k, v in student.state_dict().items():
+        torch.testing.assert_close(v, before[k], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("method", ["scales", "out-proj"])
+def test_reconstruction_lowers_the_error_on_the_calibration_tokens(tiny, method):
+    model, task = tiny
+    pad = task.target_dictionary.pad()
+    samples = _samples(model, task)
+    removed = [Head("enc-self", 2, h) for h in (1, 2, 3, 5)] + [Head("enc-dec", 2, 1), Head("dec-self", 1, 2)]
+    student = copy.deepcopy(model)
+    set_head_masks(student, removed)
+    fits = reconstruct(model, student, samples, pad, ReconstructionOptions(method=method))
+    assert [f.key for f in fits] == [("enc-self", 2), ("dec-self", 1), ("enc-dec", 2)]
+    assert all(f.error_after <= f.error_before for f in fits)
+    assert any(f.error_after < 0.99 * f.error_before for f in fits)
+    # measured again, independently of the normal equations: the first refit sublayer (its inputs are unchanged)
+    masked = copy.deepcopy(model)
+    set_head_masks(masked, removed)
+    key = ("enc-self", 2)
+
+    def error(m):
+        total = 0.0
+        for s in samples:
+            with capture(model, [key]) as t, capture(m, [key]) as st:
+                model(**s["net_input"], features_only=True)
+                m(**s["net_input"], features_only=True)
+            mask = token_mask(s, key, pad)
+            target = (t[key].residual[0] + t[key].output[0])[mask]
+            total += float((st[key].residual[0] + st[key].output[0])[mask].sub(target).pow(2).sum())
+        return total
+
+    assert error(student) < error(masked)
+    assert error(student) == pytest.approx(fits[0].error_after, rel=1e-3)
+
+
+# ------------------------------------------------------------------------------------------- budgets
+
+
+def test_budgets():
+    assert parse_budget(ShrinkOptions(remove="50%")) == Budget("remove", 50.0, True)
+    assert parse_budget(ShrinkOptions(keep="12")) == Budget("keep", 12.0, False)
+    layout = HeadLayout({("enc-self", 1): (1, 2, 3, 4), ("dec-self", 1): (1, 2)},
+                        {("enc-self", 1): 4, ("dec-self", 1): 2})
+    assert heads_to_remove(Budget("remove", 50.0, True), layout, ("enc-self", "dec-self")) == 3
+    assert heads_to_remove(Budget("keep", 1.0, False), layout, ("enc-self",)) == 3
+    assert heads_to_remove(Budget("remove", 100.0, True), layout, ("enc-self",)) == 4
+
+
+# ------------------------------------------------------------------------------------------- the command
+
+
+def _cmd(data, ckpt, *extra):
+    return ["fairseq-headprune", "shrink", data, "--path", ckpt, "--beam", "2", "--max-tokens", "500",
+            "--calibration-sentences", "30", *extra]
+
+
+def test_pruned_checkpoint_decodes_as_the_in_memory_model(stock_checkpoint, tiny_data, tmp_path):
+    from fairseq_headprune import cli
+    from fairseq_headprune.cli import shrink as command
+    from fairseq_headprune.loading import load
+    from fairseq_headprune.studies.shrink import export, shrink
+
+    out = tmp_path / "small.pt"
+    argv = _cmd(tiny_data, stock_checkpoint, "--remove", "40%", "--out", out)[2:]
+    cfg, args = cli.parse("shrink", command, [str(a) for a in argv])
+    loaded = load(cfg)
+    options = command.options_from(args)
+    result, calibration = shrink(loaded, options, log=lambda *_: None)
+    record = export(loaded, result, calibration, options, str(out), str(tmp_path / "small.json"), log=lambda *_: None)
+    assert record["check"]["identical_hypotheses"]
+    assert record["heads_kept"] == 44 - 18
+    reloaded, task = load_stock(out, tiny_data)
+    batch = sample_batch(task, n=8)
+    assert beam_hypotheses(reloaded, task, batch) == beam_hypotheses(result.student, task, batch)
+    assert sum(p.numel() for p in reloaded.parameters()) < sum(p.numel() for p in loaded.model.parameters())
+    saved = json.loads((tmp_path / "small.json").read_text())
+    assert saved["calibration"]["sentences"] == 30 and saved["selection"]["removed"] == 18
+    # the command itself, end to end, and stock fairseq-generate on its output
+    proc = run(_cmd(tiny_data, stock_checkpoint, "--keep", "30", "--refit", "scales", "--out", tmp_path / "b.pt"))
+    assert "wrote" in proc.stdout and (tmp_path / "b.json").exists()
+    gen = run(["fairseq-generate", tiny_data, "--path", tmp_path / "b.pt", "--user-dir", cli.PACKAGE_DIR,
+               "--gen-subset", "test", "--beam", "2", "--max-tokens", "500"])
+    assert "BLEU" in gen.stdout or "BLEU" in gen.stderr
+
+
+def _gated(stock_checkpoint, tiny_data, path):
+    from fairseq_headprune.masking import install_head_gates
+
+    model, _ = load_stock(stock_checkpoint, tiny_data)
+    install_head_gates(model, ["enc-self"])
+    state = torch.load(stock_checkpoint, map_location="cpu", weights_only=False)
+    state["model"] = model.state_dict()
+    torch.save(state, path)
+    return path
+
+
+def _empty_subset(tiny_data, tmp_path):
+    import shutil
+
+    from fairseq.data import indexed_dataset
+
+    data = tmp_path / "empty-valid"
+    data.mkdir()
+    for f in tiny_data.iterdir():
+        if f.name.startswith("dict.") or f.name.startswith("test."):
+            shutil.copy(f, data / f.name)
+    for lang in ("de", "en"):
+        prefix = str(data / f"valid.de-en.{lang}")
+        builder = indexed_dataset.make_builder(prefix + ".bin", impl="mmap", vocab_size=1000)
+        builder.finalize(prefix + ".idx")
+    return data
+
+
+def test_bad_input_is_one_line_and_exit_code_2(stock_checkpoint, tiny_data, tmp_path):
+    out = tmp_path / "x.pt"
+    cases = [
+        (["--remove", "0"], "removes no head"),
+        (["--remove", "0%"], "above 0%"),
+        (["--remove", "150%"], "at most 100%"),
+        (["--remove", "500"], "cannot remove 500 heads"),
+        (["--keep", "45"], "have only 44"),
+        (["--remove", "50%", "--types", "enc-foo"], "unknown attention type"),
+        (["--flops", "5%"], "cannot be reached"),
+        (["--remove", "10%", "--calibration-sentences", "0"], "at least 1"),
+    ]
+    for extra, message in cases:
+        proc = run(_cmd(tiny_data, stock_checkpoint, *extra, "--out", out), check=False)
+        assert proc.returncode == 2, (extra, proc.stderr)
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("fairseq-headprune shrink: error:"), (extra, proc.stderr)
+        assert message in lines[0], (extra, lines[0])
+    assert not out.exists()
+    proc = run(_cmd(_empty_subset(tiny_data, tmp_path), stock_checkpoint, "--remove", "10%", "--out", out),
+               check=False)
+    assert proc.returncode == 2 and "is empty" in proc.stderr, proc.stderr
+    gated = _gated(stock_checkpoint, tiny_data, tmp_path / "gated.pt")
+    proc = run(_cmd(tiny_data, gated, "--remove", "10%", "--out", out), check=False)
+    assert proc.returncode == 2 and "L0 head gates" in proc.stderr, proc.stderr
+    proc = run(_cmd(tiny_data, stock_checkpoint, "--remove", "10%", "--out", stock_checkpoint), check=False)
+    assert proc.returncode == 2 and "overwrite" in proc.stderr
