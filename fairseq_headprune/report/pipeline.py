@@ -48,7 +48,7 @@ class ReportOptions:
     importance_subset: Optional[str] = None
     masks_per_batch: int = 1
     keep_one_select: str = "bleu"
-    bootstrap_sample_ratio: float = 1.0
+    bootstrap_sample_ratio: float = 0.5  # compare-mt's default, as Michel et al. presumably ran it
     prune_orders: str = "importance,oracle,random"
     prune_step: float = 0.1
     speed_percent: float = 50.0
