@@ -296,3 +296,22 @@ def test_report_loads_the_model_once(slice_data, stock_checkpoint, tmp_path, mon
     state = json.loads((tmp_path / "report-state.json").read_text())
     assert set(state["parts"]) == {"score", "prune", "prune-types", "speed"}
     assert all(p["data_fingerprints"] for p in state["parts"].values())
+
+
+def test_dynamics_reruns_with_another_decoding_or_data_are_refused(tiny_data, slice_data, epoch_checkpoints,
+                                                                   tmp_path):
+    past = time.time() - 3600
+    folder = tmp_path / "ckpts"
+    folder.mkdir()
+    shutil.copy2(epoch_checkpoints / "checkpoint1.pt", folder / "checkpoint1.pt")
+    os.utime(folder / "checkpoint1.pt", (past, past))
+    base = ["fairseq-headprune", "dynamics", slice_data, "--checkpoint-dir", folder, "--results-dir", tmp_path / "o",
+            "--gen-subset", "test", "--importance-subset", "test", "--beam", "1", "--max-tokens", "3000",
+            "--step", "1"]
+    run(base)
+    one_line_error(run(base + ["--min-len", "3"], check=False), "decoding.generation.min_len")
+    # the same subset name in another data folder: refused when its first epoch is read
+    shutil.copy2(epoch_checkpoints / "checkpoint1.pt", folder / "checkpoint2.pt")
+    os.utime(folder / "checkpoint2.pt", (past, past))
+    other = [tiny_data if a == slice_data else a for a in base]
+    one_line_error(run(other, check=False), "data_fingerprint")
