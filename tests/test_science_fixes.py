@@ -100,6 +100,28 @@ def test_flops_follow_what_fairseq_beam_search_does(stock):
     steps = max(len(h["tokens"]) for h in hyp)  # the search ran at least as many steps as its longest hypothesis
     assert len(reorders) >= steps - 1 and set(reorders) == {3}
 
+def test_flops_without_predicts_the_physically_pruned_model(stock):
+    """ModelShape.without (what FLOP-budget pruning prices) gives the shape ModelShape.of reads from the model
+    surgery actually prunes, a layer emptied entirely included; so their FLOPs are equal."""
+    import copy
+
+    from fairseq_headprune.heads import Head
+    from fairseq_headprune.masking import install_head_masks
+    from fairseq_headprune.surgery import prune_model
+
+    model, _task = stock
+    model = copy.deepcopy(model)
+    install_head_masks(model)
+    heads = [Head("enc-self", 1, h) for h in (1, 3, 8)] + [Head("enc-dec", 2, h) for h in range(1, 5)]
+    heads.append(Head("dec-self", 3, 2))
+    before = flops.ModelShape.of(model)
+    after = flops.ModelShape.of(prune_model(model, heads))
+    assert before.without(heads) == after
+    assert after.heads[("enc-dec", 2)] == 0 and after.heads[("enc-self", 1)] == 5
+    lens = ([7, 12], [9, 5])
+    assert flops.decode_flops(before.without(heads), *lens, beam=4) == flops.decode_flops(after, *lens, beam=4)
+    assert flops.flop_ratio(before, after, *lens, beam=4) > 1
+
 # ------------------------------------------------------------------------------------- positional function
 def test_positional_argmax_leaves_eos_out():
     """A head that sends the last real token to EOS (right after it) with weight 0.9 and 0.1 to the token
