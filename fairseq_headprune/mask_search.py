@@ -127,16 +127,20 @@ def fill_by_flops(scores: Mapping[Key, torch.Tensor], head_ids: Mapping[Key, Seq
 
 def fill_greedy(grads: Mapping[Key, torch.Tensor], head_ids: Mapping[Key, Sequence[int]], n_remove: int,
                 types: Iterable[str] = ATTENTION_TYPES, block: bool = True,
-                already: Iterable[Head] = ()) -> List[Head]:
+                already: Iterable[Head] = (), head_cost: Optional[Mapping[Key, float]] = None,
+                flops_to_remove: Optional[float] = None) -> List[Head]:
     """Remove n_remove heads one at a time, each the head whose removal raises the Fisher estimate of the loss
     increase least given the heads already removed: Σ_x (Σ_{h∈P} g_x,h)² over each layer's heads (block: Kwon's
     block-diagonal Fisher, the objective the rearrangement lowers) or over all heads (full empirical Fisher).
     Unlike the diagonal fill, heads that fail together (correlated gradients) are not all removed. `already` are
-    removed first (and count towards n_remove)."""
+    removed first (and count towards n_remove). With head_cost and flops_to_remove (n_remove is then ignored),
+    each step takes the smallest increase per FLOP saved until at least flops_to_remove are saved; ValueError
+    when every allowed head does not save enough."""
     types = set(types)
     keys = [k for k in grads if k[0] in types]
     columns = [(k, i) for k in keys for i in range(len(head_ids[k]))]
-    if not 0 <= n_remove <= len(columns):
+    by_flops = flops_to_remove is not None
+    if not by_flops and not 0 <= n_remove <= len(columns):
         raise ValueError(f"cannot remove {n_remove} of {len(columns)} heads")
     G = torch.cat([grads[k] for k in keys], dim=1)  # (sentences, heads of the allowed types)
     F = G.t() @ G
@@ -148,10 +152,16 @@ def fill_greedy(grads: Mapping[Key, torch.Tensor], head_ids: Mapping[Key, Sequen
     for h in already:
         v[position[h]] = 1
     diag = F.diagonal()
-    while int(v.sum()) < n_remove:
-        increase = 2 * (F @ v) + diag
+    cost = torch.tensor([head_cost[k] if by_flops else 1.0 for k, _ in columns], dtype=F.dtype)
+    saved = float((cost * v).sum())
+    while (saved < flops_to_remove) if by_flops else (int(v.sum()) < n_remove):
+        if bool(v.all()):
+            raise ValueError(f"the allowed heads save {saved:.3g} FLOPs, less than the {flops_to_remove:.3g} to remove")
+        increase = (2 * (F @ v) + diag) / cost
         increase[v.bool()] = float("inf")
-        v[int(torch.argmin(increase))] = 1
+        c = int(torch.argmin(increase))
+        v[c] = 1
+        saved += float(cost[c])
     return sorted(Head(k[0], k[1], head_ids[k][i]) for c, (k, i) in enumerate(columns) if v[c])
 
 

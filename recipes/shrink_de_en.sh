@@ -25,25 +25,32 @@ if [ ! -f "$BIN/valid.de-en.de.bin" ]; then
 fi
 [ -f "$BIN/test.de-en.de.bin" ] || bash data_prep/encode-for-model.sh "$MODEL" de en data/multi30k-test2016/test "$BIN" test
 mkdir -p "$OUT" "$WORK"
+REF=$BIN/test.raw.en  # encode-for-model.sh keeps it there, prepare-multi30k.sh in prep/
+[ -f "$REF" ] || REF=$BIN/prep/test.raw.en
 GEN=(--path "$MODEL/model.pt" --beam 5 --bpe subword_nmt --bpe-codes "$MODEL/code" --tokenizer moses -s de -t en
      --max-tokens 4000)
-SWEEP=(shrink "$BIN" "${GEN[@]}" --gen-subset test --references "$BIN/test.raw.en" --results-dir "$OUT"
+SWEEP=(shrink "$BIN" "${GEN[@]}" --gen-subset test --references "$REF" --results-dir "$OUT"
        --l0-compare results/voita/compare.jsonl --calibration-subset valid --calibration-sentences 1000)
 has() { [[ ",$PARTS," == *",$1,"* ]]; }
 run() { echo "+ fairseq-headprune $*"; fairseq-headprune "$@"; }
 
+LADDER=michel,fisher,fisher+rearrange,fisher+rearrange+scales,fisher+rearrange+out-proj
+BEST=full+out-proj+ffn  # the command's default (best at 50%, NOTES.md): greedy full-Fisher fill, out_proj + fc2 refit
 if has sweep; then  # the budgets the targets name first, so an interrupted run has them
-  run "${SWEEP[@]}" --sweep 30,50,70,80,10,20,40,60 \
-    --sweep-methods michel,fisher,fisher+rearrange,fisher+rearrange+scales,fisher+rearrange+out-proj,fisher+rearrange+out-proj+ffn
+  run "${SWEEP[@]}" --sweep 50,30,70,80 --sweep-methods "$LADDER,$BEST"
+  run "${SWEEP[@]}" --sweep 10,20,40,60 --sweep-methods "michel,fisher,$BEST"
+  run "${SWEEP[@]}" --sweep 10,20,40,60 --sweep-methods "$LADDER"
 fi
-if has candidates; then
+if has candidates; then  # measured at 50% (NOTES.md)
   run "${SWEEP[@]}" --sweep 50 --sweep-methods \
-    fisher+out-proj,fisher+rearrange+out-proj+all,fisher+rearrange+out-proj+mild50,fisher+out-proj+ffn,fisher+out-proj+ffn+steps2
-  run "${SWEEP[@]}" --sweep 50 --sweep-tag self-targets --calibration-targets self \
-    --sweep-methods fisher+rearrange+out-proj+ffn
+fisher+rearrange+out-proj+ffn,fisher+rearrange+out-proj+all,fisher+out-proj,block+out-proj+ffn,full+out-proj+ffn+mild50,\
+full+out-proj+ffn+steps2,michel+out-proj+ffn,full+out-proj+ffn+ridge0.01
+  run "${SWEEP[@]}" --sweep 50 --sweep-tag self-targets --calibration-targets self --sweep-methods "$BEST"
+  run "${SWEEP[@]}" --sweep 50 --sweep-tag train-4000 --calibration-subset train --calibration-sentences 4000 \
+    --sweep-methods "$BEST"
 fi
 if has export; then
-  /usr/bin/time -v fairseq-headprune shrink "$BIN" "${GEN[@]}" --remove 50% --refit-ffn --calibration-subset valid \
+  /usr/bin/time -v fairseq-headprune shrink "$BIN" "${GEN[@]}" --remove 50% --calibration-subset valid \
     --calibration-sentences 1000 --out "$WORK/shrink-50.pt" --results-dir "$OUT" 2> "$WORK/shrink-50.time" \
     | tee "$OUT/shrink-50.log"
   grep -E "Elapsed|Maximum resident" "$WORK/shrink-50.time" | tee -a "$OUT/shrink-50.log"
@@ -55,5 +62,5 @@ if has speed; then  # the operating point's shape against the unpruned model, ev
     --num-sentences 128 --max-len-a 0 --max-len-b 20 --min-len 20 | tee "$OUT/speed-same-work/speed.txt"
 fi
 if has targets; then
-  python benchmarks/shrink_targets.py --work "$WORK/targets" --refit-ffn | tee "$OUT/targets.md"
+  python benchmarks/shrink_targets.py --work "$WORK/targets" | tee "$OUT/targets.md"
 fi

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import time
 
+from fairseq_headprune.cli.common import output_checkpoint, results_folder
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.studies.shrink import ShrinkOptions, parse_types, validate
 from fairseq_headprune.studies.shrink_sweep import DEFAULT_METHODS
@@ -29,19 +30,20 @@ def add_args(parser) -> None:
     g.add_argument("--calibration-targets", default="references", choices=("references", "self"),
                    help="teacher-force the references, or the unpruned model's own translations (no references)")
     g.add_argument("--calibration-beam", type=int, default=1, help="beam for --calibration-targets self")
-    g.add_argument("--search", default="fisher", choices=("fisher", "importance", "block", "full"),
-                   help="head order: Kwon's Fisher score, Michel's I_h, or a greedy fill on the block-diagonal or "
-                        "full empirical Fisher")
+    g.add_argument("--search", default="full", choices=("full", "block", "fisher", "importance"),
+                   help="head selection: a greedy fill on the full or block-diagonal empirical Fisher (default full), "
+                        "Kwon's diagonal Fisher score, or Michel's I_h")
     g.add_argument("--search-steps", type=int, default=1,
                    help="remove the budget in N steps, reconstructing and re-scoring the heads between steps")
-    g.add_argument("--no-rearrange", action="store_true", help="skip the in-layer mask rearrangement")
+    g.add_argument("--no-rearrange", action="store_true",
+                   help="skip Kwon's in-layer mask rearrangement (after --search fisher or block)")
     g.add_argument("--refit", default="out-proj", choices=("none", "scales", "out-proj"),
                    help="reconstruction: none, one scale per kept head (Kwon), or a ridge refit of out_proj")
     g.add_argument("--ridge", type=float, default=1e-3, help="ridge of the out_proj refit (x mean diagonal)")
     g.add_argument("--max-scale", type=float, default=10.0, help="numerical guard of the fits (see NOTES)")
     g.add_argument("--refit-unpruned", action="store_true", help="also refit sublayers that lost no head")
-    g.add_argument("--refit-ffn", action="store_true",
-                   help="also refit every FFN's fc2 towards the same drift-corrected targets (beyond Kwon)")
+    g.add_argument("--no-refit-ffn", action="store_true",
+                   help="leave the FFNs alone (by default every fc2 is refit towards the same drift-corrected targets)")
     g.add_argument("--no-empty-bias", action="store_true", help="leave the bias of emptied sublayers as it is")
     g.add_argument("--teacher-mildness", type=float, default=0.0,
                    help="reconstruct towards a teacher with this share of the removed heads masked (0: unpruned)")
@@ -64,7 +66,7 @@ def options_from(args) -> ShrinkOptions:
         calibration_targets=args.calibration_targets, calibration_beam=args.calibration_beam, search=args.search,
         search_steps=args.search_steps, rearrange=not args.no_rearrange, refit=args.refit, ridge=args.ridge,
         max_scale=args.max_scale, refit_unpruned=args.refit_unpruned, empty_bias=not args.no_empty_bias,
-        refit_ffn=args.refit_ffn, teacher_mildness=args.teacher_mildness, check=not args.no_check,
+        refit_ffn=not args.no_refit_ffn, teacher_mildness=args.teacher_mildness, check=not args.no_check,
         check_sentences=args.check_sentences)
 
 
@@ -86,12 +88,8 @@ def run(cfg, args) -> None:
     if not args.out:
         raise UserError("--out OUT.pt is required (or --sweep for the study over budgets)")
     options = options_from(args)
-    if os.path.exists(cfg.common_eval.path or "") and os.path.realpath(args.out) == os.path.realpath(
-            cfg.common_eval.path):
-        raise UserError("--out must not overwrite the checkpoint being shrunk")
+    output_checkpoint("--out", args.out, cfg.common_eval.path or "")
     out_dir = os.path.dirname(os.path.abspath(args.out))
-    if not os.access(out_dir if os.path.isdir(out_dir) else os.path.dirname(out_dir), os.W_OK):
-        raise UserError(f"cannot write {args.out}")
     start = time.perf_counter()
     loaded = load(cfg)
     validate(options, loaded.model)
@@ -111,7 +109,7 @@ def _run_sweep(cfg, args) -> None:
     from fairseq_headprune.evaluate import SubsetEvaluator
     from fairseq_headprune.loading import load
     from fairseq_headprune.results.identity import run_identity
-    from fairseq_headprune.results.log import ResultsLog, atomic_output
+    from fairseq_headprune.results.log import ResultsLog
     from fairseq_headprune.studies import shrink_sweep as sweep
 
     if not args.results_dir:
@@ -128,16 +126,24 @@ def _run_sweep(cfg, args) -> None:
     evaluator = SubsetEvaluator(loaded, cfg.dataset.gen_subset, args.references)
     # calibration and reconstruction settings may differ between rows (tagged variants): each row records its own
     identity = run_identity("shrink-sweep", loaded, evaluator, metric="bleu", inputs={"types": list(options.types)})
-    log = ResultsLog(os.path.join(args.results_dir, "shrink-sweep.jsonl"), identity)
-    opts = sweep.SweepOptions(shrink=options, percents=percents, methods=methods, tag=args.sweep_tag)
-    rows = sweep.run_sweep(loaded, evaluator, opts, log)
+    with results_folder(args.results_dir):
+        log = ResultsLog(os.path.join(args.results_dir, sweep.SWEEP_LOG), identity)
+        opts = sweep.SweepOptions(shrink=options, percents=percents, methods=methods, tag=args.sweep_tag)
+        rows = sweep.run_sweep(loaded, evaluator, opts, log)
+        _write_sweep_tables(cfg, args, options, evaluator, rows)
+
+
+def _write_sweep_tables(cfg, args, options, evaluator, rows) -> None:
+    from fairseq_headprune.results.log import atomic_output
+    from fairseq_headprune.studies import shrink_sweep as sweep
+
     l0 = sweep.l0_rows(args.l0_compare)
     total = rows[1]["heads_total"] if len(rows) > 1 else 0
-    md = os.path.join(args.results_dir, "shrink-sweep.md")
+    md = os.path.join(args.results_dir, sweep.SWEEP_TABLE)
     with atomic_output(md) as f:
         f.write(f"# Retraining-free pruning to a budget: BLEU on '{evaluator.subset}' against heads removed\n\n"
                 f"{evaluator.bleu_signature()}, beam {cfg.generation.beam}; calibration: "
                 f"{options.calibration_sentences} sentences of '{options.calibration_subset}'.\n\n"
                 f"{sweep.table(rows, l0, total)}\n")
-    png = sweep.figure(rows, os.path.join(args.results_dir, "shrink-sweep.png"), l0, total)
-    print(f"wrote {log.path}\nwrote {md}\nwrote {png}")
+    png = sweep.figure(rows, os.path.join(args.results_dir, sweep.SWEEP_FIGURE), l0, total)
+    print(f"wrote {os.path.join(args.results_dir, sweep.SWEEP_LOG)}\nwrote {md}\nwrote {png}")

@@ -43,14 +43,14 @@ class ShrinkOptions:
     calibration_sentences: int = 1000
     calibration_targets: str = "references"  # references (teacher forcing) | self (the model's own translations)
     calibration_beam: int = 1  # beam for self targets (1 = greedy)
-    search: str = "fisher"  # fisher (diagonal, Kwon) | importance (Michel) | block | full (greedy, mask_search)
-    rearrange: bool = True
+    search: str = "full"  # full | block (greedy fills, mask_search) | fisher (diagonal, Kwon) | importance (Michel)
+    rearrange: bool = True  # Kwon's in-layer swaps after a diagonal (fisher) or block fill; the full fill has none
     refit: str = "out-proj"  # none | scales | out-proj
     ridge: float = 1e-3
     max_scale: float = 10.0
     refit_unpruned: bool = False
     empty_bias: bool = True
-    refit_ffn: bool = False  # also refit every FFN's fc2 towards the same targets (beyond Kwon)
+    refit_ffn: bool = True  # also refit every FFN's fc2 towards the same targets (beyond Kwon)
     search_steps: int = 1  # > 1: remove the budget in this many steps, reconstructing and re-scoring between them
     teacher_mildness: float = 0.0  # > 0: the teacher has this share of the removed heads masked (a milder mask)
     check: bool = True
@@ -177,14 +177,12 @@ class Calibration:
 
 def calibration_samples(loaded, subset: str, n: int, max_tokens: Optional[int] = None) -> Tuple[List[dict], str]:
     """The first n sentences (by id) of a subset, in batches of similar length; the ids' hash."""
-    task = loaded.task
+    from fairseq_headprune.loading import load_subset
+
     try:
-        task.load_dataset(subset, task_cfg=loaded.saved_cfg.task)
-    except FileNotFoundError as e:
-        raise UserError(f"no '{subset}' subset in {loaded.cfg.task.data}: {e}") from None
-    dataset = task.dataset(subset)
-    if len(dataset) == 0:
-        raise UserError(f"the calibration subset '{subset}' is empty")
+        dataset = load_subset(loaded, subset)
+    except UserError as e:
+        raise UserError(f"calibration: {e}") from None
     ids = list(range(min(n, len(dataset))))
     ids.sort(key=lambda i: (int(dataset.src_sizes[i]), int(dataset.tgt_sizes[i]) if dataset.tgt_sizes is not None
                             else 0, i))
@@ -282,8 +280,6 @@ def select_heads(model, grads: Dict[Key, torch.Tensor], budget: Budget, options:
         scores[(h.type, h.layer)][ids[(h.type, h.layer)].index(h.head)] = -float("inf")
     flop_info = None
     if budget.kind == "flops":
-        if options.search in ("block", "full"):
-            raise UserError("--flops works with --search fisher or importance")
         # FLOPs of beam decoding the calibration sentences with their target lengths (flops.py's count)
         shape = flop_model.ModelShape.of(model)
         src, tgt = lengths
@@ -291,7 +287,11 @@ def select_heads(model, grads: Dict[Key, torch.Tensor], budget: Budget, options:
         cost = flop_model.flops_per_head(shape, src, tgt, beam)
         to_remove = total * (1 - budget.value / 100)
         try:
-            removed = mask_search.fill_by_flops(scores, ids, cost, to_remove, types)
+            if options.search in ("block", "full"):
+                removed = mask_search.fill_greedy(grads, ids, 0, types, block=options.search == "block",
+                                                  head_cost=cost, flops_to_remove=to_remove)
+            else:
+                removed = mask_search.fill_by_flops(scores, ids, cost, to_remove, types)
         except ValueError:
             everything = flop_model.decode_flops(shape.without(layout.all_heads(types)), src, tgt, beam)
             raise UserError(f"--flops {budget.value:g}% cannot be reached by removing heads of "
@@ -308,7 +308,7 @@ def select_heads(model, grads: Dict[Key, torch.Tensor], budget: Budget, options:
     else:
         removed = mask_search.fill_by_heads(scores, ids, heads_to_remove(budget, layout, types), types)
     info = None
-    if options.rearrange and options.search != "importance" and not already:
+    if options.rearrange and options.search in ("fisher", "block") and not already:
         r = mask_search.rearrange(removed, grads, ids)
         info = {"objective_before": sum(r.objective_before.values()),
                 "objective_after": sum(r.objective_after.values()),
@@ -455,7 +455,7 @@ def output_path_ok(source: str, out: str) -> None:
 def export(loaded, result: ShrinkResult, calibration: Calibration, options: ShrinkOptions, out: str,
            json_path: Optional[str] = None, log: Callable = print) -> dict:
     """Physically prune the reconstructed model, check it, write the stock checkpoint and the JSON record."""
-    from fairseq_headprune.loading import file_sha256
+    from fairseq_headprune.results.identity import file_sha256
     from fairseq_headprune.results.log import write_json_atomic
     from fairseq_headprune.surgery import kept_heads, prune_model, save_pruned_checkpoint
 

@@ -41,6 +41,7 @@ from fairseq_headprune.studies.shrink import (
 
 DEFAULT_METHODS = ("michel", "fisher", "fisher+rearrange", "fisher+rearrange+scales", "fisher+rearrange+out-proj")
 DEFAULT_PERCENTS = (10, 20, 30, 40, 50, 60, 70, 80)
+SWEEP_LOG, SWEEP_TABLE, SWEEP_FIGURE = "shrink-sweep.jsonl", "shrink-sweep.md", "shrink-sweep.png"
 
 
 @dataclass
@@ -186,13 +187,30 @@ def l0_rows(path: Optional[str]) -> List[dict]:
     return rows
 
 
+def _name(row: dict) -> str:
+    return (row.get("tag") and row["tag"] + "/" or "") + row["method"]
+
+
+def split_methods(rows: Sequence[dict]) -> Tuple[List[str], List[str]]:
+    """(methods measured at three budgets or more: the curves; the others: single-budget candidates)."""
+    budgets: Dict[str, set] = {}
+    for r in rows:
+        if r["key"] != "unpruned":
+            budgets.setdefault(_name(r), set()).add(r["removed"])
+    curves = [m for m, b in budgets.items() if len(b) >= 3]
+    return curves, [m for m in budgets if m not in curves]
+
+
 def table(rows: Sequence[dict], l0: Sequence[dict] = (), heads_total: int = 144) -> str:
-    """Markdown: a row per budget, a column per method (BLEU and change against the unpruned model)."""
+    """Markdown: a row per budget, a column per method measured at several budgets (BLEU and change against the
+    unpruned model); then the candidates measured at one budget, a row each; then the L0 runs."""
     base = next(r["bleu"] for r in rows if r["key"] == "unpruned")
     sweep = [r for r in rows if r["key"] != "unpruned"]
-    methods = list(dict.fromkeys((r.get("tag") and r["tag"] + "/" or "") + r["method"] for r in sweep))
+    methods, candidates = split_methods(rows)
+    if not methods:
+        methods, candidates = candidates, []
     removed = sorted({r["removed"] for r in sweep})
-    cell = {((r.get("tag") and r["tag"] + "/" or "") + r["method"], r["removed"]): r for r in sweep}
+    cell = {(_name(r), r["removed"]): r for r in sweep}
     lines = [f"Unpruned: **{base:.2f}** BLEU, {heads_total} heads.", "",
              "| heads removed | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]
     for n in removed:
@@ -200,7 +218,18 @@ def table(rows: Sequence[dict], l0: Sequence[dict] = (), heads_total: int = 144)
         for m in methods:
             r = cell.get((m, n))
             cells.append(f"{r['bleu']:.2f} ({r['delta']:+.2f})" if r else "-")
-        lines.append(f"| {n} ({100 * n / heads_total:.0f}%) | " + " | ".join(cells) + " |")
+        if any(c != "-" for c in cells):
+            lines.append(f"| {n} ({100 * n / heads_total:.0f}%) | " + " | ".join(cells) + " |")
+    if candidates:
+        lines += ["", "Candidates measured at one budget (NOTES.md):", "",
+                  "| method | heads removed | BLEU | change | removed enc-self/enc-dec/dec-self | emptied sublayers | "
+                  "fallbacks |", "|---|---|---|---|---|---|---|"]
+        for r in sweep:
+            if _name(r) in candidates:
+                t = r["removed_per_type"]
+                lines.append(f"| {_name(r)} | {r['removed']} | {r['bleu']:.2f} | {r['delta']:+.2f} | "
+                             f"{t['enc-self']}/{t['enc-dec']}/{t['dec-self']} | {', '.join(r['emptied']) or '-'} | "
+                             f"{len(r['fallbacks'])} |")
     if l0:
         lines += ["", "L0 gates (Voita et al., fine-tuned 300 updates per λ; results/voita/compare.jsonl):", "",
                   "| λ | heads removed | L0 BLEU | change |", "|---|---|---|---|"]
@@ -222,10 +251,10 @@ def figure(rows: Sequence[dict], path: str, l0: Sequence[dict] = (), heads_total
     base = next(r["bleu"] for r in rows if r["key"] == "unpruned")
     fig, ax = plt.subplots(figsize=(7, 4.5))
     series: Dict[str, List[Tuple[int, float]]] = {}
+    curves, _ = split_methods(rows)
     for r in rows:
-        if r["key"] != "unpruned":
-            series.setdefault((r.get("tag") and r["tag"] + "/" or "") + r["method"], []).append(
-                (r["removed"], r["bleu"]))
+        if r["key"] != "unpruned" and (_name(r) in curves or not curves):
+            series.setdefault(_name(r), []).append((r["removed"], r["bleu"]))
     for name, points in series.items():
         points.sort()
         ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
