@@ -240,3 +240,54 @@ def test_v_takes_the_most_pruned_point_within_the_tolerance():
     claim = cl.claim_voita(voita((0.01, 30, 30.1), (0.05, 20, 29.8), (0.1, 10, 29.0)))
     assert claim.verdict == cl.SUPPORTED and claim.ours.startswith("28 of 48 heads closed (λ=0.05)")
     assert "BLEU 29.80 vs 30.00 (-0.20)" in claim.ours
+
+
+def tuned(lam, bleu, enc_closed, enc_total=48, other_kept=96, other_closed=0, updates=300):
+    """An L0 point with per-type counts (compare.jsonl's), fine-tuned for `updates` on the encoder self-attention."""
+    kept = {"enc-self": enc_total - enc_closed, "enc-dec": other_kept // 2, "dec-self": other_kept // 2}
+    closed = {"enc-self": enc_closed, "enc-dec": other_closed, "dec-self": 0}
+    total = enc_total + other_kept + other_closed
+    return {"method": "l0", "lambda": lam, "heads_kept": total - enc_closed - other_closed, "heads_total": total,
+            "bleu": bleu, "updates": updates, "types": ["enc-self"], "kept_per_type": kept, "closed_per_type": closed}
+
+
+def test_v_tolerance_is_measured_from_the_lambda_0_control_of_the_same_fine_tuning():
+    full = {"method": "unpruned", "lambda": None, "heads_kept": 144, "heads_total": 144, "bleu": 30.0}
+    control = tuned(0.0, 31.0, 0)
+    assert cl.claim_voita([full, control, tuned(0.05, 30.75, 30)]).verdict == cl.SUPPORTED  # 31 - 0.25 exactly
+    # 0.7 BLEU above the un-fine-tuned model, but 0.2501 below its own control
+    assert cl.claim_voita([full, control, tuned(0.05, 30.7499, 30)]).verdict == cl.NOT_SUPPORTED
+    # a control of another number of updates is not this model's baseline: the un-fine-tuned model is
+    other = tuned(0.0, 31.0, 0, updates=600)
+    assert cl.claim_voita([full, other, tuned(0.05, 29.75, 30)]).verdict == cl.SUPPORTED
+    assert cl.claim_voita([full, control]).verdict == cl.INCOMPLETE  # controls only
+
+
+def test_v_judges_the_encoder_share_when_points_have_per_type_counts():
+    full = {"method": "unpruned", "lambda": None, "heads_kept": 144, "heads_total": 144, "bleu": 30.0}
+    assert cl.claim_voita([full, tuned(0.05, 30.0, 24)]).verdict == cl.NOT_SUPPORTED  # 24 of 48: exactly half
+    claim = cl.claim_voita([full, tuned(0.05, 30.0, 25)])
+    assert claim.verdict == cl.SUPPORTED and "25 of 48 encoder self-attention heads closed" in claim.ours
+    # more than half of all heads closed, but only half of the encoder's: not supported
+    mostly_decoder = tuned(0.05, 30.0, 24, other_kept=40, other_closed=60)
+    assert 100 * (1 - mostly_decoder["heads_kept"] / mostly_decoder["heads_total"]) > 50
+    assert cl.claim_voita([full, mostly_decoder]).verdict == cl.NOT_SUPPORTED
+
+
+def test_c1_judges_encoder_self_attention_heads():
+    rows = single_rows(8, 4)  # enc-self: 4 of 8 removable
+    for i in range(8):  # eight more heads of enc-dec, all removable: 12 of 16 pooled
+        rows.append({"key": f"enc-dec:1:{i + 1}", "type": "enc-dec", "layer": 1, "head": i + 1, "bleu": 30.0,
+                     "delta": 0.0, "significant": False})
+    claim = cl.claim_single_heads(rows, 16)
+    assert claim.verdict == cl.NOT_SUPPORTED and claim.ours.startswith("enc-self: 4 of 8 heads removable")
+
+
+def test_c6_compares_with_the_masked_model_only_at_equal_work():
+    result = speed({"64": 100.0}, {"64": 150.0})
+    result["batch_sizes"]["64"]["masked"]["sentences_per_s"] = 149.5  # as fast as pruned within the noise
+    assert cl.claim_speed(result).verdict == cl.NOT_SUPPORTED
+    result["batch_sizes"]["64"]["masked"]["sentences_per_s"] = 147.99  # 150 - 1 > 147.99 + 1
+    assert cl.claim_speed(result).verdict == cl.SUPPORTED
+    result["batch_sizes"]["64"]["pruned"]["same_tokens_as_masked"] = False  # not equal work: no verdict
+    assert cl.claim_speed(result).verdict not in (cl.SUPPORTED, cl.NOT_SUPPORTED)
