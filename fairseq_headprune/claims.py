@@ -32,14 +32,17 @@ Verdict rules (the thresholds are module constants, shown in every row's rule):
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import asdict, dataclass
 from statistics import mean
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from fairseq_headprune.heads import ATTENTION_TYPES
+from fairseq_headprune.results.log import read_log
+from fairseq_headprune.results.rows import best_per_layer as rows_best_per_layer
+
 SUPPORTED, NOT_SUPPORTED, NOT_RUN, INCOMPLETE = "supported", "not supported", "not run", "incomplete"
-TYPES = ("enc-self", "enc-dec", "dec-self")
+TYPES = ATTENTION_TYPES
 C3_TOLERANCE = 0.5
 C3_MIN_PERCENT = 20.0
 C5_MARGIN = 10.0
@@ -66,35 +69,14 @@ class Claim:
 # ---------------------------------------------------------------- reading result files (no fairseq needed)
 
 def read_jsonl(path: str) -> Tuple[Dict, List[Dict]]:
-    """(header, rows) of a results log; a torn last line (a run killed mid-write) is ignored, not repaired."""
-    with open(path, encoding="utf-8") as f:
-        lines = f.read().split("\n")
-    parsed = []
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            parsed.append(json.loads(line))
-        except json.JSONDecodeError:
-            if i == len(lines) - 1:  # torn last line
-                break
-            raise ValueError(f"{path}: line {i + 1} is not JSON") from None
-    if not parsed or "header" not in parsed[0]:
-        return {}, parsed
-    return parsed[0]["header"], parsed[1:]
+    """(header, rows) of a results log, by the package's one reader (a torn last line is left out)."""
+    return read_log(path)
 
 
 def read_rows(path: Optional[str]) -> Optional[List[Dict]]:
     if not path or not os.path.exists(path):
         return None
-    return read_jsonl(path)[1]
-
-
-def read_json(path: Optional[str]) -> Optional[Dict]:
-    if not path or not os.path.exists(path):
-        return None
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    return read_log(path)[1]
 
 
 # ---------------------------------------------------------------- the claims
@@ -173,12 +155,7 @@ def claim_single_heads(rows: Optional[Sequence[Dict]], expected: Optional[int] =
 
 def best_per_layer(rows: Sequence[Dict]) -> List[Dict]:
     """The keep-one row with the highest BLEU for each (type, layer)."""
-    best: Dict[Tuple[str, int], Dict] = {}
-    for row in _results(rows):
-        key = (row["type"], row["layer"])
-        if key not in best or row["bleu"] > best[key]["bleu"]:
-            best[key] = row
-    return [best[k] for k in sorted(best, key=lambda k: (TYPES.index(k[0]), k[1]))]
+    return rows_best_per_layer(rows, "bleu")
 
 
 def claim_keep_one(rows: Optional[Sequence[Dict]], expected_layers: Optional[int] = None,

@@ -22,7 +22,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-TYPES: Tuple[str, ...] = ("enc-self", "enc-dec", "dec-self")
 
 
 @dataclass(frozen=True)

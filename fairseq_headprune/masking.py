@@ -31,7 +31,7 @@ from fairseq.modules.multihead_attention import MultiheadAttention
 
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.gates import INIT_LOG_ALPHA, TEMPERATURE, HeadGate
-from fairseq_headprune.heads import Head, HeadLayout, attention_modules, head_ids
+from fairseq_headprune.heads import ATTENTION_TYPES, Head, HeadLayout, attention_modules, head_ids
 
 
 class UnsupportedMaskError(UserError, ValueError):
@@ -184,7 +184,7 @@ def current_masked_heads(model) -> list:
     for (attn_type, layer), attn in masked_modules(model).items():
         ids = head_ids(attn)
         out += [Head(attn_type, layer, ids[i]) for i in (attn.head_mask == 0).nonzero().flatten().tolist()]
-    return sorted(out, key=lambda h: (("enc-self", "enc-dec", "dec-self").index(h.type), h.layer, h.head))
+    return sorted(out, key=lambda h: (ATTENTION_TYPES.index(h.type), h.layer, h.head))
 
 
 @contextlib.contextmanager

@@ -16,6 +16,7 @@ from conftest import BIN, ENV, ROOT, run
 from fairseq_headprune import claims as cl
 from fairseq_headprune.cli.report import fairseq_argv
 from fairseq_headprune.report.pipeline import set_option
+from fairseq_headprune.results.log import read_json
 
 REPORT = ["--gen-subset", "test", "--beam", "1", "--max-tokens", "3000", "--masks-per-batch", "8",
           "--prune-step", "0.25", "--speed-batch-sizes", "1,8", "--speed-runs", "1", "--speed-sentences", "8",
@@ -364,7 +365,7 @@ def recompute_claims(folder: Path):
             cl.claim_keep_one(cl.read_rows(path("keep_one")), len(per_layer), heads_per_layer=keep_one_per_layer,
                               selected_by=selected_by),
             cl.claim_prunable(pruning), cl.claim_enc_dec_sensitive(pruning, single),
-            cl.claim_dynamics(cl.read_rows(path("dynamics"))), cl.claim_speed(cl.read_json(path("speed"))),
+            cl.claim_dynamics(cl.read_rows(path("dynamics"))), cl.claim_speed(read_json(path("speed"))),
             cl.claim_voita(cl.l0_points(l0) if l0 else None)], recorded["claims"]
 
 

@@ -121,7 +121,7 @@ def evaluate_claims(files: Files, parts: Dict, layout, args) -> List[cl.Claim]:
         cl.claim_prunable(pruning, parts["prune"].lines()[0]),
         cl.claim_enc_dec_sensitive(pruning, single, "\n".join(parts["prune-types"].lines())),
         cl.claim_dynamics(cl.read_rows(files.dynamics_path), DYNAMICS_COMMAND, source=files.dynamics_path or ""),
-        cl.claim_speed(cl.read_json(files.speed), parts["speed"].lines()[0]),
+        cl.claim_speed(read_json(files.speed), parts["speed"].lines()[0]),
         cl.claim_voita(l0_points, VOITA_COMMAND, source=l0_source),
     ]
 
@@ -163,7 +163,7 @@ def importance(doc: Document, files: Files, part, state) -> None:
     from fairseq_headprune.plots import head_heatmap
 
     doc.heading("Head importance I_h")
-    data = cl.read_json(files.importance)
+    data = read_json(files.importance)
     if data is None:
         _missing(doc, "importance.json", part.lines())
         return
@@ -208,7 +208,6 @@ def single(doc: Document, files: Files, part, state, layout) -> None:
     header = _header_of(files.single)
     base = next((r for r in rows if r.get("key") == "baseline"), None)
     heads = [r for r in rows if r.get("key") != "baseline"]
-    alpha = (header.get("bootstrap") or {}).get("significance")
     doc.paragraph(f"Each head masked alone; BLEU change against the unpruned model ({base['bleu']:.2f} BLEU)"
                   if base else "Each head masked alone.")
     doc.paragraph(f"{len(heads)} of {len(layout.all_heads())} heads done. **Bold**: significant "
@@ -399,7 +398,7 @@ def voita(doc: Document, files: Files) -> None:
 
 def analysis(doc: Document, files: Files, part, state) -> None:
     doc.heading("What the heads do (Voita et al.: confidence, relevance, functions)")
-    data = cl.read_json(files.analysis)
+    data = read_json(files.analysis)
     if data is None:
         _missing(doc, "heads_analysis.json", part.lines())
         return

@@ -63,13 +63,15 @@ def _accumulate(loaded, model, subset: str, progress, per_position: bool) -> Tup
     for sample in progress(samples) if progress else samples:
         sample = _to(sample, device)
         loss, _, log = criterion(model, sample)
-        loss.backward()
+        if not per_position:  # per position, the criterion has taken its own gradient for every target token
+            loss.backward()
         criterion.accumulate()
         nll += float(log["loss"])
         tokens += int(log["ntokens"])
     scores = criterion.accumulator.mean()
     stats = {
         "sentences": criterion.accumulator.sentences,
+        "batches_skipped_overflow": criterion.accumulator.skipped,
         "target_tokens": tokens,
         "nll_per_token": nll / max(tokens, 1),
     }
