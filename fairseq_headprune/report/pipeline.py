@@ -72,8 +72,9 @@ class ReportOptions:
 # ---------------------------------------------------------------- command lines
 
 def options_argv(options: Any) -> List[str]:
-    """A study's options as its command's own options: every field that differs from its default, as
-    `--field-name value` (or the field's own flag), so the line reproduces the options when pasted."""
+    """A study's options as its command's own options: every field that differs from its default (and the fields
+    marked `always`, such as ablate's --mode), as `--field-name value` (or the field's own flag), so the line
+    reproduces the options when pasted."""
     out: List[str] = []
     for f in dataclasses.fields(options):
         flag = f.metadata.get("flag", "--" + f.name.replace("_", "-"))
@@ -82,7 +83,7 @@ def options_argv(options: Any) -> List[str]:
         value = getattr(options, f.name)
         default = f.default if f.default is not dataclasses.MISSING else (
             f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
-        if value == default or value is None:
+        if value is None or (value == default and not f.metadata.get("always")):
             continue
         if isinstance(value, bool):
             out.append(flag)  # a flag given means the non-default value (negated flags included)

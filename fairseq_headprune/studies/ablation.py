@@ -129,7 +129,7 @@ class AblationOptions:
     """What `ablate` sweeps and how it scores; field names are the command's options."""
 
     subset: str = field(metadata={"flag": "--gen-subset"})
-    mode: str = "single"
+    mode: str = field(default="single", metadata={"always": True})  # command lines always say which sweep
     metric: str = "bleu"
     types: str = ",".join(ATTENTION_TYPES)
     references: Optional[str] = None

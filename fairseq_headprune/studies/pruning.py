@@ -39,7 +39,7 @@ class PruneOptions:
     """What `prune` sweeps; field names are the command's options."""
 
     subset: str = field(metadata={"flag": "--gen-subset"})
-    order: str = "importance"
+    order: str = field(default="importance", metadata={"always": True})
     types: str = ",".join(ATTENTION_TYPES)
     step: float = 0.1
     importance: Optional[str] = None
