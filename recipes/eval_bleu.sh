@@ -5,8 +5,11 @@
 # usage: recipes/eval_bleu.sh DATA_BIN CHECKPOINT BPE_CODES SRC TGT SUBSET:REF_FILE[:lc] ... 
 #   ':lc' is for references that are Moses-tokenised (with XML escapes, no dash splitting) and lowercased, as
 #   IWSLT14's: hypotheses get the same treatment and sacreBLEU scores with --tokenize none
+# USER_DIR=fairseq_headprune: for checkpoints of this package's architectures (headprune_transformer, pruned)
 set -euo pipefail
 DATA=$1; CKPT=$2; CODES=$3; SRC=$4; TGT=$5; shift 5
+user=()
+[ -n "${USER_DIR:-}" ] && user=(--user-dir "$USER_DIR" --task translation_headprune)
 export PATH=$(dirname "$(readlink -f "$0")")/../.venv/bin:$PATH
 export TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1  # fairseq checkpoints are trusted pickles (see README)
 # --required-batch-size-multiple 1: with fairseq 0.12's default of 8, batch_by_size drops a final remainder of
@@ -14,7 +17,7 @@ export TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1  # fairseq checkpoints are trusted pic
 for item in "$@"; do
   IFS=: read -r subset ref mode <<< "$item"
   out=$(mktemp)
-  fairseq-generate "$DATA" --path "$CKPT" --gen-subset "$subset" --source-lang "$SRC" --target-lang "$TGT" \
+  fairseq-generate "$DATA" --path "$CKPT" "${user[@]}" --gen-subset "$subset" --source-lang "$SRC" --target-lang "$TGT" \
     --beam 5 --lenpen 1.0 --max-tokens 4000 --required-batch-size-multiple 1 --tokenizer moses --bpe subword_nmt --bpe-codes "$CODES" \
     2>/dev/null | grep ^D- | sed 's/^D-//' | sort -n | cut -f3 > "$out"
   if [ "${mode:-}" = lc ]; then

@@ -8,6 +8,10 @@
 # recipe can be rerun after a stop. Environment knobs (defaults are what results/voita/ was made with):
 #   LAMBDAS="0.05 ..."  UPDATES=300  MAX_TOKENS=1024  LR=1e-4  GATE_LR_SCALE=500  TEMPERATURE=0.33
 #   WORK=work/voita (checkpoints, data, logs; git-ignored)  RESULTS=results/voita
+#   GATED_TYPES=enc-self,enc-dec,dec-self   Voita et al.'s main experiment gates the encoder only:
+#     GATED_TYPES=enc-self WORK=work/voita-encoder RESULTS=results/voita/encoder-only recipes/voita_l0.sh
+#     gives BLEU against the number of retained encoder heads (Michel's I_h masks then rank encoder heads only)
+#   MODEL=checkpoints/de-en  the converged model to prune
 #
 # Budget: one CPU core; an update of ~1024 tokens took 1.2-1.5 s of CPU time, so 300 updates are 6-8 CPU
 # minutes a λ (on the shared, oversubscribed 2-core machine each run took 25-70 minutes of wall time).
@@ -25,8 +29,9 @@ set -euo pipefail
 main() {
   cd "$(dirname "$0")/.."
   export PATH=$PWD/.venv/bin:$PATH OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1
-  MODEL=checkpoints/de-en
+  MODEL=${MODEL:-checkpoints/de-en}
   WORK=${WORK:-work/voita}
+  GATED_TYPES=${GATED_TYPES:-enc-self,enc-dec,dec-self}
   RESULTS=${RESULTS:-results/voita}
   LAMBDAS=${LAMBDAS:-"0.05 0.02 0.01 0.008 0.006 0.002 0"}
   UPDATES=${UPDATES:-300}
@@ -63,7 +68,7 @@ main() {
         --encoder-embed-dim 256 --decoder-embed-dim 256 --encoder-ffn-embed-dim 512 --decoder-ffn-embed-dim 512 \
         --encoder-normalize-before --decoder-normalize-before \
         --dropout 0.3 --attention-dropout 0.1 --activation-dropout 0.1 \
-        --gated-types enc-self,enc-dec,dec-self --gate-temperature "$TEMPERATURE" --gate-lr-scale "$GATE_LR_SCALE" \
+        --gated-types "$GATED_TYPES" --gate-temperature "$TEMPERATURE" --gate-lr-scale "$GATE_LR_SCALE" \
         --criterion label_smoothed_cross_entropy_l0 --label-smoothing 0.1 --l0-lambda "$lambda" \
         --optimizer adam --adam-betas '(0.9, 0.98)' --lr "$LR" --lr-scheduler fixed \
         --finetune-from-model "$MODEL/model.pt" --max-tokens "$MAX_TOKENS" --max-update "$UPDATES" --seed 1 \

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Voita et al. (2019), Table 2's last column: the head configuration an L0 run pruned to, trained from random
+# initialisation with the base model's recipe and budget (recipes/train_de_en.sh: same data, hyper-parameters,
+# early stopping on valid loss), then its test2016 BLEU beside the pruned model's. `headprune_transformer
+# --kept-heads JSON` builds the uneven (even empty) layers before any weight exists.
+#
+# usage: recipes/voita_from_scratch.sh CLOSED_HEADS.json NAME [MAX_EPOCH] [PATIENCE]
+#   CLOSED_HEADS.json: `fairseq-headprune gates CKPT --results-dir DIR` writes DIR/closed-heads.json (or any
+#   {TYPE: {LAYER: [HEADS]}} file of heads to leave out); NAME: a folder name under $RESULTS.
+# Knobs: WORK=work/voita-scratch RESULTS=results/voita/from-scratch; MAX_UPDATE=N SKIP_BLEU=1 check the recipe quickly
+# Budget: the base recipe, about 6 minutes an epoch on both cores; fewer heads train slightly faster.
+set -euo pipefail
+main() {
+  cd "$(dirname "$0")/.."
+  export PATH=$PWD/.venv/bin:$PATH OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} OMP_WAIT_POLICY=PASSIVE
+  CLOSED=${1:?usage: voita_from_scratch.sh CLOSED_HEADS.json NAME [MAX_EPOCH] [PATIENCE]}
+  NAME=${2:?usage: voita_from_scratch.sh CLOSED_HEADS.json NAME [MAX_EPOCH] [PATIENCE]}
+  MAX_EPOCH=${3:-100}
+  PATIENCE=${4:-5}
+  WORK=${WORK:-work/voita-scratch}/$NAME
+  RESULTS=${RESULTS:-results/voita/from-scratch}/$NAME
+  MODEL=checkpoints/de-en
+  BIN=work/de-en/data-bin
+  [ -f "$CLOSED" ] || { echo "voita_from_scratch: error: no such file: $CLOSED" >&2; exit 2; }
+  [ -f "$BIN/train.de-en.de.bin" ] || bash data_prep/prepare-multi30k.sh ../shared/data "$BIN" 6000
+  mkdir -p "$WORK" "$RESULTS"
+  # the heads each layer keeps: all 8 minus the closed ones (layers that lose none are left out of the JSON)
+  KEPT=$(python - "$CLOSED" <<'EOF'
+import json, sys
+closed = json.load(open(sys.argv[1]))
+kept = {t: {layer: [h for h in range(1, 9) if h not in set(heads)] for layer, heads in layers.items() if heads}
+        for t, layers in closed.items()}
+print(json.dumps({t: v for t, v in kept.items() if v}, sort_keys=True))
+EOF
+)
+  echo "$KEPT" > "$RESULTS/kept-heads.json"
+  extra=()
+  [ -n "${MAX_UPDATE:-}" ] && extra=(--max-update "$MAX_UPDATE")
+  fairseq-train "$BIN" --user-dir fairseq_headprune --task translation_headprune \
+    --arch headprune_transformer --kept-heads "$KEPT" --share-all-embeddings \
+    --encoder-layers 6 --decoder-layers 6 --encoder-attention-heads 8 --decoder-attention-heads 8 \
+    --encoder-embed-dim 256 --decoder-embed-dim 256 --encoder-ffn-embed-dim 512 --decoder-ffn-embed-dim 512 \
+    --encoder-normalize-before --decoder-normalize-before \
+    --dropout 0.3 --attention-dropout 0.1 --activation-dropout 0.1 --weight-decay 0.0001 \
+    --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 0.0 \
+    --lr 1e-3 --lr-scheduler inverse_sqrt --warmup-updates 800 --warmup-init-lr 1e-07 \
+    --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
+    --max-tokens 2048 --max-epoch "$MAX_EPOCH" --patience "$PATIENCE" --seed 1 "${extra[@]}" \
+    --save-dir "$WORK/checkpoints" --no-epoch-checkpoints \
+    --log-format simple --log-interval 50 --num-workers 0 2>&1 | tee -a "$WORK/train.log" | grep -E "valid on|done training" || true
+  grep -E "valid on|done training" "$WORK/train.log" > "$RESULTS/train-progress.log"
+  [ -n "${SKIP_BLEU:-}" ] && return 0  # a quick check of the training part
+  # BLEU of the best checkpoint on test2016, as recipes/eval_bleu.sh scores the bundled models
+  USER_DIR=fairseq_headprune bash recipes/eval_bleu.sh "$BIN" "$WORK/checkpoints/checkpoint_best.pt" \
+    "$MODEL/code" de en test:data/multi30k-test2016/test.en | tee "$RESULTS/bleu.txt"
+}
+main "$@"
