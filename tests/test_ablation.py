@@ -1,4 +1,5 @@
 """Ablation sweeps: resumable after SIGKILL, refusing foreign results, sharded over processes."""
+import hashlib
 import json
 import os
 import signal
@@ -30,9 +31,12 @@ def uninterrupted(tiny_data, stock_checkpoint, tmp_path_factory):
     return out
 
 
-def test_single_head_sweep_rows_and_table(uninterrupted):
+def test_single_head_sweep_rows_and_table(uninterrupted, stock_checkpoint):
     header, rows = rows_of(uninterrupted / "ablation-single.jsonl")
     assert header["metric"] == "bleu" and header["bootstrap"]["samples"] == 1000
+    # the header names the model by its content: a file of another checkpoint can be told apart
+    assert header["checkpoint_sha256"] == hashlib.sha256(stock_checkpoint.read_bytes()).hexdigest()
+    assert header["subset"] == "test" and len(header["data_fingerprint"]) == 16
     assert [r["key"] for r in rows] == ["baseline"] + [f"enc-dec:{layer}:{h}" for layer in (1, 2, 3)
                                                      for h in (1, 2, 3, 4)]
     for row in rows[1:]:

@@ -62,7 +62,7 @@ MUTANTS: Sequence[Mutant] = (
     Mutant("header-checkpoint", "results header (run identity) without the checkpoint hash",
            "fairseq_headprune/results/identity.py",
            'identity["checkpoint_sha256"] = file_sha256(loaded.checkpoint)', "pass",
-           ("tests/test_run_identity.py::test_ablate_rerun_with_another_setup_is_refused_naming_the_field",), True),
+           ("tests/test_ablation.py::test_single_head_sweep_rows_and_table",), True),
     Mutant("evaluator-last-batch", "the evaluator drops its last batch when built", "fairseq_headprune/evaluate.py",
            "self.samples = [self._to_device(s) for s in itr]", "self.samples = [self._to_device(s) for s in itr][:-1]",
            ("tests/test_evaluate.py",), True),
