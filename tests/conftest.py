@@ -154,6 +154,46 @@ def cached_build(name: str, key: str, build: Callable[[Path], object]) -> Path:
     return target
 
 
+def _content_key(path: Path) -> bytes:
+    if path.is_file():
+        return hashlib.sha256(path.read_bytes()).digest()
+    h = hashlib.sha256()
+    for f in sorted(p for p in path.rglob("*") if p.is_file()):
+        h.update(str(f.relative_to(path)).encode() + b"\0" + hashlib.sha256(f.read_bytes()).digest())
+    return h.digest()
+
+
+def stock_run(cmd, check=True) -> subprocess.CompletedProcess:
+    """A stock fairseq command (no user module): what it prints depends only on its arguments, the content of the
+    files and folders they name, and the versions of fairseq and torch. Run once per machine; later calls return
+    the recorded exit code, stdout and stderr (cached under CACHE/runs)."""
+    import json
+
+    args = [str(c) for c in cmd]
+    if not args[0].startswith("fairseq-") or any(a.startswith("--user-dir") for a in args):
+        raise ValueError(f"not a stock fairseq command: {args}")
+    h = hashlib.sha256()
+    for dist in ("fairseq-fixed", "torch", "numpy", "sacrebleu"):
+        h.update(f"{dist}=={metadata.version(dist)}".encode())
+    for arg in args:
+        path = Path(arg)
+        h.update(b"\0" + (_content_key(path) if os.path.isabs(arg) and path.exists() else arg.encode()))
+    record = CACHE / "runs" / f"{args[0]}-{h.hexdigest()[:24]}.json"
+    if record.exists():
+        saved = json.loads(record.read_text(encoding="utf-8"))
+        proc = subprocess.CompletedProcess(args, saved["returncode"], saved["stdout"], saved["stderr"])
+        if check and proc.returncode != 0:
+            raise AssertionError(f"{args} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+        return proc
+    proc = run(args, check=check)
+    record.parent.mkdir(parents=True, exist_ok=True)
+    partial = record.with_suffix(f".{os.getpid()}.tmp")
+    partial.write_text(json.dumps({"returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr}),
+                       encoding="utf-8")
+    os.replace(partial, record)
+    return proc
+
+
 def _copy(cached: Path, dest: Path) -> Path:
     shutil.copytree(cached, dest, dirs_exist_ok=True, ignore=shutil.ignore_patterns("COMPLETE"))
     return dest

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from conftest import run
+from conftest import run, stock_run
 from fairseq_headprune import cli
 from fairseq_headprune.studies.scoring import compute_importance
 
@@ -22,8 +22,10 @@ def hypotheses(stdout: str):
 
 
 def generate(data, checkpoint, *extra):
-    return run(["fairseq-generate", data, "--path", checkpoint, "--gen-subset", "test", "--beam", "4",
-                "--max-tokens", "3000", *extra]).stdout
+    """fairseq-generate's output; without the user module it is stock fairseq's, recorded once (conftest.stock_run)."""
+    cmd = ["fairseq-generate", data, "--path", checkpoint, "--gen-subset", "test", "--beam", "4",
+           "--max-tokens", "3000", *extra]
+    return (run(cmd) if "--user-dir" in map(str, extra) else stock_run(cmd)).stdout
 
 
 def same_hypotheses(a, b):

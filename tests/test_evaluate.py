@@ -5,7 +5,7 @@ whose batches miss a sentence is refused."""
 import pytest
 import sacrebleu
 
-from conftest import SLICE, run
+from conftest import SLICE, stock_run
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.evaluate import SubsetEvaluator
 from fairseq_headprune.loading import load
@@ -16,10 +16,10 @@ MOSES = ["--bpe", "subword_nmt", "--tokenizer", "moses", "-s", "de", "-t", "en"]
 
 
 def fairseq_generate(data, checkpoint, *extra):
-    """Stock fairseq-generate (no user module): {id: (detokenised hypothesis, reference)} from its D- and T-
-    lines. --required-batch-size-multiple 1, or fairseq 0.12 drops the remainder of the batches."""
-    out = run(["fairseq-generate", data, "--path", checkpoint, *DECODE, "--required-batch-size-multiple", "1",
-               *extra]).stdout
+    """Stock fairseq-generate (no user module; recorded once, conftest.stock_run): the detokenised hypotheses and
+    references of its D- and T- lines. --required-batch-size-multiple 1, or fairseq 0.12 drops the remainder."""
+    out = stock_run(["fairseq-generate", data, "--path", checkpoint, *DECODE, "--required-batch-size-multiple", "1",
+                     *extra]).stdout
     hyps, refs = {}, {}
     for line in out.splitlines():
         if line.startswith("D-"):
