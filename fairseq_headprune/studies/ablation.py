@@ -129,19 +129,20 @@ class AblationOptions:
     """What `ablate` sweeps and how it scores; field names are the command's options."""
 
     subset: str = field(metadata={"flag": "--gen-subset"})
+    # (field order = the order a command line renders them in)
     mode: str = field(default="single", metadata={"always": True})  # command lines always say which sweep
+    masks_per_batch: int = 1
     metric: str = "bleu"
     types: str = ",".join(ATTENTION_TYPES)
     references: Optional[str] = None
     select_subset: Optional[str] = None
     report_subset: Optional[str] = None
-    report_references: Optional[str] = None
     report_metric: Optional[str] = None
+    report_references: Optional[str] = None
     bootstrap_samples: int = 1000
     bootstrap_sample_ratio: float = 1.0
     significance: float = 0.01
     bootstrap_seed: int = 1
-    masks_per_batch: int = 1
 
     def check(self) -> None:
         """The option combinations that make no sense, refused before the model is loaded."""
