@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from importlib import metadata
 from pathlib import Path
 from typing import Callable
@@ -133,9 +134,20 @@ def build_key(*functions: Callable) -> str:
     return h.hexdigest()[:16]
 
 
-def cached_build(name: str, key: str, build: Callable[[Path], object]) -> Path:
+def package_key() -> str:
+    """The source of this package (the copy under test): builds that run its code are keyed on it too."""
+    h = hashlib.sha256()
+    package = ROOT / "fairseq_headprune"
+    for path in sorted(package.rglob("*.py")):
+        h.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def cached_build(name: str, key: str, build: Callable[[Path], object], keep_others: bool = False) -> Path:
     """The folder `build` fills, built once per key under CACHE (a lock keeps concurrent sessions from building it
-    twice; a build is renamed into place only when complete, so a killed one is never reused)."""
+    twice; a build is renamed into place only when complete, so a killed one is never reused). Builds of other
+    keys are removed, or with keep_others (builds keyed on the package's code, which copies under test such as the
+    mutation check's may build at the same time) only once they are a day old."""
     target = CACHE / f"{name}-{key}"
     if (target / "COMPLETE").exists():
         return target
@@ -149,7 +161,7 @@ def cached_build(name: str, key: str, build: Callable[[Path], object]) -> Path:
             (partial / "COMPLETE").write_text(key + "\n")
             os.rename(partial, target)
             for stale in CACHE.glob(f"{name}-*"):  # builds of older code
-                if stale != target:
+                if stale != target and (not keep_others or time.time() - stale.stat().st_mtime > 86400):
                     shutil.rmtree(stale, ignore_errors=True)
     return target
 
@@ -194,9 +206,14 @@ def stock_run(cmd, check=True) -> subprocess.CompletedProcess:
     return proc
 
 
-def _copy(cached: Path, dest: Path) -> Path:
+def copy_cached(cached: Path, dest: Path) -> Path:
     shutil.copytree(cached, dest, dirs_exist_ok=True, ignore=shutil.ignore_patterns("COMPLETE"))
     return dest
+
+
+def stock_key() -> str:
+    """What the stock checkpoint's content depends on."""
+    return _data_key() + build_key(train)
 
 
 def _data_key() -> str:
@@ -209,14 +226,14 @@ def _cached_data() -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory) -> Path:
-    return _copy(_cached_data(), tmp_path_factory.mktemp("data-bin"))
+    return copy_cached(_cached_data(), tmp_path_factory.mktemp("data-bin"))
 
 
 @pytest.fixture(scope="session")
 def stock_checkpoint(tmp_path_factory) -> Path:
     """A stock fairseq transformer checkpoint, trained without this package."""
-    cached = cached_build("stock", _data_key() + build_key(train), lambda out: train(_cached_data(), out))
-    return _copy(cached, tmp_path_factory.mktemp("stock")) / "checkpoint_last.pt"
+    cached = cached_build("stock", stock_key(), lambda out: train(_cached_data(), out))
+    return copy_cached(cached, tmp_path_factory.mktemp("stock")) / "checkpoint_last.pt"
 
 
 @pytest.fixture(scope="session")
@@ -224,4 +241,4 @@ def epoch_checkpoints(tmp_path_factory) -> Path:
     """A folder with checkpoint1.pt and checkpoint2.pt: two epochs of stock training (for the dynamics)."""
     cached = cached_build("epochs", _data_key() + build_key(train_epochs),
                           lambda out: train_epochs(_cached_data(), out))
-    return _copy(cached, tmp_path_factory.mktemp("epochs"))
+    return copy_cached(cached, tmp_path_factory.mktemp("epochs"))

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from conftest import TINY_ARCH, run
+from conftest import TINY_ARCH, build_key, cached_build, copy_cached, package_key, run, stock_key
 from fairseq_headprune import cli
 from fairseq_headprune.gates import (
     HeadGate,
@@ -159,14 +159,17 @@ def l0_runs(tiny_data, stock_checkpoint, tmp_path_factory):
     """Two short fine-tunings from the stock checkpoint, started both ways fairseq offers: no penalty on every
     head (--restore-file with resets), and on the encoder-side attentions a penalty large enough to close gates
     (--finetune-from-model; the tiny model, barely trained, may give up all of those: dec-self stays ungated so
-    that the closed heads can still be removed)."""
-    out = {}
-    for lam, types, start in (("0", "enc-self,enc-dec,dec-self", "--restore-file"),
-                              ("2", "enc-self,enc-dec", "--finetune-from-model")):
-        save = tmp_path_factory.mktemp(f"l0-{lam}")
-        finetune(tiny_data, stock_checkpoint, save, lam, types, start)
-        out[lam] = save / "checkpoint_last.pt"
-    return out
+    that the closed heads can still be removed). Built once per version of this package's code and of the stock
+    model (conftest.cached_build keyed on package_key)."""
+    runs = (("0", "enc-self,enc-dec,dec-self", "--restore-file"), ("2", "enc-self,enc-dec", "--finetune-from-model"))
+
+    def build(out):
+        for lam, types, start in runs:
+            finetune(tiny_data, stock_checkpoint, out / f"l0-{lam}", lam, types, start)
+
+    key = stock_key() + build_key(finetune) + package_key()
+    folder = copy_cached(cached_build("l0-runs", key, build, keep_others=True), tmp_path_factory.mktemp("l0"))
+    return {lam: folder / f"l0-{lam}" / "checkpoint_last.pt" for lam, _, _ in runs}
 
 
 def _log_alphas(checkpoint):
