@@ -4,11 +4,12 @@ Its release predates hydra configs: the checkpoint holds `args` (an argparse Nam
 arch=transformer_vaswani_wmt_en_fr_big, a joined dictionary, shared embeddings) and no `cfg`. The test saves a
 checkpoint of that architecture in that format, with its dimensions overridden small, and runs the tools on it.
 """
+import hashlib
 import json
 
 import torch
 
-from conftest import run, train
+from conftest import cached_build, copy_cached, run, stock_key, train
 from fairseq_headprune.loading import PACKAGE_DIR
 
 
@@ -17,7 +18,11 @@ def test_old_format_transformer_big_checkpoint(tiny_data, tmp_path):
              "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
              "--encoder-attention-heads", "16", "--decoder-attention-heads", "16"]
     arch = ["--arch", "transformer_vaswani_wmt_en_fr_big", "--share-all-embeddings", *small]
-    ckpt = train(tiny_data, tmp_path / "train", updates=3, arch=arch)
+    # a stock training run: built once per machine (conftest.cached_build), like the other tiny models
+    updates = 3
+    cached = cached_build("wmt-big", stock_key() + hashlib.sha256(repr((arch, updates)).encode()).hexdigest()[:16],
+                          lambda out: train(tiny_data, out, updates=updates, arch=arch))
+    ckpt = copy_cached(cached, tmp_path / "train") / "checkpoint_last.pt"
     state = torch.load(ckpt, map_location="cpu", weights_only=False)
     model_args = state["cfg"]["model"]
     assert model_args.arch == "transformer_vaswani_wmt_en_fr_big" and model_args.encoder_attention_heads == 16
