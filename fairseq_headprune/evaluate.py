@@ -38,10 +38,25 @@ class EvaluatorSpec:
     subset: str
     references: Optional[str] = None
 
-    def open(self) -> "SubsetEvaluator":
+    def open(self, reuse: bool = False) -> "SubsetEvaluator":
+        """The evaluator, its model loaded; reuse=True: the one this process opened before for the same spec (a
+        local worker serving several sweeps of one report), and the same loaded model for the same config."""
+        import pickle
+
         from fairseq_headprune.loading import load
 
-        return SubsetEvaluator(load(self.cfg), self.subset, self.references)
+        if not reuse:
+            return SubsetEvaluator(load(self.cfg), self.subset, self.references)
+        key, cfg_key = pickle.dumps(self), pickle.dumps(self.cfg)
+        if key not in _OPENED:
+            if cfg_key not in _LOADED:
+                _LOADED[cfg_key] = load(self.cfg)
+            _OPENED[key] = SubsetEvaluator(_LOADED[cfg_key], self.subset, self.references)
+        return _OPENED[key]
+
+
+_OPENED: Dict[bytes, "SubsetEvaluator"] = {}  # per process: EvaluatorSpec.open(reuse=True)
+_LOADED: Dict[bytes, Loaded] = {}
 
 
 class SubsetEvaluator:
@@ -229,12 +244,15 @@ def _repeat(sample, times: int) -> dict:
     return {**sample, "net_input": net_input, "id": sample["id"].repeat(times)}
 
 
-def translate_worker(spec: EvaluatorSpec) -> Callable[[Sequence, Any], List[List[str]]]:
+def translate_worker(spec: EvaluatorSpec) -> Callable[[Sequence, Any], Any]:
     """A local worker's handler (fairseq_headprune.workers): the evaluator built once from `spec`, then for each
-    task, a group of (index, heads) pairs, the hypotheses of each, the group sharing beam searches."""
-    evaluator = spec.open()
+    task, a group of (index, heads) pairs, the hypotheses of each (the group sharing beam searches) and the CPU
+    seconds they took (mask_batching.timed_translation)."""
+    from fairseq_headprune.mask_batching import timed_translation
 
-    def translate_group(group: Sequence, shared: Any = None) -> List[List[str]]:
-        return evaluator.translate_many([masked for _, masked in group], len(group))
+    evaluator = spec.open(reuse=True)
+
+    def translate_group(group: Sequence, shared: Any = None):
+        return timed_translation(evaluator, [masked for _, masked in group])
 
     return translate_group

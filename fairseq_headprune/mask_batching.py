@@ -9,9 +9,10 @@ the crossover in rows per step moves with the hardware, so `auto` measures on th
 
   the sweep's first groups have 1, 2, 4, 8, 16 masks (the real work of the sweep: nothing is decoded twice), each
   timed; the group size keeps doubling while the time per mask falls by at least GAIN, and the sweep then runs on
-  the best size measured. Times are normalised by the output each group decoded (hypothesis words plus one end
-  of sentence per sentence), so that groups of masks that decode longer hypotheses (heavily pruned models run to
-  the length cap) are not mistaken for slower sizes.
+  the best size measured. Times are CPU seconds of the decoding process (one thread), not wall time, so that other
+  processes' load does not decide; they are normalised by the output each group decoded (hypothesis words plus
+  one end of sentence per sentence), so that groups of masks that decode longer hypotheses (heavily pruned models
+  run to the length cap) are not mistaken for slower sizes.
 
 Hypotheses do not depend on the choice (SubsetEvaluator.translate_many is tested identical for every size), so
 neither does any BLEU, p-value or results row; the choice and its measurements are recorded beside the results.
@@ -19,8 +20,9 @@ The logic is pure (no model, no clock): callers time the groups and report them 
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Union
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from fairseq_headprune.errors import UserError
 
@@ -150,7 +152,7 @@ class MaskBatching:
         """One line for logs and result files."""
         if not self.auto:
             return f"{self.chosen} masks per beam search (--masks-per-batch {self.chosen})"
-        times = ", ".join(f"{m.size}: {m.per_mask:.2f} s/mask, {1000 * m.per_unit:.2f} ms/output word"
+        times = ", ".join(f"{m.size}: {m.per_mask:.2f} CPU s/mask, {1000 * m.per_unit:.2f} ms/output word"
                           for m in sorted(self.measurements.values(), key=lambda m: m.size))
         return (f"{self.chosen if self.chosen is not None else '?'} masks per beam search (auto: measured on the "
                 f"sweep's first groups: {times or 'nothing measured'}; {self.settled_by or 'not settled'})")
@@ -159,6 +161,14 @@ class MaskBatching:
         return {"option": self.option, "chosen": self.chosen, "reason": self.reason(),
                 "measured": {str(m.size): {"seconds": round(m.seconds, 3), "masks": m.masks, "units": m.units}
                              for m in self.measurements.values()}}
+
+
+def timed_translation(evaluator, mask_sets: Sequence[Sequence]) -> Tuple[List[List[str]], float]:
+    """(hypotheses of each set, sharing beam searches; the CPU seconds this took). CPU time, not wall time: the
+    choice must not follow other processes' load (on a shared machine wall times of one group vary 2x)."""
+    start = time.process_time()
+    hypotheses = evaluator.translate_many(mask_sets, len(mask_sets))
+    return hypotheses, time.process_time() - start
 
 
 def sized_groups(items: Sequence, batching: MaskBatching) -> Iterator[list]:
@@ -181,12 +191,13 @@ def translate_masks(evaluator, mask_sets: Sequence[Sequence], on_group: Callable
 
     batching = batching or MaskBatching()
 
-    def translate_group(group, shared=None):
-        return evaluator.translate_many([masked for _, masked in group], len(group))
-
-    def on_result(group, hypotheses, seconds):
-        batching.record(len(group), seconds, output_units(hypotheses))
+    def on_result(group, result, seconds):
+        hypotheses, cpu_seconds = result
+        batching.record(len(group), cpu_seconds, output_units(hypotheses))
         on_group([i for i, _ in group], hypotheses)
+
+    def translate_group(group, shared=None):
+        return timed_translation(evaluator, [masked for _, masked in group])
 
     map_tasks(sized_groups(list(enumerate(mask_sets)), batching), translate_group, on_result, pool)
     batching.finish()

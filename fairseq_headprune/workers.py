@@ -93,30 +93,41 @@ def _describe(error: BaseException) -> Tuple[bool, str]:
     return False, "".join(traceback.format_exception(type(error), error, error.__traceback__))
 
 
-def _worker_main(index: int, setup: Callable, config: Any, inbox, outbox) -> None:
-    """A worker: one thread, the handler built once, then tasks until told to stop."""
+def _worker_main(index: int, inbox, outbox) -> None:
+    """A worker: one thread; each handler built once, when its (setup, config) first arrives; tasks until told to
+    stop."""
     os.environ["OMP_NUM_THREADS"] = "1"
     import torch
 
     torch.set_num_threads(1)
-    try:
-        handler = setup(config)
-    except BaseException as e:  # noqa: B036 - reported to the parent, which stops the run
-        outbox.put(("error", index, None, _describe(e)))
-        return
+    handlers, shared = {}, {}
+    parent = os.getppid()
     outbox.put(("ready", index, None, None))
-    shared = None
     while True:
-        message = inbox.get()
-        if message[0] == "stop":
-            return
-        if message[0] == "shared":
-            shared = message[1]
+        try:
+            message = inbox.get(timeout=5.0)
+        except queue.Empty:
+            if os.getppid() != parent:  # the parent died without stopping us (SIGKILL): no more tasks
+                return
             continue
-        _, task_id, task = message
+        kind = message[0]
+        if kind == "stop":
+            return
+        if kind == "handler":  # (key, setup, config): built now, so that loading overlaps the parent's work
+            _, key, setup, config = message
+            try:
+                handlers[key] = setup(config)
+            except BaseException as e:  # noqa: B036 - reported to the parent, which stops the run
+                outbox.put(("error", index, None, _describe(e)))
+                return
+            continue
+        if kind == "shared":
+            shared[message[1]] = message[2]
+            continue
+        _, task_id, key, task = message
         start = time.perf_counter()
         try:
-            result = handler(task, shared)
+            result = handlers[key](task, shared.get(key))
         except BaseException as e:  # noqa: B036
             outbox.put(("error", index, task_id, _describe(e)))
             return
@@ -124,9 +135,12 @@ def _worker_main(index: int, setup: Callable, config: Any, inbox, outbox) -> Non
 
 
 class Workers:
-    """N spawned worker processes, each with the handler `setup(config)` built once (see the module docstring)."""
+    """N spawned worker processes of one thread each (see the module docstring). A pool serves any number of
+    (setup, config) handlers, each built once per worker when first used (`prepare`), so one pool can run the
+    sweeps of several studies: the processes start once and keep what their handlers loaded."""
 
-    def __init__(self, n: int, setup: Callable[[Any], Callable[[Any, Any], Any]], config: Any):
+    def __init__(self, n: int, setup: Optional[Callable[[Any], Callable[[Any, Any], Any]]] = None,
+                 config: Any = None):
         import multiprocessing
 
         if n < 1:
@@ -136,11 +150,13 @@ class Workers:
         self.outbox = ctx.Queue()
         self.inboxes = [ctx.Queue() for _ in range(n)]
         self.processes = []
+        self.handlers: dict = {}  # key -> (setup, config) sent to every worker
+        self.default = None
         saved = os.environ.get("OMP_NUM_THREADS")
         os.environ["OMP_NUM_THREADS"] = "1"  # the children's environment, read before torch starts its threads
         try:
             for i in range(n):
-                p = ctx.Process(target=_worker_main, args=(i, setup, config, self.inboxes[i], self.outbox),
+                p = ctx.Process(target=_worker_main, args=(i, self.inboxes[i], self.outbox),
                                 name=f"fairseq-headprune-worker-{i}", daemon=True)
                 p.start()
                 self.processes.append(p)
@@ -152,6 +168,19 @@ class Workers:
                 os.environ.pop("OMP_NUM_THREADS", None)
             else:
                 os.environ["OMP_NUM_THREADS"] = saved
+        if setup is not None:
+            self.default = self.prepare(setup, config)
+
+    def prepare(self, setup: Callable[[Any], Callable[[Any, Any], Any]], config: Any):
+        """Have every worker build `setup(config)` (once per pool); returns the handler's key for `run`."""
+        import pickle
+
+        key = (f"{setup.__module__}.{setup.__qualname__}", pickle.dumps(config))
+        if key not in self.handlers:
+            self.handlers[key] = (setup, config)
+            for inbox in self.inboxes:
+                inbox.put(("handler", key, setup, config))
+        return key
 
     def __enter__(self) -> "Workers":
         return self
@@ -169,10 +198,15 @@ class Workers:
                     i, code = dead[0]
                     raise RuntimeError(f"worker {i} exited with code {code} (killed? out of memory?)") from None
 
-    def run(self, tasks: Iterable, on_result: Callable[[Any, Any, float], None], shared: Any = None) -> None:
-        """Each task handled by a free worker; on_result(task, result, seconds) in the parent, in task order."""
+    def run(self, tasks: Iterable, on_result: Callable[[Any, Any, float], None], shared: Any = None,
+            handler=None) -> None:
+        """Each task handled by a free worker with `handler` (a key from `prepare`; default: the pool's own),
+        on_result(task, result, seconds) in the parent, in task order."""
+        key = handler if handler is not None else self.default
+        if key is None:
+            raise ValueError("no handler: give Workers a setup or prepare() one")
         for inbox in self.inboxes:
-            inbox.put(("shared", shared))
+            inbox.put(("shared", key, shared))
         tasks = iter(tasks)
         idle = list(range(self.n))
         in_flight, finished = {}, {}  # task id -> task; task id -> (task, result, seconds)
@@ -186,7 +220,7 @@ class Workers:
                     exhausted = True
                     break
                 worker = idle.pop(0)
-                self.inboxes[worker].put(("task", next_id, task))
+                self.inboxes[worker].put(("task", next_id, key, task))
                 in_flight[next_id] = task
                 next_id += 1
             if not in_flight:
@@ -195,6 +229,7 @@ class Workers:
             if kind == "ready":
                 continue
             if kind == "error":
+                self.broken = True
                 user_error, message = body
                 if user_error:
                     raise UserError(message)
@@ -205,6 +240,8 @@ class Workers:
             while next_out in finished:
                 on_result(*finished.pop(next_out))
                 next_out += 1
+
+    broken = False  # a worker failed: the pool is not reused
 
     def close(self, force: bool = False) -> None:
         if not force:
@@ -234,19 +271,53 @@ def map_tasks(tasks: Iterable, handler: Callable[[Any, Any], Any], on_result: Ca
 
 
 MIN_TASKS = 8  # fewer masks than this run in the sweep's own process: a worker's start-up (~5 s) would not pay
+_kept: Optional[dict] = None  # inside kept_pools(): number of workers -> a pool kept for later sweeps
+
+
+@contextlib.contextmanager
+def kept_pools() -> Iterator[None]:
+    """Pools started inside this block are kept for every later sweep in it (the report's parts): their processes
+    start once and keep the models their handlers loaded. Closed when the block ends."""
+    global _kept
+    if _kept is not None:  # nested: the outer block keeps them
+        yield
+        return
+    _kept = {}
+    try:
+        yield
+    finally:
+        pools, _kept = list(_kept.values()), None
+        for pool in pools:
+            pool.close()
 
 
 @contextlib.contextmanager
 def pool_for(option, n_tasks: int, setup: Callable[[Any], Callable[[Any, Any], Any]], config: Any,
              min_tasks: int = MIN_TASKS) -> Iterator[Tuple[Optional[Workers], str]]:
-    """(a pool of the `--workers` number of processes, or None to run in this process; why), for a sweep of
-    `n_tasks` masks. One worker, or fewer than `min_tasks` masks, means this process."""
-    if n_tasks < min_tasks:
-        yield None, f"one process ({n_tasks} masks to do, fewer than {min_tasks})"
+    """(a pool of the `--workers` number of processes, ready with the handler setup(config), or None to run in this
+    process; why), for a sweep of `n_tasks` masks. One worker, or fewer than `min_tasks` masks, means this process.
+    Inside kept_pools() the pool is reused by later sweeps (down to 2 masks) and closed at the end of that block."""
+    if n_tasks < 2 or (n_tasks < min_tasks and not _kept):  # a kept pool has nothing left to start
+        yield None, f"one process ({n_tasks} masks to do, fewer than {min_tasks if not _kept else 2})"
         return
     n, why = resolve_workers(option)
+    n = min(n, n_tasks)
     if n <= 1:
         yield None, why
         return
-    with Workers(min(n, n_tasks), setup, config) as pool:
-        yield pool, why
+    if _kept is None:
+        with Workers(n, setup, config) as pool:
+            yield pool, why
+        return
+    pool = _kept.get(n)
+    if pool is not None and pool.broken:
+        pool.close(force=True)
+        pool = None
+    if pool is None:
+        pool = _kept[n] = Workers(n)
+    pool.default = pool.prepare(setup, config)
+    try:
+        yield pool, why + (" (kept for the next sweeps)" if len(pool.handlers) == 1 else " (reused)")
+    except BaseException:
+        pool.broken = True
+        raise

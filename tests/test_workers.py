@@ -24,7 +24,7 @@ def test_auto_keeps_doubling_while_sharing_pays_then_settles_on_the_best():
     sizes = measure(b, {1: 2.6, 2: 2.0, 4: 1.8, 8: 1.6, 16: 1.7})
     assert sizes[:5] == [1, 2, 4, 8, 16] and sizes[5:] == [8] * 8 + [5]
     assert b.chosen == 8 and sum(sizes) == 100
-    assert "8 masks per beam search" in b.reason() and "16: 1.70 s/mask" in b.reason()
+    assert "8 masks per beam search" in b.reason() and "16: 1.70 CPU s/mask" in b.reason()
 
 
 def test_auto_stops_at_the_first_size_that_does_not_pay():
@@ -172,3 +172,70 @@ def test_auto_and_two_workers_give_the_hypotheses_of_one_decode_per_mask(evaluat
         assert [h for _, h in got] == fixed
     boot = BleuBootstrap(evaluator.references, fixed[-1], samples=200)
     assert [boot.test(h).p_value for _, h in split] == [boot.test(h).p_value for h in fixed]
+
+
+# ---------------------------------------------------------------- the sweeps, through the commands
+
+
+def _sweep_rows(data, checkpoint, out, *extra):
+    from conftest import run
+
+    from fairseq_headprune.results.log import read_log
+
+    run(["fairseq-headprune", "ablate", data, "--path", checkpoint, "--results-dir", out, "--gen-subset", "test",
+         "--beam", "2", "--max-tokens", "1200", "--types", "enc-dec", *extra])
+    return read_log(str(out / f"ablation-{'single' if 'keep-one' not in extra else 'keep-one'}"
+                              f"{'-loss' if 'loss' in extra else ''}.jsonl"))
+
+
+@pytest.mark.parametrize("mode", [["--mode", "single"], ["--mode", "keep-one", "--metric", "loss"]])
+def test_a_sweep_on_two_workers_or_auto_batching_writes_the_rows_of_one_process(tiny_data, stock_checkpoint,
+                                                                                 tmp_path, mode):
+    """Every row once, in job order, equal to the rows of one process decoding one mask per beam search
+    (hypotheses, BLEU, p-values, NLL); the header says how each run batched and split the masks."""
+    runs = {name: _sweep_rows(tiny_data, stock_checkpoint, tmp_path / name, *mode, *extra)
+            for name, extra in [("one", ["--masks-per-batch", "1", "--workers", "1"]),
+                                ("auto", ["--workers", "1"]),
+                                ("two", ["--workers", "2"]),
+                                ("two-fixed", ["--workers", "2", "--masks-per-batch", "3"])]}
+    (header, rows) = runs["one"]
+    assert len(rows) == 13 and len({r["key"] for r in rows}) == 13  # the baseline and 12 enc-dec masks
+    if mode[1] == "single":
+        assert any(r.get("significant") for r in rows) or any(r["p_value"] < 1 for r in rows[1:])
+    for name, (h, r) in runs.items():
+        assert r == rows, name
+        assert len(h["runs"]) == 1 and h["runs"][0]["masks"] == 12
+    assert "2 workers (--workers 2)" in runs["two"][0]["runs"][0]["workers"]
+    assert "1 worker (--workers 1)" in runs["auto"][0]["runs"][0]["workers"]
+    if mode[1] == "single":
+        assert runs["auto"][0]["runs"][0]["masks_per_batch"]["option"] == "auto"
+        assert runs["auto"][0]["runs"][0]["masks_per_batch"]["chosen"] in (1, 2, 4, 8, 16)
+        assert runs["two-fixed"][0]["runs"][0]["masks_per_batch"]["chosen"] == 3
+
+
+@pytest.mark.parametrize("value", ["0", "some", "-2"])
+def test_bad_workers_and_masks_per_batch_are_one_line(tiny_data, stock_checkpoint, tmp_path, value):
+    from conftest import run
+
+    for option in ("--workers", "--masks-per-batch"):
+        for command in ("ablate", "prune", "report"):
+            proc = run(["fairseq-headprune", command, tiny_data, "--path", stock_checkpoint, "--results-dir",
+                        tmp_path / "out", "--gen-subset", "test", option, value], check=False)
+            assert proc.returncode == 2, (command, option, proc.stderr)
+            assert proc.stderr.count("\n") == 1 and option in proc.stderr, proc.stderr
+
+
+def test_a_kept_pool_serves_several_handlers_and_is_closed_at_the_end():
+    from fairseq_headprune import workers
+
+    got = []
+    with workers.kept_pools():
+        with workers.pool_for(2, 10, _power_setup, 2, min_tasks=1) as (first, why):
+            first.run(range(3), lambda t, r, s: got.append(r[0]))
+        with workers.pool_for(2, 10, _power_setup, 3, min_tasks=1) as (second, why):
+            assert second is first and "reused" in why
+            second.run(range(3), lambda t, r, s: got.append(r[0]))
+        pids = {p.pid for p in first.processes}
+        assert all(p.is_alive() for p in first.processes)
+    assert got == [0, 1, 4, 0, 1, 8] and len(pids) == 2
+    assert not any(p.is_alive() for p in first.processes)

@@ -13,7 +13,11 @@ def add_args(parser) -> None:
     g.add_argument("--gated", nargs="+", required=True, metavar="CHECKPOINT",
                    help="checkpoints fine-tuned with --gated-types (Voita's L0 gates)")
     g.add_argument("--references", help="raw reference file of the subset (default: its decoded targets)")
-    g.add_argument("--masks-per-batch", type=int, default=1, help="Michel masks sharing one beam search")
+    g.add_argument("--masks-per-batch", default="auto",
+                   help="Michel masks sharing one beam search: auto or a number (see ablate --masks-per-batch)")
+    g.add_argument("--workers", default="auto",
+                   help="local worker processes the masks are split over, one thread each (auto: the free cores; "
+                        "1: this process only); results are the same")
 
 
 def run(cfg, args) -> None:

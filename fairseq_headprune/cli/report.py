@@ -16,7 +16,11 @@ def add_args(parser) -> None:
                    help=f"parts to run, comma-separated, from {', '.join(pipeline.PARTS)}")
     g.add_argument("--references", help="raw reference file of --gen-subset (default: its decoded targets)")
     g.add_argument("--importance-subset", help="subset I_h is computed on (default: --gen-subset)")
-    g.add_argument("--masks-per-batch", type=int, default=1, help="ablate, prune: masks sharing one beam search")
+    g.add_argument("--masks-per-batch", default="auto",
+                   help="ablate, prune: masks sharing one beam search (auto: measured per sweep; or a number)")
+    g.add_argument("--workers", default="auto",
+                   help="ablate, prune: local worker processes per sweep, one thread each (auto: the free cores; 1: "
+                        "this process only)")
     g.add_argument("--keep-one-select", choices=["bleu", "loss"], default="bleu",
                    help="keep-one: choose each layer's head by BLEU on --gen-subset (every head decoded), or by "
                         "teacher-forced NLL on --importance-subset (or --gen-subset) and decode only the chosen "

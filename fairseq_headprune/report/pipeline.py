@@ -22,16 +22,18 @@ import shlex
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from fairseq_headprune.document import Document, to_html, to_markdown
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.heads import ATTENTION_TYPES, HeadLayout
+from fairseq_headprune.mask_batching import parse_masks_per_batch
 from fairseq_headprune.results import layout as names
 from fairseq_headprune.results.identity import file_sha256
 from fairseq_headprune.results.log import atomic_output, read_json, write_json_atomic
 from fairseq_headprune.studies import ablation, analysis, pruning, scoring, speed
 from fairseq_headprune.studies.ranking import heads_to_json, importance_scores, rank_by_scores, steps
+from fairseq_headprune.workers import kept_pools, parse_workers
 
 PARTS = ("score", "single", "keep-one", "prune", "prune-types", "speed", "analyze")
 STATE = names.REPORT_STATE
@@ -46,7 +48,8 @@ class ReportOptions:
     parts: str = ",".join(PARTS)
     references: Optional[str] = None
     importance_subset: Optional[str] = None
-    masks_per_batch: int = 1
+    masks_per_batch: Union[int, str] = "auto"
+    workers: Union[int, str] = "auto"
     keep_one_select: str = "bleu"
     bootstrap_sample_ratio: float = 0.5  # compare-mt's default, as Michel et al. presumably ran it
     prune_orders: str = "importance,oracle,random"
@@ -139,8 +142,10 @@ def plan(options: ReportOptions, base: Sequence[str], out: str) -> Dict[str, Par
     importance = os.path.join(out, names.IMPORTANCE)
     single = os.path.join(out, names.ablation_name("single", "bleu") + ".jsonl")
     orders = [o.strip() for o in options.prune_orders.split(",") if o.strip()]
-    sweep = dict(masks_per_batch=options.masks_per_batch, bootstrap_sample_ratio=options.bootstrap_sample_ratio)
-    prune = dict(step=options.prune_step, masks_per_batch=options.masks_per_batch, references=options.references,
+    sweep = dict(masks_per_batch=options.masks_per_batch, workers=options.workers,
+                 bootstrap_sample_ratio=options.bootstrap_sample_ratio)
+    prune = dict(step=options.prune_step, masks_per_batch=options.masks_per_batch, workers=options.workers,
+                 references=options.references,
                  importance=importance)
     parts = {
         "score": Part("score", "Head importance", [
@@ -370,6 +375,8 @@ def run_parts(parts: Sequence[Part], state: State, out: str, options: ReportOpti
 def check(options: ReportOptions, parts: Dict[str, Part]) -> None:
     """Everything that can be refused before the model is loaded: options, input files, each part's options."""
     options.part_names()
+    options.masks_per_batch = parse_masks_per_batch(options.masks_per_batch)
+    options.workers = parse_workers(options.workers)
     if options.keep_one_select not in ("bleu", "loss"):
         raise UserError(f"--keep-one-select must be bleu or loss, not {options.keep_one_select!r}")
     if options.references and not os.path.isfile(options.references):
@@ -407,7 +414,8 @@ def run(cfg, options: ReportOptions, base: Sequence[str], out: str) -> List[str]
                     .data_fingerprint() for s in subsets}
     state = State(os.path.join(out, STATE), file_sha256(loaded.checkpoint), fingerprints)
     if not options.render_only:
-        run_parts([all_parts[p] for p in parts_wanted], state, out, options, loaded, layout)
+        with kept_pools():  # the sweeps' local workers start once, for every part
+            run_parts([all_parts[p] for p in parts_wanted], state, out, options, loaded, layout)
     report_line = shlex.join(["fairseq-headprune", "report", *set_option(base, "--results-dir", out),
                               *options_argv(options)])
     doc, claim_rows, files = build_document(out, all_parts, state, options, layout, report_line, cfg)

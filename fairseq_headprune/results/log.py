@@ -193,6 +193,14 @@ class ResultsLog:
                 for obj in [{"header": self.header}, *self.rows]:
                     f.write(json.dumps(obj, sort_keys=True) + "\n")
 
+    def note_run(self, info: dict) -> None:
+        """Add `info` to the header's `runs` list: how one invocation computed its rows (masks per beam search,
+        workers), which no row depends on. Not identity: a file's fields beyond a run's own are not compared."""
+        self.header = {**self.header, "runs": [*self.header.get("runs", []), _plain(info)]}
+        with atomic_output(self.path) as f:
+            for obj in [{"header": self.header}, *self.rows]:
+                f.write(json.dumps(obj, sort_keys=True) + "\n")
+
     def _append(self, obj: dict) -> None:
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(obj, sort_keys=True) + "\n")

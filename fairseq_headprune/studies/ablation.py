@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.evaluate import SubsetEvaluator
 from fairseq_headprune.heads import ATTENTION_TYPES, Head, HeadLayout
+from fairseq_headprune.mask_batching import MaskBatching, output_units, parse_masks_per_batch, sized_groups
 from fairseq_headprune.masking import set_head_masks
 from fairseq_headprune.results import layout as names
 from fairseq_headprune.results.identity import run_identity
@@ -29,6 +31,7 @@ from fairseq_headprune.results.rows import best_per_layer
 from fairseq_headprune.stats import BleuBootstrap
 from fairseq_headprune.studies import ablation_tables as tables
 from fairseq_headprune.studies.ranking import parse_types
+from fairseq_headprune.workers import map_tasks, parse_workers, pool_for
 
 
 @dataclass(frozen=True)
@@ -57,17 +60,25 @@ def keep_one_jobs(layout: HeadLayout, types: Iterable[str]) -> List[Job]:
 
 @dataclass
 class Sweep:
-    """Runs jobs on one subset, appending a row per job to a resumable results log."""
+    """Runs jobs on one subset, appending a row per job to a resumable results log.
+
+    BLEU sweeps decode masks in groups sharing beam searches (`masks_per_batch`: a number, or `auto`, measured on
+    the first groups: fairseq_headprune.mask_batching); the groups run on `workers` local processes
+    (fairseq_headprune.workers: each loads the model once and computes whole rows, bootstrap included; this
+    process alone writes them, in job order). Neither changes a row."""
 
     evaluator: SubsetEvaluator
     metric: str
-    log: ResultsLog
+    log: Optional[ResultsLog]
     bootstrap_samples: int = 1000
     bootstrap_seed: int = 1
     significance: float = 0.01
-    masks_per_batch: int = 1
+    masks_per_batch: Union[int, str] = "auto"
     bootstrap_sample_ratio: float = 1.0
     baseline: Dict = field(default_factory=dict)
+    workers: Union[int, str] = 1
+    batching: Optional[MaskBatching] = None
+    _bootstrap: Any = field(default=None, repr=False)
 
     def run_baseline(self) -> Dict:
         done = {row["key"]: row for row in self.log.rows}
@@ -93,35 +104,86 @@ class Sweep:
         if baseline:
             row["hypotheses"] = outputs
             return row
+        if self._bootstrap is None:
+            self._bootstrap = BleuBootstrap(
+                self.evaluator.references, self.baseline["hypotheses"], self.bootstrap_samples, self.bootstrap_seed,
+                sample_ratio=self.bootstrap_sample_ratio,
+            )
         result = self._bootstrap.test(outputs)
         row.update(delta=bleu - self.baseline["bleu"], p_value=result.p_value,
                    significant=bool(result.p_value < self.significance and bleu != self.baseline["bleu"]))
         return row
 
     def run(self, jobs: List[Job], progress=None) -> None:
-        self.run_baseline()
-        if self.metric == "bleu":
-            self._bootstrap = BleuBootstrap(
-                self.evaluator.references, self.baseline["hypotheses"], self.bootstrap_samples, self.bootstrap_seed,
-                sample_ratio=self.bootstrap_sample_ratio,
-            )
         done = self.log.done()
         todo = [job for job in jobs if job.key not in done]
+        # NLL is one forward per mask: groups of 8 only spare the workers' messages
+        self.batching = MaskBatching(self.masks_per_batch if self.metric == "bleu" else 8)
+        config = SweepConfig(self.evaluator.spec, self.metric, self.bootstrap_samples, self.bootstrap_seed,
+                             self.significance, self.bootstrap_sample_ratio)
+        # the workers start (and load the model) while this process decodes the baseline
+        with pool_for(self.workers, len(todo), sweep_worker, config) as (pool, workers):
+            self.run_baseline()
+            set_head_masks(self.evaluator.loaded.model, [])
+            ticks = iter(progress(range(len(todo)))) if progress and todo else iter(())
+
+            def write(group, result, seconds):
+                rows, units, decoding = result  # the choice is timed on decoding alone (not BLEU and bootstrap)
+                self.batching.record(len(group), decoding, units)
+                for row in rows:
+                    self.log.append(row)
+                    next(ticks, None)
+
+            map_tasks(sized_groups(todo, self.batching), self.rows, write, pool, shared=self.baseline)
+            self.batching.finish()
+            for _ in ticks:
+                pass
+        if todo:
+            how = self.batching.reason() if self.metric == "bleu" else "one forward per mask"
+            self.log.note_run({"masks": len(todo), "workers": workers,
+                               "masks_per_batch": self.batching.as_dict() if self.metric == "bleu" else None})
+            print(f"{os.path.basename(self.log.path)}: {len(todo)} masks, {how}; {workers}", flush=True)
+
+    def rows(self, group: List[Job], baseline: Optional[Dict] = None) -> Tuple[List[Dict], int, float]:
+        """The result rows of a group of jobs (in this process or a worker), the output they decoded and the
+        CPU seconds their decoding (or NLL) took."""
+        if baseline is not None and baseline != self.baseline:
+            self.baseline, self._bootstrap = baseline, None
         model = self.evaluator.loaded.model
-        set_head_masks(model, [])
-        groups = [todo[i : i + self.masks_per_batch] for i in range(0, len(todo), self.masks_per_batch)]
-        for group in progress(groups) if progress else groups:
-            if self.metric == "bleu":  # one shared decode per group of masks
-                outputs = self.evaluator.translate_many([job.masked for job in group], self.masks_per_batch)
-            else:
-                outputs = []
-                for job in group:
-                    set_head_masks(model, job.masked)
-                    outputs.append(self.evaluator.nll())
-                set_head_masks(model, [])
-            for job, out in zip(group, outputs):
-                row = {"key": job.key, "type": job.head.type, "layer": job.head.layer, "head": job.head.head}
-                self.log.append({**row, **self._score(out)})
+        start = time.process_time()  # CPU time: the batching choice must not follow other processes' load
+        if self.metric == "bleu":  # the group shares beam searches
+            outputs = self.evaluator.translate_many([job.masked for job in group], len(group))
+            units = output_units(outputs)
+        else:
+            outputs = []
+            for job in group:
+                set_head_masks(model, job.masked)
+                outputs.append(self.evaluator.nll())
+            set_head_masks(model, [])
+            units = len(group)
+        seconds = time.process_time() - start
+        rows = [{"key": job.key, "type": job.head.type, "layer": job.head.layer, "head": job.head.head,
+                 **self._score(out)} for job, out in zip(group, outputs)]
+        return rows, units, seconds
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """What a local worker needs to compute a sweep's rows (picklable)."""
+
+    spec: Any  # evaluate.EvaluatorSpec
+    metric: str
+    bootstrap_samples: int
+    bootstrap_seed: int
+    significance: float
+    bootstrap_sample_ratio: float
+
+
+def sweep_worker(config: SweepConfig):
+    """A local worker's handler: the model loaded once, then the rows of each group of jobs."""
+    sweep = Sweep(config.spec.open(reuse=True), config.metric, None, config.bootstrap_samples, config.bootstrap_seed,
+                  config.significance, bootstrap_sample_ratio=config.bootstrap_sample_ratio)
+    return sweep.rows
 
 
 @dataclass
@@ -131,7 +193,7 @@ class AblationOptions:
     subset: str = field(metadata={"flag": "--gen-subset"})
     # (field order = the order a command line renders them in)
     mode: str = field(default="single", metadata={"always": True})  # command lines always say which sweep
-    masks_per_batch: int = 1
+    masks_per_batch: Union[int, str] = "auto"
     metric: str = "bleu"
     types: str = ",".join(ATTENTION_TYPES)
     references: Optional[str] = None
@@ -143,10 +205,13 @@ class AblationOptions:
     bootstrap_sample_ratio: float = 1.0
     significance: float = 0.01
     bootstrap_seed: int = 1
+    workers: Union[int, str] = "auto"
 
     def check(self) -> None:
         """The option combinations that make no sense, refused before the model is loaded."""
         parse_types(self.types)
+        self.masks_per_batch = parse_masks_per_batch(self.masks_per_batch)
+        self.workers = parse_workers(self.workers)
         if self.report_subset and self.mode != "keep-one":
             raise UserError("--report-subset applies to --mode keep-one")
         for option, value in (("--report-metric", self.report_metric),
@@ -190,8 +255,8 @@ def run(loaded, options: AblationOptions, results_dir: str, shard: Tuple[int, in
     path = os.path.join(results_dir, names.shard_name(name, shard_id, shards) + ".jsonl")
     hdr = header(loaded, evaluator, options, options.mode)
     sweep = Sweep(evaluator, options.metric, ResultsLog(path, hdr), options.bootstrap_samples,
-                  options.bootstrap_seed, options.significance, max(1, options.masks_per_batch),
-                  options.bootstrap_sample_ratio)
+                  options.bootstrap_seed, options.significance, options.masks_per_batch,
+                  options.bootstrap_sample_ratio, workers=options.workers)
     sweep.run(jobs[shard_id::shards], progress=progress)
     if distributed:
         import torch.distributed as dist
@@ -224,7 +289,7 @@ def report_keep_one_on(loaded, options: AblationOptions, results_dir: str, layou
     log = ResultsLog(os.path.join(results_dir, name + ".jsonl"), hdr)
     jobs = [job for job in keep_one_jobs(layout, types) if job.key in {row["key"] for row in chosen}]
     Sweep(evaluator, metric, log, options.bootstrap_samples, options.bootstrap_seed, options.significance,
-          max(1, options.masks_per_batch), options.bootstrap_sample_ratio).run(jobs, progress=progress)
+          options.masks_per_batch, options.bootstrap_sample_ratio, workers=options.workers).run(jobs, progress=progress)
     return tables.write_keep_one_transfer(results_dir, name, chosen, log.rows, options.metric, metric,
                                           selected_on, options.report_subset)
 

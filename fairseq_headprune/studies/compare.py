@@ -22,12 +22,13 @@ from __future__ import annotations
 import copy
 import os
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Union
 
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.evaluate import SubsetEvaluator
+from fairseq_headprune.evaluate import SubsetEvaluator, translate_worker
 from fairseq_headprune.heads import ATTENTION_TYPES, Head, HeadLayout, attention_modules, format_head_spec
 from fairseq_headprune.loading import load
+from fairseq_headprune.mask_batching import MaskBatching, parse_masks_per_batch, translate_masks
 from fairseq_headprune.masking import set_head_masks
 from fairseq_headprune.plots import l0_vs_importance
 from fairseq_headprune.results import layout as names
@@ -35,6 +36,7 @@ from fairseq_headprune.results.identity import file_sha256, input_file, run_iden
 from fairseq_headprune.results.log import ResultsLog, atomic_output
 from fairseq_headprune.studies.gating import gate_summary, read_checkpoint
 from fairseq_headprune.studies.ranking import importance_scores, rank_by_scores
+from fairseq_headprune.workers import parse_workers, pool_for
 
 TOLERANCE = 0.25  # "more than half of the heads pruned for <= 0.25 BLEU" (the question)
 
@@ -47,9 +49,12 @@ class CompareOptions:
     importance: str = ""
     gated: List[str] = field(default_factory=list)
     references: Optional[str] = None
-    masks_per_batch: int = 1
+    masks_per_batch: Union[int, str] = "auto"
+    workers: Union[int, str] = "auto"
 
     def check(self) -> None:
+        self.masks_per_batch = parse_masks_per_batch(self.masks_per_batch)
+        self.workers = parse_workers(self.workers)
         for option, path in (("--importance", self.importance), ("--references", self.references)):
             if path and not os.path.isfile(path):
                 raise UserError(f"{option}: no such file: {path}")
@@ -128,7 +133,18 @@ def run(loaded, options: CompareOptions, results_dir: str) -> List[str]:
             pending[key] = michel_mask(scores, layout, r["gated_types"], r["kept"])
     baseline = next(r["bleu"] for r in log.rows if r.get("key") == "baseline")
     decode = [key for key, masked in pending.items() if masked]  # nothing masked: the baseline itself
-    hyps = dict(zip(decode, evaluator.translate_many([pending[k] for k in decode], options.masks_per_batch)))
+    hyps: Dict[str, List[str]] = {}
+    spec = evaluator.spec if options.workers != 1 else None
+
+    def keep(indices: List[int], outputs: List[List[str]]) -> None:
+        hyps.update((decode[i], h) for i, h in zip(indices, outputs))
+
+    with pool_for(options.workers, len(decode), translate_worker, spec) as (pool, how):
+        batching = translate_masks(evaluator, [pending[k] for k in decode], keep,
+                                   MaskBatching(options.masks_per_batch), pool)
+    if decode:
+        log.note_run({"masks": len(decode), "workers": how, "masks_per_batch": batching.as_dict()})
+        print(f"compare: {len(decode)} Michel masks, {batching.reason()}; {how}", flush=True)
     for key, masked in pending.items():
         log.append({"key": key, "method": "michel", "types": key.split(":")[1].split(","),
                     "heads_kept": total - len(masked), "kept_per_type": kept_per_type(layout, masked),

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Union
 
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.evaluate import SubsetEvaluator
+from fairseq_headprune.evaluate import SubsetEvaluator, translate_worker
 from fairseq_headprune.heads import ATTENTION_TYPES, Head, HeadLayout, format_head_spec
+from fairseq_headprune.mask_batching import MaskBatching, parse_masks_per_batch, translate_masks
 from fairseq_headprune.masking import set_head_masks
 from fairseq_headprune.results import layout as names
 from fairseq_headprune.results.identity import file_sha256, input_file, run_identity
@@ -30,6 +31,7 @@ from fairseq_headprune.studies.ranking import (
     steps,
 )
 from fairseq_headprune.studies.scoring import estimate_importance
+from fairseq_headprune.workers import parse_workers, pool_for
 
 ORDERS = ("importance", "oracle", "random")
 
@@ -48,7 +50,8 @@ class PruneOptions:
     ablation: Optional[str] = None
     random_seed: int = 1
     references: Optional[str] = None
-    masks_per_batch: int = 1
+    masks_per_batch: Union[int, str] = "auto"
+    workers: Union[int, str] = "auto"
     save_percent: float = 50.0
     save_pruned: Optional[str] = None
 
@@ -66,6 +69,8 @@ class PruneOptions:
             raise UserError("--order oracle needs --ablation ablation-single.jsonl (from `fairseq-headprune ablate`)")
         parse_types(self.types)
         steps(1, self.step)
+        self.masks_per_batch = parse_masks_per_batch(self.masks_per_batch)
+        self.workers = parse_workers(self.workers)
         if not 0 <= self.save_percent <= 100:
             raise UserError(f"--save-percent must be in [0, 100], not {self.save_percent}")
         for option, path in (("--importance", self.importance), ("--ablation", self.ablation),
@@ -111,7 +116,8 @@ def run(loaded, options: PruneOptions, results_dir: str) -> List[str]:
             rankings[label] = prune_reestimating(loaded, evaluator, log, label, rankings[label], candidates, types,
                                                  options.step, options.importance_subset)
     fixed = [(label, ranking) for label, ranking in rankings.items() if "+reestimate" not in label]
-    evaluate_steps(evaluator, log, types, fixed, len(candidates), options.step, options.masks_per_batch)
+    evaluate_steps(evaluator, log, types, fixed, len(candidates), options.step, options.masks_per_batch,
+                   options.workers)
     for label, ranking in rankings.items():
         chosen = ranking[: int(round(options.save_percent / 100 * len(candidates)))]
         spec_path = os.path.join(results_dir, names.heads_file_name(label.split(":")[0], types, options.save_percent))
@@ -135,13 +141,14 @@ def step_row(label: str, types: Sequence[str], masked: Sequence[Head], n_candida
 
 
 def evaluate_steps(evaluator, log, types, rankings, n_candidates: int, step: float,
-                   masks_per_batch: int = 1) -> None:
-    """Every step of every fixed ranking not yet in the log, decoded masks_per_batch masks at a time.
+                   masks_per_batch: Union[int, str] = "auto", workers: Union[int, str] = 1) -> None:
+    """Every step of every fixed ranking not yet in the log, decoded in groups sharing beam searches.
 
     A set of masked heads is decoded once: the orders share their first (nothing masked) and last (everything
     masked) steps, and a set already scored in this log (same model, data and decoding: its header) is reused.
-    SubsetEvaluator.translate_many decodes them (one beam search per step by default, several sharing one with
-    --masks-per-batch); rows are appended as each group finishes, so an interrupted run resumes at the next group."""
+    mask_batching.translate_masks decodes them (--masks-per-batch: a number of sets per beam search, or auto),
+    on --workers local processes; rows are appended as each group finishes, so an interrupted run resumes at the
+    next group. How the sets were batched and on how many workers goes into the log's header (`runs`)."""
     done = log.done()
     scored = {row["masked"]: row["bleu"] for row in log.rows if "masked" in row}
     steps_of: Dict[str, List] = {}  # spec of a masked set -> the (label, masked) steps that mask exactly it
@@ -159,12 +166,18 @@ def evaluate_steps(evaluator, log, types, rankings, n_candidates: int, step: flo
         record(spec, scored[spec])
     to_decode = [s for s in steps_of if s not in scored]
     set_head_masks(evaluator.loaded.model, [])
-    per_batch = max(1, masks_per_batch)
-    for start in range(0, len(to_decode), per_batch):
-        group = to_decode[start : start + per_batch]
-        outputs = evaluator.translate_many([steps_of[spec][0][1] for spec in group], per_batch)
-        for spec, hyps in zip(group, outputs):
-            record(spec, evaluator.bleu(hyps).score)
+
+    def record_group(indices: List[int], outputs: List[List[str]]) -> None:
+        for i, hyps in zip(indices, outputs):
+            record(to_decode[i], evaluator.bleu(hyps).score)
+
+    spec = evaluator.spec if workers != 1 else None  # what a worker loads the model and data from
+    with pool_for(workers, len(to_decode), translate_worker, spec) as (pool, how):
+        batching = translate_masks(evaluator, [steps_of[spec][0][1] for spec in to_decode], record_group,
+                                   MaskBatching(masks_per_batch), pool)
+    if to_decode:
+        log.note_run({"masks": len(to_decode), "workers": how, "masks_per_batch": batching.as_dict()})
+        print(f"prune: {len(to_decode)} sets of masked heads, {batching.reason()}; {how}", flush=True)
 
 
 def prune_reestimating(loaded, evaluator, log, label, ranking, candidates, types, step: float,
