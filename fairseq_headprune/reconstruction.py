@@ -221,12 +221,15 @@ def reconstruct(teacher, student, samples: Sequence[dict], pad: int, options: Re
     modules = attention_modules(student)
     keys = sublayer_keys(student, ffn=options.refit_ffn)
 
-    def wanted(key):
-        if key[0] in FFN_TYPES:
-            return True
-        return options.refit_unpruned or bool((modules[key].head_mask == 0).any())
+    def pruned(key):
+        return key[0] not in FFN_TYPES and bool((modules[key].head_mask == 0).any())
 
-    todo = [k for k in keys if wanted(k)]
+    def wanted(i, key):
+        if key[0] in FFN_TYPES:  # an FFN below every pruned sublayer sees exactly the teacher's inputs: nothing to fit
+            return any(pruned(k) for k in keys[:i])
+        return options.refit_unpruned or pruned(key)
+
+    todo = [k for i, k in enumerate(keys) if wanted(i, k)]
     if not todo:
         return []
     targets = teacher_targets(teacher, samples, todo, pad)

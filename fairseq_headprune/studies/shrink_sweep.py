@@ -242,33 +242,37 @@ def table(rows: Sequence[dict], l0: Sequence[dict] = (), heads_total: int = 144)
 
 def figure(rows: Sequence[dict], path: str, l0: Sequence[dict] = (), heads_total: int = 144,
            title: str = "") -> str:
-    """BLEU against heads removed: a line per method, the unpruned model, the L0 runs as points."""
+    """BLEU against heads removed: a line per method, the unpruned model, the L0 runs as points; the right panel
+    is the same, zoomed to within 6 BLEU of the unpruned model."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     base = next(r["bleu"] for r in rows if r["key"] == "unpruned")
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     series: Dict[str, List[Tuple[int, float]]] = {}
     curves, _ = split_methods(rows)
     for r in rows:
         if r["key"] != "unpruned" and (_name(r) in curves or not curves):
             series.setdefault(_name(r), []).append((r["removed"], r["bleu"]))
-    for name, points in series.items():
-        points.sort()
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
-    if l0:
-        ax.scatter([heads_total - r["heads_kept"] for r in l0], [r["bleu"] for r in l0], marker="*", s=120,
-                   color="black", label="L0 gates (fine-tuned)", zorder=5)
-    ax.axhline(base, color="grey", linestyle="--", label=f"unpruned {base:.2f}")
-    ax.axhline(base - 0.5, color="grey", linestyle=":", label="unpruned - 0.5")
-    ax.set_xlabel(f"heads removed (of {heads_total})")
-    ax.set_ylabel("BLEU")
+    for ax in axes:
+        for name, points in series.items():
+            points.sort()
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
+        if l0:
+            ax.scatter([heads_total - r["heads_kept"] for r in l0], [r["bleu"] for r in l0], marker="*", s=120,
+                       color="black", label="L0 gates (fine-tuned)", zorder=5)
+        ax.axhline(base, color="grey", linestyle="--", label=f"unpruned {base:.2f}")
+        ax.axhline(base - 0.5, color="grey", linestyle=":", label="unpruned - 0.5")
+        ax.set_xlabel(f"heads removed (of {heads_total})")
+        ax.set_ylabel("BLEU")
+        ax.grid(alpha=0.3)
+    axes[1].set_ylim(base - 6, base + 2)
+    axes[1].set_title("zoomed: within 6 BLEU of the unpruned model", fontsize=9)
     if title:
-        ax.set_title(title)
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
+        axes[0].set_title(title)
+    axes[0].legend(fontsize=7)
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=120)
