@@ -31,9 +31,12 @@ def test_auto_stops_at_the_first_size_that_does_not_pay():
     b = MaskBatching("auto")
     sizes = measure(b, {1: 14.0, 2: 18.0, 4: 1.0})  # 4 would be faster, but 2 already lost: 4 is never tried
     assert sizes[:2] == [1, 2] and set(sizes[2:]) == {1} and b.chosen == 1
-    b = MaskBatching("auto")
-    sizes = measure(b, {1: 2.0, 2: 1.95, 4: 1.0})  # 2.5% faster is not enough to keep doubling
+    b = MaskBatching("auto", gain=0.05)
+    sizes = measure(b, {1: 2.0, 2: 1.95, 4: 1.0})  # with a 5% margin, 2.5% faster does not keep doubling
     assert sizes[:3] == [1, 2, 2] and b.chosen == 2  # ... but the best size measured is the one used
+    b = MaskBatching("auto")
+    sizes = measure(b, {1: 2.0, 2: 1.95, 4: 1.0})  # without (the default), any gain does
+    assert sizes[:4] == [1, 2, 4, 8] and b.chosen == 4
 
 
 def test_auto_normalises_by_output_length():
