@@ -37,7 +37,8 @@ def main(out, *paths):
     bundled = {
         "cfg": last["cfg"],
         "model": half_keeping_shared(weights, last["model"]),
-        "optimizer_history": [{k: v for k, v in h.items() if k != "optimizer_name"} for h in last["optimizer_history"][-1:]],
+        "optimizer_history": [{k: v for k, v in h.items() if k != "optimizer_name"}
+                              for h in last["optimizer_history"][-1:]],
         "extra_state": {},
         "last_optimizer_state": None,
         "averaged_from": [os.path.basename(p) for p in paths],
