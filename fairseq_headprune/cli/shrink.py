@@ -106,44 +106,18 @@ def run(cfg, args) -> None:
 
 
 def _run_sweep(cfg, args) -> None:
-    from fairseq_headprune.evaluate import SubsetEvaluator
     from fairseq_headprune.loading import load
-    from fairseq_headprune.results.identity import run_identity
-    from fairseq_headprune.results.log import ResultsLog
     from fairseq_headprune.studies import shrink_sweep as sweep
 
     if not args.results_dir:
         raise UserError("--sweep needs --results-dir")
-    percents = _percents(args.sweep)
-    options = options_from(args)
     methods = tuple(m.strip() for m in args.sweep_methods.split(",") if m.strip())
+    options = sweep.SweepOptions(shrink=options_from(args), percents=_percents(args.sweep), methods=methods,
+                                 tag=args.sweep_tag)
     for m in methods:
-        sweep.method_options(m, options)  # unknown methods fail here, before loading anything
-    loaded = load(cfg)
-    options.remove = "1"  # validated per budget in the sweep; the rest of the options here
-    validate(options, loaded.model)
-    options.remove = None
-    evaluator = SubsetEvaluator(loaded, cfg.dataset.gen_subset, args.references)
-    # calibration and reconstruction settings may differ between rows (tagged variants): each row records its own
-    identity = run_identity("shrink-sweep", loaded, evaluator, metric="bleu", inputs={"types": list(options.types)})
+        sweep.method_options(m, options.shrink)  # unknown methods fail here, before loading anything
     with results_folder(args.results_dir):
-        log = ResultsLog(os.path.join(args.results_dir, sweep.SWEEP_LOG), identity)
-        opts = sweep.SweepOptions(shrink=options, percents=percents, methods=methods, tag=args.sweep_tag)
-        rows = sweep.run_sweep(loaded, evaluator, opts, log)
-        _write_sweep_tables(cfg, args, options, evaluator, rows)
-
-
-def _write_sweep_tables(cfg, args, options, evaluator, rows) -> None:
-    from fairseq_headprune.results.log import atomic_output
-    from fairseq_headprune.studies import shrink_sweep as sweep
-
-    l0 = sweep.l0_rows(args.l0_compare)
-    total = rows[1]["heads_total"] if len(rows) > 1 else 0
-    md = os.path.join(args.results_dir, sweep.SWEEP_TABLE)
-    with atomic_output(md) as f:
-        f.write(f"# Retraining-free pruning to a budget: BLEU on '{evaluator.subset}' against heads removed\n\n"
-                f"{evaluator.bleu_signature()}, beam {cfg.generation.beam}; calibration: "
-                f"{options.calibration_sentences} sentences of '{options.calibration_subset}'.\n\n"
-                f"{sweep.table(rows, l0, total)}\n")
-    png = sweep.figure(rows, os.path.join(args.results_dir, sweep.SWEEP_FIGURE), l0, total)
-    print(f"wrote {os.path.join(args.results_dir, sweep.SWEEP_LOG)}\nwrote {md}\nwrote {png}")
+        outputs = sweep.run(load(cfg), options, args.results_dir, cfg.dataset.gen_subset, args.references,
+                            args.l0_compare)
+    for out in outputs:
+        print(f"wrote {out}")

@@ -278,3 +278,35 @@ def figure(rows: Sequence[dict], path: str, l0: Sequence[dict] = (), heads_total
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def run(loaded, options: SweepOptions, results_dir: str, subset: str, references: Optional[str] = None,
+        l0_compare: Optional[str] = None, say: Callable = print) -> List[str]:
+    """The study over budgets into DIR: shrink-sweep.jsonl (rows appended as they are measured, resumable),
+    shrink-sweep.md and shrink-sweep.png; returns the files written. `command` and `report` both call this."""
+    from dataclasses import replace as with_fields
+
+    from fairseq_headprune.evaluate import SubsetEvaluator
+    from fairseq_headprune.results.identity import run_identity
+    from fairseq_headprune.results.log import ResultsLog, atomic_output
+    from fairseq_headprune.studies.shrink import validate
+
+    for method in options.methods:
+        method_options(method, options.shrink)  # unknown methods fail here, before any decoding
+    validate(with_fields(options.shrink, remove="1"), loaded.model)  # budgets are checked per row in the sweep
+    evaluator = SubsetEvaluator(loaded, subset, references)
+    # calibration and reconstruction settings may differ between rows (tagged variants): each row records its own
+    identity = run_identity("shrink-sweep", loaded, evaluator, metric="bleu",
+                            inputs={"types": list(parse_types(options.shrink.types))})
+    log = ResultsLog(os.path.join(results_dir, SWEEP_LOG), identity)
+    rows = run_sweep(loaded, evaluator, options, log, say)
+    l0 = l0_rows(l0_compare)
+    total = rows[1]["heads_total"] if len(rows) > 1 else len(HeadLayout.of(loaded.model).all_heads())
+    md = os.path.join(results_dir, SWEEP_TABLE)
+    with atomic_output(md) as f:
+        f.write(f"# Retraining-free pruning to a budget: BLEU on '{evaluator.subset}' against heads removed\n\n"
+                f"{evaluator.bleu_signature()}, beam {loaded.cfg.generation.beam}; calibration: "
+                f"{options.shrink.calibration_sentences} sentences of '{options.shrink.calibration_subset}'.\n\n"
+                f"{table(rows, l0, total)}\n")
+    png = figure(rows, os.path.join(results_dir, SWEEP_FIGURE), l0, total)
+    return [log.path, md, png]
