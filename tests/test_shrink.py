@@ -111,9 +111,20 @@ def test_fill_by_flops_reaches_the_budget():
 # ------------------------------------------------------------------------------------------- reconstruction
 
 
+def _pre_norm(model):
+    """The same weights computed pre-norm (LayerNorm before each sublayer): exercises the residual capture at the
+    LayerNorm's input. The properties tested hold for any weights."""
+    model = copy.deepcopy(model)
+    for layer in list(model.encoder.layers) + list(model.decoder.layers):
+        layer.normalize_before = True
+    return model
+
+
 @pytest.mark.parametrize("method", ["scales", "out-proj"])
-def test_nothing_removed_reconstruction_is_the_identity(tiny, method):
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_nothing_removed_reconstruction_is_the_identity(tiny, method, norm):
     model, task = tiny
+    model = _pre_norm(model) if norm == "pre" else model
     pad = task.target_dictionary.pad()
     samples = _samples(model, task)
     set_head_masks(model, [])
@@ -121,6 +132,7 @@ def test_nothing_removed_reconstruction_is_the_identity(tiny, method):
     before = {k: v.clone() for k, v in student.state_dict().items()}
     fits = reconstruct(model, student, samples, pad, ReconstructionOptions(method=method, refit_unpruned=True))
     assert len(fits) == len(HeadLayout.of(model).heads)
+    assert not reconstruct(model, student, samples, pad, ReconstructionOptions(method=method, refit_ffn=True))
     for fit in fits:
         assert fit.fallback is None and fit.method == method
         if method == "scales":
@@ -130,15 +142,23 @@ def test_nothing_removed_reconstruction_is_the_identity(tiny, method):
 
 
 @pytest.mark.parametrize("method", ["scales", "out-proj"])
-def test_reconstruction_lowers_the_error_on_the_calibration_tokens(tiny, method):
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_reconstruction_lowers_the_error_on_the_calibration_tokens(tiny, method, norm):
     model, task = tiny
+    model = _pre_norm(model) if norm == "pre" else model
     pad = task.target_dictionary.pad()
     samples = _samples(model, task)
     removed = [Head("enc-self", 2, h) for h in (1, 2, 3, 5)] + [Head("enc-dec", 2, 1), Head("dec-self", 1, 2)]
     student = copy.deepcopy(model)
     set_head_masks(student, removed)
+    ffn_student = copy.deepcopy(student)
     fits = reconstruct(model, student, samples, pad, ReconstructionOptions(method=method))
     assert [f.key for f in fits] == [("enc-self", 2), ("dec-self", 1), ("enc-dec", 2)]
+    # with the FFN refit: every FFN above the first pruned sublayer, none below it
+    ffn_fits = reconstruct(model, ffn_student, samples, pad, ReconstructionOptions(method=method, refit_ffn=True))
+    assert [f.key for f in ffn_fits if f.key[0].endswith("ffn")] == [
+        ("enc-ffn", 2), ("enc-ffn", 3), ("enc-ffn", 4), ("dec-ffn", 1), ("dec-ffn", 2), ("dec-ffn", 3)]
+    assert all(f.error_after <= f.error_before for f in ffn_fits)
     assert all(f.error_after <= f.error_before for f in fits)
     assert any(f.error_after < 0.99 * f.error_before for f in fits)
     # measured again, independently of the normal equations: the first refit sublayer (its inputs are unchanged)

@@ -447,6 +447,40 @@ def check_pruned(loaded, student, pruned, samples: List[dict]) -> dict:
     return {"max_logit_diff": diff, "sentences_checked": len(h_student), "identical_hypotheses": True}
 
 
+def source_dtypes(checkpoint: str) -> Dict[str, torch.dtype]:
+    """The dtype each weight has in the source checkpoint (the bundled models store fp16, loaded as fp32)."""
+    state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    return {k: v.dtype for k, v in state["model"].items() if torch.is_tensor(v)}
+
+
+@torch.no_grad()
+def round_to_dtypes(model, dtypes: Dict[str, torch.dtype]) -> int:
+    """Round each floating weight to the precision its source checkpoint stores it in (in place, the dtype stays):
+    the refit weights become exactly what the saved file holds, so the check before saving checks that. Returns
+    the number of tensors that changed."""
+    changed = 0
+    for name, tensor in model.state_dict().items():
+        dt = dtypes.get(name)
+        if dt is not None and dt.is_floating_point and tensor.is_floating_point() and dt != tensor.dtype:
+            rounded = tensor.to(dt).to(tensor.dtype)
+            if not torch.equal(rounded, tensor):
+                tensor.copy_(rounded)
+                changed += 1
+    return changed
+
+
+def store_in_dtypes(path: str, dtypes: Dict[str, torch.dtype]) -> None:
+    """Rewrite a saved checkpoint with each weight in its source dtype (exact after round_to_dtypes), so a pruned
+    fp16 checkpoint is smaller than its source rather than twice its size."""
+    from fairseq_headprune.results.log import atomic_output
+
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    state["model"] = {k: (v.to(dtypes[k]) if torch.is_tensor(v) and k in dtypes and v.is_floating_point()
+                          and dtypes[k].is_floating_point else v) for k, v in state["model"].items()}
+    with atomic_output(path, "wb") as f:
+        torch.save(state, f)
+
+
 def output_path_ok(source: str, out: str) -> None:
     if os.path.realpath(out) == os.path.realpath(source):
         raise UserError("--out must not overwrite the checkpoint being shrunk")
@@ -461,6 +495,8 @@ def export(loaded, result: ShrinkResult, calibration: Calibration, options: Shri
 
     output_path_ok(loaded.checkpoint, out)
     start = time.perf_counter()
+    dtypes = source_dtypes(loaded.checkpoint)
+    rounded = round_to_dtypes(result.student, dtypes)  # what the saved file will hold, before the check
     pruned = prune_model(copy.deepcopy(result.student), result.selection.removed)
     check = None
     if options.check:
@@ -476,6 +512,7 @@ def export(loaded, result: ShrinkResult, calibration: Calibration, options: Shri
         log(f"check: identical hypotheses on {check['sentences_checked']} calibration sentences, "
             f"max logit difference {check['max_logit_diff']:.1e}")
     save_pruned_checkpoint(pruned, loaded.checkpoint, out)
+    store_in_dtypes(out, dtypes)
     result.seconds["export"] = time.perf_counter() - start
     params = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
     layout = HeadLayout.of(loaded.model)
@@ -493,6 +530,7 @@ def export(loaded, result: ShrinkResult, calibration: Calibration, options: Shri
             "fallbacks": [f"{f.key[0]}:{f.key[1]}: {f.fallback}" for f in result.fits if f.fallback]},
         "calibration": {**calibration.provenance(), "data": os.path.abspath(loaded.cfg.task.data)},
         "check": check,
+        "stored_dtypes": sorted({str(dt) for dt in dtypes.values()}), "rounded_tensors": rounded,
         "params_before": params(loaded.model), "params_after": params(pruned),
         "seconds": result.seconds,
         "options": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(options).items()},
