@@ -350,7 +350,7 @@ def _fit_scales(attn, kept, cols, AtA, Atb, YY, error_before, options, fit) -> T
     if float(s.abs().max()) > options.max_scale:
         return False, f"a scale of {float(s.abs().max()):.3g} exceeds {options.max_scale:g}"
     error_after = float(s @ AtA @ s - 2 * s @ Atb + YY)
-    if not error_after <= error_before:
+    if not error_after <= error_before + 1e-6 * max(abs(YY), 1e-12):  # equal up to rounding counts as no worse
         return False, "the fit does not lower the reconstruction error"
     W = attn.out_proj.weight
     factors = s.repeat_interleave(attn.head_dim).to(W.dtype)
@@ -374,7 +374,7 @@ def _refit_out_proj(attn, cols, Wk, XtX, XtY, YY, error_before, options, fit) ->
     if growth > options.max_scale:
         return False, f"weights grew {growth:.3g}x"
     error_after = float((Wt * (XtX @ Wt)).sum() - 2 * (Wt * XtY).sum() + YY)
-    if not error_after <= error_before:
+    if not error_after <= error_before + 1e-6 * max(abs(YY), 1e-12):  # equal up to rounding counts as no worse
         return False, "the fit does not lower the reconstruction error"
     W = attn.out_proj.weight
     W.data[:, cols] = Wt.t().to(W.dtype)
