@@ -21,7 +21,7 @@ import contextlib
 import json
 import os
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from fairseq_headprune import mask_search
@@ -39,6 +39,9 @@ from fairseq_headprune.studies.shrink import (
     select_heads,
 )
 
+# ShrinkOptions fields a sweep method name sets (method_options); the others are the sweep's fixed settings
+METHOD_FIELDS = ("remove", "keep", "flops", "search", "rearrange", "refit", "teacher_mildness", "refit_unpruned",
+                 "empty_bias", "refit_ffn", "search_steps", "ridge")
 DEFAULT_METHODS = ("michel", "fisher", "fisher+rearrange", "fisher+rearrange+scales", "fisher+rearrange+out-proj")
 DEFAULT_PERCENTS = (10, 20, 30, 40, 50, 60, 70, 80)
 SWEEP_LOG, SWEEP_TABLE, SWEEP_FIGURE = "shrink-sweep.jsonl", "shrink-sweep.md", "shrink-sweep.png"
@@ -299,6 +302,10 @@ def run(loaded, options: SweepOptions, results_dir: str, subset: str, references
     identity = run_identity("shrink-sweep", loaded, evaluator, metric="bleu",
                             inputs={"types": list(parse_types(options.shrink.types))})
     log = ResultsLog(os.path.join(results_dir, SWEEP_LOG), identity)
+    # the settings the methods do not set (calibration, ridge, guards) are fixed per tag: a rerun with others under
+    # the same tag is refused instead of resuming its rows; another tag is another variant and joins the file
+    fixed = {k: v for k, v in asdict(options.shrink).items() if k not in METHOD_FIELDS}
+    log.confirm({f"inputs.settings[{options.tag or 'default'}]": fixed})
     rows = run_sweep(loaded, evaluator, options, log, say)
     l0 = l0_rows(l0_compare)
     total = rows[1]["heads_total"] if len(rows) > 1 else len(HeadLayout.of(loaded.model).all_heads())
