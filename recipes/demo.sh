@@ -11,7 +11,9 @@
 #    every head (the single-head ablation still decodes every head: its table is BLEU per head);
 #  - sweeps: masks share beam searches as measured fastest on this machine (--masks-per-batch auto) and run on
 #    the free cores (--workers auto; DEMO_WORKERS=N to set it, 1 for one process);
-#  - speed: 32 sentences, 2 timed runs per batch size; head analysis on the first 32 sentences.
+#  - speed: 32 sentences, 2 timed runs per batch size; head analysis on the first 32 sentences;
+#  - shrink (pruning without retraining): fitted on the first DEMO_CALIBRATION (default 128) sentences of the
+#    bundled Multi30k val, at 25/50/75% of the heads, Michel's I_h order against the shrink command's default.
 # The committed results/report-de-en/ is the full-size study (1000 sentences, beam 5, 10% steps).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,15 +23,19 @@ N=${DEMO_SENTENCES:-64}
 BEAM=${DEMO_BEAM:-1}
 WORKERS=${DEMO_WORKERS:-auto}
 RAW=data/multi30k-test2016/test
-WORK=work/demo/slice-$N
+CAL_RAW=data/multi30k-val/val
+CAL=${DEMO_CALIBRATION:-128}
+WORK=work/demo/slice-$N-cal$CAL
 OUT=${DEMO_OUT:-work/demo/report-$N-beam$BEAM}
 L0=results/voita/compare.jsonl
 [ -f "$MODEL/model.pt" ] || { echo "demo: error: $MODEL/model.pt is missing" >&2; exit 2; }
 start=$(date +%s)
-if [ ! -f "$WORK/data-bin/test.de-en.de.bin" ]; then
+if [ ! -f "$WORK/data-bin/test.de-en.de.bin" ] || [ ! -f "$WORK/data-bin/valid.de-en.de.bin" ]; then
   mkdir -p "$WORK"
   for l in de en; do head -n "$N" "$RAW.$l" > "$WORK/test.$l"; done
   bash data_prep/encode-for-model.sh "$MODEL" de en "$WORK/test" "$WORK/data-bin" test
+  for l in de en; do head -n "$CAL" "$CAL_RAW.$l" > "$WORK/valid.$l"; done
+  bash data_prep/encode-for-model.sh "$MODEL" de en "$WORK/valid" "$WORK/data-bin" valid
 fi
 fairseq-headprune report "$WORK/data-bin" --path "$MODEL/model.pt" --gen-subset test \
   --beam "$BEAM" --max-len-a 1.2 --max-len-b 10 --max-tokens 4000 \
@@ -37,10 +43,12 @@ fairseq-headprune report "$WORK/data-bin" --path "$MODEL/model.pt" --gen-subset 
   --references "$WORK/test.en" --results-dir "$OUT" \
   --keep-one-select loss --workers "$WORKERS" \
   --prune-step 0.2 --speed-sentences 32 --speed-runs 2 --analyze-sentences 32 \
+  --shrink-percents 25,50,75 --shrink-methods michel,full+out-proj+ffn --shrink-calibration-sentences "$CAL" \
   --dynamics results/dynamics/dynamics.jsonl $([ -f "$L0" ] && echo --l0-sweep "$L0") \
   --note "Demo (recipes/demo.sh): the first $N sentences of Multi30k test2016, beam $BEAM, hypotheses capped at \
 1.2 x source + 10 tokens, pruning in 20% steps, I_h on the same sentences, keep-one heads chosen by NLL on the same \
-sentences and reported by BLEU, head analysis on the first 32. A quick look, not the study: \
+sentences and reported by BLEU, head analysis on the first 32, pruning without retraining fitted on the first $CAL \
+sentences of Multi30k val. A quick look, not the study: \
 results/report-de-en/ is the full-size one (1000 sentences, beam 5). C5 and V read committed results of other \
 studies of this model (its training run; the L0 sweep, beam 5 on all 1000 sentences)."
 end=$(date +%s)

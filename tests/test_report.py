@@ -20,7 +20,9 @@ from fairseq_headprune.results.log import read_json
 
 REPORT = ["--gen-subset", "test", "--beam", "1", "--max-tokens", "3000", "--masks-per-batch", "8",
           "--prune-step", "0.25", "--speed-batch-sizes", "1,8", "--speed-runs", "1", "--speed-sentences", "8",
-          "--analyze-sentences", "16", "--dynamics", "none", "--note", "tiny test model"]
+          "--analyze-sentences", "16", "--dynamics", "none", "--note", "tiny test model",
+          "--shrink-percents", "25,50,75", "--shrink-methods", "michel,full+out-proj+ffn",
+          "--shrink-calibration-subset", "test", "--shrink-calibration-sentences", "24"]
 
 
 def report(data, checkpoint, out, *extra, check=True):
@@ -50,10 +52,19 @@ def full_report(slice_data, stock_checkpoint, tmp_path_factory):
 def test_report_runs_every_part_and_writes_md_and_html(full_report, slice_data, stock_checkpoint):
     out, proc = full_report
     for name in ("importance.json", "ablation-single.jsonl", "ablation-keep-one.jsonl", "pruning.jsonl", "speed.json",
-                 "report-state.json", "report.md", "report.html"):
+                 "shrink-sweep.jsonl", "shrink-sweep.png", "report-state.json", "report.md", "report.html"):
         assert (out / name).exists(), name
     state = json.loads((out / "report-state.json").read_text())
-    assert set(state["parts"]) >= {"score", "single", "keep-one", "prune", "prune-types", "speed"}
+    assert set(state["parts"]) >= {"score", "single", "keep-one", "prune", "prune-types", "speed", "shrink"}
+    # shrink: one row per budget and method besides the unpruned one, rendered as the report's table
+    shrink = [json.loads(x) for x in (out / "shrink-sweep.jsonl").read_text().splitlines()[1:]]
+    assert sorted((r["method"], r["removed"]) for r in shrink if r["key"] != "unpruned") == sorted(
+        (m, n) for m in ("michel", "full+out-proj+ffn") for n in (14, 28, 42))  # of the tiny model's 56 heads
+    md = (out / "report.md").read_text()
+    section = md[md.index("## Pruning without retraining"):md.index("## Commands")]
+    for r in shrink[1:]:
+        assert f"{r['bleu']:.2f} ({r['delta']:+.2f})" in section
+    assert "--sweep 25,50,75 --sweep-methods michel,full+out-proj+ffn --calibration-subset test" in section
     # the commands recorded are the user's fairseq options plus the part's, never the report's own options
     single = state["parts"]["single"]["commands"][0]
     assert single.startswith(f"fairseq-headprune ablate {slice_data} --path {stock_checkpoint}")
@@ -462,3 +473,15 @@ def test_prune_progress_counts_only_the_whole_model_curves(tmp_path):
         f.writelines(json.dumps({"key": k, "bleu": 1.0}) + "\n" for k in keys)
     assert Ticker("prune", path, expected, key_prefixes=prefixes).rows() == 3
     assert Ticker("single", path, expected).rows() == len(keys)
+
+
+def test_shrink_part_without_its_calibration_subset_is_one_line(slice_data, stock_checkpoint, tmp_path):
+    """The slice has no `valid`: the shrink part is refused before any part runs, naming the option to set."""
+    args = [a for a in REPORT]
+    args[args.index("--shrink-calibration-subset") + 1] = "valid"
+    proc = run(["fairseq-headprune", "report", slice_data, "--path", stock_checkpoint, "--results-dir", tmp_path,
+                *args, "--parts", "score,shrink"], check=False)
+    assert proc.returncode == 2
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "part shrink" in last and "--shrink-calibration-subset" in last
+    assert not (tmp_path / "importance.json").exists()  # refused before the score part ran

@@ -36,6 +36,14 @@ def add_args(parser) -> None:
     g.add_argument("--speed-runs", type=int, default=3)
     g.add_argument("--speed-sentences", type=int, default=128)
     g.add_argument("--analyze-sentences", type=int, help="analyze: only the first N sentences (default: all)")
+    g.add_argument("--shrink-percents", default=pipeline.ReportOptions.shrink_percents,
+                   help="shrink: shares of the heads removed without retraining, one budget each")
+    g.add_argument("--shrink-methods", default=pipeline.ReportOptions.shrink_methods,
+                   help="shrink: the methods compared at every budget (see `fairseq-headprune shrink --help`)")
+    g.add_argument("--shrink-calibration-subset", default="valid",
+                   help="shrink: subset of DATA the pruning is fitted on (another than --gen-subset, which scores it)")
+    g.add_argument("--shrink-calibration-sentences", type=int, default=1000,
+                   help="shrink: calibration sentences (the first N of that subset)")
     g.add_argument("--dynamics", default=pipeline.DEFAULT_DYNAMICS,
                    help="dynamics.jsonl of `dynamics` for claim C5 (default: the bundled model's training run)")
     g.add_argument("--l0-sweep", metavar="FILE",

@@ -70,16 +70,6 @@ def options_from(args) -> ShrinkOptions:
         check_sentences=args.check_sentences)
 
 
-def _percents(text: str):
-    try:
-        values = tuple(float(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise UserError(f"--sweep must be comma-separated percentages, e.g. 10,20,30: {text!r}") from None
-    if not values or any(not 0 < v < 100 for v in values):
-        raise UserError(f"--sweep percentages must be above 0 and below 100: {text!r}")
-    return values
-
-
 def run(cfg, args) -> None:
     from fairseq_headprune.loading import load
 
@@ -112,7 +102,7 @@ def _run_sweep(cfg, args) -> None:
     if not args.results_dir:
         raise UserError("--sweep needs --results-dir")
     methods = tuple(m.strip() for m in args.sweep_methods.split(",") if m.strip())
-    options = sweep.SweepOptions(shrink=options_from(args), percents=_percents(args.sweep), methods=methods,
+    options = sweep.SweepOptions(shrink=options_from(args), percents=sweep.parse_percents(args.sweep), methods=methods,
                                  tag=args.sweep_tag)
     for m in methods:
         sweep.method_options(m, options.shrink)  # unknown methods fail here, before loading anything

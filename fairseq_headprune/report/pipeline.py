@@ -2,7 +2,8 @@
 
 The model and task are loaded once; every part is a study called as a function on them (fairseq_headprune.studies):
 `score` (I_h), `ablate --mode single` and `--mode keep-one`, `prune` (whole model by --prune-orders; each attention
-type alone by importance), `speed` (the heads the importance order prunes at --speed-percent), and `analyze`.
+type alone by importance), `speed` (the heads the importance order prunes at --speed-percent), `analyze`, and
+`shrink` (retraining-free pruning to a budget, over budgets: studies.shrink_sweep).
 Then it checks the papers' claims against the result files (fairseq_headprune.claims) and writes DIR/report.md and
 a self-contained DIR/report.html (figures embedded) with every table and figure, the sacreBLEU signatures and, for
 each part, the command line that produces or resumes it on its own (rendered from the part's options);
@@ -31,11 +32,11 @@ from fairseq_headprune.mask_batching import parse_masks_per_batch
 from fairseq_headprune.results import layout as names
 from fairseq_headprune.results.identity import file_sha256
 from fairseq_headprune.results.log import atomic_output, read_json, write_json_atomic
-from fairseq_headprune.studies import ablation, analysis, pruning, scoring, speed
+from fairseq_headprune.studies import ablation, analysis, pruning, scoring, shrink_sweep, speed
 from fairseq_headprune.studies.ranking import heads_to_json, importance_scores, rank_by_scores, steps
 from fairseq_headprune.workers import kept_pools, parse_workers
 
-PARTS = ("score", "single", "keep-one", "prune", "prune-types", "speed", "analyze")
+PARTS = ("score", "single", "keep-one", "prune", "prune-types", "speed", "analyze", "shrink")
 STATE = names.REPORT_STATE
 DEFAULT_DYNAMICS = os.path.join("results", "dynamics", "dynamics.jsonl")
 
@@ -59,6 +60,10 @@ class ReportOptions:
     speed_runs: int = 3
     speed_sentences: int = 128
     analyze_sentences: Optional[int] = None
+    shrink_percents: str = ",".join(f"{p:g}" for p in shrink_sweep.DEFAULT_PERCENTS)
+    shrink_methods: str = ",".join(shrink_sweep.DEFAULT_METHODS)
+    shrink_calibration_subset: str = "valid"
+    shrink_calibration_sentences: int = 1000
     dynamics: Optional[str] = DEFAULT_DYNAMICS
     l0_sweep: Optional[str] = None
     note: str = ""
@@ -130,6 +135,7 @@ class Part:
     name: str
     title: str
     commands: List[Tuple[str, Any]] = field(default_factory=list)  # (command, study options)
+    subsets: List[str] = field(default_factory=list)  # subsets it reads besides --gen-subset and I_h's
     rendered: List[str] = field(default_factory=list)
 
     def lines(self) -> List[str]:
@@ -167,6 +173,12 @@ def plan(options: ReportOptions, base: Sequence[str], out: str) -> Dict[str, Par
         "analyze": Part("analyze", "Head analysis", [
             ("analyze", analysis.AnalyzeOptions(subset=subset, importance=importance,
                                                 num_sentences=options.analyze_sentences))]),
+        "shrink": Part("shrink", "Pruning without retraining", [
+            ("shrink", shrink_sweep.SweepStudyOptions(
+                subset=subset, sweep=options.shrink_percents, sweep_methods=options.shrink_methods,
+                calibration_subset=options.shrink_calibration_subset,
+                calibration_sentences=options.shrink_calibration_sentences, references=options.references,
+                l0_compare=options.l0_sweep))], subsets=[options.shrink_calibration_subset]),
     }
     for part in parts.values():
         part.rendered = [command_line(command, opts, base, out) for command, opts in part.commands]
@@ -219,6 +231,9 @@ def run_study(command: str, options: Any, loaded, out: str) -> None:
         speed.run(loaded, options, out)
     elif command == "analyze":
         analysis.run(loaded, options, out, progress_for(cfg, f"analyze {options.subset}"))
+    elif command == "shrink":
+        shrink_sweep.run(loaded, options.sweep_options(), out, options.subset, options.references,
+                         options.l0_compare)
     else:
         raise ValueError(f"no study for command {command!r}")
 
@@ -226,10 +241,15 @@ def run_study(command: str, options: Any, loaded, out: str) -> None:
 class State:
     """DIR/report-state.json: the parts finished, with their command lines and the checkpoint they ran on."""
 
-    def __init__(self, path: str, checkpoint_sha: str, data_fingerprints: Optional[Dict[str, str]] = None):
+    def __init__(self, path: str, checkpoint_sha: str, data_fingerprints: Optional[Dict[str, str]] = None,
+                 part_fingerprints: Optional[Dict[str, Dict[str, str]]] = None):
         self.path, self.checkpoint_sha = path, checkpoint_sha
-        self.data_fingerprints = data_fingerprints or {}
+        self.data_fingerprints = data_fingerprints or {}  # the subsets every part reads
+        self.part_fingerprints = part_fingerprints or {}  # part -> the other subsets it reads (Part.subsets)
         self.data = read_json(path) or {"parts": {}}
+
+    def fingerprints(self, part: Part) -> Dict[str, str]:
+        return {**self.data_fingerprints, **self.part_fingerprints.get(part.name, {})}
 
     def finished(self, part: Part) -> bool:
         """Recorded as finished with the same command lines, on the same checkpoint and the same data (a data
@@ -237,12 +257,12 @@ class State:
         rec = self.data["parts"].get(part.name)
         return bool(rec and rec.get("finished") and rec.get("commands") == part.lines()
                     and rec.get("checkpoint_sha256") == self.checkpoint_sha
-                    and rec.get("data_fingerprints") == self.data_fingerprints)
+                    and rec.get("data_fingerprints") == self.fingerprints(part))
 
     def record(self, part: Part, seconds: float) -> None:
         self.data["parts"][part.name] = {
             "commands": part.lines(), "checkpoint_sha256": self.checkpoint_sha,
-            "data_fingerprints": self.data_fingerprints, "seconds": round(seconds, 1),
+            "data_fingerprints": self.fingerprints(part), "seconds": round(seconds, 1),
             "finished": datetime.datetime.now().isoformat(timespec="seconds"),
         }
         write_json_atomic(self.path, self.data)
@@ -336,6 +356,9 @@ def expected_rows(part: Part, layout, options: ReportOptions, out: str
         orders = [o.strip() for o in options.prune_orders.split(",") if o.strip()]
         whole_model = [f"{order}:{','.join(ATTENTION_TYPES)}:" for order in orders]
         return (os.path.join(out, names.PRUNING), len(orders) * len(steps(n, options.prune_step)), whole_model)
+    if part.name == "shrink":
+        sweep = part.commands[0][1].sweep_options()
+        return os.path.join(out, shrink_sweep.SWEEP_LOG), 1 + len(sweep.percents) * len(sweep.methods), []
     return None, None, []  # prune-types shares pruning.jsonl with prune; the others have no row-per-step file
 
 
@@ -395,6 +418,11 @@ def check(options: ReportOptions, parts: Dict[str, Part]) -> None:
         for _, study_options in part.commands:
             if isinstance(study_options, ablation.AblationOptions):
                 study_options.check()
+    if "shrink" in options.part_names():
+        try:
+            parts["shrink"].commands[0][1].sweep_options()
+        except UserError as e:
+            raise UserError(f"--shrink-percents/--shrink-methods: {e}") from None
 
 
 def run(cfg, options: ReportOptions, base: Sequence[str], out: str) -> List[str]:
@@ -410,9 +438,20 @@ def run(cfg, options: ReportOptions, base: Sequence[str], out: str) -> List[str]
     loaded = load(cfg)
     layout = HeadLayout.of(loaded.model)
     subsets = sorted({options.subset, options.importance_subset or options.subset})
-    fingerprints = {s: SubsetEvaluator(loaded, s, options.references if s == options.subset else None)
-                    .data_fingerprint() for s in subsets}
-    state = State(os.path.join(out, STATE), file_sha256(loaded.checkpoint), fingerprints)
+
+    def fingerprint(subset: str) -> str:  # refuses a missing or empty subset before any part runs
+        return SubsetEvaluator(loaded, subset, options.references if subset == options.subset else None
+                               ).data_fingerprint()
+
+    fingerprints = {s: fingerprint(s) for s in subsets}
+    per_part = {}
+    for name in ([] if options.render_only else parts_wanted):
+        try:
+            per_part[name] = {s: fingerprints.get(s) or fingerprint(s) for s in all_parts[name].subsets}
+        except UserError as e:
+            raise UserError(f"part {name}: {e} (choose its subset with --{name}-calibration-subset or leave "
+                            f"{name} out of --parts)") from None
+    state = State(os.path.join(out, STATE), file_sha256(loaded.checkpoint), fingerprints, per_part)
     if not options.render_only:
         with kept_pools():  # the sweeps' local workers start once, for every part
             run_parts([all_parts[p] for p in parts_wanted], state, out, options, loaded, layout)
@@ -480,5 +519,6 @@ def build_document(out: str, parts: Dict[str, Part], state: State, options: Repo
     sections.dynamics(doc, files)
     sections.voita(doc, files)
     sections.analysis(doc, files, parts["analyze"], state)
+    sections.shrink(doc, files, parts["shrink"], state)
     sections.commands(doc, parts, report_line)
     return doc, claim_rows, files

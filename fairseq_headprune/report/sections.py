@@ -434,6 +434,54 @@ def analysis(doc: Document, files: Files, part, state) -> None:
     _provenance(doc, part, state)
 
 
+def shrink(doc: Document, files: Files, part, state) -> None:
+    """Pruning to a budget without retraining (after Kwon et al. 2022): BLEU against heads removed per method."""
+    from fairseq_headprune.studies import shrink_sweep as sweep
+
+    doc.heading("Pruning without retraining (after Kwon et al. 2022)")
+    rows = cl.read_rows(files.figure(sweep.SWEEP_LOG))
+    if not rows or not any(r["key"] != "unpruned" for r in rows):
+        _missing(doc, sweep.SWEEP_LOG, part.lines())
+        return
+    options = part.commands[0][1]
+    calibration = next((r["calibration"] for r in rows if r.get("calibration")), {})
+    heads_total = next(r["heads_total"] for r in rows if "heads_total" in r)
+    doc.paragraph(
+        "Heads removed to a budget with no gradient step on any weight, fitted on calibration sentences "
+        f"(`{calibration.get('subset', options.calibration_subset)}`, {calibration.get('sentences', '?')} "
+        f"sentences, targets: {calibration.get('targets', '?')}), BLEU on `{options.subset}`. Methods: `michel` "
+        "masks the heads of lowest I_h (Michel et al., no tuning); `fisher` those of lowest empirical Fisher "
+        "(Kwon's mask search); `+rearrange` swaps heads within layers (Kwon's mask rearrangement); `+scales` fits "
+        "one least-squares scale per kept head (Kwon's mask tuning); `+out-proj` refits each pruned sublayer's "
+        "out-projection by ridge least squares instead; `full+out-proj+ffn` (the `shrink` command's default) "
+        "removes heads greedily on the full empirical Fisher and also refits every FFN's fc2. Every fit targets "
+        "the unpruned model's residual stream, corrected for the drift the pruned layers below cause. The "
+        "`shrink` command writes the chosen budget as a smaller stock checkpoint (same weights as the rows here).")
+    path = files.figure(sweep.SWEEP_FIGURE)
+    if os.path.exists(path):
+        doc.image(path, "BLEU against heads removed without retraining; right: zoomed near the unpruned model")
+    l0 = sweep.l0_rows(options.l0_compare, _header_of(files.figure(sweep.SWEEP_LOG))) if options.l0_compare else []
+    tables = sweep.tables(rows, l0, heads_total)
+    doc.table(*tables["curves"])
+    if "candidates" in tables:
+        doc.paragraph("Methods measured at fewer than three budgets:")
+        doc.table(*tables["candidates"])
+    if "l0" in tables:
+        doc.paragraph("Voita et al.'s L0 gates at their numbers of heads (fine-tuned, so not like for like):")
+        doc.table(*tables["l0"])
+    elif options.l0_compare and os.path.exists(options.l0_compare):
+        doc.paragraph(f"The L0 runs of `{options.l0_compare}` are not shown here: they were scored on another "
+                      "checkpoint, data, subset or beam than these rows.")
+    fallbacks = sum(len(r.get("fallbacks") or []) for r in rows)
+    if fallbacks:
+        doc.paragraph(f"{fallbacks} fits fell back to the original weights (ill-conditioned, exploding or no "
+                      "gain; `fallbacks` in each row).")
+    doc.paragraph("Speed: removing the same heads from the unpruned model is as fast as removing them from a "
+                  "refit one (the fits change values, not shapes); `fairseq-headprune speed --heads SPEC` "
+                  "measures it at equal work with a row's `removed_spec`.")
+    _provenance(doc, part, state)
+
+
 def commands(doc: Document, parts: Dict, report_line: str) -> None:
     doc.heading("Commands")
     doc.paragraph("Each part alone (each resumes from its own result files and refuses files of another run):")

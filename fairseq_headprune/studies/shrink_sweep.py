@@ -18,7 +18,6 @@ Rows go to a resumable JSONL (ResultsLog) as they are computed.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -42,7 +41,9 @@ from fairseq_headprune.studies.shrink import (
 # ShrinkOptions fields a sweep method name sets (method_options); the others are the sweep's fixed settings
 METHOD_FIELDS = ("remove", "keep", "flops", "search", "rearrange", "refit", "teacher_mildness", "refit_unpruned",
                  "empty_bias", "refit_ffn", "search_steps", "ridge")
-DEFAULT_METHODS = ("michel", "fisher", "fisher+rearrange", "fisher+rearrange+scales", "fisher+rearrange+out-proj")
+# Kwon's steps one at a time, then the shrink command's default pipeline (full-Fisher fill, out_proj and fc2 refit)
+DEFAULT_METHODS = ("michel", "fisher", "fisher+rearrange", "fisher+rearrange+scales", "fisher+rearrange+out-proj",
+                   "full+out-proj+ffn")
 DEFAULT_PERCENTS = (10, 20, 30, 40, 50, 60, 70, 80)
 SWEEP_LOG, SWEEP_TABLE, SWEEP_FIGURE = "shrink-sweep.jsonl", "shrink-sweep.md", "shrink-sweep.png"
 
@@ -53,6 +54,44 @@ class SweepOptions:
     percents: Tuple[float, ...] = DEFAULT_PERCENTS
     methods: Tuple[str, ...] = DEFAULT_METHODS
     tag: str = ""  # names a calibration variant in the row keys (e.g. "self-targets")
+
+
+@dataclass
+class SweepStudyOptions:
+    """The study over budgets as `report` runs it; field names are `fairseq-headprune shrink`'s options (the
+    report renders its command line from them)."""
+
+    subset: str = field(metadata={"flag": "--gen-subset"})
+    sweep: str = field(metadata={"always": True})  # percentages of heads removed, e.g. "10,20,30"
+    sweep_methods: str = ",".join(DEFAULT_METHODS)
+    calibration_subset: str = "valid"
+    calibration_sentences: int = 1000
+    references: Optional[str] = None
+    l0_compare: Optional[str] = None
+
+    def sweep_options(self) -> SweepOptions:
+        """The study's own options; refuses bad percentages and unknown methods (UserError)."""
+        methods = tuple(m.strip() for m in self.sweep_methods.split(",") if m.strip())
+        if not methods:
+            raise UserError(f"no sweep method in {self.sweep_methods!r}")
+        shrink = ShrinkOptions(calibration_subset=self.calibration_subset,
+                               calibration_sentences=self.calibration_sentences)
+        for method in methods:
+            method_options(method, shrink)
+        if self.calibration_sentences < 1:
+            raise UserError(f"calibration sentences must be at least 1, not {self.calibration_sentences}")
+        return SweepOptions(shrink=shrink, percents=parse_percents(self.sweep), methods=methods)
+
+
+def parse_percents(text: str) -> Tuple[float, ...]:
+    """'10,20,30' -> (10.0, 20.0, 30.0): shares of the allowed heads to remove, each in (0, 100)."""
+    try:
+        values = tuple(float(x) for x in str(text).split(",") if x.strip())
+    except ValueError:
+        raise UserError(f"sweep percentages must be comma-separated numbers, e.g. 10,20,30: {text!r}") from None
+    if not values or any(not 0 < v < 100 for v in values):
+        raise UserError(f"sweep percentages must be above 0 and below 100: {text!r}")
+    return values
 
 
 def method_options(method: str, base: ShrinkOptions) -> ShrinkOptions:
@@ -177,17 +216,23 @@ def _relative_errors(fits) -> Optional[Dict[str, float]]:
 # --------------------------------------------------------------------------------------------- table and figure
 
 
-def l0_rows(path: Optional[str]) -> List[dict]:
-    """The L0 runs of `compare` (results/voita/compare.jsonl): heads kept and BLEU of each λ > 0."""
+def l0_rows(path: Optional[str], sweep_header: Optional[dict] = None) -> List[dict]:
+    """The L0 runs of `compare` (results/voita/compare.jsonl): heads kept and BLEU of each λ > 0. With the sweep's
+    header, only when they were scored like the sweep (same checkpoint, data, subset and beam): else none."""
     if not path or not os.path.exists(path):
         return []
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            row = json.loads(line)
-            if row.get("method") == "l0" and row.get("l0_lambda"):
-                rows.append(row)
-    return rows
+    from fairseq_headprune.results.log import read_log
+
+    header, rows = read_log(path)
+    if sweep_header is not None and _scoring(header) != _scoring(sweep_header):
+        return []
+    return [r for r in rows if r.get("method") == "l0" and r.get("l0_lambda")]
+
+
+def _scoring(header: dict) -> tuple:
+    decoding = header.get("decoding") or {}
+    beam = decoding.get("beam", (decoding.get("generation") or {}).get("beam"))
+    return (header.get("checkpoint_sha256"), header.get("data_fingerprint"), header.get("subset"), beam)
 
 
 def _name(row: dict) -> str:
@@ -204,42 +249,58 @@ def split_methods(rows: Sequence[dict]) -> Tuple[List[str], List[str]]:
     return curves, [m for m in budgets if m not in curves]
 
 
-def table(rows: Sequence[dict], l0: Sequence[dict] = (), heads_total: int = 144) -> str:
-    """Markdown: a row per budget, a column per method measured at several budgets (BLEU and change against the
-    unpruned model); then the candidates measured at one budget, a row each; then the L0 runs."""
+Table = Tuple[List[str], List[List[str]]]  # (headers, rows of cells)
+
+
+def tables(rows: Sequence[dict], l0: Sequence[dict] = (), heads_total: int = 144) -> Dict[str, Table]:
+    """The sweep's tables as cells: `curves` (a row per budget, a column per method measured at three budgets or
+    more: BLEU and change against the unpruned model), `candidates` (methods measured at fewer budgets, a row
+    each) and `l0` (the L0 runs at their numbers of heads); empty ones left out."""
     base = next(r["bleu"] for r in rows if r["key"] == "unpruned")
     sweep = [r for r in rows if r["key"] != "unpruned"]
     methods, candidates = split_methods(rows)
     if not methods:
         methods, candidates = candidates, []
-    removed = sorted({r["removed"] for r in sweep})
     cell = {(_name(r), r["removed"]): r for r in sweep}
-    lines = [f"Unpruned: **{base:.2f}** BLEU, {heads_total} heads.", "",
-             "| heads removed | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]
-    for n in removed:
-        cells = []
-        for m in methods:
-            r = cell.get((m, n))
-            cells.append(f"{r['bleu']:.2f} ({r['delta']:+.2f})" if r else "-")
+    body = []
+    for n in sorted({r["removed"] for r in sweep}):
+        cells = [f"{cell[m, n]['bleu']:.2f} ({cell[m, n]['delta']:+.2f})" if (m, n) in cell else "-" for m in methods]
         if any(c != "-" for c in cells):
-            lines.append(f"| {n} ({100 * n / heads_total:.0f}%) | " + " | ".join(cells) + " |")
+            body.append([f"{n} ({100 * n / heads_total:.0f}%)"] + cells)
+    out: Dict[str, Table] = {"curves": (["heads removed"] + methods, body)}
     if candidates:
-        lines += ["", "Candidates measured at one budget (NOTES.md):", "",
-                  "| method | heads removed | BLEU | change | removed enc-self/enc-dec/dec-self | emptied sublayers | "
-                  "fallbacks |", "|---|---|---|---|---|---|---|"]
-        for r in sweep:
-            if _name(r) in candidates:
-                t = r["removed_per_type"]
-                lines.append(f"| {_name(r)} | {r['removed']} | {r['bleu']:.2f} | {r['delta']:+.2f} | "
-                             f"{t['enc-self']}/{t['enc-dec']}/{t['dec-self']} | {', '.join(r['emptied']) or '-'} | "
-                             f"{len(r['fallbacks'])} |")
+        out["candidates"] = (
+            ["method", "heads removed", "BLEU", "change", "removed enc-self/enc-dec/dec-self", "emptied sublayers",
+             "fallbacks"],
+            [[_name(r), str(r["removed"]), f"{r['bleu']:.2f}", f"{r['delta']:+.2f}",
+              "/".join(str(r["removed_per_type"][t]) for t in ("enc-self", "enc-dec", "dec-self")),
+              ", ".join(r["emptied"]) or "-", str(len(r["fallbacks"]))]
+             for r in sweep if _name(r) in candidates])
     if l0:
-        lines += ["", "L0 gates (Voita et al., fine-tuned 300 updates per λ; results/voita/compare.jsonl):", "",
-                  "| λ | heads removed | L0 BLEU | change |", "|---|---|---|---|"]
-        for r in sorted(l0, key=lambda r: r["heads_kept"], reverse=True):
-            n = heads_total - r["heads_kept"]
-            lines.append(f"| {r['l0_lambda']} | {n} ({100 * n / heads_total:.0f}%) | {r['bleu']:.2f} | "
-                         f"{r['bleu'] - base:+.2f} |")
+        out["l0"] = (["λ", "heads removed", "L0 BLEU", "change"],
+                     [[str(r["l0_lambda"]), f"{heads_total - r['heads_kept']} "
+                       f"({100 * (heads_total - r['heads_kept']) / heads_total:.0f}%)", f"{r['bleu']:.2f}",
+                       f"{r['bleu'] - base:+.2f}"]
+                      for r in sorted(l0, key=lambda r: r["heads_kept"], reverse=True)])
+    return out
+
+
+def _markdown(table: Table) -> List[str]:
+    headers, body = table
+    return ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)] + ["| " + " | ".join(r) + " |"
+                                                                             for r in body]
+
+
+def table(rows: Sequence[dict], l0: Sequence[dict] = (), heads_total: int = 144) -> str:
+    """Markdown of `tables`: the curves, then the candidates measured at one budget, then the L0 runs."""
+    base = next(r["bleu"] for r in rows if r["key"] == "unpruned")
+    parts = tables(rows, l0, heads_total)
+    lines = [f"Unpruned: **{base:.2f}** BLEU, {heads_total} heads.", ""] + _markdown(parts["curves"])
+    if "candidates" in parts:
+        lines += ["", "Candidates measured at one budget (NOTES.md):", ""] + _markdown(parts["candidates"])
+    if "l0" in parts:
+        lines += ["", "L0 gates (Voita et al., fine-tuned 300 updates per λ; results/voita/compare.jsonl):", ""]
+        lines += _markdown(parts["l0"])
     return "\n".join(lines)
 
 
@@ -307,7 +368,7 @@ def run(loaded, options: SweepOptions, results_dir: str, subset: str, references
     fixed = {k: v for k, v in asdict(options.shrink).items() if k not in METHOD_FIELDS}
     log.confirm({f"inputs.settings[{options.tag or 'default'}]": fixed})
     rows = run_sweep(loaded, evaluator, options, log, say)
-    l0 = l0_rows(l0_compare)
+    l0 = l0_rows(l0_compare, log.header)
     total = rows[1]["heads_total"] if len(rows) > 1 else len(HeadLayout.of(loaded.model).all_heads())
     md = os.path.join(results_dir, SWEEP_TABLE)
     with atomic_output(md) as f:
