@@ -146,3 +146,89 @@ def test_correlations_on_known_values():
     # by hand: x = (1, 2, 3), y = (1, 3, 2): Pearson = 0.5, Spearman = 0.5
     small = correlations([1.0, 2.0, 3.0], [1.0, 3.0, 2.0])
     assert small["pearson_r"] == pytest.approx(0.5) and small["spearman_r"] == pytest.approx(0.5)
+
+
+# ------------------------------------------------------------------ the vectorised test against a plain loop
+
+def loop_bootstrap(refs, baseline, system, samples, seed=1, sample_ratio=1.0):
+    """compare-mt's paired bootstrap written out as a loop, one resample at a time: the same draws (numpy's global
+    generator seeded, one np.random.choice of int(n x ratio) sentences per resample), each resample scored by
+    compare-mt's SacreBleuScorer, strict wins counted; the p-value and wins as BleuBootstrap reports them."""
+    from compare_mt.scorers import SacreBleuScorer
+
+    scorer = SacreBleuScorer()
+    split_refs = [r.split() for r in refs]
+    cached = [np.array(scorer.cache_stats(split_refs, [h.split() for h in hyps])) for hyps in (baseline, system)]
+    ids, size = list(range(len(refs))), int(len(refs) * sample_ratio)
+    state = np.random.get_state()
+    np.random.seed(seed)
+    try:
+        baseline_wins = system_wins = 0
+        for _ in range(samples):
+            drawn = np.random.choice(ids, size=size, replace=True)
+            left, right = (scorer.score_cached_corpus(drawn, stats)[0] for stats in cached)
+            baseline_wins += left > right
+            system_wins += left < right
+    finally:
+        np.random.set_state(state)
+    baseline_wins, system_wins = baseline_wins / float(samples), system_wins / float(samples)
+    return 1.0 - max(baseline_wins, system_wins), baseline_wins, system_wins
+
+
+ONE_SENTENCE = GOOD[:5] + [BAD[5]] + GOOD[6:]  # the baseline but for one sentence: most resamples tie exactly
+SHORT = [" ".join(s.split()[: len(s.split()) * 2 // 3]) for s in GOOD_2]  # brevity penalty on every resample
+
+
+@pytest.mark.parametrize("seed", [1, 7, 123])
+@pytest.mark.parametrize("sample_ratio", [1.0, 0.5, 0.3, 0.04])
+def test_vectorised_bootstrap_equals_the_loop(seed, sample_ratio):
+    boot = BleuBootstrap(REFS, GOOD, samples=150, seed=seed, sample_ratio=sample_ratio)
+    for system in (GOOD_2, BAD, ONE_SENTENCE, SHORT, list(GOOD)):
+        got = boot.test(system)
+        assert (got.p_value, got.baseline_wins, got.system_wins) == loop_bootstrap(
+            REFS, GOOD, system, 150, seed, sample_ratio)
+
+
+def test_resamples_are_compare_mts_draws_of_the_asked_size():
+    n = len(REFS)
+    for samples, ratio in ((40, 1.0), (25, 0.5), (10, 0.25), (5, 0.01)):
+        ids = BleuBootstrap(REFS, GOOD, samples=samples, seed=3, sample_ratio=ratio).resample_ids
+        assert ids.shape == (samples, int(n * ratio))
+        np.random.seed(3)
+        assert np.array_equal(ids, [np.random.choice(list(range(n)), size=int(n * ratio), replace=True)
+                                    for _ in range(samples)])
+    # the size changes the answer: half-size resamples are not full-size ones
+    full = BleuBootstrap(REFS, GOOD, samples=200).test(GOOD_2)
+    half = BleuBootstrap(REFS, GOOD, samples=200, sample_ratio=0.5).test(GOOD_2)
+    assert (half.p_value, half.baseline_wins, half.system_wins) == loop_bootstrap(REFS, GOOD, GOOD_2, 200,
+                                                                                 sample_ratio=0.5)
+    assert half.p_value != full.p_value
+    with pytest.raises(ValueError):
+        BleuBootstrap(REFS, GOOD, samples=0)
+
+
+def test_bleu_per_resample_is_sacrebleus_and_near_ties_are_decided_exactly(monkeypatch):
+    from fairseq_headprune import stats as stats_module
+    from fairseq_headprune.stats import bleu_from_sums
+
+    boot = BleuBootstrap(REFS, GOOD, samples=100, sample_ratio=0.1)  # 6 sentences: zero matches at some orders
+    sums = np.concatenate([boot._resample_sums(boot.system_stats(s)) for s in (GOOD, BAD, SHORT, [""] * len(REFS))])
+    exact = [boot._exact_bleu(row) for row in sums]
+    assert np.allclose(bleu_from_sums(sums), exact, rtol=0, atol=1e-11)
+    whole = boot.system_stats(GOOD_2).sum(0)
+    assert bleu_from_sums(whole)[0] == pytest.approx(sacrebleu.corpus_bleu(GOOD_2, [REFS]).score, abs=1e-11)
+    # rescoring every resample with sacreBLEU, or none, decides the same
+    results = []
+    for margin in (float("inf"), 0.0):
+        monkeypatch.setattr(stats_module, "_NEAR_TIE", margin)
+        results.append([BleuBootstrap(REFS, GOOD, samples=100, sample_ratio=r).test(s)
+                        for r in (1.0, 0.1) for s in (GOOD_2, ONE_SENTENCE, SHORT)])
+    assert results[0] == results[1]
+
+
+def test_sentences_translated_as_the_baseline_reuse_its_statistics():
+    boot = BleuBootstrap(REFS, GOOD, samples=10)
+    for system in (ONE_SENTENCE, GOOD_2, list(GOOD)):
+        assert np.array_equal(boot.system_stats(system), boot._stats(system, range(len(REFS))))
+    with pytest.raises(ValueError):
+        boot.test(GOOD_2[:-1])
