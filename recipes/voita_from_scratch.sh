@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Voita et al. (2019), Table 2's last column: the head configuration an L0 run pruned to, trained from random
-# initialisation with the base model's recipe and budget (recipes/train_de_en.sh: same data, hyper-parameters,
+# initialisation with the base model's recipe and budget (recipes/de_en_train_args.sh: same data, hyper-parameters,
 # early stopping on valid loss), then its test2016 BLEU beside the pruned model's. `headprune_transformer
 # --kept-heads JSON` builds the uneven (even empty) layers before any weight exists.
 #
@@ -36,18 +36,11 @@ EOF
   echo "$KEPT" > "$RESULTS/kept-heads.json"
   extra=()
   [ -n "${MAX_UPDATE:-}" ] && extra=(--max-update "$MAX_UPDATE")
+  source recipes/de_en_train_args.sh  # the base model's shape and hyper-parameters
   fairseq-train "$BIN" --user-dir fairseq_headprune --task translation_headprune \
-    --arch headprune_transformer --kept-heads "$KEPT" --share-all-embeddings \
-    --encoder-layers 6 --decoder-layers 6 --encoder-attention-heads 8 --decoder-attention-heads 8 \
-    --encoder-embed-dim 256 --decoder-embed-dim 256 --encoder-ffn-embed-dim 512 --decoder-ffn-embed-dim 512 \
-    --encoder-normalize-before --decoder-normalize-before \
-    --dropout 0.3 --attention-dropout 0.1 --activation-dropout 0.1 --weight-decay 0.0001 \
-    --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 0.0 \
-    --lr 1e-3 --lr-scheduler inverse_sqrt --warmup-updates 800 --warmup-init-lr 1e-07 \
-    --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
-    --max-tokens 2048 --max-epoch "$MAX_EPOCH" --patience "$PATIENCE" --seed 1 "${extra[@]}" \
-    --save-dir "$WORK/checkpoints" --no-epoch-checkpoints \
-    --log-format simple --log-interval 50 --num-workers 0 2>&1 | tee -a "$WORK/train.log" | grep -E "valid on|done training" || true
+    --arch headprune_transformer --kept-heads "$KEPT" "${DE_EN_TRAIN_ARGS[@]}" \
+    --max-epoch "$MAX_EPOCH" --patience "$PATIENCE" "${extra[@]}" \
+    --save-dir "$WORK/checkpoints" --no-epoch-checkpoints 2>&1 | tee -a "$WORK/train.log" | grep -E "valid on|done training" || true
   grep -E "valid on|done training" "$WORK/train.log" > "$RESULTS/train-progress.log"
   [ -n "${SKIP_BLEU:-}" ] && return 0  # a quick check of the training part
   # BLEU of the best checkpoint on test2016, as recipes/eval_bleu.sh scores the bundled models

@@ -1,0 +1,17 @@
+# The De-En training recipe's model shape and hyper-parameters, shared by recipes/train_de_en.sh (the bundled
+# model) and recipes/voita_from_scratch.sh (pruned configurations trained from scratch with the same recipe).
+# Sourced, not run: defines DE_EN_TRAIN_ARGS.
+# Shape: the papers' 6+6 layers with 8 heads in every attention (144 heads), scaled to this CPU: d_model 256,
+# FFN 512 (the IWSLT model's 512/1024 halved), pre-norm as in Michel et al.'s IWSLT model.
+DE_EN_TRAIN_ARGS=(
+  --share-all-embeddings
+  --encoder-layers 6 --decoder-layers 6 --encoder-attention-heads 8 --decoder-attention-heads 8
+  --encoder-embed-dim 256 --decoder-embed-dim 256 --encoder-ffn-embed-dim 512 --decoder-ffn-embed-dim 512
+  --encoder-normalize-before --decoder-normalize-before
+  --dropout 0.3 --attention-dropout 0.1 --activation-dropout 0.1 --weight-decay 0.0001
+  --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 0.0
+  --lr 1e-3 --lr-scheduler inverse_sqrt --warmup-updates 800 --warmup-init-lr 1e-07
+  --criterion label_smoothed_cross_entropy --label-smoothing 0.1
+  --max-tokens 2048 --seed 1
+  --log-format simple --log-interval 50 --num-workers 0
+)
