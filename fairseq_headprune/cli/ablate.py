@@ -5,7 +5,7 @@ score). Under torchrun, RANK and WORLD_SIZE set them and rank 0 gathers one file
 """
 from __future__ import annotations
 
-from fairseq_headprune.cli.common import options_from, readable_file, results_folder
+from fairseq_headprune.cli.common import add_sweep_options, options_from, readable_file, results_folder
 from fairseq_headprune.heads import ATTENTION_TYPES
 from fairseq_headprune.loading import load, progress_for
 from fairseq_headprune.studies import ablation
@@ -28,12 +28,7 @@ def add_args(parser) -> None:
                    help="size of each bootstrap resample as a share of the set (compare-mt's default is 0.5)")
     g.add_argument("--significance", type=float, default=0.01, help="p-value threshold")
     g.add_argument("--bootstrap-seed", type=int, default=1)
-    g.add_argument("--masks-per-batch", default="auto",
-                   help="masks sharing one beam search, each sentence once per mask: auto (the default) measures "
-                        "1, 2, 4, 8, 16 on the sweep's first masks and keeps the fastest; or a number >= 1")
-    g.add_argument("--workers", default="auto",
-                   help="local worker processes the masks are split over, one thread each (auto: the free cores; "
-                        "1: this process only); results are the same")
+    add_sweep_options(g)
 
 
 def run(cfg, args) -> None:

@@ -1,7 +1,7 @@
 """`fairseq-headprune compare --gated A.pt ... --importance I.json`: Michel's I_h pruning vs Voita's L0 gates."""
 from __future__ import annotations
 
-from fairseq_headprune.cli.common import options_from, results_folder
+from fairseq_headprune.cli.common import add_sweep_options, options_from, results_folder
 from fairseq_headprune.loading import load
 from fairseq_headprune.studies import compare
 
@@ -13,11 +13,7 @@ def add_args(parser) -> None:
     g.add_argument("--gated", nargs="+", required=True, metavar="CHECKPOINT",
                    help="checkpoints fine-tuned with --gated-types (Voita's L0 gates)")
     g.add_argument("--references", help="raw reference file of the subset (default: its decoded targets)")
-    g.add_argument("--masks-per-batch", default="auto",
-                   help="Michel masks sharing one beam search: auto or a number (see ablate --masks-per-batch)")
-    g.add_argument("--workers", default="auto",
-                   help="local worker processes the masks are split over, one thread each (auto: the free cores; "
-                        "1: this process only); results are the same")
+    add_sweep_options(g, masks="Michel masks")
 
 
 def run(cfg, args) -> None:

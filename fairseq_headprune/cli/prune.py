@@ -1,7 +1,7 @@
 """`fairseq-headprune prune`: pruning curves by importance, oracle or random order (Michel et al. §4)."""
 from __future__ import annotations
 
-from fairseq_headprune.cli.common import options_from, output_checkpoint, results_folder
+from fairseq_headprune.cli.common import add_sweep_options, options_from, output_checkpoint, results_folder
 from fairseq_headprune.heads import ATTENTION_TYPES
 from fairseq_headprune.loading import load
 from fairseq_headprune.studies import pruning
@@ -19,11 +19,7 @@ def add_args(parser) -> None:
     g.add_argument("--ablation", help="ablation-single.jsonl of `ablate`, for --order oracle")
     g.add_argument("--random-seed", type=int, default=1)
     g.add_argument("--references", help="raw reference file of the subset (default: its decoded targets)")
-    g.add_argument("--masks-per-batch", default="auto",
-                   help="pruning steps sharing one beam search: auto or a number (see ablate --masks-per-batch)")
-    g.add_argument("--workers", default="auto",
-                   help="local worker processes the masks are split over, one thread each (auto: the free cores; "
-                        "1: this process only); results are the same")
+    add_sweep_options(g, masks="pruning steps")
     g.add_argument("--save-percent", type=float, default=50.0,
                    help="write DIR/heads-ORDER[-TYPES]-PCT.json, the heads each order prunes at this percent")
     g.add_argument("--save-pruned", metavar="OUT.pt",

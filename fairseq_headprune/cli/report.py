@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from typing import List, Sequence
 
-from fairseq_headprune.cli.common import options_from, results_folder
+from fairseq_headprune.cli.common import add_sweep_options, options_from, results_folder
 from fairseq_headprune.loading import PACKAGE_DIR
 from fairseq_headprune.report import pipeline
 
@@ -16,11 +16,7 @@ def add_args(parser) -> None:
                    help=f"parts to run, comma-separated, from {', '.join(pipeline.PARTS)}")
     g.add_argument("--references", help="raw reference file of --gen-subset (default: its decoded targets)")
     g.add_argument("--importance-subset", help="subset I_h is computed on (default: --gen-subset)")
-    g.add_argument("--masks-per-batch", default="auto",
-                   help="ablate, prune: masks sharing one beam search (auto: measured per sweep; or a number)")
-    g.add_argument("--workers", default="auto",
-                   help="ablate, prune: local worker processes per sweep, one thread each (auto: the free cores; 1: "
-                        "this process only)")
+    add_sweep_options(g, commands="ablate, prune")
     g.add_argument("--keep-one-select", choices=["bleu", "loss"], default="bleu",
                    help="keep-one: choose each layer's head by BLEU on --gen-subset (every head decoded), or by "
                         "teacher-forced NLL on --importance-subset (or --gen-subset) and decode only the chosen "
