@@ -88,10 +88,11 @@ def interleaved(evaluator, masks, options, chunk, sizes=None):
     options alike. Each option keeps its own MaskBatching for the whole sweep (auto: its ramp, then its choice), as a
     sweep does. sizes[option]: decode only the first N masks under that option. Returns per option: seconds per
     mask, hypotheses, batching."""
-    from fairseq_headprune.mask_batching import MaskBatching, output_units
+    from fairseq_headprune.mask_batching import MaskBatching, output_units, rows_per_search
 
     sizes = sizes or {}
-    state = {o: {"batching": MaskBatching(o), "pos": 0, "seconds": 0.0, "hyps": []} for o in options}
+    rows = rows_per_search(evaluator)  # as the sweeps give it to auto
+    state = {o: {"batching": MaskBatching(o, rows=rows), "pos": 0, "seconds": 0.0, "hyps": []} for o in options}
     rnd = 0
     while any(s["pos"] < sizes.get(o, len(masks)) for o, s in state.items()):
         shift = rnd % len(options)

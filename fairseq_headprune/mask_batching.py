@@ -9,7 +9,10 @@ the crossover in rows per step moves with the hardware, so `auto` measures on th
 
   the sweep's first groups have 1, 2, 4, 8, 16 masks (the real work of the sweep: nothing is decoded twice), each
   timed; the group size keeps doubling while the time per mask falls (by more than GAIN), and the sweep then runs on
-  the best size measured. Times are CPU seconds of the decoding process (one thread), not wall time, so that other
+  the best size measured. When the caller says how many rows one mask's beam search has (`rows`: sentences of the
+  largest batch x beam), the walk starts one size below the measured crossover's guess (ROWS_PER_SEARCH) instead
+  of at 1: on a small set the groups of 1 and 2 masks are sure losses, and they were a large share of a short
+  sweep's time. Times are CPU seconds of the decoding process (one thread), not wall time, so that other
   processes' load does not decide; they are normalised by the output each group decoded (hypothesis words plus
   one end of sentence per sentence), so that groups of masks that decode longer hypotheses (heavily pruned models
   run to the length cap) are not mistaken for slower sizes.
@@ -32,6 +35,11 @@ CANDIDATES = (1, 2, 4, 8, 16)
 # than 4), while one size too many costs one group.
 GAIN = 0.0
 AUTO = "auto"
+# Rows of one beam search (masks x sentences x beam) where sharing stops paying on the CPU this was measured on
+# (results/benchmarks/sweep-speed.txt): 8 masks were best at 64 rows a mask (the demo slice, greedy: 512 rows), 1 at
+# 1,110 (500 sentences at beam 5 in batches of up to 222), and 8 masks at ~700 rows were 1.3x slower than 1.
+# Only where the walk starts: it still measures upwards from there (a GPU keeps doubling).
+ROWS_PER_SEARCH = 512
 
 
 def parse_masks_per_batch(text: Union[str, int]) -> Union[str, int]:
@@ -49,6 +57,21 @@ def parse_masks_per_batch(text: Union[str, int]) -> Union[str, int]:
     if value < 1:
         raise UserError(f"--masks-per-batch must be 'auto' or a whole number >= 1, not {value}")
     return value
+
+
+def first_size(rows: int, candidates: Sequence[int] = CANDIDATES) -> int:
+    """The walk's first size for beam searches of `rows` rows with one mask: one candidate below the largest that
+    keeps a search within ROWS_PER_SEARCH rows (the smallest candidate when even one mask exceeds it)."""
+    fitting = [c for c in candidates if c * max(1, rows) <= ROWS_PER_SEARCH]
+    if not fitting:
+        return candidates[0]
+    guess = candidates.index(fitting[-1])
+    return candidates[max(0, guess - 1)]
+
+
+def rows_per_search(evaluator) -> int:
+    """Rows of the largest beam search of one mask on the evaluator's set: sentences of its largest batch x beam."""
+    return max(len(sample["id"]) for sample in evaluator.samples) * evaluator.generator.beam_size
 
 
 def output_units(hypotheses: Sequence[Sequence[str]]) -> int:
@@ -83,6 +106,7 @@ class MaskBatching:
     option: Union[str, int] = AUTO
     candidates: Sequence[int] = CANDIDATES
     gain: float = GAIN
+    rows: Optional[int] = None  # rows of one mask's largest beam search: auto starts at first_size(rows)
     measurements: Dict[int, Measurement] = field(default_factory=dict)
     dispatched: List[int] = field(default_factory=list)
     chosen: Optional[int] = None
@@ -93,6 +117,9 @@ class MaskBatching:
         if self.option != AUTO:
             self.chosen = self.option
             self.settled_by = "fixed"
+        elif self.rows:
+            start = first_size(self.rows, self.candidates)
+            self.candidates = tuple(c for c in self.candidates if c >= start)
 
     @property
     def auto(self) -> bool:
@@ -158,8 +185,10 @@ class MaskBatching:
             return f"{self.chosen} masks per beam search (--masks-per-batch {self.chosen})"
         times = ", ".join(f"{m.size}: {m.per_mask:.2f} CPU s/mask, {1000 * m.per_unit:.2f} ms/output word"
                           for m in sorted(self.measurements.values(), key=lambda m: m.size))
+        start = (f"; {self.rows} rows a search with one mask, so sizes from {self.candidates[0]}" if self.rows
+                 else "")
         return (f"{self.chosen if self.chosen is not None else '?'} masks per beam search (auto: measured on the "
-                f"sweep's first groups: {times or 'nothing measured'}; {self.settled_by or 'not settled'})")
+                f"sweep's first groups: {times or 'nothing measured'}; {self.settled_by or 'not settled'}{start})")
 
     def as_dict(self) -> dict:
         return {"option": self.option, "chosen": self.chosen, "reason": self.reason(),

@@ -22,7 +22,13 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.evaluate import SubsetEvaluator
 from fairseq_headprune.heads import ATTENTION_TYPES, Head, HeadLayout
-from fairseq_headprune.mask_batching import MaskBatching, output_units, parse_masks_per_batch, sized_groups
+from fairseq_headprune.mask_batching import (
+    MaskBatching,
+    output_units,
+    parse_masks_per_batch,
+    rows_per_search,
+    sized_groups,
+)
 from fairseq_headprune.masking import set_head_masks
 from fairseq_headprune.results import layout as names
 from fairseq_headprune.results.identity import run_identity
@@ -118,7 +124,8 @@ class Sweep:
         done = self.log.done()
         todo = [job for job in jobs if job.key not in done]
         # NLL is one forward per mask: groups of 8 only spare the workers' messages
-        self.batching = MaskBatching(self.masks_per_batch if self.metric == "bleu" else 8)
+        self.batching = (MaskBatching(self.masks_per_batch, rows=rows_per_search(self.evaluator))
+                         if self.metric == "bleu" else MaskBatching(8))
         config = SweepConfig(self.evaluator.spec, self.metric, self.bootstrap_samples, self.bootstrap_seed,
                              self.significance, self.bootstrap_sample_ratio)
         # the workers start (and load the model) while this process decodes the baseline

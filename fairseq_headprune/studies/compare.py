@@ -28,7 +28,7 @@ from fairseq_headprune.errors import UserError
 from fairseq_headprune.evaluate import SubsetEvaluator, translate_worker
 from fairseq_headprune.heads import ATTENTION_TYPES, Head, HeadLayout, attention_modules, format_head_spec
 from fairseq_headprune.loading import load
-from fairseq_headprune.mask_batching import MaskBatching, parse_masks_per_batch, translate_masks
+from fairseq_headprune.mask_batching import MaskBatching, parse_masks_per_batch, rows_per_search, translate_masks
 from fairseq_headprune.masking import set_head_masks
 from fairseq_headprune.plots import l0_vs_importance
 from fairseq_headprune.results import layout as names
@@ -141,7 +141,7 @@ def run(loaded, options: CompareOptions, results_dir: str) -> List[str]:
 
     with pool_for(options.workers, len(decode), translate_worker, spec) as (pool, how):
         batching = translate_masks(evaluator, [pending[k] for k in decode], keep,
-                                   MaskBatching(options.masks_per_batch), pool)
+                                   MaskBatching(options.masks_per_batch, rows=rows_per_search(evaluator)), pool)
     if decode:
         log.note_run({"masks": len(decode), "workers": how, "masks_per_batch": batching.as_dict()})
         print(f"compare: {len(decode)} Michel masks, {batching.reason()}; {how}", flush=True)

@@ -16,7 +16,7 @@ from typing import Dict, List, Optional, Sequence, Union
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.evaluate import SubsetEvaluator, translate_worker
 from fairseq_headprune.heads import ATTENTION_TYPES, Head, HeadLayout, format_head_spec
-from fairseq_headprune.mask_batching import MaskBatching, parse_masks_per_batch, translate_masks
+from fairseq_headprune.mask_batching import MaskBatching, parse_masks_per_batch, rows_per_search, translate_masks
 from fairseq_headprune.masking import set_head_masks
 from fairseq_headprune.results import layout as names
 from fairseq_headprune.results.identity import file_sha256, input_file, run_identity
@@ -174,7 +174,7 @@ def evaluate_steps(evaluator, log, types, rankings, n_candidates: int, step: flo
     spec = evaluator.spec if workers != 1 else None  # what a worker loads the model and data from
     with pool_for(workers, len(to_decode), translate_worker, spec) as (pool, how):
         batching = translate_masks(evaluator, [steps_of[spec][0][1] for spec in to_decode], record_group,
-                                   MaskBatching(masks_per_batch), pool)
+                                   MaskBatching(masks_per_batch, rows=rows_per_search(evaluator)), pool)
     if to_decode:
         log.note_run({"masks": len(to_decode), "workers": how, "masks_per_batch": batching.as_dict()})
         print(f"prune: {len(to_decode)} sets of masked heads, {batching.reason()}; {how}", flush=True)
