@@ -14,6 +14,7 @@ import fcntl
 import hashlib
 import inspect
 import io
+import logging
 import os
 import shutil
 import subprocess
@@ -69,6 +70,65 @@ def _run_cli_in_process(argv, check: bool) -> subprocess.CompletedProcess:
     proc = subprocess.CompletedProcess(["fairseq-headprune", *argv], code, out.getvalue(), err.getvalue())
     if check and code != 0:
         raise AssertionError(f"fairseq-headprune {argv} failed ({code}):\n{proc.stderr[-3000:]}")
+    return proc
+
+
+FAIRSEQ_CLI = {"fairseq-generate": "fairseq_cli.generate", "fairseq-train": "fairseq_cli.train",
+               "fairseq-preprocess": "fairseq_cli.preprocess"}
+
+
+def run_fairseq(cmd, check=True) -> subprocess.CompletedProcess:
+    """fairseq-generate, -train or -preprocess run in this process (fairseq_cli's cli_main with sys.argv set), as
+    `run` runs fairseq-headprune: the same code as the console script without paying Python's, torch's and
+    fairseq's start-up (about 4 CPU s) for every call. stdout (generate's H-/D- lines, INFO logs) and stderr are
+    captured; an uncaught UserError of this module gives what errors.report_user_errors gives the console script
+    (one line `error: ...`, exit code 2), another exception a traceback and exit code 1. Tests of the console
+    script itself (a fresh process importing --user-dir, the exit hook) keep `run`, and so do cached builds."""
+    import contextlib
+    import importlib
+    import traceback
+
+    from fairseq_headprune.errors import UserError
+
+    args = [str(c) for c in cmd]
+    module = importlib.import_module(FAIRSEQ_CLI[args[0]])  # imported before stdout is redirected
+    out, err = io.StringIO(), io.StringIO()
+    saved_argv, saved_env = sys.argv, {k: os.environ.get(k) for k in ("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD",)}
+    sys.argv = args
+    os.environ["TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"] = "1"  # as ENV gives the console scripts
+    root = logging.getLogger()
+    saved_level = root.level
+    handler = logging.StreamHandler(out)  # the console scripts log at INFO to stdout
+    handler.setFormatter(logging.Formatter("%(asctime)s | %(levelname)s | %(name)s | %(message)s"))
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                module.cli_main()
+                code = 0
+            except SystemExit as e:  # argparse's usage errors (2), fairseq's own exits
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+                if isinstance(e.code, str):
+                    print(e.code, file=sys.stderr)
+            except UserError as e:
+                print(f"error: {e}", file=sys.stderr)
+                code = 2
+            except Exception:  # noqa: BLE001 - what the interpreter prints before exiting with 1
+                traceback.print_exc()
+                code = 1
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(saved_level)
+        sys.argv = saved_argv
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    proc = subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+    if check and code != 0:
+        raise AssertionError(f"{args} failed ({code}):\n{proc.stderr[-3000:]}")
     return proc
 
 

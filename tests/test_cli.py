@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from conftest import run, stock_run
+from conftest import run, run_fairseq, stock_run
 from fairseq_headprune import cli
 from fairseq_headprune.studies.scoring import compute_importance
 
@@ -21,11 +21,15 @@ def hypotheses(stdout: str):
     return out
 
 
-def generate(data, checkpoint, *extra):
-    """fairseq-generate's output; without the user module it is stock fairseq's, recorded once (conftest.stock_run)."""
+def generate(data, checkpoint, *extra, fresh_process=False):
+    """fairseq-generate's output; without the user module it is stock fairseq's, recorded once (conftest.stock_run);
+    with it, run in this process (conftest.run_fairseq) unless fresh_process: the console script, which imports
+    the module from --user-dir itself."""
     cmd = ["fairseq-generate", data, "--path", checkpoint, "--gen-subset", "test", "--beam", "4",
            "--max-tokens", "3000", *extra]
-    return (run(cmd) if "--user-dir" in map(str, extra) else stock_run(cmd)).stdout
+    if "--user-dir" not in map(str, extra):
+        return stock_run(cmd).stdout
+    return (run(cmd) if fresh_process else run_fairseq(cmd)).stdout
 
 
 def same_hypotheses(a, b):
@@ -50,7 +54,7 @@ def zeroed_checkpoint(stock_checkpoint, tmp_path_factory):
 def test_generate_unmasked_equals_stock_fairseq_generate(tiny_data, stock_checkpoint):
     stock = hypotheses(generate(tiny_data, stock_checkpoint))
     ours = hypotheses(generate(tiny_data, stock_checkpoint, "--user-dir", cli.PACKAGE_DIR,
-                               "--task", "translation_headprune"))
+                               "--task", "translation_headprune", fresh_process=True))
     assert stock == ours  # bit-identical: no active mask means fairseq's own code path
 
 
@@ -74,8 +78,10 @@ def test_generate_mask_heads_equals_stock_model_with_zeroed_columns(tiny_data, s
     ("nonsense", "bad head spec item 'nonsense'"),
 ])
 def test_generate_bad_mask_spec_is_one_line_exit_2(tiny_data, stock_checkpoint, spec, message):
-    proc = run(["fairseq-generate", tiny_data, "--path", stock_checkpoint, "--user-dir", cli.PACKAGE_DIR,
-                "--task", "translation_headprune", "--mask-heads", spec], check=False)
+    # the first in the console script (its exit hook makes the UserError one line), the other in this process
+    runner = run if spec == "enc-dec:4:1" else run_fairseq
+    proc = runner(["fairseq-generate", tiny_data, "--path", stock_checkpoint, "--user-dir", cli.PACKAGE_DIR,
+                   "--task", "translation_headprune", "--mask-heads", spec], check=False)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith(f"error: --mask-heads: {message}")
@@ -159,8 +165,8 @@ def test_fairseq_train_finds_registered_architecture_task_and_criterion(tiny_dat
     model_cfg = state["cfg"]["model"]
     assert model_cfg.arch == "headprune_transformer_iwslt_de_en_8head"
     assert model_cfg.encoder_attention_heads == 8 and model_cfg.encoder_normalize_before
-    out = run(["fairseq-train", tiny_data, *arch, "--user-dir", cli.PACKAGE_DIR, "--task", "translation_headprune",
-               "--criterion", "head_importance", "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "1500",
-               "--max-update", "2", "--save-dir", tmp_path / "crit", "--no-save", "--disable-validation",
-               "--log-format", "simple", "--log-interval", "1"])
+    out = run_fairseq(["fairseq-train", tiny_data, *arch, "--user-dir", cli.PACKAGE_DIR, "--task",
+                       "translation_headprune", "--criterion", "head_importance", "--optimizer", "adam", "--lr", "1e-3",
+                       "--max-tokens", "1500", "--max-update", "2", "--save-dir", tmp_path / "crit", "--no-save",
+                       "--disable-validation", "--log-format", "simple", "--log-interval", "1"])
     assert "num_updates=2" in out.stdout + out.stderr or "done training" in (out.stdout + out.stderr)

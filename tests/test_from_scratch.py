@@ -3,7 +3,7 @@
 empty) layers before any weight exists, and the checkpoint reloads in that shape."""
 import json
 
-from conftest import ROOT, run
+from conftest import ROOT, run, run_fairseq
 
 SMALL = ["--share-all-embeddings", "--encoder-layers", "2", "--decoder-layers", "2", "--encoder-attention-heads", "4",
          "--decoder-attention-heads", "4", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
@@ -14,10 +14,11 @@ def test_a_pruned_configuration_trains_from_scratch_and_reloads(tiny_data, tmp_p
     import torch
 
     kept = {"enc-self": {"1": [1, 2], "2": []}, "enc-dec": {"2": [3]}, "dec-self": {"1": [4]}}
-    run(["fairseq-train", tiny_data, "--user-dir", ROOT / "fairseq_headprune", "--task", "translation_headprune",
-         "--arch", "headprune_transformer", *SMALL, "--kept-heads", json.dumps(kept), "--optimizer", "adam",
-         "--lr", "3e-3", "--max-update", "3", "--max-tokens", "1500", "--criterion", "cross_entropy",
-         "--save-dir", tmp_path, "--no-epoch-checkpoints", "--disable-validation", "--num-workers", "0", "--seed", "1"])
+    run_fairseq(["fairseq-train", tiny_data, "--user-dir", ROOT / "fairseq_headprune",
+                 "--task", "translation_headprune", "--arch", "headprune_transformer", *SMALL,
+                 "--kept-heads", json.dumps(kept), "--optimizer", "adam", "--lr", "3e-3", "--max-update", "3",
+                 "--max-tokens", "1500", "--criterion", "cross_entropy", "--save-dir", tmp_path,
+                 "--no-epoch-checkpoints", "--disable-validation", "--num-workers", "0", "--seed", "1"])
     state = torch.load(tmp_path / "checkpoint_last.pt", map_location="cpu", weights_only=False)
     weights = state["model"]
     assert weights["encoder.layers.0.self_attn.q_proj.weight"].shape == (2 * 8, 32)  # 2 heads of 8 dims

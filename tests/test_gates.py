@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from conftest import TINY_ARCH, build_key, cached_build, copy_cached, package_key, run, stock_key
+from conftest import TINY_ARCH, build_key, cached_build, copy_cached, package_key, run, run_fairseq, stock_key
 from fairseq_headprune import cli
 from fairseq_headprune.gates import (
     HeadGate,
@@ -144,14 +144,14 @@ def test_folded_state_dict_equals_gated_model_with_fractional_gates(stock):
 
 def finetune(data, stock_checkpoint, save_dir, l0_lambda, types, start="--finetune-from-model", updates=25):
     resets = ["--reset-optimizer", "--reset-dataloader", "--reset-lr-scheduler", "--reset-meters"]
-    return run(["fairseq-train", data, *TINY_ARCH, "--user-dir", cli.PACKAGE_DIR, "--task", "translation_headprune",
-                "--gated-types", types, "--gate-lr-scale", "300",
-                "--criterion", "label_smoothed_cross_entropy_l0", "--label-smoothing", "0.1", "--l0-lambda", l0_lambda,
-                "--optimizer", "adam", "--lr", "1e-3", "--lr-scheduler", "fixed", start, stock_checkpoint,
-                *(resets if start == "--restore-file" else []), "--max-tokens", "1500", "--max-update", updates,
-                "--save-dir", save_dir,
-                "--no-epoch-checkpoints", "--no-save-optimizer-state", "--seed", "3", "--num-workers", "0",
-                "--log-format", "simple", "--log-interval", "5", "--disable-validation"])
+    return run_fairseq(["fairseq-train", data, *TINY_ARCH, "--user-dir", cli.PACKAGE_DIR,
+                        "--task", "translation_headprune", "--gated-types", types, "--gate-lr-scale", "300",
+                        "--criterion", "label_smoothed_cross_entropy_l0", "--label-smoothing", "0.1",
+                        "--l0-lambda", l0_lambda, "--optimizer", "adam", "--lr", "1e-3", "--lr-scheduler", "fixed",
+                        start, stock_checkpoint, *(resets if start == "--restore-file" else []),
+                        "--max-tokens", "1500", "--max-update", updates, "--save-dir", save_dir,
+                        "--no-epoch-checkpoints", "--no-save-optimizer-state", "--seed", "3", "--num-workers", "0",
+                        "--log-format", "simple", "--log-interval", "5", "--disable-validation"])
 
 
 @pytest.fixture(scope="module")
@@ -167,7 +167,7 @@ def l0_runs(tiny_data, stock_checkpoint, tmp_path_factory):
         for lam, types, start in runs:
             finetune(tiny_data, stock_checkpoint, out / f"l0-{lam}", lam, types, start)
 
-    key = stock_key() + build_key(finetune) + package_key()
+    key = stock_key() + build_key(finetune, run_fairseq) + package_key()
     folder = copy_cached(cached_build("l0-runs", key, build, keep_others=True), tmp_path_factory.mktemp("l0"))
     return {lam: folder / f"l0-{lam}" / "checkpoint_last.pt" for lam, _, _ in runs}
 
@@ -223,8 +223,9 @@ def test_gates_command_exports_closed_heads_and_a_folded_checkpoint(l0_runs, tin
 
 
 def test_gated_checkpoint_decodes_with_fairseq_generate(l0_runs, tiny_data):
-    proc = run(["fairseq-generate", tiny_data, "--path", l0_runs["2"], "--user-dir", cli.PACKAGE_DIR,
-                "--task", "translation_headprune", "--gen-subset", "test", "--beam", "2", "--max-tokens", "3000"])
+    proc = run_fairseq(["fairseq-generate", tiny_data, "--path", l0_runs["2"], "--user-dir", cli.PACKAGE_DIR,
+                        "--task", "translation_headprune", "--gen-subset", "test", "--beam", "2",
+                        "--max-tokens", "3000"])
     assert sum(line.startswith("H-") for line in proc.stdout.splitlines()) > 0
 
 

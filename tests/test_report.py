@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from browser import browser_probe, browser_problems, embedded_images, pil_problems
-from conftest import BIN, ENV, ROOT, run
+from conftest import BIN, ENV, ROOT, run, run_fairseq
 from fairseq_headprune import claims as cl
 from fairseq_headprune.cli.report import fairseq_argv
 from fairseq_headprune.report.pipeline import set_option
@@ -37,8 +37,9 @@ def slice_data(tiny_data, tmp_path_factory) -> Path:
     for lang in ("de", "en"):
         lines = (tiny_data / f"test.bpe.{lang}").read_text(encoding="utf-8").splitlines()[:48]
         (out / f"slice.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    run(["fairseq-preprocess", "--source-lang", "de", "--target-lang", "en", "--srcdict", tiny_data / "dict.de.txt",
-         "--tgtdict", tiny_data / "dict.en.txt", "--testpref", out / "slice", "--destdir", out, "--workers", "1"])
+    run_fairseq(["fairseq-preprocess", "--source-lang", "de", "--target-lang", "en",
+                 "--srcdict", tiny_data / "dict.de.txt", "--tgtdict", tiny_data / "dict.en.txt",
+                 "--testpref", out / "slice", "--destdir", out, "--workers", "1"])
     return out
 
 

@@ -11,12 +11,24 @@ import time
 
 import pytest
 
-from conftest import ENV, ROOT, run
+from conftest import ENV, ROOT, run, run_fairseq
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.results.identity import NEUTRAL, decoding_identity, describe_differences
 from fairseq_headprune.results.log import FolderLock, ResultsLog
 
 FAST = ["--gen-subset", "test", "--beam", "1", "--max-tokens", "3000"]
+
+
+# Another process taking a folder's lock: this package's results/log.py alone (the copy under test), without the
+# package's __init__, which imports fairseq and torch (4 CPU s per process) for nothing a lock needs.
+LOCKER = ("import sys, types; package = types.ModuleType('fairseq_headprune'); package.__path__ = [sys.argv[1]]; "
+          "sys.modules['fairseq_headprune'] = package; from fairseq_headprune.results.log import FolderLock; ")
+
+
+def locker(code: str):
+    import fairseq_headprune
+
+    return [sys.executable, "-c", LOCKER + code, os.path.dirname(fairseq_headprune.__file__)]
 
 
 def one_line_error(proc, *fragments):
@@ -36,9 +48,9 @@ def slice_data(tiny_data, tmp_path_factory):
         lines = (tiny_data / f"test.bpe.{lang}").read_text(encoding="utf-8").splitlines()[:24]
         (out / f"slice.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
         (out / f"empty.{lang}").write_text("", encoding="utf-8")
-    run(["fairseq-preprocess", "--source-lang", "de", "--target-lang", "en", "--srcdict", tiny_data / "dict.de.txt",
-         "--tgtdict", tiny_data / "dict.en.txt", "--testpref", f"{out / 'slice'},{out / 'empty'}",
-         "--destdir", out, "--workers", "1"])
+    run_fairseq(["fairseq-preprocess", "--source-lang", "de", "--target-lang", "en",
+                 "--srcdict", tiny_data / "dict.de.txt", "--tgtdict", tiny_data / "dict.en.txt",
+                 "--testpref", f"{out / 'slice'},{out / 'empty'}", "--destdir", out, "--workers", "1"])
     return out
 
 
@@ -87,11 +99,12 @@ def test_folder_lock_is_reentrant_in_a_process_and_released(tmp_path):
     with FolderLock(str(tmp_path)):
         with FolderLock(str(tmp_path)):  # the report holds it while its studies take it again
             pass
-        code = "import sys; from fairseq_headprune.results.log import FolderLock; FolderLock(sys.argv[1]).acquire()"
-        proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, env=ENV)
+        code = locker("FolderLock(sys.argv[2]).acquire(); print('acquired')")
+        proc = subprocess.run(code + [str(tmp_path)], capture_output=True, text=True, env=ENV)
         assert proc.returncode != 0 and "being written by another fairseq-headprune process" in proc.stderr
-    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, env=ENV)
-    assert proc.returncode == 0, proc.stderr  # released with the last holder
+        assert "acquired" not in proc.stdout
+    proc = subprocess.run(code + [str(tmp_path)], capture_output=True, text=True, env=ENV)
+    assert proc.returncode == 0 and proc.stdout.strip() == "acquired", proc.stderr  # released with the last holder
 
 
 # ---------------------------------------------------------------- reruns into the same folder
@@ -170,10 +183,8 @@ def test_prune_and_analyze_reruns_are_refused_and_foreign_importance_files_too(s
 
 
 def test_a_second_writer_into_one_folder_is_refused(slice_data, stock_checkpoint, tmp_path):
-    code = ("import sys, time; from fairseq_headprune.results.log import FolderLock; "
-            "FolderLock(sys.argv[1]).acquire(); print('locked', flush=True); time.sleep(60)")
-    holder = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True,
-                              env=ENV)
+    code = locker("import time; FolderLock(sys.argv[2]).acquire(); print('locked', flush=True); time.sleep(60)")
+    holder = subprocess.Popen(code + [str(tmp_path)], stdout=subprocess.PIPE, text=True, env=ENV)
     try:
         assert holder.stdout.readline().strip() == "locked"
         proc = run(["fairseq-headprune", "score", slice_data, "--path", stock_checkpoint, "--results-dir", tmp_path,
@@ -241,15 +252,57 @@ def test_remove_out_a_folder_or_the_input_through_a_link_is_refused(slice_data, 
     assert source.read_bytes() == before
 
 
-def test_speed_and_remove_on_a_gated_checkpoint_are_one_line(tiny_data, slice_data, stock_checkpoint, tmp_path):
+@pytest.fixture(scope="module")
+def gated_checkpoint(tiny_data, stock_checkpoint, tmp_path_factory):
+    """The stock model after one update of L0 fine-tuning with gates on enc-self."""
     from conftest import TINY_ARCH
 
-    run(["fairseq-train", tiny_data, *TINY_ARCH, "--user-dir", ROOT / "fairseq_headprune",
-         "--task", "translation_headprune", "--gated-types", "enc-self", "--finetune-from-model", stock_checkpoint,
-         "--optimizer", "adam", "--lr", "1e-4", "--max-update", "1", "--max-tokens", "1500",
-         "--criterion", "label_smoothed_cross_entropy_l0", "--l0-lambda", "0.01",
-         "--save-dir", tmp_path / "gated", "--no-epoch-checkpoints", "--disable-validation", "--num-workers", "0"])
-    gated = tmp_path / "gated" / "checkpoint_last.pt"
+    out = tmp_path_factory.mktemp("gated")
+    run_fairseq(["fairseq-train", tiny_data, *TINY_ARCH, "--user-dir", ROOT / "fairseq_headprune",
+                 "--task", "translation_headprune", "--gated-types", "enc-self",
+                 "--finetune-from-model", stock_checkpoint, "--optimizer", "adam", "--lr", "1e-4",
+                 "--max-update", "1", "--max-tokens", "1500", "--criterion", "label_smoothed_cross_entropy_l0",
+                 "--l0-lambda", "0.01", "--save-dir", out, "--no-epoch-checkpoints", "--disable-validation",
+                 "--num-workers", "0"])
+    return out / "checkpoint_last.pt"
+
+
+def test_compare_rerun_with_another_setup_is_refused_and_mixes_no_rows(slice_data, stock_checkpoint,
+                                                                       gated_checkpoint, tmp_path):
+    """compare shares the run identity: a rerun into its folder with another decoding option or importance file is
+    refused in one line naming the field, and compare.jsonl keeps exactly the rows of the first run."""
+    run(["fairseq-headprune", "score", slice_data, "--path", stock_checkpoint, "--results-dir", tmp_path / "imp",
+         "--gen-subset", "test"])
+    importance = tmp_path / "imp" / "importance.json"
+    out = tmp_path / "out"
+    base = ["fairseq-headprune", "compare", slice_data, "--path", stock_checkpoint, "--results-dir", out, *FAST,
+            "--importance", importance, "--gated", gated_checkpoint, "--workers", "1"]
+    run(base)
+    before = (out / "compare.jsonl").read_text()
+    lines = before.splitlines()
+    assert json.loads(lines[0])["header"]["command"] == "compare"
+    keys = [json.loads(x)["key"] for x in lines[1:]]
+    assert keys[0] == "baseline" and any(k.startswith("l0:") for k in keys)
+    assert any(k.startswith("michel:") for k in keys)
+    changed = tmp_path / "importance-changed.json"
+    data = json.loads(importance.read_text())
+    data["enc-self"][0][0] += 1.0
+    changed.write_text(json.dumps(data))
+    for argv, field in ((base + ["--min-len", "3"], "decoding.generation.min_len"),
+                        (base + ["--beam", "2"], "decoding.generation.beam"),
+                        ([changed if a == importance else a for a in base], "inputs.importance_sha256")):
+        proc = run(argv, check=False)
+        one_line_error(proc, "holds results of another run", field)
+        assert len([line for line in proc.stderr.splitlines() if "error" in line.lower()]) == 1, proc.stderr
+        assert (out / "compare.jsonl").read_text() == before, "nothing may be appended"
+    # the same setup resumes: nothing decoded again, no row twice
+    again = run(base).stdout
+    assert "BLEU" not in again.split("wrote")[0]
+    assert (out / "compare.jsonl").read_text() == before
+
+
+def test_speed_and_remove_on_a_gated_checkpoint_are_one_line(slice_data, gated_checkpoint, tmp_path):
+    gated = gated_checkpoint
     proc = run(["fairseq-headprune", "speed", slice_data, "--path", gated, "--results-dir", tmp_path / "s",
                 "--gen-subset", "test", "--heads", "enc-self:1:1", "--runs", "1"], check=False)
     one_line_error(proc, "L0 head gates", "--fold-out")
@@ -273,9 +326,9 @@ def test_a_shared_embedding_model_with_separate_dictionaries_is_one_line(tiny_da
     lines = (tiny_data / "test.bpe.en").read_text(encoding="utf-8").splitlines()[:8]
     for lang in ("de", "en"):
         (tmp_path / f"t.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    run(["fairseq-preprocess", "--source-lang", "de", "--target-lang", "en", "--trainpref", tmp_path / "t",
-         "--testpref", tmp_path / "t", "--destdir", tmp_path / "bin", "--workers", "1", "--tgtdict",
-         tiny_data / "dict.en.txt"])
+    run_fairseq(["fairseq-preprocess", "--source-lang", "de", "--target-lang", "en", "--trainpref", tmp_path / "t",
+                 "--testpref", tmp_path / "t", "--destdir", tmp_path / "bin", "--workers", "1", "--tgtdict",
+                 tiny_data / "dict.en.txt"])
     proc = run(["fairseq-headprune", "score", tmp_path / "bin", "--path", stock_checkpoint, "--results-dir",
                 tmp_path / "r", "--gen-subset", "test"], check=False)
     one_line_error(proc, "cannot load checkpoint")

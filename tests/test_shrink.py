@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from conftest import run
+from conftest import run, run_fairseq
 from fairseq_headprune import mask_search
 from fairseq_headprune.heads import Head, HeadLayout
 from fairseq_headprune.masking import install_head_masks, row_head_masks, set_head_masks
@@ -228,8 +228,8 @@ def test_pruned_checkpoint_decodes_as_the_in_memory_model(stock_checkpoint, tiny
     # the command itself, end to end, and stock fairseq-generate on its output
     proc = run(_cmd(tiny_data, stock_checkpoint, "--keep", "30", "--refit", "scales", "--out", tmp_path / "b.pt"))
     assert "wrote" in proc.stdout and (tmp_path / "b.json").exists()
-    gen = run(["fairseq-generate", tiny_data, "--path", tmp_path / "b.pt", "--user-dir", cli.PACKAGE_DIR,
-               "--gen-subset", "test", "--beam", "2", "--max-tokens", "500"])
+    gen = run_fairseq(["fairseq-generate", tiny_data, "--path", tmp_path / "b.pt", "--user-dir", cli.PACKAGE_DIR,
+                       "--gen-subset", "test", "--beam", "2", "--max-tokens", "500"])
     assert "BLEU" in gen.stdout or "BLEU" in gen.stderr
 
 

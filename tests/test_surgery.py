@@ -10,7 +10,7 @@ from fairseq.modules.multihead_attention import MultiheadAttention
 from omegaconf import OmegaConf
 from torch import nn
 
-from conftest import run
+from conftest import run_fairseq
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.heads import Head, HeadLayout, HeadSpecError, attention_modules
 from fairseq_headprune.loading import PACKAGE_DIR
@@ -363,9 +363,9 @@ def test_checkpoint_with_a_dict_model_config(pruned, stock_checkpoint, stock, ti
 
 def test_fairseq_generate_on_pruned_checkpoint_equals_in_memory_model(pruned_checkpoint, pruned, stock, tiny_data):
     task = stock[1]
-    out = run(["fairseq-generate", tiny_data, "--path", pruned_checkpoint, "--user-dir", PACKAGE_DIR,
-               "--task", "translation_headprune", "--gen-subset", "test", "--beam", "4", "--max-len-b", "60",
-               "--max-tokens", "3000"]).stdout
+    out = run_fairseq(["fairseq-generate", tiny_data, "--path", pruned_checkpoint, "--user-dir", PACKAGE_DIR,
+                       "--task", "translation_headprune", "--gen-subset", "test", "--beam", "4", "--max-len-b", "60",
+                       "--max-tokens", "3000"]).stdout
     generated = {}
     for line in out.splitlines():
         if line.startswith("H-"):

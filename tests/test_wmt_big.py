@@ -9,7 +9,7 @@ import json
 
 import torch
 
-from conftest import cached_build, copy_cached, run, stock_key, train
+from conftest import cached_build, copy_cached, run, run_fairseq, stock_key, stock_run, train
 from fairseq_headprune.loading import PACKAGE_DIR
 
 
@@ -31,14 +31,15 @@ def test_old_format_transformer_big_checkpoint(tiny_data, tmp_path):
     path = tmp_path / "model.pt"
     torch.save(released, path)
 
-    masked = run(["fairseq-generate", tiny_data, "--path", path, "--user-dir", PACKAGE_DIR,
-                  "--task", "translation_headprune", "--mask-heads", "enc-dec:2:1-16", "--gen-subset", "test",
-                  "--max-tokens", "3000", "--beam", "2"]).stdout
-    stock = run(["fairseq-generate", tiny_data, "--path", path, "--gen-subset", "test", "--max-tokens", "3000",
-                 "--beam", "2"]).stdout
+    # in this process (conftest.run_fairseq); stock fairseq-generate (no user module) recorded once per machine.
+    # A short length cap keeps the 3-update model's decodes cheap; every sentence still gets its hypothesis.
+    short = ["--gen-subset", "test", "--max-tokens", "3000", "--beam", "2", "--max-len-a", "0", "--max-len-b", "12"]
+    masked = run_fairseq(["fairseq-generate", tiny_data, "--path", path, "--user-dir", PACKAGE_DIR,
+                          "--task", "translation_headprune", "--mask-heads", "enc-dec:2:1-16", *short]).stdout
+    stock = stock_run(["fairseq-generate", tiny_data, "--path", path, *short]).stdout
     assert masked.count("\nH-") == stock.count("\nH-") == 200
-    bad = run(["fairseq-generate", tiny_data, "--path", path, "--user-dir", PACKAGE_DIR,
-               "--task", "translation_headprune", "--mask-heads", "enc-dec:2:17"], check=False)
+    bad = run_fairseq(["fairseq-generate", tiny_data, "--path", path, "--user-dir", PACKAGE_DIR,
+                       "--task", "translation_headprune", "--mask-heads", "enc-dec:2:17"], check=False)
     assert bad.returncode == 2 and "heads are 1..16" in bad.stderr.strip().splitlines()[-1]
 
     run(["fairseq-headprune", "score", tiny_data, "--path", path, "--results-dir", tmp_path, "--gen-subset", "test"])

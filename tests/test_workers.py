@@ -100,24 +100,39 @@ def _power_setup(config):
     return handle
 
 
-def test_pool_returns_every_result_once_in_task_order_from_one_thread_workers():
+def test_a_kept_pool_serves_several_handlers_and_is_closed_at_the_end():
+    from fairseq_headprune import workers
+
     got = []
-    with Workers(2, _power_setup, 2) as pool:
-        pool.run(range(12), lambda task, result, seconds: got.append((task, result)), shared=1)
-        assert [t for t, _ in got] == list(range(12))
-        assert [r[0] for _, r in got] == [t * t + 1 for t in range(12)]
-        assert {r[1:3] for _, r in got} == {(1, "1")}
-        with pytest.raises(UserError, match="bad input in a worker"):
-            pool.run(["user"], lambda *a: None)
-    local = []
-    map_tasks(range(12), _power_setup(2), lambda task, result, seconds: local.append((task, result[0])), shared=1)
-    assert local == [(t, r[0]) for t, r in got]
+    with workers.kept_pools():
+        with workers.pool_for(2, 10, _power_setup, 2, min_tasks=1) as (first, why):
+            first.run(range(3), lambda t, r, s: got.append(r[0]))
+        with workers.pool_for(2, 10, _power_setup, 3, min_tasks=1) as (second, why):
+            assert second is first and "reused" in why
+            second.run(range(3), lambda t, r, s: got.append(r[0]))
+        pids = {p.pid for p in first.processes}
+        assert all(p.is_alive() for p in first.processes)
+    assert got == [0, 1, 4, 0, 1, 8] and len(pids) == 2
+    assert not any(p.is_alive() for p in first.processes)
 
 
 def test_pool_reports_a_crash_with_its_traceback():
     with pytest.raises(RuntimeError, match="ZeroDivisionError: crash in a worker"):
         with Workers(1, _power_setup, 1) as pool:
             pool.run([1, "crash", 2], lambda *a: None)
+
+
+@pytest.fixture(scope="module")
+def two_workers():
+    """The module's later tests share one pool of two worker processes, kept as the report keeps its pool for all
+    its parts (workers.kept_pools; the test above checks that mechanism): each process starts once (about 5 CPU s
+    of imports) and builds every handler sent to it. A test that breaks the pool runs last."""
+    from fairseq_headprune import workers
+
+    with workers.kept_pools():
+        with workers.pool_for(2, 2, _power_setup, 2, min_tasks=1) as (pool, why):
+            assert pool is not None and pool.n == 2 and "kept for the next sweeps" in why
+        yield pool
 
 
 # ---------------------------------------------------------------- on a real (tiny) model
@@ -149,7 +164,7 @@ def _masks():
     return [[h] for h in heads] + [heads[:3], [Head("enc-self", 1, h) for h in range(1, 9)], []]
 
 
-def test_auto_and_two_workers_give_the_hypotheses_of_one_decode_per_mask(evaluator):
+def test_auto_and_two_workers_give_the_hypotheses_of_one_decode_per_mask(evaluator, two_workers):
     """The auto choice and the split over two local workers change nothing: the same hypotheses, every mask
     once, in order, and so the same BLEU and p-values."""
     from fairseq_headprune.evaluate import translate_worker
@@ -165,7 +180,10 @@ def test_auto_and_two_workers_give_the_hypotheses_of_one_decode_per_mask(evaluat
     auto = []
     batching = translate_masks(evaluator, masks, collect(auto), MaskBatching("auto"))
     assert batching.chosen in (1, 2, 4, 8, 16) and len(batching.measurements) >= 2
-    with Workers(2, translate_worker, evaluator.spec) as pool:
+    from fairseq_headprune.workers import pool_for
+
+    with pool_for(2, len(masks), translate_worker, evaluator.spec) as (pool, why):
+        assert pool is two_workers and "reused" in why
         split = []
         translate_masks(evaluator, masks, collect(split), MaskBatching("auto"), pool)
         split_fixed = []
@@ -193,7 +211,7 @@ def _sweep_rows(data, checkpoint, out, *extra):
 
 @pytest.mark.parametrize("mode", [["--mode", "single"], ["--mode", "keep-one", "--metric", "loss"]])
 def test_a_sweep_on_two_workers_or_auto_batching_writes_the_rows_of_one_process(tiny_data, stock_checkpoint,
-                                                                                 tmp_path, mode):
+                                                                                 tmp_path, mode, two_workers):
     """Every row once, in job order, equal to the rows of one process decoding one mask per beam search
     (hypotheses, BLEU, p-values, NLL); the header says how each run batched and split the masks."""
     runs = {name: _sweep_rows(tiny_data, stock_checkpoint, tmp_path / name, *mode, *extra)
@@ -228,17 +246,20 @@ def test_bad_workers_and_masks_per_batch_are_one_line(tiny_data, stock_checkpoin
             assert proc.stderr.count("\n") == 1 and option in proc.stderr, proc.stderr
 
 
-def test_a_kept_pool_serves_several_handlers_and_is_closed_at_the_end():
-    from fairseq_headprune import workers
+# ---------------------------------------------------------------- the shared pool, broken last
 
+
+def test_pool_returns_every_result_once_in_task_order_from_one_thread_workers(two_workers):
     got = []
-    with workers.kept_pools():
-        with workers.pool_for(2, 10, _power_setup, 2, min_tasks=1) as (first, why):
-            first.run(range(3), lambda t, r, s: got.append(r[0]))
-        with workers.pool_for(2, 10, _power_setup, 3, min_tasks=1) as (second, why):
-            assert second is first and "reused" in why
-            second.run(range(3), lambda t, r, s: got.append(r[0]))
-        pids = {p.pid for p in first.processes}
-        assert all(p.is_alive() for p in first.processes)
-    assert got == [0, 1, 4, 0, 1, 8] and len(pids) == 2
-    assert not any(p.is_alive() for p in first.processes)
+    pool = two_workers  # last of the module: the user error ends a worker
+    power = pool.prepare(_power_setup, 2)
+    pool.run(range(12), lambda task, result, seconds: got.append((task, result)), shared=1, handler=power)
+    assert [t for t, _ in got] == list(range(12))
+    assert [r[0] for _, r in got] == [t * t + 1 for t in range(12)]
+    assert {r[1:3] for _, r in got} == {(1, "1")}
+    assert len({r[3] for _, r in got}) == 2  # both processes served tasks
+    with pytest.raises(UserError, match="bad input in a worker"):
+        pool.run(["user"], lambda *a: None, handler=power)
+    local = []
+    map_tasks(range(12), _power_setup(2), lambda task, result, seconds: local.append((task, result[0])), shared=1)
+    assert local == [(t, r[0]) for t, r in got]

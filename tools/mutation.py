@@ -153,6 +153,11 @@ MUTANTS: Sequence[Mutant] = (
     Mutant("references-bpe-kept", "references scored with their BPE", "fairseq_headprune/evaluate.py",
            "tgt_dict.string(tokens.int().cpu(), self.post_process, escape_unk=True)",
            "tgt_dict.string(tokens.int().cpu(), None, escape_unk=True)", ("tests/test_evaluate.py",)),
+    # ---- run identity
+    Mutant("compare-identity-importance", "compare.jsonl's header without the importance file's hash (a rerun with "
+           "another importance file resumes and mixes rows)", "fairseq_headprune/studies/compare.py",
+           'inputs={"importance_sha256": input_file(options.importance)}', "inputs={}",
+           ("tests/test_run_identity.py::test_compare_rerun_with_another_setup_is_refused_and_mixes_no_rows",)),
     # ---- importance
     Mutant("importance-abs-after-sum", "|dL/dxi| taken after summing over sentences", "fairseq_headprune/importance.py",
            "grad.detach().double().abs().sum(0)", "grad.detach().double().sum(0).abs()",
