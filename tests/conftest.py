@@ -290,6 +290,22 @@ def tiny_data(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_slice(tiny_data, tmp_path_factory) -> Path:
+    """The first 48 sentences of the tiny data's valid and test subsets, binarised with its dictionaries: for
+    sweeps whose checks do not depend on the set's size (a quarter of the decoding; several batches still need
+    a small --max-tokens)."""
+    out = tmp_path_factory.mktemp("slice")
+    for split in ("valid", "test"):
+        for lang in ("de", "en"):
+            lines = (tiny_data / f"{split}.bpe.{lang}").read_text(encoding="utf-8").splitlines()[:48]
+            (out / f"{split}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    run_fairseq(["fairseq-preprocess", "--source-lang", "de", "--target-lang", "en",
+                 "--srcdict", tiny_data / "dict.de.txt", "--tgtdict", tiny_data / "dict.en.txt",
+                 "--validpref", out / "valid", "--testpref", out / "test", "--destdir", out, "--workers", "1"])
+    return out
+
+
+@pytest.fixture(scope="session")
 def stock_checkpoint(tmp_path_factory) -> Path:
     """A stock fairseq transformer checkpoint, trained without this package."""
     cached = cached_build("stock", stock_key(), lambda out: train(_cached_data(), out))

@@ -9,8 +9,10 @@ from fairseq_headprune.studies.ranking import rank_by_scores, steps
 from fairseq_headprune.heads import Head, format_head_spec, parse_head_spec
 from fairseq_headprune.results.log import ResultsLog
 
-PRUNE = ["--gen-subset", "test", "--beam", "1", "--max-tokens", "3000", "--types", "enc-dec,dec-self",
-         "--step", "0.25"]
+# on the first 48 sentences (conftest.tiny_slice) in two batches, hypotheses capped as the demo caps them (heavily
+# masked models would otherwise write to fairseq's default of 200 tokens)
+PRUNE = ["--gen-subset", "test", "--beam", "1", "--max-tokens", "600", "--max-len-a", "1.2", "--max-len-b", "10",
+         "--types", "enc-dec,dec-self", "--step", "0.25"]
 
 
 def test_steps_cover_zero_to_all():
@@ -24,10 +26,10 @@ def test_rank_by_scores_least_important_first_and_stable():
     assert rank_by_scores(scores, heads) == [heads[1], heads[0], heads[2]]
 
 
-def test_prune_by_importance_and_random(tiny_data, stock_checkpoint, tmp_path):
-    run(["fairseq-headprune", "score", tiny_data, "--path", stock_checkpoint, "--results-dir", tmp_path,
+def test_prune_by_importance_and_random(tiny_slice, stock_checkpoint, tmp_path):
+    run(["fairseq-headprune", "score", tiny_slice, "--path", stock_checkpoint, "--results-dir", tmp_path,
          "--gen-subset", "valid"])
-    run(["fairseq-headprune", "prune", tiny_data, "--path", stock_checkpoint, "--results-dir", tmp_path, *PRUNE,
+    run(["fairseq-headprune", "prune", tiny_slice, "--path", stock_checkpoint, "--results-dir", tmp_path, *PRUNE,
          "--order", "importance,random", "--importance", tmp_path / "importance.json",
          "--save-pruned", tmp_path / "pruned.pt"])
     lines = [json.loads(line) for line in open(tmp_path / "pruning.jsonl")]
@@ -48,20 +50,20 @@ def test_prune_by_importance_and_random(tiny_data, stock_checkpoint, tmp_path):
     assert by_order["random"][1] != six
     assert (tmp_path / "pruning.png").stat().st_size > 1000
     # the steps decoded 8 masks to a beam search give the same BLEU as one mask at a time (the default)
-    run(["fairseq-headprune", "prune", tiny_data, "--path", stock_checkpoint, "--results-dir", tmp_path / "shared",
+    run(["fairseq-headprune", "prune", tiny_slice, "--path", stock_checkpoint, "--results-dir", tmp_path / "shared",
          *PRUNE, "--order", "importance,random", "--importance", tmp_path / "importance.json",
          "--masks-per-batch", "8"])
     shared = [json.loads(line) for line in open(tmp_path / "shared" / "pruning.jsonl")][1:]
     assert sorted((r["key"], r["bleu"]) for r in shared) == sorted((r["key"], r["bleu"]) for r in rows)
     # a rerun resumes: nothing new is computed
-    out = run(["fairseq-headprune", "prune", tiny_data, "--path", stock_checkpoint, "--results-dir", tmp_path, *PRUNE,
+    out = run(["fairseq-headprune", "prune", tiny_slice, "--path", stock_checkpoint, "--results-dir", tmp_path, *PRUNE,
                "--order", "importance,random", "--importance", tmp_path / "importance.json"]).stdout
     assert "heads masked" not in out
     assert len(open(tmp_path / "pruning.jsonl").readlines()) == 11
     # the 50% of heads the importance order prunes, written as a spec file and physically removed
     half = parse_head_spec(f"@{tmp_path / 'heads-importance-enc-dec+dec-self-50.json'}")
     assert set(half) == set(by_order["importance"][2])
-    run(["fairseq-headprune", "score", tiny_data, "--path", tmp_path / "pruned.pt", "--results-dir", tmp_path / "p",
+    run(["fairseq-headprune", "score", tiny_slice, "--path", tmp_path / "pruned.pt", "--results-dir", tmp_path / "p",
          "--gen-subset", "valid"])
     pruned = json.loads((tmp_path / "p" / "importance.json").read_text())
     for t in ("enc-dec", "dec-self"):
@@ -74,6 +76,8 @@ class CountingEvaluator:
 
     def __init__(self):
         self.loaded = SimpleNamespace(model=None)
+        self.samples = [{"id": [0, 1]}]  # what mask_batching.rows_per_search reads: one batch of 2 sentences
+        self.generator = SimpleNamespace(beam_size=1)
         self.decoded = []
 
     def translate_many(self, mask_sets, masks_per_batch):
@@ -115,13 +119,13 @@ def test_prune_bad_input(tiny_data, stock_checkpoint, tmp_path):
         assert proc.returncode == 2 and message in proc.stderr.strip().splitlines()[-1]
 
 
-def test_prune_reestimate_rescores_remaining_heads(tiny_data, stock_checkpoint, tmp_path):
+def test_prune_reestimate_rescores_remaining_heads(tiny_slice, stock_checkpoint, tmp_path):
     """--reestimate: the first step is the importance order's, later steps re-rank only the heads still there."""
-    run(["fairseq-headprune", "score", tiny_data, "--path", stock_checkpoint, "--results-dir", tmp_path,
+    run(["fairseq-headprune", "score", tiny_slice, "--path", stock_checkpoint, "--results-dir", tmp_path,
          "--gen-subset", "valid"])
-    run(["fairseq-headprune", "prune", tiny_data, "--path", stock_checkpoint, "--results-dir", tmp_path, *PRUNE,
+    run(["fairseq-headprune", "prune", tiny_slice, "--path", stock_checkpoint, "--results-dir", tmp_path, *PRUNE,
          "--order", "importance", "--reestimate", "--importance", tmp_path / "importance.json"])
-    run(["fairseq-headprune", "prune", tiny_data, "--path", stock_checkpoint, "--results-dir", tmp_path / "once",
+    run(["fairseq-headprune", "prune", tiny_slice, "--path", stock_checkpoint, "--results-dir", tmp_path / "once",
          *PRUNE, "--order", "importance", "--importance", tmp_path / "importance.json"])
     rows = [json.loads(line) for line in open(tmp_path / "pruning.jsonl")][1:]
     once = [json.loads(line) for line in open(tmp_path / "once" / "pruning.jsonl")][1:]

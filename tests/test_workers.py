@@ -204,17 +204,17 @@ def _sweep_rows(data, checkpoint, out, *extra):
     from fairseq_headprune.results.log import read_log
 
     run(["fairseq-headprune", "ablate", data, "--path", checkpoint, "--results-dir", out, "--gen-subset", "test",
-         "--beam", "2", "--max-tokens", "1200", "--types", "enc-dec", *extra])
+         "--beam", "2", "--max-tokens", "400", "--types", "enc-dec", *extra])
     return read_log(str(out / f"ablation-{'single' if 'keep-one' not in extra else 'keep-one'}"
                               f"{'-loss' if 'loss' in extra else ''}.jsonl"))
 
 
 @pytest.mark.parametrize("mode", [["--mode", "single"], ["--mode", "keep-one", "--metric", "loss"]])
-def test_a_sweep_on_two_workers_or_auto_batching_writes_the_rows_of_one_process(tiny_data, stock_checkpoint,
+def test_a_sweep_on_two_workers_or_auto_batching_writes_the_rows_of_one_process(tiny_slice, stock_checkpoint,
                                                                                  tmp_path, mode, two_workers):
     """Every row once, in job order, equal to the rows of one process decoding one mask per beam search
     (hypotheses, BLEU, p-values, NLL); the header says how each run batched and split the masks."""
-    runs = {name: _sweep_rows(tiny_data, stock_checkpoint, tmp_path / name, *mode, *extra)
+    runs = {name: _sweep_rows(tiny_slice, stock_checkpoint, tmp_path / name, *mode, *extra)  # 48 sentences
             for name, extra in [("one", ["--masks-per-batch", "1", "--workers", "1"]),
                                 ("auto", ["--workers", "1"]),
                                 ("two", ["--workers", "2"]),
