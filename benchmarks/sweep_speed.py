@@ -10,13 +10,15 @@
   beam5     the same on 500 test2016 sentences at beam 5 (--max-tokens 4000), rounds of 4 masks: each fixed k on
             max(k, 4) masks, auto on --beam5-masks masks.
                                                                  bar: auto within 10% of the best fixed choice
-  workers   one sweep (`fairseq-headprune ablate --mode single --types enc-dec` on the demo slice, auto) with
-            --workers 1 and --workers 2, wall time of the whole command (start-up, model loads, pool start, table)
+  workers   one sweep (`fairseq-headprune ablate --mode single --types T` on the demo slice, auto; T from
+            --workers-types: every type by default, the demo's own 144-mask sweep) with --workers 1 and
+            --workers 2, wall time of the whole command (start-up, model loads, pool start, table)
                                                                  bar: 2 workers >= 1.7x faster than 1
 Hypotheses are checked identical across every choice. The machine's load is printed before and after each
 section: timings taken while other processes run are contended; compare only ratios within one run.
 
 usage: benchmarks/sweep_speed.py [--sections demo,beam5,workers] [--demo-masks 48] [--beam5-masks 16]
+                                 [--workers-types enc-self,enc-dec,dec-self]
 """
 import argparse
 import os
@@ -161,10 +163,11 @@ def section_beam5(work: str, n_masks: int) -> None:
     print(load_line(), flush=True)
 
 
-def section_workers(work: str) -> None:
+def section_workers(work: str, types: str) -> None:
     data = encode(64, work)
-    print("\n== one sweep on 1 and 2 local workers: fairseq-headprune ablate --mode single --types enc-dec, demo "
-          "slice, greedy, --masks-per-batch auto (wall time of the whole command) ==", flush=True)
+    print(f"\n== one sweep on 1 and 2 local workers: fairseq-headprune ablate --mode single --types {types}, demo "
+          "slice, greedy, --masks-per-batch auto (wall time of the whole command: start-up, model loads and the "
+          "baseline included) ==", flush=True)
     print(load_line(), flush=True)
     exe = os.path.join(ROOT, ".venv/bin/fairseq-headprune")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -175,7 +178,7 @@ def section_workers(work: str) -> None:
         start = time.perf_counter()
         refs = os.path.join(work, "slice-64", "test.en")
         subprocess.run([exe, "ablate", *generation_args(data, 1, capped=True), "--results-dir", out, "--mode", "single",
-                        "--types", "enc-dec", "--references", refs, "--workers", str(n), "--no-progress-bar"],
+                        "--types", types, "--references", refs, "--workers", str(n), "--no-progress-bar"],
                        check=True, env=env, capture_output=True)
         walls.setdefault(n, []).append(time.perf_counter() - start)
         with open(os.path.join(out, "ablation-single.jsonl"), encoding="utf-8") as f:
@@ -196,6 +199,7 @@ def main():
     p.add_argument("--sections", default="demo,beam5,workers")
     p.add_argument("--demo-masks", type=int, default=48)
     p.add_argument("--beam5-masks", type=int, default=16)
+    p.add_argument("--workers-types", default="enc-self,enc-dec,dec-self", help="the workers section's sweep")
     p.add_argument("--work", default=os.path.join(ROOT, "work/bench-sweep"))
     a = p.parse_args()
     os.environ["PATH"] = os.path.join(ROOT, ".venv/bin") + os.pathsep + os.environ["PATH"]
@@ -215,7 +219,7 @@ def main():
     if "beam5" in sections:
         section_beam5(a.work, a.beam5_masks)
     if "workers" in sections:
-        section_workers(a.work)
+        section_workers(a.work, a.workers_types)
 
 
 if __name__ == "__main__":
