@@ -122,8 +122,9 @@ MUTANTS: Sequence[Mutant] = (
     # ---- statistics and gates
     Mutant("stats-half-resamples", "bootstrap resamples of half the set by default", "fairseq_headprune/stats.py",
            "sample_ratio: float = 1.0):", "sample_ratio: float = 0.5):", ("tests/test_stats.py",)),
-    Mutant("stats-ratio-ignored", "the sample ratio is not passed to compare-mt", "fairseq_headprune/stats.py",
-           "sample_ratio=self.sample_ratio,", "sample_ratio=1.0,", ("tests/test_stats.py",)),
+    Mutant("stats-ratio-ignored", "the sample ratio is ignored: resamples are always full-size",
+           "fairseq_headprune/stats.py", "self.sample_size = int(len(self.refs) * sample_ratio)",
+           "self.sample_size = int(len(self.refs))", ("tests/test_stats.py",)),
     Mutant("stats-seed", "bootstrap resamples not seeded", "fairseq_headprune/stats.py",
            "np.random.seed(self.seed)", "pass", ("tests/test_stats.py",)),
     Mutant("gates-p-open", "P(open) with log(r / -l) instead of log(-l / r)", "fairseq_headprune/gates.py",
