@@ -36,9 +36,10 @@ def add_args(parser) -> None:
                    help="shrink: shares of the heads removed without retraining, one budget each")
     g.add_argument("--shrink-methods", default=pipeline.ReportOptions.shrink_methods,
                    help="shrink: the methods compared at every budget (see `fairseq-headprune shrink --help`)")
-    g.add_argument("--shrink-calibration-subset", default="valid",
+    g.add_argument("--shrink-calibration-subset", default=pipeline.ReportOptions.shrink_calibration_subset,
                    help="shrink: subset of DATA the pruning is fitted on (another than --gen-subset, which scores it)")
-    g.add_argument("--shrink-calibration-sentences", type=int, default=1000,
+    g.add_argument("--shrink-calibration-sentences", type=int,
+                   default=pipeline.ReportOptions.shrink_calibration_sentences,
                    help="shrink: calibration sentences (the first N of that subset)")
     g.add_argument("--dynamics", default=pipeline.DEFAULT_DYNAMICS,
                    help="dynamics.jsonl of `dynamics` for claim C5 (default: the bundled model's training run)")
