@@ -1,7 +1,8 @@
 """Local worker processes for sweeps: a sweep's tasks split over N processes of one thread each.
 
     with Workers(n, setup, config) as pool:         # spawns n processes; each runs handler = setup(config) once
-        pool.run(tasks, on_result, shared=...)       # handler(task, shared) in some worker, on_result in the parent
+        pool.run(tasks, on_result, shared=..., local=setup(config))   # handler(task, shared) in some worker (the
+                                                     # parent too, with `local`), on_result in the parent
 
 `setup` is a module-level function (it is pickled by name) that builds the worker's handler from a picklable study
 configuration, typically by loading the model once; `tasks` is any iterable, pulled lazily whenever a worker is
@@ -9,6 +10,9 @@ free (a generator can size the next task from the results seen so far); `on_resu
 the parent, in task order, whatever order the workers finish in, so the parent is the results file's only writer
 and writes the rows in the order one process would. `shared` reaches every worker once per run (e.g. the baseline a
 sweep compares against). `run_tasks` runs the same loop in this process when there is no pool (`--workers 1`).
+The sweeps (`pool_for`, `map_tasks`) count the parent as one of their `--workers`: it decodes too, from the first
+task on, while the spawned processes import torch and fairseq and load the model (5-10 s that one worker would
+otherwise wait through).
 
 Workers are spawned (never forked: torch and fairseq state does not survive a fork), start with OMP_NUM_THREADS=1
 and torch.set_num_threads(1), and are stopped when the block ends, whether it ends normally or not. A task that
@@ -120,6 +124,7 @@ def _worker_main(index: int, inbox, outbox) -> None:
             except BaseException as e:  # noqa: B036 - reported to the parent, which stops the run
                 outbox.put(("error", index, None, _describe(e)))
                 return
+            outbox.put(("built", index, None, key))
             continue
         if kind == "shared":
             shared[message[1]] = message[2]
@@ -151,6 +156,7 @@ class Workers:
         self.inboxes = [ctx.Queue() for _ in range(n)]
         self.processes = []
         self.handlers: dict = {}  # key -> (setup, config) sent to every worker
+        self.built: set = set()  # (worker, key): that worker has built that handler and takes its tasks
         self.default = None
         saved = os.environ.get("OMP_NUM_THREADS")
         os.environ["OMP_NUM_THREADS"] = "1"  # the children's environment, read before torch starts its threads
@@ -199,47 +205,102 @@ class Workers:
                     raise RuntimeError(f"worker {i} exited with code {code} (killed? out of memory?)") from None
 
     def run(self, tasks: Iterable, on_result: Callable[[Any, Any, float], None], shared: Any = None,
-            handler=None) -> None:
+            handler=None, local: Optional[Callable[[Any, Any], Any]] = None) -> None:
         """Each task handled by a free worker with `handler` (a key from `prepare`; default: the pool's own),
-        on_result(task, result, seconds) in the parent, in task order."""
+        on_result(task, result, seconds) in the parent, in task order.
+
+        `local` (the same computation in this process, e.g. the handler `setup(config)` would build): this process
+        is one more worker. It works from the first task on, while the workers still import and load, and each
+        worker is sent tasks only once its handler is built, two at a time, so that it never waits for this
+        process to finish a task of its own before it gets the next one. This process then runs one torch thread,
+        as the workers do."""
         key = handler if handler is not None else self.default
         if key is None:
             raise ValueError("no handler: give Workers a setup or prepare() one")
         for inbox in self.inboxes:
             inbox.put(("shared", key, shared))
+        depth = 2 if local is not None else 1  # tasks in flight per worker
         tasks = iter(tasks)
-        idle = list(range(self.n))
-        in_flight, finished = {}, {}  # task id -> task; task id -> (task, result, seconds)
+        in_flight, finished = {}, {}  # task id -> (worker, task); task id -> (task, result, seconds)
+        load = [0] * self.n  # tasks in flight per worker
         next_id = next_out = 0
         exhausted = False
-        while True:
-            while idle and not exhausted:
-                try:
-                    task = next(tasks)
-                except StopIteration:
-                    exhausted = True
-                    break
-                worker = idle.pop(0)
-                self.inboxes[worker].put(("task", next_id, key, task))
-                in_flight[next_id] = task
-                next_id += 1
-            if not in_flight:
-                return
-            kind, worker, task_id, body = self._receive()
-            if kind == "ready":
-                continue
-            if kind == "error":
-                self.broken = True
-                user_error, message = body
-                if user_error:
-                    raise UserError(message)
-                raise RuntimeError(f"worker {worker} failed:\n{message}")
-            result, seconds = body
-            finished[task_id] = (in_flight.pop(task_id), result, seconds)
-            idle.append(worker)
-            while next_out in finished:
-                on_result(*finished.pop(next_out))
-                next_out += 1
+
+        def take():
+            nonlocal next_id, exhausted
+            try:
+                task = next(tasks)
+            except StopIteration:
+                exhausted = True
+                return None
+            next_id += 1
+            return next_id - 1, task
+
+        threads = None
+        if local is not None:
+            import torch
+
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+        try:
+            while True:
+                for worker in range(self.n):
+                    while not exhausted and load[worker] < depth and (worker, key) in self.built:
+                        taken = take()
+                        if taken is None:
+                            break
+                        self.inboxes[worker].put(("task", taken[0], key, taken[1]))
+                        in_flight[taken[0]] = (worker, taken[1])
+                        load[worker] += 1
+                if exhausted and not in_flight:
+                    self._flush(finished, next_out, on_result)
+                    return
+                message = self._poll()
+                if message is None and local is not None and not exhausted:
+                    taken = take()
+                    if taken is not None:
+                        start = time.perf_counter()
+                        result = local(taken[1], shared)
+                        finished[taken[0]] = (taken[1], result, time.perf_counter() - start)
+                else:  # a worker's message, or nothing this process can do but wait for one
+                    self._handle(message if message is not None else self._receive(), in_flight, finished, load)
+                next_out = self._flush(finished, next_out, on_result)
+        finally:
+            if threads is not None:
+                import torch
+
+                torch.set_num_threads(threads)
+
+    def _poll(self):
+        try:
+            return self.outbox.get_nowait()
+        except queue.Empty:
+            return None
+
+    def _handle(self, message, in_flight, finished, load) -> None:
+        kind, worker, task_id, body = message
+        if kind == "built":
+            self.built.add((worker, body))
+            return
+        if kind == "ready":
+            return
+        if kind == "error":
+            self.broken = True
+            user_error, text = body
+            if user_error:
+                raise UserError(text)
+            raise RuntimeError(f"worker {worker} failed:\n{text}")
+        result, seconds = body
+        _, task = in_flight.pop(task_id)
+        load[worker] -= 1
+        finished[task_id] = (task, result, seconds)
+
+    @staticmethod
+    def _flush(finished, next_out, on_result) -> int:
+        while next_out in finished:
+            on_result(*finished.pop(next_out))
+            next_out += 1
+        return next_out
 
     broken = False  # a worker failed: the pool is not reused
 
@@ -263,11 +324,12 @@ class Workers:
 
 def map_tasks(tasks: Iterable, handler: Callable[[Any, Any], Any], on_result: Callable[[Any, Any, float], None],
               pool: Optional[Workers] = None, shared: Any = None) -> None:
-    """`pool.run` when there is a pool, else the same loop in this process with `handler`."""
+    """`pool.run` with this process as one more worker running `handler` when there is a pool, else the loop in
+    this process alone."""
     if pool is None:
         run_tasks(tasks, handler, on_result, shared)
     else:
-        pool.run(tasks, on_result, shared)
+        pool.run(tasks, on_result, shared, local=handler)  # this process is one of the workers
 
 
 MIN_TASKS = 8  # fewer masks than this run in the sweep's own process: a worker's start-up (~5 s) would not pay
@@ -294,8 +356,9 @@ def kept_pools() -> Iterator[None]:
 @contextlib.contextmanager
 def pool_for(option, n_tasks: int, setup: Callable[[Any], Callable[[Any, Any], Any]], config: Any,
              min_tasks: int = MIN_TASKS) -> Iterator[Tuple[Optional[Workers], str]]:
-    """(a pool of the `--workers` number of processes, ready with the handler setup(config), or None to run in this
-    process; why), for a sweep of `n_tasks` masks. One worker, or fewer than `min_tasks` masks, means this process.
+    """(a pool for the `--workers` number of workers, ready with the handler setup(config), or None to run in this
+    process; why), for a sweep of `n_tasks` masks. This process is one of the workers (`map_tasks`), so N workers
+    spawn N - 1 processes. One worker, or fewer than `min_tasks` masks, means this process alone.
     Inside kept_pools() the pool is reused by later sweeps (down to 2 masks) and closed at the end of that block."""
     if n_tasks < 2 or (n_tasks < min_tasks and not _kept):  # a kept pool has nothing left to start
         yield None, f"one process ({n_tasks} masks to do, fewer than {min_tasks if not _kept else 2})"
@@ -306,7 +369,7 @@ def pool_for(option, n_tasks: int, setup: Callable[[Any], Callable[[Any, Any], A
         yield None, why
         return
     if _kept is None:
-        with Workers(n, setup, config) as pool:
+        with Workers(n - 1, setup, config) as pool:
             yield pool, why
         return
     pool = _kept.get(n)
@@ -314,7 +377,7 @@ def pool_for(option, n_tasks: int, setup: Callable[[Any], Callable[[Any, Any], A
         pool.close(force=True)
         pool = None
     if pool is None:
-        pool = _kept[n] = Workers(n)
+        pool = _kept[n] = Workers(n - 1)
     pool.default = pool.prepare(setup, config)
     try:
         yield pool, why + (" (kept for the next sweeps)" if len(pool.handlers) == 1 else " (reused)")

@@ -40,6 +40,8 @@ main() {
     local name=$1; shift
     local dir=$work/candidates/$name files=()
     for e in "$@"; do files+=("$work/checkpoints/checkpoint$e.pt"); done
+    # a candidate of other epochs (an earlier look at a run still training) is stale: rebuilt, rescored
+    [ "$(cat "$dir/epochs.txt" 2>/dev/null)" = "$*" ] || rm -rf "$dir"
     mkdir -p "$dir"
     [ -f "$dir/model.pt" ] || python recipes/bundle_checkpoint.py "$dir/model.pt" "${files[@]}" > /dev/null
     cp "$bin/code" "$bin/dict.de.txt" "$bin/dict.en.txt" "$dir/"
@@ -47,10 +49,14 @@ main() {
   }
   bundle best "$best"
   bundle "average-to-best" $(seq $(( best - n + 1 > 1 ? best - n + 1 : 1 )) "$best")
-  bundle "average-last" $(seq $(( last - n + 1 > 1 ? last - n + 1 : 1 )) "$last")
+  local names=(best average-to-best)
+  if [ "$best" != "$last" ]; then  # else the same epochs as average-to-best
+    bundle "average-last" $(seq $(( last - n + 1 > 1 ? last - n + 1 : 1 )) "$last")
+    names+=(average-last)
+  fi
   local refs_valid=$bin/prep/valid.raw.en refs_test=data/multi30k-test2016/test.en
   : > "$out/candidates.tsv"
-  for name in best average-to-best average-last; do
+  for name in "${names[@]}"; do
     [ -f "$work/candidates/$name/bleu.tsv" ] || bash recipes/eval_bleu.sh "$bin" "$work/candidates/$name/model.pt" \
       "$bin/code" de en "valid:$refs_valid" "test:$refs_test" > "$work/candidates/$name/bleu.tsv"
     printf '%s\t%s\t%s\t%s\n' "$name" "$(cat "$work/candidates/$name/epochs.txt")" \
@@ -60,17 +66,19 @@ main() {
   local chosen
   chosen=$(sort -t$'\t' -k3,3gr "$out/candidates.tsv" | head -1 | cut -f1)
   rm -rf "$work/bundle" && cp -r "$work/candidates/$chosen" "$work/bundle"
-  # 3. the lambda = 0 control on the chosen model
-  LAMBDAS=0 MODEL=$work/bundle WORK=$work/control RESULTS=$work/control/results bash recipes/voita_l0.sh data train
-  local control=$work/control/runs/lambda-0/checkpoint_last.pt
-  [ -f "$work/control/bleu.tsv" ] || USER_DIR=fairseq_headprune bash recipes/eval_bleu.sh "$bin" "$control" \
-    "$bin/code" de en "valid:$refs_valid" "test:$refs_test" > "$work/control/bleu.tsv"
+  # 3. the lambda = 0 control on the chosen model (one folder per chosen model: a later look never reuses it)
+  local control_dir
+  control_dir=$work/control/$chosen-$(tr ' ' '-' < "$work/bundle/epochs.txt")
+  LAMBDAS=0 MODEL=$work/bundle WORK=$control_dir RESULTS=$control_dir/results bash recipes/voita_l0.sh data train
+  local control=$control_dir/runs/lambda-0/checkpoint_last.pt
+  [ -f "$control_dir/bleu.tsv" ] || USER_DIR=fairseq_headprune bash recipes/eval_bleu.sh "$bin" "$control" \
+    "$bin/code" de en "valid:$refs_valid" "test:$refs_test" > "$control_dir/bleu.tsv"
   # 4. the record
-  python - "$out" "$chosen" "$work" "$best" "$last" <<'EOF'
+  python - "$out" "$chosen" "$control_dir" "$best" "$last" <<'EOF'
 import csv, sys
-out, chosen, work, best, last = sys.argv[1:]
+out, chosen, control_dir, best, last = sys.argv[1:]
 rows = list(csv.reader(open(f"{out}/candidates.tsv"), delimiter="\t"))
-control = {r[0]: r for r in csv.reader(open(f"{work}/control/bleu.tsv"), delimiter="\t")}
+control = {r[0]: r for r in csv.reader(open(f"{control_dir}/bleu.tsv"), delimiter="\t")}
 mine = next(r for r in rows if r[0] == chosen)
 gain = float(control["test"][2]) - float(mine[3])
 losses = [line.split() for line in open(f"{out}/valid-loss.txt")]

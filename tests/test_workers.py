@@ -105,15 +105,48 @@ def test_a_kept_pool_serves_several_handlers_and_is_closed_at_the_end():
 
     got = []
     with workers.kept_pools():
-        with workers.pool_for(2, 10, _power_setup, 2, min_tasks=1) as (first, why):
+        with workers.pool_for(3, 10, _power_setup, 2, min_tasks=1) as (first, why):
+            assert first.n == 2  # three workers: this process and two spawned
             first.run(range(3), lambda t, r, s: got.append(r[0]))
-        with workers.pool_for(2, 10, _power_setup, 3, min_tasks=1) as (second, why):
+        with workers.pool_for(3, 10, _power_setup, 3, min_tasks=1) as (second, why):
             assert second is first and "reused" in why
             second.run(range(3), lambda t, r, s: got.append(r[0]))
         pids = {p.pid for p in first.processes}
         assert all(p.is_alive() for p in first.processes)
     assert got == [0, 1, 4, 0, 1, 8] and len(pids) == 2
     assert not any(p.is_alive() for p in first.processes)
+
+
+def _slow_setup(seconds):
+    """A handler whose build takes `seconds` (a worker importing and loading a model); tasks say who ran them."""
+    import os
+    import time
+
+    time.sleep(seconds)
+    return lambda task, shared: (task, os.getpid())
+
+
+def test_this_process_works_while_the_workers_start_and_with_them_after():
+    """The parent is one of the workers: tasks are not queued behind a worker that is still loading, and once the
+    worker is ready both take tasks; results stay in task order."""
+    import os
+    import time
+
+    with Workers(1, _slow_setup, 3.0) as pool:
+        early = []
+        pool.run(range(6), lambda t, r, s: early.append(r), local=lambda task, shared: (task, os.getpid()))
+        assert early == [(t, os.getpid()) for t in range(6)]  # done here, long before the worker's 3 s build
+        while not pool.built:
+            pool._handle(pool._receive(), {}, {}, [0])
+        later = []
+
+        def slow_local(task, shared):
+            time.sleep(0.3)
+            return task, os.getpid()
+
+        pool.run(range(12), lambda t, r, s: later.append(r), local=slow_local)
+        assert [t for t, _ in later] == list(range(12))
+        assert {pid for _, pid in later} == {os.getpid(), pool.processes[0].pid}
 
 
 def test_pool_reports_a_crash_with_its_traceback():
@@ -131,7 +164,7 @@ def two_workers():
 
     with workers.kept_pools():
         with workers.pool_for(2, 2, _power_setup, 2, min_tasks=1) as (pool, why):
-            assert pool is not None and pool.n == 2 and "kept for the next sweeps" in why
+            assert pool is not None and pool.n == 1 and "kept for the next sweeps" in why  # and this process
         yield pool
 
 
@@ -256,8 +289,7 @@ def test_pool_returns_every_result_once_in_task_order_from_one_thread_workers(tw
     pool.run(range(12), lambda task, result, seconds: got.append((task, result)), shared=1, handler=power)
     assert [t for t, _ in got] == list(range(12))
     assert [r[0] for _, r in got] == [t * t + 1 for t in range(12)]
-    assert {r[1:3] for _, r in got} == {(1, "1")}
-    assert len({r[3] for _, r in got}) == 2  # both processes served tasks
+    assert {r[1:] for _, r in got} == {(1, "1", pool.processes[0].pid)}  # one thread; no `local`: the worker alone
     with pytest.raises(UserError, match="bad input in a worker"):
         pool.run(["user"], lambda *a: None, handler=power)
     local = []
