@@ -17,7 +17,7 @@
 Hypotheses are checked identical across every choice. The machine's load is printed before and after each
 section: timings taken while other processes run are contended; compare only ratios within one run.
 
-usage: benchmarks/sweep_speed.py [--sections demo,beam5,workers] [--demo-masks 48] [--beam5-masks 16]
+usage: benchmarks/sweep_speed.py [--sections demo,beam5,workers] [--demo-masks 144] [--beam5-masks 16]
                                  [--workers-types enc-self,enc-dec,dec-self]
 """
 import argparse
@@ -197,7 +197,7 @@ def section_workers(work: str, types: str) -> None:
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--sections", default="demo,beam5,workers")
-    p.add_argument("--demo-masks", type=int, default=48)
+    p.add_argument("--demo-masks", type=int, default=144)  # the demo's own single-head sweep: every head
     p.add_argument("--beam5-masks", type=int, default=16)
     p.add_argument("--workers-types", default="enc-self,enc-dec,dec-self", help="the workers section's sweep")
     p.add_argument("--work", default=os.path.join(ROOT, "work/bench-sweep"))

@@ -10,12 +10,15 @@ the crossover in rows per step moves with the hardware, so `auto` measures on th
   the sweep's first groups have 1, 2, 4, 8, 16 masks (the real work of the sweep: nothing is decoded twice), each
   timed; the group size keeps doubling while the time per mask falls (by more than GAIN), and the sweep then runs on
   the best size measured. When the caller says how many rows one mask's beam search has (`rows`: sentences of the
-  largest batch x beam), the walk starts one size below the measured crossover's guess (ROWS_PER_SEARCH) instead
-  of at 1: on a small set the groups of 1 and 2 masks are sure losses, and they were a large share of a short
-  sweep's time. Times are CPU seconds of the decoding process (one thread), not wall time, so that other
-  processes' load does not decide; they are normalised by the output each group decoded (hypothesis words plus
-  one end of sentence per sentence), so that groups of masks that decode longer hypotheses (heavily pruned models
-  run to the length cap) are not mistaken for slower sizes.
+  largest batch x beam), the walk starts at the measured crossover's guess (ROWS_PER_SEARCH rows a search) instead
+  of at 1: on a small set groups of 1, 2 and 4 masks are sure losses, and on the demo slice a walk from one size below
+  the guess cost 22% against the best fixed size (results/benchmarks/sweep-speed.txt). A larger size is tried only
+  while the sweep has at least PROBE_SPAN groups of it left, so that a probe that loses costs a small share of the
+  sweep (a probe of 16 on the 48-mask demo slice ran 1.2-1.5x slower a mask than 8 and was a third of the sweep).
+  Times are CPU seconds of the decoding process (one thread), not wall time, so that other processes' load does
+  not decide; they are normalised by the output each group decoded (hypothesis words plus one end of sentence per
+  sentence), so that groups of masks that decode longer hypotheses (heavily pruned models run to the length cap)
+  are not mistaken for slower sizes.
 
 Hypotheses do not depend on the choice (SubsetEvaluator.translate_many is tested identical for every size), so
 neither does any BLEU, p-value or results row; the choice and its measurements are recorded beside the results.
@@ -40,6 +43,9 @@ AUTO = "auto"
 # 1,110 (500 sentences at beam 5 in batches of up to 222), and 8 masks at ~700 rows were 1.3x slower than 1.
 # Only where the walk starts: it still measures upwards from there (a GPU keeps doubling).
 ROWS_PER_SEARCH = 512
+# A size is probed only with at least this many groups of it left in the sweep: a probe 50% slower a mask then
+# costs at most ~6% of what is left.
+PROBE_SPAN = 8
 
 
 def parse_masks_per_batch(text: Union[str, int]) -> Union[str, int]:
@@ -60,13 +66,10 @@ def parse_masks_per_batch(text: Union[str, int]) -> Union[str, int]:
 
 
 def first_size(rows: int, candidates: Sequence[int] = CANDIDATES) -> int:
-    """The walk's first size for beam searches of `rows` rows with one mask: one candidate below the largest that
-    keeps a search within ROWS_PER_SEARCH rows (the smallest candidate when even one mask exceeds it)."""
+    """The walk's first size for beam searches of `rows` rows with one mask: the largest candidate that keeps a
+    search within ROWS_PER_SEARCH rows (the smallest candidate when even one mask exceeds it)."""
     fitting = [c for c in candidates if c * max(1, rows) <= ROWS_PER_SEARCH]
-    if not fitting:
-        return candidates[0]
-    guess = candidates.index(fitting[-1])
-    return candidates[max(0, guess - 1)]
+    return fitting[-1] if fitting else candidates[0]
 
 
 def rows_per_search(evaluator) -> int:
@@ -111,6 +114,8 @@ class MaskBatching:
     dispatched: List[int] = field(default_factory=list)
     chosen: Optional[int] = None
     settled_by: str = ""
+    probe_span: int = PROBE_SPAN
+    unprobed: str = ""  # why the walk stopped before a size it would have tried
 
     def __post_init__(self):
         self.option = parse_masks_per_batch(self.option)
@@ -133,11 +138,17 @@ class MaskBatching:
         if self.chosen is not None:
             return min(self.chosen, remaining)
         untried = [c for c in self.candidates if c not in self.dispatched and c > max(self.dispatched, default=0)]
-        if untried and untried[0] <= remaining:
+        if untried and untried[0] <= remaining and (not self.dispatched or remaining >= self.probe_span * untried[0]):
             self.dispatched.append(untried[0])
             return untried[0]
+        if untried and self.dispatched and not self.unprobed:
+            self.unprobed = (f"{untried[0]} masks per search not tried: {remaining} masks left, fewer than "
+                             f"{self.probe_span} groups of {untried[0]}")
         # the next candidate does not fit in what is left, or every candidate is in flight: the best so far
         best = self._best()
+        if self.unprobed and best is not None and all(d in self.measurements for d in self.dispatched):
+            self.chosen, self.settled_by = best.size, self.unprobed
+            return min(best.size, remaining)
         return min(best.size if best else max(self.dispatched, default=1), remaining)
 
     def record(self, size: int, seconds: float, units: Optional[int] = None) -> None:
@@ -152,7 +163,7 @@ class MaskBatching:
         if self.chosen is None:
             best = self._best()
             self.chosen = best.size if best else 1
-            self.settled_by = "the sweep ended before every size was measured"
+            self.settled_by = self.unprobed or "the sweep ended before every size was measured"
 
     def _best(self) -> Optional[Measurement]:
         return min(self.measurements.values(), key=lambda m: m.per_unit, default=None)

@@ -21,9 +21,9 @@ def measure(batching, seconds_per_mask, total=100):
 
 def test_auto_keeps_doubling_while_sharing_pays_then_settles_on_the_best():
     b = MaskBatching("auto")
-    sizes = measure(b, {1: 2.6, 2: 2.0, 4: 1.8, 8: 1.6, 16: 1.7})
-    assert sizes[:5] == [1, 2, 4, 8, 16] and sizes[5:] == [8] * 8 + [5]
-    assert b.chosen == 8 and sum(sizes) == 100
+    sizes = measure(b, {1: 2.6, 2: 2.0, 4: 1.8, 8: 1.6, 16: 1.7}, total=200)  # 16 is probed with 185 left
+    assert sizes[:5] == [1, 2, 4, 8, 16] and sizes[5:] == [8] * 21 + [1]
+    assert b.chosen == 8 and sum(sizes) == 200
     assert "8 masks per beam search" in b.reason() and "16: 1.70 CPU s/mask" in b.reason()
 
 
@@ -60,9 +60,12 @@ def test_auto_with_groups_in_flight_and_out_of_order():
 def test_fixed_and_short_sweeps():
     b = MaskBatching(4)
     assert measure(b, {}, total=10) == [4, 4, 2] and b.chosen == 4 and "--masks-per-batch 4" in b.reason()
-    b = MaskBatching("auto")
+    b = MaskBatching("auto", probe_span=1)
     assert measure(b, {1: 3.0, 2: 1.0, 4: 0.5}, total=5) == [1, 2, 2]  # 4 does not fit in what is left
-    assert b.chosen == 2 and "ended" in b.reason()
+    assert b.chosen == 2 and "4 masks per search not tried: 2 masks left" in b.reason()
+    b = MaskBatching("auto")
+    assert measure(b, {1: 3.0, 2: 1.0}, total=5) == [1] * 5  # 2 would need 16 masks left
+    assert b.chosen == 1 and "2 masks per search not tried: 4 masks left" in b.reason()
 
 
 @pytest.mark.parametrize("text", ["0", "-3", "many", "2.5", ""])
@@ -211,7 +214,7 @@ def test_auto_and_two_workers_give_the_hypotheses_of_one_decode_per_mask(evaluat
         return lambda indices, hyps: into.extend(zip(indices, hyps))
 
     auto = []
-    batching = translate_masks(evaluator, masks, collect(auto), MaskBatching("auto"))
+    batching = translate_masks(evaluator, masks, collect(auto), MaskBatching("auto", probe_span=1))
     assert batching.chosen in (1, 2, 4, 8, 16) and len(batching.measurements) >= 2
     from fairseq_headprune.workers import pool_for
 
