@@ -15,3 +15,7 @@ DE_EN_TRAIN_ARGS=(
   --max-tokens 2048 --seed 1
   --log-format simple --log-interval 50 --num-workers 0
 )
+# Phase two (recipes/cooldown_de_en.sh): the same run at a constant lr of 1e-4, the lr every fine-tuning of the
+# pruning studies uses (recipes/voita_l0.sh), until the valid loss stops improving. It replaces phase one's
+# schedule options; --warmup-updates 0, or the fixed schedule would ramp up from 0 again.
+DE_EN_COOLDOWN_ARGS=(--lr-scheduler fixed --lr 1e-4 --warmup-updates 0 --reset-lr-scheduler)
