@@ -22,15 +22,8 @@ main() {
   grep -q "== cool-down phase" "$work/train.log" ||
     echo "== cool-down phase (recipes/cooldown_de_en.sh): ${DE_EN_COOLDOWN_ARGS[*]} from checkpoint_last.pt ==" \
       >> "$work/train.log"
-  # phase one's arguments without its schedule (inverse_sqrt's --warmup-init-lr is not an option of `fixed`)
-  local base=() skip=0 arg
-  for arg in "${DE_EN_TRAIN_ARGS[@]}"; do
-    if (( skip )); then skip=0; continue; fi
-    case $arg in --lr|--lr-scheduler|--warmup-updates|--warmup-init-lr) skip=1; continue ;; esac
-    base+=("$arg")
-  done
   fairseq-train "$work/data-bin" --user-dir fairseq_headprune --task translation_headprune --arch transformer \
-    "${base[@]}" "${DE_EN_COOLDOWN_ARGS[@]}" --max-epoch "$max_epoch" --patience "$patience" \
+    "${DE_EN_COOLDOWN_BASE[@]}" "${DE_EN_COOLDOWN_ARGS[@]}" --max-epoch "$max_epoch" --patience "$patience" \
     --save-dir "$work/checkpoints" --save-interval 1 --keep-last-epochs -1 \
     --tensorboard-logdir '' 2>&1 | tee -a "$work/train.log"
 }

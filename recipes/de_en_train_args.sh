@@ -19,3 +19,14 @@ DE_EN_TRAIN_ARGS=(
 # pruning studies uses (recipes/voita_l0.sh), until the valid loss stops improving. It replaces phase one's
 # schedule options; --warmup-updates 0, or the fixed schedule would ramp up from 0 again.
 DE_EN_COOLDOWN_ARGS=(--lr-scheduler fixed --lr 1e-4 --warmup-updates 0 --reset-lr-scheduler)
+# Phase one ran 19 epochs (cut there when the lambda = 0 control said it was not converged: results/de-en/convergence)
+DE_EN_PHASE1_EPOCHS=19
+# phase one's arguments without its schedule (inverse_sqrt's --warmup-init-lr is not an option of `fixed`)
+DE_EN_COOLDOWN_BASE=()
+_skip=0
+for _arg in "${DE_EN_TRAIN_ARGS[@]}"; do
+  if (( _skip )); then _skip=0; continue; fi
+  case $_arg in --lr|--lr-scheduler|--warmup-updates|--warmup-init-lr) _skip=1; continue ;; esac
+  DE_EN_COOLDOWN_BASE+=("$_arg")
+done
+unset _skip _arg
