@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Issue 17, step 4: every De-En study rerun on the bundled (converged) model, in two lanes of one core each, so
+# that two lanes run side by side on this 2-core machine:
+#   report   results/report-de-en (every part, shrink and equal-work speed included; recipes/report_de_en.sh),
+#            results/de-en/pruned-50 (recipes/prune_de_en_50.sh), results/shrink-de-en sweep (recipes/shrink_de_en.sh),
+#            then the training dynamics of the run's every epoch (results/dynamics)
+#   voita    results/voita (the L0 sweep and its lambda = 0 control, all three types), results/voita/encoder-only
+#            (encoder self-attention gated alone), results/voita/from-scratch (the configurations of the runs
+#            nearest to 1/2 and 3/4 of the heads closed, trained from random initialisation with the base recipe)
+#   render   the report rendered again with the finished dynamics and L0 sweep (--render-only)
+# A results folder made with another model is moved to work/superseded/ first (git keeps the old version). Every
+# stage resumes where it stopped: rerun the same lane after a stop. Logs: work/rerun-de-en/LANE.log.
+#
+# usage: recipes/rerun_de_en.sh report|voita|render
+# Budget (one core each, measured on the previous model): report ~3-4 h, dynamics ~4 min an epoch; voita ~1 h for
+# each sweep, from scratch ~3 h a configuration.
+set -euo pipefail
+main() {
+  cd "$(dirname "$0")/.."
+  export PATH=$PWD/.venv/bin:$PATH OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1
+  local lane=${1:?usage: rerun_de_en.sh report|voita|render}
+  local model=checkpoints/de-en sha
+  sha=$(sha256sum "$model/model.pt" | cut -d' ' -f1)
+  mkdir -p work/rerun-de-en work/superseded
+  # supersede DIR: a folder of results of another model (or of none recorded) is moved aside
+  supersede() {
+    local dir=$1
+    if [ -d "$dir" ] && [ "$(cat "$dir/.model-sha256" 2>/dev/null)" != "$sha" ]; then
+      mv "$dir" "work/superseded/$(echo "$dir" | tr / -)-$(date +%Y%m%d%H%M%S)"
+      echo "rerun_de_en: moved the old $dir to work/superseded/"
+    fi
+    mkdir -p "$dir" && echo "$sha" > "$dir/.model-sha256"
+  }
+  case $lane in
+    report)
+      supersede results/report-de-en
+      bash recipes/report_de_en.sh --workers 1
+      supersede results/de-en/pruned-50
+      bash recipes/prune_de_en_50.sh
+      supersede results/shrink-de-en
+      bash recipes/shrink_de_en.sh sweep
+      supersede results/dynamics
+      local last
+      last=$(ls work/de-en/checkpoints | sed -nE 's/^checkpoint([0-9]+)\.pt$/\1/p' | sort -n | tail -1)
+      bash recipes/iwslt_dynamics.sh multi30k ../shared/data work/de-en "$last" 400
+      cp work/de-en/dynamics/dynamics.* results/dynamics/
+      ;;
+    voita)
+      supersede results/voita
+      WORK=work/voita-converged bash recipes/voita_l0.sh
+      mkdir -p results/voita/encoder-only
+      GATED_TYPES=enc-self WORK=work/voita-encoder-converged RESULTS=results/voita/encoder-only \
+        bash recipes/voita_l0.sh
+      local name closed
+      for name in half three-quarters; do
+        closed=$(python - "$name" <<'EOF'
+import json, sys
+target = {"half": 0.5, "three-quarters": 0.75}[sys.argv[1]]
+rows = [json.loads(line) for line in open("results/voita/compare.jsonl") if line.startswith("{")]
+runs = [r for r in rows if r.get("method") == "l0" and r.get("l0_lambda")]
+total = 144
+best = min(runs, key=lambda r: abs(1 - r["heads_kept"] / total - target))
+print(f"results/voita/lambda-{best['l0_lambda']:g}/closed-heads.json")
+EOF
+)
+        echo "rerun_de_en: from scratch, $name: $closed"
+        bash recipes/voita_from_scratch.sh "$closed" "$name"
+      done
+      ;;
+    render)
+      bash recipes/report_de_en.sh --render-only
+      ;;
+    *) echo "rerun_de_en: error: the lane is report, voita or render, not '$lane'" >&2; exit 2 ;;
+  esac
+}
+main "$@"
