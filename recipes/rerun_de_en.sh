@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Issue 17, step 4: every De-En study rerun on the bundled (converged) model, in two lanes of one core each, so
 # that two lanes run side by side on this 2-core machine:
-#   report   results/report-de-en (every part, shrink and equal-work speed included; recipes/report_de_en.sh),
-#            results/de-en/pruned-50 (recipes/prune_de_en_50.sh), results/shrink-de-en sweep (recipes/shrink_de_en.sh),
+#   report   issue 16's targets (results/shrink-de-en/targets.md), results/report-de-en (every part, shrink and
+#            equal-work speed included; recipes/report_de_en.sh), results/de-en/pruned-50 (recipes/prune_de_en_50.sh),
+#            the results/shrink-de-en sweep (recipes/shrink_de_en.sh),
 #            then the training dynamics of the run's every epoch (results/dynamics)
 #   voita    results/voita (the L0 sweep and its lambda = 0 control, all three types), results/voita/encoder-only
 #            (encoder self-attention gated alone), results/voita/from-scratch (the configurations of the runs
@@ -33,11 +34,12 @@ main() {
   }
   case $lane in
     report)
+      supersede results/shrink-de-en  # issue 16's targets first: a short run, and the verdict everyone asks for
+      bash recipes/shrink_de_en.sh targets
       supersede results/report-de-en
       bash recipes/report_de_en.sh --workers 1
       supersede results/de-en/pruned-50
       bash recipes/prune_de_en_50.sh
-      supersede results/shrink-de-en
       bash recipes/shrink_de_en.sh sweep
       supersede results/dynamics
       local last

@@ -30,7 +30,9 @@ REF=$BIN/test.raw.en  # encode-for-model.sh keeps it there, prepare-multi30k.sh 
 GEN=(--path "$MODEL/model.pt" --beam 5 --bpe subword_nmt --bpe-codes "$MODEL/code" --tokenizer moses -s de -t en
      --max-tokens 4000)
 SWEEP=(shrink "$BIN" "${GEN[@]}" --gen-subset test --references "$REF" --results-dir "$OUT"
-       --l0-compare results/voita/compare.jsonl --calibration-subset valid --calibration-sentences 1000)
+       --calibration-subset valid --calibration-sentences 1000)
+# the L0 runs beside the sweep when there are any (shown only when scored like it: same model, data, beam)
+[ -f results/voita/compare.jsonl ] && SWEEP+=(--l0-compare results/voita/compare.jsonl)
 has() { [[ ",$PARTS," == *",$1,"* ]]; }
 run() { echo "+ fairseq-headprune $*"; fairseq-headprune "$@"; }
 
