@@ -9,7 +9,8 @@
 #            (encoder self-attention gated alone), results/voita/from-scratch (the configurations of the runs
 #            nearest to 1/2 and 3/4 of the heads closed, trained from random initialisation with the base recipe)
 #   render   the report rendered again with the finished dynamics and L0 sweep (--render-only)
-# A results folder made with another model is moved to work/superseded/ first (git keeps the old version). Every
+# A results folder made with another model is moved to work/superseded/ first (git keeps the old version; its
+# README.md and NOTES.md stay, to be updated by hand). Every
 # stage resumes where it stopped: rerun the same lane after a stop. Logs: work/rerun-de-en/LANE.log.
 #
 # usage: recipes/rerun_de_en.sh report|voita|render
@@ -27,8 +28,13 @@ main() {
   supersede() {
     local dir=$1
     if [ -d "$dir" ] && [ "$(cat "$dir/.model-sha256" 2>/dev/null)" != "$sha" ]; then
-      mv "$dir" "work/superseded/$(echo "$dir" | tr / -)-$(date +%Y%m%d%H%M%S)"
-      echo "rerun_de_en: moved the old $dir to work/superseded/"
+      local old
+      old=work/superseded/$(echo "$dir" | tr / -)-$(date +%Y%m%d%H%M%S)
+      mv "$dir" "$old"
+      mkdir -p "$dir"
+      # the hand-written notes stay, to be brought up to date by hand: they say what was tried and why
+      for f in README.md NOTES.md; do [ -f "$old/$f" ] && cp "$old/$f" "$dir/$f"; done
+      echo "rerun_de_en: moved the old $dir to $old (its README.md and NOTES.md kept)"
     fi
     mkdir -p "$dir" && echo "$sha" > "$dir/.model-sha256"
   }
