@@ -213,3 +213,46 @@ def l0_vs_importance(rows: Sequence[Dict], total: int, tolerance: float, path: s
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     return _save(fig, path)
+
+
+def survivors_figure(rows: Sequence[Dict], functions: Sequence[str], path: str) -> str:
+    """Voita et al.'s view of an L0 sweep: heads kept per type against heads kept overall, heads kept per layer of
+    each type across λ, and (with an `analyze` result) the functions of the encoder self-attention heads kept."""
+    types = list(rows[0]["kept_per_layer"])
+    with_functions = "functions_kept" in rows[0]
+    n = 1 + len(types) + with_functions
+    fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 3.8), squeeze=False)
+    axes = axes[0]
+    xs = [r["kept"] for r in rows]
+    for t in types:
+        axes[0].plot(xs, [r["kept_per_type"][t] for r in rows], marker="o", ms=4, label=t)
+    axes[0].set_xlabel(f"heads kept (of {rows[0]['total']})")
+    axes[0].set_ylabel("heads kept of the type")
+    axes[0].invert_xaxis()
+    axes[0].grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    labels = [f"λ={r['l0_lambda']:g}" for r in rows]
+    for ax, t in zip(axes[1:], types):
+        grid = np.array([r["kept_per_layer"][t] for r in rows], dtype=float)
+        im = ax.imshow(grid, cmap="Blues", vmin=0, vmax=max(1.0, grid.max()), aspect="auto")
+        for (i, j), v in np.ndenumerate(grid):
+            ax.text(j, i, f"{int(v)}", ha="center", va="center", fontsize=7)
+        ax.set_xticks(range(grid.shape[1]), [str(i + 1) for i in range(grid.shape[1])], fontsize=7)
+        ax.set_yticks(range(len(rows)), labels, fontsize=7)
+        ax.set_xlabel("layer")
+        ax.set_title(f"{t}: heads kept per layer", fontsize=9)
+        fig.colorbar(im, ax=ax, fraction=0.046)
+    if with_functions:
+        ax = axes[-1]
+        bottom = np.zeros(len(rows))
+        for f in functions:
+            counts = np.array([r["functions_kept"][f] for r in rows], dtype=float)
+            ax.barh(range(len(rows)), counts, left=bottom, label=f)
+            bottom += counts
+        ax.set_yticks(range(len(rows)), labels, fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xlabel("encoder self-attention heads kept")
+        ax.set_title("their functions (analyze, before fine-tuning)", fontsize=9)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return _save(fig, path)

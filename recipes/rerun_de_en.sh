@@ -75,7 +75,10 @@ EOF
         bash recipes/voita_from_scratch.sh "$closed" "$name"
       done
       ;;
-    render)
+    render)  # once both lanes are done: the survivors' functions need the report's analyze part
+      WORK=work/voita-converged bash recipes/voita_l0.sh survivors
+      GATED_TYPES=enc-self WORK=work/voita-encoder-converged RESULTS=results/voita/encoder-only \
+        bash recipes/voita_l0.sh survivors
       bash recipes/report_de_en.sh --render-only
       ;;
     *) echo "rerun_de_en: error: the lane is report, voita or render, not '$lane'" >&2; exit 2 ;;

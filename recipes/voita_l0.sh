@@ -3,7 +3,7 @@
 # penalty, for several λ; then list the heads each λ keeps, and compare with Michel et al.'s I_h pruning at the
 # same numbers of heads (test2016 BLEU).
 #
-# usage: recipes/voita_l0.sh [STAGE...]     stages: data train gates score compare (default: all, in order)
+# usage: recipes/voita_l0.sh [STAGE...]     stages: data train gates score compare survivors (default: all, in order)
 # Every stage skips what is already done (a finished run, an existing importance.json; compare resumes), so the
 # recipe can be rerun after a stop. Environment knobs (defaults are what results/voita/ was made with):
 #   LAMBDAS="0.05 ..."  UPDATES=300  MAX_TOKENS=1024  LR=1e-4  GATE_LR_SCALE=500  TEMPERATURE=0.33
@@ -40,7 +40,9 @@ main() {
   GATE_LR_SCALE=${GATE_LR_SCALE:-500}
   TEMPERATURE=${TEMPERATURE:-0.33}
   BIN=$WORK/data-bin
-  STAGES=${*:-data train gates score compare}
+  STAGES=${*:-data train gates score compare survivors}
+  # the head functions of the model the runs start from (`analyze`; the report's analyze part writes it)
+  ANALYSIS=${ANALYSIS:-results/report-de-en/heads_analysis.json}
   EVAL=(--beam 5 --max-tokens 4000 --bpe subword_nmt --bpe-codes "$MODEL/code" --tokenizer moses -s de -t en)
   mkdir -p "$WORK" "$RESULTS"
 
@@ -98,6 +100,14 @@ main() {
     fairseq-headprune compare "$BIN" --path "$MODEL/model.pt" --gen-subset test "${EVAL[@]}" \
       --references data/multi30k-test2016/test.en --importance "$RESULTS/michel/importance.json" \
       --gated "${gated[@]}" --results-dir "$RESULTS"
+  fi
+
+  if has survivors; then  # Voita's figures: heads kept per type and layer across λ, functions of the survivors
+    analysis=()
+    [ -f "$ANALYSIS" ] && analysis=(--analysis "$ANALYSIS")
+    gates=()
+    for lambda in $LAMBDAS; do gates+=("$RESULTS/lambda-$lambda/gates.json"); done
+    fairseq-headprune survivors "${gates[@]}" "${analysis[@]}" --results-dir "$RESULTS"
   fi
 }
 main "$@"

@@ -31,6 +31,7 @@ COMMANDS = {
     "analyze": ("fairseq_headprune.cli.analyze", "confidence, LRP relevance, function of each head (Voita)"),
     "gates": ("fairseq_headprune.cli.gates", "heads kept by the L0 gates of a gated checkpoint (Voita)"),
     "compare": ("fairseq_headprune.cli.compare", "Michel's I_h pruning vs Voita's L0 gates, equal heads kept"),
+    "survivors": ("fairseq_headprune.cli.survivors", "heads an L0 sweep keeps across λ, by type, layer, function"),
     "shrink": ("fairseq_headprune.cli.shrink", "prune to a budget without retraining (Kwon et al. 2022)"),
 }
 
