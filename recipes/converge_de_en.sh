@@ -84,8 +84,8 @@ gain = float(control["test"][2]) - float(mine[3])
 losses = [line.split() for line in open(f"{out}/valid-loss.txt")]
 with open(f"{out}/convergence.md", "w") as f:
     f.write(f"# Is the De-En model converged? (recipes/converge_de_en.sh)\n\n"
-            f"Training: `recipes/train_de_en.sh` (early stopping on valid loss, patience 5), epochs 1..{last}, "
-            f"best valid loss at epoch {best}.\n\n| epoch | valid loss | valid NLL | updates |\n|---|---|---|---|\n")
+            f"Training: `recipes/train_de_en.sh`, then `recipes/cooldown_de_en.sh` if its marker is in the log "
+            f"(`== cool-down phase`), epochs 1..{last}, best valid loss at epoch {best}.\n\n| epoch | valid loss | valid NLL | updates |\n|---|---|---|---|\n")
     f.writelines(f"| {e} | {l} | {nll} | {u} |\n" for e, l, nll, u in losses)
     f.write("\nCandidates (sacreBLEU, beam 5; chosen by Multi30k val, test2016 for the record):\n\n"
             "| candidate | epochs | val BLEU | test2016 BLEU |\n|---|---|---|---|\n")
