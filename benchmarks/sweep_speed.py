@@ -14,6 +14,7 @@
             --workers-types: every type by default, the demo's own 144-mask sweep) with --workers 1 and
             --workers 2, wall time of the whole command (start-up, model loads, pool start, table)
                                                                  bar: 2 workers >= 1.7x faster than 1
+  scaling   the CPU's own ceiling for that bar: one fixed decode alone, then two copies at once (not in the default)
 Hypotheses are checked identical across every choice. The machine's load is printed before and after each
 section: timings taken while other processes run are contended; compare only ratios within one run.
 
@@ -194,8 +195,41 @@ def section_workers(work: str, types: str) -> None:
     print(load_line(), flush=True)
 
 
+def _decode_masks(work: str, n_masks: int) -> float:
+    """Seconds one process takes to decode `n_masks` single-head masks on the demo slice, 8 a search (after a
+    warm-up decode): the unit of work of the scaling section."""
+    ev = evaluator_for(generation_args(encode(64, work), 1, capped=True))
+    masks = spread_masks(ev, n_masks)
+    ev.translate()
+    start = time.perf_counter()
+    ev.translate_many(masks, 8)
+    return time.perf_counter() - start
+
+
+def section_scaling(work: str) -> None:
+    """The CPU's own ceiling for two workers: the same decode alone, then in two processes at once."""
+    print("\n== the CPU's scaling: 48 masks of the demo slice (8 a search) decoded by one process alone, then by two "
+          "processes at once (each its own copy; ratio = 2 x alone / the pair's wall time) ==", flush=True)
+    print(load_line(), flush=True)
+    cmd = [sys.executable, os.path.abspath(__file__), "--decode-once", "--work", work]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def times(n):
+        procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env) for _ in range(n)]
+        return [float(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
+
+    alone = times(1) + times(1)
+    pair = times(2)
+    one = sum(alone) / len(alone)
+    print(f"alone: {', '.join(f'{t:.1f}' for t in alone)} s; two at once: {', '.join(f'{t:.1f}' for t in pair)} s")
+    print(f"throughput of two processes / one = {2 * one / max(pair):.3f} (the most two workers can gain here, "
+          "before any start-up)")
+    print(load_line(), flush=True)
+
+
 def main():
     p = argparse.ArgumentParser()
+    p.add_argument("--decode-once", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--sections", default="demo,beam5,workers")
     p.add_argument("--demo-masks", type=int, default=144)  # the demo's own single-head sweep: every head
     p.add_argument("--beam5-masks", type=int, default=16)
@@ -211,6 +245,9 @@ def main():
     import torch
 
     torch.set_num_threads(1)
+    if a.decode_once:  # the scaling section's child
+        print(f"{_decode_masks(a.work, 48):.3f}")
+        return
     print(f"benchmarks/sweep_speed.py {time.strftime('%Y-%m-%d %H:%M:%S %Z')}, host {os.uname().nodename}, "
           f"{os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}, sections {a.sections}")
     sections = a.sections.split(",")
@@ -220,6 +257,8 @@ def main():
         section_beam5(a.work, a.beam5_masks)
     if "workers" in sections:
         section_workers(a.work, a.workers_types)
+    if "scaling" in sections:
+        section_scaling(a.work)
 
 
 if __name__ == "__main__":

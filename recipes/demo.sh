@@ -26,9 +26,10 @@ RAW=data/multi30k-test2016/test
 CAL_RAW=data/multi30k-val/val
 CAL=${DEMO_CALIBRATION:-128}
 WORK=work/demo/slice-$N-cal$CAL
-OUT=${DEMO_OUT:-work/demo/report-$N-beam$BEAM}
 L0=results/voita/compare.jsonl
 [ -f "$MODEL/model.pt" ] || { echo "demo: error: $MODEL/model.pt is missing" >&2; exit 2; }
+# one folder per bundled model: results of an earlier model are never resumed (the report would refuse them)
+OUT=${DEMO_OUT:-work/demo/report-$N-beam$BEAM-$(sha256sum "$MODEL/model.pt" | cut -c1-12)}
 start=$(date +%s)
 if [ ! -f "$WORK/data-bin/test.de-en.de.bin" ] || [ ! -f "$WORK/data-bin/valid.de-en.de.bin" ]; then
   mkdir -p "$WORK"
