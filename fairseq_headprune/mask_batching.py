@@ -14,7 +14,9 @@ the crossover in rows per step moves with the hardware, so `auto` measures on th
   of at 1: on a small set groups of 1, 2 and 4 masks are sure losses, and on the demo slice a walk from one size below
   the guess cost 22% against the best fixed size (results/benchmarks/sweep-speed.txt). A larger size is tried only
   while the sweep has at least PROBE_SPAN groups of it left, so that a probe that loses costs a small share of the
-  sweep (a probe of 16 on the 48-mask demo slice ran 1.2-1.5x slower a mask than 8 and was a third of the sweep).
+  sweep (on the demo slice a group of 16 took 1.2x as long per output word as groups of 8, and on a 48-mask sweep
+  it was a third of the sweep). The first groups of a single-head sweep hold its encoder self-attention masks,
+  which cost ~1.5x the others (each runs its own encoder pass): the walk compares sizes on alike masks.
   Times are CPU seconds of the decoding process (one thread), not wall time, so that other processes' load does
   not decide; they are normalised by the output each group decoded (hypothesis words plus one end of sentence per
   sentence), so that groups of masks that decode longer hypotheses (heavily pruned models run to the length cap)
