@@ -15,6 +15,7 @@
             --workers 2, wall time of the whole command (start-up, model loads, pool start, table)
                                                                  bar: 2 workers >= 1.7x faster than 1
   scaling   the CPU's own ceiling for that bar: one fixed decode alone, then two copies at once (not in the default)
+  encoder   encoder self-attention masks: the encoder from the lowest masked layer vs whole (not in the default)
 Hypotheses are checked identical across every choice. The machine's load is printed before and after each
 section: timings taken while other processes run are contended; compare only ratios within one run.
 
@@ -227,6 +228,41 @@ def section_scaling(work: str) -> None:
     print(load_line(), flush=True)
 
 
+def section_encoder(work: str) -> None:
+    """Masks of encoder self-attention: the encoder run from its lowest masked layer (the unmasked inputs of that
+    layer reused, as the sweeps do) against the whole encoder, alternating, CPU time of this process."""
+    from fairseq_headprune.heads import Head
+    from fairseq_headprune.layer_inputs import LayerInputCache
+
+    ev = evaluator_for(generation_args(encode(64, work), 1, capped=True))
+    masks = [[Head("enc-self", layer, h)] for layer in range(1, 7) for h in range(1, 9)]
+    ev.translate()
+    print("\n== the demo slice's 48 encoder self-attention masks, 8 a search: encoder from layer 1 vs from the lowest "
+          "masked layer (CPU s of one process, two alternations) ==", flush=True)
+    print(load_line(), flush=True)
+    lowest = LayerInputCache.encoder_out_from
+
+    def whole(self, b, net_input, start, times=1):
+        return lowest(self, b, net_input, 0, times)
+
+    runs = {}
+    try:
+        for _ in range(2):
+            for name, fn in (("whole encoder", whole), ("from the lowest masked layer", lowest)):
+                LayerInputCache.encoder_out_from = fn
+                start = time.process_time()
+                hyps = ev.translate_many(masks, 8)
+                runs.setdefault(name, []).append((time.process_time() - start, hyps))
+    finally:
+        LayerInputCache.encoder_out_from = lowest
+    (a, ra), (b, rb) = runs.items()
+    assert all(r[1] == ra[0][1] for r in ra + rb), "the hypotheses changed"
+    for name, r in runs.items():
+        print(f"{name}: {', '.join(f'{t:.2f}' for t, _ in r)} CPU s")
+    print(f"{a} / {b} = {sum(t for t, _ in ra) / sum(t for t, _ in rb):.3f}; identical hypotheses: yes")
+    print(load_line(), flush=True)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--decode-once", action="store_true", help=argparse.SUPPRESS)
@@ -259,6 +295,8 @@ def main():
         section_workers(a.work, a.workers_types)
     if "scaling" in sections:
         section_scaling(a.work)
+    if "encoder" in sections:
+        section_encoder(a.work)
 
 
 if __name__ == "__main__":

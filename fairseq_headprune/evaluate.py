@@ -12,7 +12,7 @@ from fairseq.sequence_generator import EnsembleModel
 
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.heads import Head, attention_modules, head_ids
-from fairseq_headprune.layer_inputs import LayerInputCache, encoder_is_stock
+from fairseq_headprune.layer_inputs import LayerInputCache, lowest_masked_layers
 from fairseq_headprune.loading import Loaded, batches
 from fairseq_headprune.masking import set_head_masks
 
@@ -126,10 +126,10 @@ class SubsetEvaluator:
         stock (no encoder mask or gate), its output is computed once per batch and reused by later calls."""
         task, model = self.loaded.task, self.loaded.model
         ensemble = self.generator.model
-        reuse = encoder_is_stock(model)
+        starts = lowest_masked_layers(model)
         hyps = [""] * self.size
         for b, sample in enumerate(self.samples):
-            ensemble.encoder_outs = [self._cache.encoder_out(b, sample["net_input"])] if reuse else None
+            ensemble.encoder_outs = self._encoder_outs(b, sample["net_input"], starts)
             try:
                 outputs = task.inference_step(self.generator, [model], sample)
             finally:
@@ -169,13 +169,19 @@ class SubsetEvaluator:
                 group = list(range(start, min(start + masks_per_batch, len(mask_sets))))
                 masks = [mask_sets[i] for i in group]
                 rows = self._row_masks(modules, masks, n)
-                if not any(h.type == "enc-self" for m in masks for h in m):
-                    expand = torch.arange(n, device=self.device).repeat(len(group))
-                    encoder_out = self._cache.encoder_out(b, sample["net_input"])
-                    ensemble.encoder_outs = [model.encoder.reorder_encoder_out(encoder_out, expand)]
+                enc_layers = [h.layer - 1 for m in masks for h in m if h.type == "enc-self"]
+                if enc_layers:  # recorded unmasked, before any row mask is set
+                    self._cache.encoder_inputs(b, sample["net_input"])
                 try:
                     for key, attn in modules.items():
                         attn.row_head_mask = rows[key] if key[0] == "enc-self" else rows[key].repeat_interleave(beam, 0)
+                    if enc_layers:  # the encoder from the group's lowest masked layer up, on the group's rows
+                        ensemble.encoder_outs = [self._cache.encoder_out_from(b, sample["net_input"], min(enc_layers),
+                                                                              times=len(group))]
+                    else:
+                        expand = torch.arange(n, device=self.device).repeat(len(group))
+                        encoder_out = self._cache.encoder_out(b, sample["net_input"])
+                        ensemble.encoder_outs = [model.encoder.reorder_encoder_out(encoder_out, expand)]
                     outputs = task.inference_step(self.generator, [model], _repeat(sample, len(group)))
                 finally:
                     ensemble.encoder_outs = None
@@ -184,6 +190,16 @@ class SubsetEvaluator:
                 for r, nbest in enumerate(outputs):
                     results[group[r // n]][ids[r % n]] = self.hypothesis_text(nbest[0])
         return results
+
+    def _encoder_outs(self, b: int, net_input: dict, starts) -> Optional[list]:
+        """What the generator's encoder step returns for batch b under the model's fixed masks: the cached unmasked
+        output when the encoder is stock, the encoder run from its lowest masked layer up (the unmasked inputs of
+        that layer reused) when it is not; None (the generator runs the encoder) under gates or per-row masks."""
+        if starts is None:
+            return None
+        if starts[0] is None:
+            return [self._cache.encoder_out(b, net_input)]
+        return [self._cache.encoder_out_from(b, net_input, starts[0])]
 
     def _row_masks(self, modules, masks: Sequence[Sequence[Head]], n: int) -> Dict:
         """(len(masks) * n, heads) per module: mask-major rows, zeros on each mask's heads."""

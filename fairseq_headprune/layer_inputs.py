@@ -27,6 +27,7 @@ class LayerInputCache:
     def __init__(self, model):
         self.model = model
         self._encoder_outs: Dict[int, dict] = {}
+        self._encoder_inputs: Dict[int, List[torch.Tensor]] = {}
         self._layers: Dict[int, dict] = {}
         self._weights_version = self._version()
 
@@ -37,6 +38,7 @@ class LayerInputCache:
     def _check_weights(self) -> None:
         if self._version() != self._weights_version:
             self._encoder_outs.clear()
+            self._encoder_inputs.clear()
             self._layers.clear()
             self._weights_version = self._version()
 
@@ -47,6 +49,31 @@ class LayerInputCache:
             with _unmasked(self.model):
                 self._encoder_outs[b] = self.model.encoder.forward_torchscript(net_input)
         return self._encoder_outs[b]
+
+    def encoder_inputs(self, b: int, net_input: dict) -> List[torch.Tensor]:
+        """Batch b's unmasked input of every encoder layer (one unmasked encoder pass, kept)."""
+        self._check_weights()
+        if b in self._layers:
+            return self._layers[b]["encoder"]
+        if b not in self._encoder_inputs:
+            with _unmasked(self.model), _layer_inputs(self.model.encoder.layers) as inputs:
+                out = self.model.encoder.forward_torchscript(net_input)
+            self._encoder_outs.setdefault(b, out)
+            self._encoder_inputs[b] = inputs
+        return self._encoder_inputs[b]
+
+    def encoder_out_from(self, b: int, net_input: dict, start: int, times: int = 1) -> dict:
+        """Batch b's encoder output under the encoder's current masks (fixed ξ or per-row masks), computed from
+        layer `start` (0-based) up: no mask below `start` may be set. The layers below run unmasked, so their
+        recorded outputs are reused. times > 1: for the batch repeated `times` times (mask-major rows, as a shared
+        beam search has them)."""
+        hidden = self.encoder_inputs(b, net_input)[start]  # T x B x C
+        if times > 1:
+            hidden = hidden.repeat(1, times, 1)
+            net_input = {k: (v.repeat(times, *([1] * (v.dim() - 1))) if torch.is_tensor(v) else v)
+                         for k, v in net_input.items()}
+        with _starting_at(self.model.encoder, start, hidden):
+            return self.model.encoder.forward_torchscript(net_input)
 
     def decoder_features(self, b: int, net_input: dict) -> torch.Tensor:
         """model.decoder(..., features_only=True) features of batch b under the model's current masks."""

@@ -173,7 +173,8 @@ def test_shared_decode_equals_one_decode_per_mask(tiny_data, stock_checkpoint):
     evaluator = SubsetEvaluator(loaded, "test")
     assert len(evaluator.samples) > 1  # several batches, sentences finishing at different steps
     masks = [[], [Head("enc-self", 2, 3)], [Head("enc-dec", 3, 2)], [Head("dec-self", 1, 4)],
-             [Head("enc-dec", 1, 1), Head("dec-self", 3, 2)], [Head("enc-self", 4, h) for h in range(1, 9)]]
+             [Head("enc-dec", 1, 1), Head("dec-self", 3, 2)], [Head("enc-self", 4, h) for h in range(1, 9)],
+             [Head("enc-self", 3, 5)]]  # groups of enc-self masks run the encoder from their lowest masked layer
     one_by_one = []
     for mask in masks:
         set_head_masks(loaded.model, mask)

@@ -9,6 +9,7 @@ MASKS = [
     [],
     [Head("enc-self", 1, 2)],
     [Head("enc-self", 3, 1), Head("dec-self", 1, 4)],
+    [Head("enc-self", 4, 2)],  # the encoder from its top layer: the three below reused
     [Head("enc-dec", 1, 3)],
     [Head("dec-self", 3, 2)],
     [Head("enc-dec", 3, 1), Head("dec-self", 2, 2)],
