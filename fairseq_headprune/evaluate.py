@@ -123,7 +123,8 @@ class SubsetEvaluator:
     @torch.no_grad()
     def translate(self) -> List[str]:
         """Detokenised best hypotheses in dataset order, under the current masks. While the encoder runs as
-        stock (no encoder mask or gate), its output is computed once per batch and reused by later calls."""
+        stock (no encoder mask or gate), its output is computed once per batch and reused by later calls; under
+        encoder masks it runs from the lowest masked layer, fed that layer's recorded unmasked input."""
         task, model = self.loaded.task, self.loaded.model
         ensemble = self.generator.model
         starts = lowest_masked_layers(model)

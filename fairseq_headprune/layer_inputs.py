@@ -154,10 +154,3 @@ def _starting_at(stack, index: int, hidden: torch.Tensor) -> Iterator[None]:
     finally:
         stack.layers = layers
         handle.remove()
-
-
-def encoder_is_stock(model) -> bool:
-    """No encoder head is masked (and nothing is gated or masked per row): a cached unmasked encoder output is
-    the encoder's output."""
-    starts = lowest_masked_layers(model)
-    return starts is not None and starts[0] is None
