@@ -20,7 +20,7 @@ Hypotheses are checked identical across every choice. The machine's load is prin
 section: timings taken while other processes run are contended; compare only ratios within one run.
 
 usage: benchmarks/sweep_speed.py [--sections demo,beam5,workers] [--demo-masks 144] [--beam5-masks 16]
-                                 [--workers-types enc-self,enc-dec,dec-self]
+                                 [--workers-types enc-self,enc-dec,dec-self] [--workers-beam 1]
 """
 import argparse
 import os
@@ -165,11 +165,11 @@ def section_beam5(work: str, n_masks: int) -> None:
     print(load_line(), flush=True)
 
 
-def section_workers(work: str, types: str) -> None:
+def section_workers(work: str, types: str, beam: int = 1) -> None:
     data = encode(64, work)
     print(f"\n== one sweep on 1 and 2 local workers: fairseq-headprune ablate --mode single --types {types}, demo "
-          "slice, greedy, --masks-per-batch auto (wall time of the whole command: start-up, model loads and the "
-          "baseline included) ==", flush=True)
+          f"slice, {'greedy' if beam == 1 else f'beam {beam}'}, --masks-per-batch auto (wall time of the whole "
+          "command: start-up, model loads and the baseline included) ==", flush=True)
     print(load_line(), flush=True)
     exe = os.path.join(ROOT, ".venv/bin/fairseq-headprune")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -179,8 +179,9 @@ def section_workers(work: str, types: str) -> None:
         shutil.rmtree(out, ignore_errors=True)
         start = time.perf_counter()
         refs = os.path.join(work, "slice-64", "test.en")
-        subprocess.run([exe, "ablate", *generation_args(data, 1, capped=True), "--results-dir", out, "--mode", "single",
-                        "--types", types, "--references", refs, "--workers", str(n), "--no-progress-bar"],
+        subprocess.run([exe, "ablate", *generation_args(data, beam, capped=True), "--results-dir", out,
+                        "--mode", "single", "--types", types, "--references", refs, "--workers", str(n),
+                        "--no-progress-bar"],
                        check=True, env=env, capture_output=True)
         walls.setdefault(n, []).append(time.perf_counter() - start)
         with open(os.path.join(out, "ablation-single.jsonl"), encoding="utf-8") as f:
@@ -270,6 +271,7 @@ def main():
     p.add_argument("--demo-masks", type=int, default=144)  # the demo's own single-head sweep: every head
     p.add_argument("--beam5-masks", type=int, default=16)
     p.add_argument("--workers-types", default="enc-self,enc-dec,dec-self", help="the workers section's sweep")
+    p.add_argument("--workers-beam", type=int, default=1, help="the workers section's beam (1: the demo's)")
     p.add_argument("--work", default=os.path.join(ROOT, "work/bench-sweep"))
     a = p.parse_args()
     os.environ["PATH"] = os.path.join(ROOT, ".venv/bin") + os.pathsep + os.environ["PATH"]
@@ -292,7 +294,7 @@ def main():
     if "beam5" in sections:
         section_beam5(a.work, a.beam5_masks)
     if "workers" in sections:
-        section_workers(a.work, a.workers_types)
+        section_workers(a.work, a.workers_types, a.workers_beam)
     if "scaling" in sections:
         section_scaling(a.work)
     if "encoder" in sections:
