@@ -171,18 +171,19 @@ class SubsetEvaluator:
                 masks = [mask_sets[i] for i in group]
                 rows = self._row_masks(modules, masks, n)
                 enc_layers = [h.layer - 1 for m in masks for h in m if h.type == "enc-self"]
-                if enc_layers:  # recorded unmasked, before any row mask is set
+                # what the cache records unmasked is computed before any row mask is set
+                if enc_layers:
                     self._cache.encoder_inputs(b, sample["net_input"])
+                else:
+                    expand = torch.arange(n, device=self.device).repeat(len(group))
+                    encoder_out = self._cache.encoder_out(b, sample["net_input"])
+                    ensemble.encoder_outs = [model.encoder.reorder_encoder_out(encoder_out, expand)]
                 try:
                     for key, attn in modules.items():
                         attn.row_head_mask = rows[key] if key[0] == "enc-self" else rows[key].repeat_interleave(beam, 0)
                     if enc_layers:  # the encoder from the group's lowest masked layer up, on the group's rows
                         ensemble.encoder_outs = [self._cache.encoder_out_from(b, sample["net_input"], min(enc_layers),
                                                                               times=len(group))]
-                    else:
-                        expand = torch.arange(n, device=self.device).repeat(len(group))
-                        encoder_out = self._cache.encoder_out(b, sample["net_input"])
-                        ensemble.encoder_outs = [model.encoder.reorder_encoder_out(encoder_out, expand)]
                     outputs = task.inference_step(self.generator, [model], _repeat(sample, len(group)))
                 finally:
                     ensemble.encoder_outs = None
