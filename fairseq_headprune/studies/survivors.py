@@ -17,11 +17,10 @@ from typing import Dict, List, Mapping, Optional, Sequence
 
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.heads import ATTENTION_TYPES
+from fairseq_headprune.results import layout as names
 from fairseq_headprune.results.log import atomic_output
 
 FUNCTIONS = ("positional", "syntactic", "rare", "none")  # a head with several labels counts under the first
-SURVIVORS_MD = "survivors.md"
-SURVIVORS_PNG = "survivors.png"
 
 
 def function_of(labels: Sequence[str]) -> str:
@@ -124,11 +123,11 @@ def run(gate_files: Sequence[str], analysis_file: Optional[str], results_dir: st
     if analysis is not None and "enc-self" not in analysis:
         raise UserError(f"{analysis_file} is not a heads_analysis.json written by `fairseq-headprune analyze`")
     rows = rows_of(gate_files, analysis)
-    md = os.path.join(results_dir, SURVIVORS_MD)
+    md = os.path.join(results_dir, names.SURVIVORS_MD)
     source = (f"; functions from `{analysis_file}` (checkpoint sha256 "
               f"{analysis.get('meta', {}).get('checkpoint_sha256', '?')[:16]})" if analysis else "")
     with atomic_output(md) as f:
         f.write(f"# Heads kept by the L0 runs, by λ ({rows[0]['updates']} updates, gated: "
                 f"{', '.join(rows[0]['gated_types'])})\n\nFrom {len(rows)} gates.json files{source}. "
                 "Made by `fairseq-headprune survivors`.\n\n" + table(rows) + "\n")
-    return [md, figure(rows, os.path.join(results_dir, SURVIVORS_PNG))]
+    return [md, figure(rows, os.path.join(results_dir, names.SURVIVORS_PNG))]
