@@ -66,7 +66,7 @@ import json, sys
 target = {"half": 0.5, "three-quarters": 0.75}[sys.argv[1]]
 rows = [json.loads(line) for line in open("results/voita/compare.jsonl") if line.startswith("{")]
 runs = [r for r in rows if r.get("method") == "l0" and r.get("l0_lambda")]
-total = 144
+total = next(r["header"]["total_heads"] for r in rows if "header" in r)
 best = min(runs, key=lambda r: abs(1 - r["heads_kept"] / total - target))
 print(f"results/voita/lambda-{best['l0_lambda']:g}/closed-heads.json")
 EOF

@@ -11,14 +11,13 @@ rare, or none of them): the functions are not measured again on the fine-tuned m
 """
 from __future__ import annotations
 
-import json
 import os
 from typing import Dict, List, Mapping, Optional, Sequence
 
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.heads import ATTENTION_TYPES
 from fairseq_headprune.results import layout as names
-from fairseq_headprune.results.log import atomic_output
+from fairseq_headprune.results.log import atomic_output, read_json
 
 FUNCTIONS = ("positional", "syntactic", "rare", "none")  # a head with several labels counts under the first
 
@@ -58,18 +57,15 @@ def survivor_row(gates: Mapping, functions: Optional[Mapping[tuple, str]] = None
     return row
 
 
-def read_json(path: str, what: str) -> dict:
+def read_json_file(path: str, what: str) -> dict:
+    """results.log.read_json, with a missing file an error (a survivors input is never optional)."""
     if not os.path.isfile(path):
         raise UserError(f"{what}: no such file: {path}")
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, ValueError) as e:
-        raise UserError(f"{what}: cannot read {path}: {e}") from None
+    return read_json(path)
 
 
 def read_gates(path: str) -> dict:
-    gates = read_json(path, "gates")
+    gates = read_json_file(path, "gates")
     if not isinstance(gates, dict) or not {"l0_lambda", "heads", "total", "updates"} <= set(gates):
         raise UserError(f"{path} is not a gates.json written by `fairseq-headprune gates`")
     return gates
@@ -119,7 +115,7 @@ def run(gate_files: Sequence[str], analysis_file: Optional[str], results_dir: st
     """survivors.md and survivors.png in results_dir; returns the files written."""
     if not gate_files:
         raise UserError("give at least one gates.json")
-    analysis = read_json(analysis_file, "--analysis") if analysis_file else None
+    analysis = read_json_file(analysis_file, "--analysis") if analysis_file else None
     if analysis is not None and "enc-self" not in analysis:
         raise UserError(f"{analysis_file} is not a heads_analysis.json written by `fairseq-headprune analyze`")
     rows = rows_of(gate_files, analysis)
