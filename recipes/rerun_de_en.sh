@@ -41,7 +41,7 @@ main() {
   case $lane in
     report)
       supersede results/shrink-de-en  # issue 16's targets first: a short run, and the verdict everyone asks for
-      bash recipes/shrink_de_en.sh targets
+      [ -f results/shrink-de-en/targets.md ] || bash recipes/shrink_de_en.sh targets  # this model's, once made
       supersede results/report-de-en
       bash recipes/report_de_en.sh --workers 1
       supersede results/de-en/pruned-50
