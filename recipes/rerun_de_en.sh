@@ -21,7 +21,7 @@ main() {
   cd "$(dirname "$0")/.."
   export PATH=$PWD/.venv/bin:$PATH OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1
   local lane=${1:?usage: rerun_de_en.sh report|voita|render}
-  local model=checkpoints/de-en sha
+  local model=checkpoints/de-en sha BIN=work/de-en/data-bin
   sha=$(sha256sum "$model/model.pt" | cut -d' ' -f1)
   mkdir -p work/rerun-de-en work/superseded
   # supersede DIR: a folder of results of another model (or of none recorded) is moved aside
@@ -46,6 +46,19 @@ main() {
       bash recipes/report_de_en.sh --workers 1
       supersede results/de-en/pruned-50
       bash recipes/prune_de_en_50.sh
+      # the rest of results/de-en: per-token vs per-sentence I_h (its script lives in the folder: not superseded),
+      # and the pruned model's speed at forced equal lengths (as benchmarks/pruned_speed.sh)
+      local ipp=results/de-en/importance-per-position
+      if [ "$(cat "$ipp/.model-sha256" 2>/dev/null)" != "$sha" ]; then
+        python "$ipp/measure.py" > work/rerun-de-en/importance-per-position.log 2>&1 && echo "$sha" > "$ipp/.model-sha256"
+      fi
+      if [ "$(cat results/de-en/speed-same-work/.model-sha256 2>/dev/null)" != "$sha" ]; then
+        supersede results/de-en/speed-same-work
+        fairseq-headprune speed "$BIN" --path "$model/model.pt" --gen-subset test -s de -t en \
+          --heads @results/de-en/pruned-50/removed-heads.json --results-dir results/de-en/speed-same-work --beam 5 \
+          --runs 3 --num-sentences 128 --max-len-a 0 --max-len-b 20 --min-len 20 \
+          | tee results/de-en/speed-same-work/speed.txt
+      fi
       bash recipes/shrink_de_en.sh sweep
       supersede results/dynamics
       local last

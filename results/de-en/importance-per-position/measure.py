@@ -25,6 +25,7 @@ def main():
     from fairseq_headprune.criterions.head_importance import HeadImportanceCriterion
     from fairseq_headprune.importance import normalize_by_layer, to_nested_lists
     from fairseq_headprune.loading import batches, load
+    from fairseq_headprune.results.identity import file_sha256
     from fairseq_headprune.studies.scoring import compute_importance, frozen_weights
 
     torch.manual_seed(1)
@@ -60,7 +61,8 @@ def main():
         "bottom_overlap": "heads among the k least important by both definitions, k = 10%..50% of 144",
     },
         "command": "OMP_NUM_THREADS=1 .venv/bin/python results/de-en/importance-per-position/measure.py",
-        "checkpoint": "checkpoints/de-en/model.pt", "data": "work/de-en/data-bin", "subset": "valid",
+        "checkpoint": "checkpoints/de-en/model.pt",
+        "checkpoint_sha256": file_sha256("checkpoints/de-en/model.pt"), "data": "work/de-en/data-bin", "subset": "valid",
         "max_tokens": 4000, "sentences": stats["sentences"], "target_tokens": criterion.accumulator.tokens,
         "nll_per_token": stats["nll_per_token"], "seconds": {"per_sentence": t_sentence, "per_position": t_position},
         "heads": sum(per_sentence[k].numel() for k in keys)}
