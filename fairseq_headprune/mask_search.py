@@ -96,57 +96,87 @@ def ranked_heads(scores: Mapping[Key, torch.Tensor], head_ids: Mapping[Key, Sequ
     return sorted(rows, key=lambda r: (r[0], ATTENTION_TYPES.index(r[1].type), r[1].layer, r[1].head))
 
 
+def _removable(head_ids: Mapping[Key, Sequence[int]], keys: Iterable[Key], min_kept: int) -> int:
+    """How many heads of these layers can go when each must keep at least min_kept."""
+    return sum(max(len(head_ids[k]) - min_kept, 0) for k in keys)
+
+
 def fill_by_heads(scores: Mapping[Key, torch.Tensor], head_ids: Mapping[Key, Sequence[int]], n_remove: int,
-                  types: Iterable[str] = ATTENTION_TYPES) -> List[Head]:
-    """The n_remove lowest-scoring heads of the allowed types (a global fill, as Kwon's search with equal costs)."""
+                  types: Iterable[str] = ATTENTION_TYPES, min_kept: int = 0) -> List[Head]:
+    """The n_remove lowest-scoring heads of the allowed types (a global fill, as Kwon's search with equal costs),
+    skipping a head whose layer would keep fewer than min_kept heads."""
     ranked = ranked_heads(scores, head_ids, types)
     if not 0 <= n_remove <= len(ranked):
         raise ValueError(f"cannot remove {n_remove} of {len(ranked)} heads")
-    return sorted(h for _, h in ranked[:n_remove])
+    keys = {(h.type, h.layer) for _, h in ranked}
+    if n_remove > _removable(head_ids, keys, min_kept):
+        raise ValueError(f"cannot remove {n_remove} heads keeping at least {min_kept} in every layer "
+                         f"(at most {_removable(head_ids, keys, min_kept)})")
+    kept = {k: len(head_ids[k]) for k in keys}
+    removed = []
+    for _, h in ranked:
+        if len(removed) == n_remove:
+            break
+        if kept[(h.type, h.layer)] > min_kept:
+            removed.append(h)
+            kept[(h.type, h.layer)] -= 1
+    return sorted(removed)
 
 
 def fill_by_flops(scores: Mapping[Key, torch.Tensor], head_ids: Mapping[Key, Sequence[int]],
                   head_cost: Mapping[Key, float], flops_to_remove: float,
-                  types: Iterable[str] = ATTENTION_TYPES) -> List[Head]:
-    """Remove heads by ascending score per FLOP saved until at least flops_to_remove are saved.
+                  types: Iterable[str] = ATTENTION_TYPES, min_kept: int = 0) -> List[Head]:
+    """Remove heads by ascending score per FLOP saved until at least flops_to_remove are saved, never taking a
+    layer below min_kept heads.
 
     head_cost[(type, layer)] is the decoding FLOPs one head of that layer costs; a layer's heads cost alike. Raises
     ValueError when even every allowed head does not save enough."""
     rows = [(s / max(head_cost[(h.type, h.layer)], 1e-30), h) for s, h in ranked_heads(scores, head_ids, types)]
     rows.sort(key=lambda r: (r[0], ATTENTION_TYPES.index(r[1].type), r[1].layer, r[1].head))
     removed, saved = [], 0.0
+    kept = {k: len(head_ids[k]) for k in {(h.type, h.layer) for _, h in rows}}
     for _, h in rows:
         if saved >= flops_to_remove:
             break
+        if kept[(h.type, h.layer)] <= min_kept:
+            continue
+        kept[(h.type, h.layer)] -= 1
         removed.append(h)
         saved += head_cost[(h.type, h.layer)]
     if saved < flops_to_remove:
-        raise ValueError(f"the allowed heads cost {saved:.3g} FLOPs, less than the {flops_to_remove:.3g} to remove")
+        keeping = f" keeping at least {min_kept} in every layer" if min_kept else ""
+        raise ValueError(f"the allowed heads cost {saved:.3g} FLOPs, less than the {flops_to_remove:.3g} to "
+                         f"remove{keeping}")
     return sorted(removed)
 
 
 def fill_greedy(grads: Mapping[Key, torch.Tensor], head_ids: Mapping[Key, Sequence[int]], n_remove: int,
                 types: Iterable[str] = ATTENTION_TYPES, block: bool = True,
                 already: Iterable[Head] = (), head_cost: Optional[Mapping[Key, float]] = None,
-                flops_to_remove: Optional[float] = None) -> List[Head]:
+                flops_to_remove: Optional[float] = None, min_kept: int = 0) -> List[Head]:
     """Remove n_remove heads one at a time, each the head whose removal raises the Fisher estimate of the loss
     increase least given the heads already removed: Σ_x (Σ_{h∈P} g_x,h)² over each layer's heads (block: Kwon's
     block-diagonal Fisher, the objective the rearrangement lowers) or over all heads (full empirical Fisher).
     Unlike the diagonal fill, heads that fail together (correlated gradients) are not all removed. `already` are
     removed first (and count towards n_remove). With head_cost and flops_to_remove (n_remove is then ignored),
     each step takes the smallest increase per FLOP saved until at least flops_to_remove are saved; ValueError
-    when every allowed head does not save enough."""
+    when every allowed head does not save enough. min_kept > 0 never takes a layer below that many heads (no
+    emptied sublayer at 1)."""
     types = set(types)
     keys = [k for k in grads if k[0] in types]
     columns = [(k, i) for k in keys for i in range(len(head_ids[k]))]
     by_flops = flops_to_remove is not None
     if not by_flops and not 0 <= n_remove <= len(columns):
         raise ValueError(f"cannot remove {n_remove} of {len(columns)} heads")
+    if not by_flops and n_remove > _removable(head_ids, keys, min_kept):
+        raise ValueError(f"cannot remove {n_remove} heads keeping at least {min_kept} in every layer "
+                         f"(at most {_removable(head_ids, keys, min_kept)})")
     G = torch.cat([grads[k] for k in keys], dim=1)  # (sentences, heads of the allowed types)
     F = G.t() @ G
+    layer = torch.tensor([keys.index(k) for k, _ in columns])
     if block:
-        layer = torch.tensor([keys.index(k) for k, _ in columns])
         F = F * (layer.unsqueeze(0) == layer.unsqueeze(1))
+    size = torch.tensor([len(head_ids[k]) for k in keys])
     position = {Head(k[0], k[1], head_ids[k][i]): c for c, (k, i) in enumerate(columns)}
     v = torch.zeros(len(columns), dtype=F.dtype)
     for h in already:
@@ -155,10 +185,16 @@ def fill_greedy(grads: Mapping[Key, torch.Tensor], head_ids: Mapping[Key, Sequen
     cost = torch.tensor([head_cost[k] if by_flops else 1.0 for k, _ in columns], dtype=F.dtype)
     saved = float((cost * v).sum())
     while (saved < flops_to_remove) if by_flops else (int(v.sum()) < n_remove):
-        if bool(v.all()):
-            raise ValueError(f"the allowed heads save {saved:.3g} FLOPs, less than the {flops_to_remove:.3g} to remove")
+        kept = size - torch.zeros(len(keys), dtype=F.dtype).index_add_(0, layer, v).long()
+        full = v.bool() | (kept[layer] <= min_kept)
+        if bool(full.all()):
+            keeping = f" keeping at least {min_kept} in every layer" if min_kept else ""
+            if by_flops:
+                raise ValueError(f"the allowed heads save {saved:.3g} FLOPs, less than the {flops_to_remove:.3g} "
+                                 f"to remove{keeping}")
+            raise ValueError(f"cannot remove {n_remove} heads{keeping}")
         increase = (2 * (F @ v) + diag) / cost
-        increase[v.bool()] = float("inf")
+        increase[full] = float("inf")
         c = int(torch.argmin(increase))
         v[c] = 1
         saved += float(cost[c])

@@ -57,6 +57,8 @@ def test_the_default_sweep_shows_the_shrink_commands_default_pipeline():
     method = sweep.method_options(sweep.DEFAULT_METHODS[-1], default)
     assert method.search == "full"  # a greedy fill, which has no rearrangement step to switch
     assert replace(method, rearrange=default.rearrange) == default
+    # a step that keeps heads in every sublayer changes that and nothing else
+    assert sweep.method_options(sweep.DEFAULT_METHODS[-1] + "+min1", default) == replace(method, min_heads=1)
 
 
 def test_tables_split_curves_candidates_and_l0():

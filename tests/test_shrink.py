@@ -273,6 +273,8 @@ def test_bad_input_is_one_line_and_exit_code_2(stock_checkpoint, tiny_data, tmp_
         (["--remove", "50%", "--types", "enc-foo"], "unknown attention type"),
         (["--flops", "5%"], "cannot be reached"),
         (["--remove", "10%", "--calibration-sentences", "0"], "at least 1"),
+        (["--remove", "20", "--min-heads-per-layer", "4"], "at most 16 can go"),
+        (["--remove", "10%", "--min-heads-per-layer", "-1"], "at least 0"),
     ]
     for extra, message in cases:
         proc = run(_cmd(tiny_data, stock_checkpoint, *extra, "--out", out), check=False)
@@ -292,6 +294,30 @@ def test_bad_input_is_one_line_and_exit_code_2(stock_checkpoint, tiny_data, tmp_
     for target in (stock_checkpoint, link):  # never the input, links resolved
         proc = run(_cmd(tiny_data, stock_checkpoint, "--remove", "10%", "--out", target), check=False)
         assert proc.returncode == 2 and "is the checkpoint being read" in proc.stderr, proc.stderr
+
+
+def test_fills_keep_the_minimum_of_heads_per_layer():
+    # layer 1's heads have tiny gradients, layer 2's large ones: without a minimum every fill empties layer 1
+    torch.manual_seed(0)
+    grads = {("enc-self", 1): 0.01 * torch.randn(16, 4, dtype=torch.float64),
+             ("enc-self", 2): torch.randn(16, 4, dtype=torch.float64)}
+    ids = {("enc-self", 1): (1, 2, 3, 4), ("enc-self", 2): (1, 2, 3, 4)}
+    scores = mask_search.fisher_scores(grads)
+
+    def per_layer(removed):
+        return [sum(h.layer == layer for h in removed) for layer in (1, 2)]
+
+    fills = {"diagonal": lambda m: mask_search.fill_by_heads(scores, ids, 5, min_kept=m),
+             "block": lambda m: mask_search.fill_greedy(grads, ids, 5, block=True, min_kept=m),
+             "full": lambda m: mask_search.fill_greedy(grads, ids, 5, block=False, min_kept=m),
+             "flops": lambda m: mask_search.fill_by_flops(scores, ids, {k: 1.0 for k in ids}, 5.0, min_kept=m),
+             "greedy flops": lambda m: mask_search.fill_greedy(grads, ids, 0, head_cost={k: 1.0 for k in ids},
+                                                               flops_to_remove=5.0, min_kept=m)}
+    for name, fill in fills.items():
+        assert per_layer(fill(0)) == [4, 1], name
+        assert per_layer(fill(1)) == [3, 2], name  # the budget is met exactly, from the other layer
+        with pytest.raises(ValueError, match="at least 2 in every layer"):  # 5 of 8 cannot go keeping 2 each
+            fill(2)
 
 
 def test_greedy_fill_counts_correlated_heads_together():

@@ -37,6 +37,8 @@ def add_args(parser) -> None:
                    help="remove the budget in N steps, reconstructing and re-scoring the heads between steps")
     g.add_argument("--no-rearrange", action="store_true",
                    help="skip Kwon's in-layer mask rearrangement (after --search fisher or block)")
+    g.add_argument("--min-heads-per-layer", type=int, default=0, metavar="N",
+                   help="every attention sublayer keeps at least N heads (1: none is emptied; default 0: no limit)")
     g.add_argument("--refit", default="out-proj", choices=("none", "scales", "out-proj"),
                    help="reconstruction: none, one scale per kept head (Kwon), or a ridge refit of out_proj")
     g.add_argument("--ridge", type=float, default=1e-3, help="ridge of the out_proj refit (x mean diagonal)")
@@ -64,7 +66,8 @@ def options_from(args) -> ShrinkOptions:
         remove=args.remove, keep=args.keep, flops=args.flops, types=parse_types(args.types),
         calibration_subset=args.calibration_subset, calibration_sentences=args.calibration_sentences,
         calibration_targets=args.calibration_targets, calibration_beam=args.calibration_beam, search=args.search,
-        search_steps=args.search_steps, rearrange=not args.no_rearrange, refit=args.refit, ridge=args.ridge,
+        search_steps=args.search_steps, min_heads=args.min_heads_per_layer, rearrange=not args.no_rearrange,
+        refit=args.refit, ridge=args.ridge,
         max_scale=args.max_scale, refit_unpruned=args.refit_unpruned, empty_bias=not args.no_empty_bias,
         refit_ffn=not args.no_refit_ffn, teacher_mildness=args.teacher_mildness, check=not args.no_check,
         check_sentences=args.check_sentences)

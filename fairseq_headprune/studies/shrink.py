@@ -52,6 +52,7 @@ class ShrinkOptions:
     empty_bias: bool = True
     refit_ffn: bool = True  # also refit every FFN's fc2 towards the same targets (beyond Kwon)
     search_steps: int = 1  # > 1: remove the budget in this many steps, reconstructing and re-scoring between them
+    min_heads: int = 0  # every attention sublayer keeps at least this many heads (1: no sublayer emptied)
     teacher_mildness: float = 0.0  # > 0: the teacher has this share of the removed heads masked (a milder mask)
     check: bool = True
     check_sentences: Optional[int] = None  # sentences decoded by both models before saving (all calibration)
@@ -147,13 +148,20 @@ def validate(options: ShrinkOptions, model) -> Budget:
         raise UserError("--search-steps must be at least 1")
     if options.search_steps > 1 and budget.kind == "flops":
         raise UserError("--search-steps works with head budgets (--remove, --keep), not --flops")
+    if options.min_heads < 0:
+        raise UserError(f"--min-heads-per-layer must be at least 0, not {options.min_heads}")
     if not 0 <= options.teacher_mildness < 1:
         raise UserError("--teacher-mildness must be in [0, 1)")
     if options.ridge < 0 or options.max_scale <= 0:
         raise UserError("--ridge must be >= 0 and --max-scale > 0")
     layout = HeadLayout.of(model)
     if budget.kind != "flops":
-        heads_to_remove(budget, layout, parse_types(options.types))
+        n = heads_to_remove(budget, layout, parse_types(options.types))
+        removable = sum(max(len(ids) - options.min_heads, 0) for (t, _), ids in layout.heads.items()
+                        if t in parse_types(options.types))
+        if n > removable:
+            raise UserError(f"cannot remove {n} heads keeping at least {options.min_heads} in every attention "
+                            f"sublayer: at most {removable} can go ({layout.describe()})")
     return budget
 
 
@@ -289,9 +297,10 @@ def select_heads(model, grads: Dict[Key, torch.Tensor], budget: Budget, options:
         try:
             if options.search in ("block", "full"):
                 removed = mask_search.fill_greedy(grads, ids, 0, types, block=options.search == "block",
-                                                  head_cost=cost, flops_to_remove=to_remove)
+                                                  head_cost=cost, flops_to_remove=to_remove,
+                                                  min_kept=options.min_heads)
             else:
-                removed = mask_search.fill_by_flops(scores, ids, cost, to_remove, types)
+                removed = mask_search.fill_by_flops(scores, ids, cost, to_remove, types, options.min_heads)
         except ValueError:
             everything = flop_model.decode_flops(shape.without(layout.all_heads(types)), src, tgt, beam)
             raise UserError(f"--flops {budget.value:g}% cannot be reached by removing heads of "
@@ -304,9 +313,11 @@ def select_heads(model, grads: Dict[Key, torch.Tensor], budget: Budget, options:
                      "lengths": "calibration sources and targets"}
     elif options.search in ("block", "full"):
         removed = mask_search.fill_greedy(grads, ids, heads_to_remove(budget, layout, types), types,
-                                          block=options.search == "block", already=already)
+                                          block=options.search == "block", already=already,
+                                          min_kept=options.min_heads)
     else:
-        removed = mask_search.fill_by_heads(scores, ids, heads_to_remove(budget, layout, types), types)
+        removed = mask_search.fill_by_heads(scores, ids, heads_to_remove(budget, layout, types), types,
+                                            options.min_heads)
     info = None
     if options.rearrange and options.search in ("fisher", "block") and not already:
         r = mask_search.rearrange(removed, grads, ids)

@@ -10,7 +10,8 @@ Methods are written as a base order and steps joined by '+':
 Extra steps for the measurements of NOTES.md: `mildP` (a teacher with P% of the removed heads masked), `all` (also
 refit sublayers that lost no head), `nobias` (no bias refit of emptied sublayers), `ffn` (also refit every FFN's
 fc2 towards the same targets), `ridgeX` (the ridge of the refits), `stepsN` (remove the budget in N steps, each
-reconstructed and re-scored before the next: search with reconstruction in the loop).
+reconstructed and re-scored before the next: search with reconstruction in the loop), `minN` (every attention
+sublayer keeps at least N heads: `min1` empties none).
 
 The calibration (sentences, targets) and the gradients are computed once; every budget and method reuses them.
 Rows go to a resumable JSONL (ResultsLog) as they are computed.
@@ -40,7 +41,7 @@ from fairseq_headprune.studies.shrink import (
 
 # ShrinkOptions fields a sweep method name sets (method_options); the others are the sweep's fixed settings
 METHOD_FIELDS = ("remove", "keep", "flops", "search", "rearrange", "refit", "teacher_mildness", "refit_unpruned",
-                 "empty_bias", "refit_ffn", "search_steps", "ridge")
+                 "empty_bias", "refit_ffn", "search_steps", "ridge", "min_heads")
 # Kwon's steps one at a time, then the shrink command's default pipeline (full-Fisher fill, out_proj and fc2 refit)
 DEFAULT_METHODS = ("michel", "fisher", "fisher+rearrange", "fisher+rearrange+scales", "fisher+rearrange+out-proj",
                    "full+out-proj+ffn")
@@ -101,7 +102,7 @@ def method_options(method: str, base: ShrinkOptions) -> ShrinkOptions:
     if order is None:
         raise UserError(f"unknown sweep method {method!r}: it starts with michel, fisher, block or full")
     opts = replace(base, search=order, rearrange=False, refit="none", teacher_mildness=0.0, refit_unpruned=False,
-                   empty_bias=True, refit_ffn=False, search_steps=1)
+                   empty_bias=True, refit_ffn=False, search_steps=1, min_heads=0)
     for step in parts[1:]:
         if step == "rearrange":
             opts = replace(opts, rearrange=True)
@@ -117,6 +118,8 @@ def method_options(method: str, base: ShrinkOptions) -> ShrinkOptions:
             opts = replace(opts, refit_ffn=True)
         elif step.startswith("ridge"):
             opts = replace(opts, ridge=float(step[5:]))
+        elif step.startswith("min") and step[3:].isdigit():
+            opts = replace(opts, min_heads=int(step[3:]))
         elif step == "nobias":
             opts = replace(opts, empty_bias=False)
         else:
