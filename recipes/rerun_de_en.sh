@@ -3,7 +3,8 @@
 # that two lanes run side by side on this 2-core machine:
 #   report   issue 16's targets (results/shrink-de-en/targets.md), results/report-de-en (every part, shrink and
 #            equal-work speed included; recipes/report_de_en.sh), results/de-en/pruned-50 (recipes/prune_de_en_50.sh),
-#            the results/shrink-de-en sweep (recipes/shrink_de_en.sh),
+#            the rest of results/de-en, the results/shrink-de-en sweep, candidates, export and speed
+#            (recipes/shrink_de_en.sh),
 #            then the training dynamics of the run's every epoch (results/dynamics)
 #   voita    results/voita (the L0 sweep and its lambda = 0 control, all three types), results/voita/encoder-only
 #            (encoder self-attention gated alone), results/voita/from-scratch (the configurations of the runs
@@ -59,7 +60,7 @@ main() {
           --runs 3 --num-sentences 128 --max-len-a 0 --max-len-b 20 --min-len 20 \
           | tee results/de-en/speed-same-work/speed.txt
       fi
-      bash recipes/shrink_de_en.sh sweep
+      bash recipes/shrink_de_en.sh sweep,candidates,export,speed
       supersede results/dynamics
       local last
       last=$(ls work/de-en/checkpoints | sed -nE 's/^checkpoint([0-9]+)\.pt$/\1/p' | sort -n | tail -1)

@@ -46,7 +46,7 @@ fi
 if has candidates; then  # measured at 50% (NOTES.md)
   run "${SWEEP[@]}" --sweep 50 --sweep-methods \
 fisher+rearrange+out-proj+ffn,fisher+rearrange+out-proj+all,fisher+out-proj,block+out-proj+ffn,full+out-proj+ffn+mild50,\
-full+out-proj+ffn+steps2,michel+out-proj+ffn,full+out-proj+ffn+ridge0.01
+full+out-proj+ffn+steps2,michel+out-proj+ffn,full+out-proj+ffn+ridge0.01,full+out-proj+ffn+min1,full+out-proj+ffn+min2
   run "${SWEEP[@]}" --sweep 50 --sweep-tag self-targets --calibration-targets self --sweep-methods "$BEST"
   run "${SWEEP[@]}" --sweep 50 --sweep-tag train-4000 --calibration-subset train --calibration-sentences 4000 \
     --sweep-methods "$BEST"
