@@ -60,6 +60,14 @@ main() {
           --runs 3 --num-sentences 128 --max-len-a 0 --max-len-b 20 --min-len 20 \
           | tee results/de-en/speed-same-work/speed.txt
       fi
+      # the report's shrink part computed every row of the shrink sweep (same model, data and settings): seed the
+      # folder with it; should the sweep refuse the copy (another identity), it runs from nothing
+      local seeded=results/shrink-de-en/shrink-sweep.jsonl
+      if [ ! -f "$seeded" ] && [ -f results/report-de-en/shrink-sweep.jsonl ]; then
+        cp results/report-de-en/shrink-sweep.jsonl "$seeded"
+        bash recipes/shrink_de_en.sh sweep || { echo "rerun_de_en: the report's rows refused, the sweep runs anew"; \
+          rm "$seeded"; }
+      fi
       bash recipes/shrink_de_en.sh sweep,candidates,export,speed
       supersede results/dynamics
       local last
