@@ -9,7 +9,8 @@
 #   voita    results/voita (the L0 sweep and its lambda = 0 control, all three types), results/voita/encoder-only
 #            (encoder self-attention gated alone), results/voita/from-scratch (the configurations of the runs
 #            nearest to 1/2 and 3/4 of the heads closed, trained from random initialisation with the base recipe)
-#   render   the report rendered again with the finished dynamics and L0 sweep (--render-only)
+#   render   results/voita/analysis (recipes/voita_analysis.sh), the survivors' functions, and the report rendered
+#            again with the finished dynamics and L0 sweep (--render-only)
 # A results folder made with another model is moved to work/superseded/ first (git keeps the old version; its
 # README.md and NOTES.md stay, to be updated by hand). Every
 # stage resumes where it stopped: rerun the same lane after a stop. Logs: work/rerun-de-en/LANE.log.
@@ -98,6 +99,9 @@ EOF
       done
       ;;
     render)  # once both lanes are done: the survivors' functions need the report's analyze part
+      if [ "$(cat results/voita/analysis/.model-sha256 2>/dev/null)" != "$sha" ]; then
+        bash recipes/voita_analysis.sh results/voita/analysis && echo "$sha" > results/voita/analysis/.model-sha256
+      fi
       WORK=work/voita-converged bash recipes/voita_l0.sh survivors
       GATED_TYPES=enc-self WORK=work/voita-encoder-converged RESULTS=results/voita/encoder-only \
         bash recipes/voita_l0.sh survivors
