@@ -33,7 +33,7 @@ Verdict rules (the thresholds are module constants, shown in every row's rule):
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from statistics import mean
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -335,10 +335,30 @@ def _encoder_counts(p: Dict) -> Optional[Tuple[int, int]]:
     return (closed.get("enc-self", 0), total) if total else None
 
 
-def claim_voita(points: Optional[Sequence[Dict]], command: Optional[str] = None, source: str = "") -> Claim:
+def claim_voita(points: Optional[Sequence[Dict]], command: Optional[str] = None, source: str = "",
+                encoder_only: Optional[Sequence[Dict]] = None, encoder_source: str = "") -> Claim:
     """`points` (l0_points): the L0 models (method "l0") against the full model (method "unpruned"); points of
     other methods (Michel's masks at the same numbers of heads) do not enter the verdict. λ = 0 points are
-    controls (the baseline of the L0 models fine-tuned alike), not candidates."""
+    controls (the baseline of the L0 models fine-tuned alike), not candidates.
+
+    `encoder_only`: a sweep with encoder self-attention gated alone (Voita's main experiment, their 38 of 48).
+    When given, the verdict is that sweep's, and the sweep of all types (`points`) is quoted beside it."""
+    if not encoder_only:
+        return _voita_verdict(points, command, source)
+    alone = _voita_verdict(encoder_only, command, encoder_source, all_types=False)
+    ours = f"encoder self-attention gated alone: {alone.ours}"
+    sources = alone.sources
+    if points:
+        pooled = _voita_verdict(points, command, source)
+        ours += f". All three types gated: {pooled.ours}"
+        sources += pooled.sources
+    return replace(alone, ours=ours, sources=sources, rule=alone.rule + "; the sweep with encoder "
+                               "self-attention gated alone decides when there is one (the paper's setting)")
+
+
+def _voita_verdict(points: Optional[Sequence[Dict]], command: Optional[str] = None, source: str = "",
+                   all_types: bool = True) -> Claim:
+    """claim_voita on one sweep; all_types: quote the share of all heads beside the encoder's."""
     rule = (f"largest share of encoder self-attention heads closed by L0 gates (all heads when the points have no "
             f"per-type counts) among models within {VOITA_TOLERANCE} BLEU of their baseline > {VOITA_MIN_SHARE:.0f}%; "
             "baseline: the λ = 0 control of the same updates and gated types when the sweep has one, else the "
@@ -394,7 +414,7 @@ def claim_voita(points: Optional[Sequence[Dict]], command: Optional[str] = None,
 
     best = max(within, key=lambda p: share(p, by_encoder))
     ours = describe(best, by_encoder)
-    if by_encoder:
+    if by_encoder and all_types:
         best_all = max(within, key=lambda p: share(p, False))
         ours = f"encoder self-attention: {ours}; all types: {describe(best_all, False)}"
     return _claim("V", ours, SUPPORTED if share(best, by_encoder) > VOITA_MIN_SHARE else NOT_SUPPORTED, rule,

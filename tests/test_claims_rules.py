@@ -274,6 +274,22 @@ def test_v_judges_the_encoder_share_when_points_have_per_type_counts():
     assert cl.claim_voita([full, mostly_decoder]).verdict == cl.NOT_SUPPORTED
 
 
+def test_v_is_decided_by_the_encoder_only_sweep_when_there_is_one():
+    full = {"method": "unpruned", "lambda": None, "heads_kept": 144, "heads_total": 144, "bleu": 30.0}
+    # every head gated: the model that keeps BLEU closes only 10 encoder heads; gated alone, 30 of 48 close
+    pooled = [full, tuned(0.0, 30.0, 0), tuned(0.01, 29.9, 10, other_kept=60, other_closed=36)]
+    alone = [full, tuned(0.0, 30.1, 0), tuned(0.01, 29.9, 30), tuned(0.05, 28.0, 44)]
+    assert cl.claim_voita(pooled, source="all.jsonl").verdict == cl.NOT_SUPPORTED
+    claim = cl.claim_voita(pooled, source="all.jsonl", encoder_only=alone, encoder_source="enc.jsonl")
+    assert claim.verdict == cl.SUPPORTED and claim.sources == ("enc.jsonl", "all.jsonl")
+    assert claim.ours.startswith("encoder self-attention gated alone: 30 of 48 encoder self-attention heads closed")
+    assert "All three types gated: encoder self-attention: 10 of 48" in claim.ours
+    assert "vs 30.10 (-0.20) against the λ = 0 control" in claim.ours  # each sweep against its own control
+    # and the other way round: the encoder-only sweep decides even when the pooled one would support the claim
+    assert cl.claim_voita(alone, encoder_only=pooled).verdict == cl.NOT_SUPPORTED
+    assert cl.claim_voita(None, encoder_only=alone).verdict == cl.SUPPORTED  # the pooled sweep is optional
+
+
 def test_c1_judges_encoder_self_attention_heads():
     rows = single_rows(8, 4)  # enc-self: 4 of 8 removable
     for i in range(8):  # eight more heads of enc-dec, all removable: 12 of 16 pooled

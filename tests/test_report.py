@@ -112,6 +112,50 @@ def test_a_finished_report_reuses_every_part(full_report, slice_data, stock_chec
     assert next(c for c in claims["claims"] if c["id"] == "C5")["verdict"] == cl.SUPPORTED
 
 
+def _l0_sweep(path: Path, types, closed: str, kept_per_type) -> Path:
+    """A compare.jsonl of an L0 sweep on the tiny model (56 heads): the unpruned model, a λ = 0 control and one
+    pruned run 0.1 BLEU below the control."""
+    rows = [{"header": {"command": "compare", "total_heads": 56}},
+            {"key": "baseline", "method": "unpruned", "heads_kept": 56, "bleu": 20.0},
+            {"key": "l0:0", "method": "l0", "l0_lambda": 0.0, "updates": 300, "types": types, "heads_kept": 56,
+             "kept_per_type": {"enc-self": 32, "enc-dec": 12, "dec-self": 12}, "masked": "", "bleu": 20.5},
+            {"key": "l0:1", "method": "l0", "l0_lambda": 0.05, "updates": 300, "types": types,
+             "heads_kept": sum(kept_per_type.values()), "kept_per_type": kept_per_type, "masked": closed,
+             "bleu": 20.4}]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def test_v_is_judged_on_the_encoder_only_sweep_beside_the_pooled_one(full_report, slice_data, stock_checkpoint,
+                                                                      tmp_path):
+    import shutil
+
+    out = tmp_path / "report"
+    shutil.copytree(full_report[0], out)
+    pooled = _l0_sweep(tmp_path / "all.jsonl", ["enc-self", "enc-dec", "dec-self"],
+                       "enc-self:1:1+2,dec-self:1:1-4,dec-self:2:1-4", {"enc-self": 30, "enc-dec": 12, "dec-self": 4})
+    alone = _l0_sweep(tmp_path / "enc.jsonl", ["enc-self"], "enc-self:1:1-8,enc-self:2:1-8,enc-self:3:1-4",
+                      {"enc-self": 12, "enc-dec": 12, "dec-self": 12})
+    proc = report(slice_data, stock_checkpoint, out, "--render-only", "--l0-sweep", pooled,
+                  "--l0-encoder-sweep", alone)
+    assert proc.returncode == 0
+    claims = json.loads((out / "claims.json").read_text())
+    assert claims["inputs"]["l0_encoder_sweep"] == str(out / "inputs" / "l0-encoder-sweep.jsonl")
+    v = next(c for c in claims["claims"] if c["id"] == "V")
+    assert v["verdict"] == cl.SUPPORTED  # 20 of 32 encoder heads gated alone; the pooled run closed 2 of 32
+    assert v["ours"].startswith("encoder self-attention gated alone: 20 of 32 encoder self-attention heads closed")
+    assert "All three types gated: encoder self-attention: 2 of 32" in v["ours"]
+    recomputed, recorded = recompute_claims(out)
+    assert [(c.id, c.ours, c.verdict) for c in recomputed] == [(r["id"], r["ours"], r["verdict"]) for r in recorded]
+    md = (out / "report.md").read_text()
+    section = md[md.index("## Voita et al.: L0 gates"):]
+    assert "Every head gated: from" in section and "Encoder self-attention gated alone (Voita's main" in section
+    assert "| l0 | 0.05 | 36/56 | 12 | 20.40 | +0.40 | -0.10 |" in section  # both baselines
+    missing = report(slice_data, stock_checkpoint, out, "--render-only", "--l0-encoder-sweep", tmp_path / "no.jsonl",
+                     check=False)
+    assert missing.returncode == 2 and "--l0-encoder-sweep: no such file" in missing.stderr.strip().splitlines()[-1]
+
+
 def test_report_refuses_foreign_results(full_report, slice_data, stock_checkpoint, tmp_path):
     out, _ = full_report
     other = tmp_path / "other"
@@ -376,12 +420,14 @@ def recompute_claims(folder: Path):
     selected_by = inputs.get("keep_one_select", "bleu")  # loss: one NLL-chosen head per layer, decoded
     keep_one_per_layer = {k: 1 for k in per_layer} if selected_by == "loss" else per_layer
     l0 = path("l0_sweep")
+    encoder = path("l0_encoder_sweep") if inputs.get("l0_encoder_sweep") else None
     return [cl.claim_single_heads(single, inputs["heads"]),
             cl.claim_keep_one(cl.read_rows(path("keep_one")), len(per_layer), heads_per_layer=keep_one_per_layer,
                               selected_by=selected_by),
             cl.claim_prunable(pruning), cl.claim_enc_dec_sensitive(pruning, single),
             cl.claim_dynamics(cl.read_rows(path("dynamics"))), cl.claim_speed(read_json(path("speed"))),
-            cl.claim_voita(cl.l0_points(l0) if l0 else None)], recorded["claims"]
+            cl.claim_voita(cl.l0_points(l0) if l0 else None,
+                           encoder_only=cl.l0_points(encoder) if encoder else None)], recorded["claims"]
 
 
 def test_committed_report_claims_are_computed_from_its_files():

@@ -45,6 +45,9 @@ def add_args(parser) -> None:
                    help="dynamics.jsonl of `dynamics` for claim C5 (default: the bundled model's training run)")
     g.add_argument("--l0-sweep", metavar="FILE",
                    help="result file of Voita's L0 λ sweep (`compare`) for the Voita claim")
+    g.add_argument("--l0-encoder-sweep", metavar="FILE",
+                   help="the same with encoder self-attention gated alone (Voita's main experiment): when given, "
+                        "the Voita claim's verdict is this sweep's")
     g.add_argument("--note", default="", help="a sentence for the report's header (e.g. how the data was sliced)")
     g.add_argument("--render-only", action="store_true",
                    help="run nothing: write the report from the result files already in --results-dir")

@@ -66,6 +66,7 @@ class ReportOptions:
     shrink_calibration_sentences: int = 1000
     dynamics: Optional[str] = DEFAULT_DYNAMICS
     l0_sweep: Optional[str] = None
+    l0_encoder_sweep: Optional[str] = None  # the L0 sweep with encoder self-attention gated alone (claim V)
     note: str = ""
     render_only: bool = False
 
@@ -404,8 +405,9 @@ def check(options: ReportOptions, parts: Dict[str, Part]) -> None:
         raise UserError(f"--keep-one-select must be bleu or loss, not {options.keep_one_select!r}")
     if options.references and not os.path.isfile(options.references):
         raise UserError(f"references not found: {options.references}")
-    if options.l0_sweep and not os.path.isfile(options.l0_sweep):
-        raise UserError(f"--l0-sweep: no such file: {options.l0_sweep}")
+    for option, path in (("--l0-sweep", options.l0_sweep), ("--l0-encoder-sweep", options.l0_encoder_sweep)):
+        if path and not os.path.isfile(path):
+            raise UserError(f"{option}: no such file: {path}")
     if not 0 < options.speed_percent < 100:
         raise UserError(f"--speed-percent must be in (0, 100), not {options.speed_percent}")
     pruning.PruneOptions(subset=options.subset, order=options.prune_orders, step=options.prune_step).orders()
@@ -462,6 +464,7 @@ def run(cfg, options: ReportOptions, base: Sequence[str], out: str) -> List[str]
         "inputs": {"single": files.single, "keep_one": files.keep_one, "keep_one_select": files.keep_one_select,
                    "keep_one_selection": files.keep_one_selection, "pruning": files.pruning, "speed": files.speed,
                    "dynamics": files.dynamics_path, "l0_sweep": files.l0_path,
+                   "l0_encoder_sweep": files.l0_encoder_path,
                    "heads": len(layout.all_heads()),
                    "heads_per_layer": {f"{t}:{layer}": len(h) for (t, layer), h in layout.heads.items()}},
         "claims": [c.as_dict() for c in claim_rows]})
@@ -476,16 +479,19 @@ def run(cfg, options: ReportOptions, base: Sequence[str], out: str) -> List[str]
 
 # ---------------------------------------------------------------- the document
 
-def snapshot_inputs(out: str, dynamics: Optional[str], l0_sweep: Optional[str]) -> Tuple[Optional[str], Optional[str]]:
-    """Copy the result files of other studies the claims read (and the L0 sweep's figure) into DIR/inputs/, so
-    that a report and its claims.json stay true to the files they were computed from when those files change."""
+def snapshot_inputs(out: str, dynamics: Optional[str], l0_sweep: Optional[str],
+                    l0_encoder_sweep: Optional[str] = None) -> Tuple[Optional[str], ...]:
+    """Copy the result files of other studies the claims read (and the L0 sweeps' figures) into DIR/inputs/, so
+    that a report and its claims.json stay true to the files they were computed from when those files change.
+    Returns the copies' paths (dynamics, L0 sweep, encoder-only L0 sweep), None where not given."""
     import shutil
 
     copies = []
-    for path, name in ((dynamics, "dynamics.jsonl"), (l0_sweep, "l0-sweep.jsonl")):
+    for path, name, option in ((dynamics, "dynamics.jsonl", None), (l0_sweep, "l0-sweep.jsonl", "--l0-sweep"),
+                               (l0_encoder_sweep, "l0-encoder-sweep.jsonl", "--l0-encoder-sweep")):
         if not path or not os.path.exists(path):
-            if path and path == l0_sweep:
-                raise UserError(f"--l0-sweep: no such file: {path}")
+            if path and option:
+                raise UserError(f"{option}: no such file: {path}")
             copies.append(path)
             continue
         target = os.path.join(out, names.INPUTS, name)
@@ -493,10 +499,10 @@ def snapshot_inputs(out: str, dynamics: Optional[str], l0_sweep: Optional[str]) 
         if os.path.abspath(path) != os.path.abspath(target):
             shutil.copyfile(path, target)
             figure = os.path.splitext(path)[0] + ".png"
-            if name == "l0-sweep.jsonl" and os.path.exists(figure):
+            if option and os.path.exists(figure):
                 shutil.copyfile(figure, os.path.splitext(target)[0] + ".png")
         copies.append(target)
-    return copies[0], copies[1]
+    return tuple(copies)
 
 
 def build_document(out: str, parts: Dict[str, Part], state: State, options: ReportOptions, layout, report_line: str,
@@ -504,8 +510,8 @@ def build_document(out: str, parts: Dict[str, Part], state: State, options: Repo
     """The report (and the claim rows and input files it was computed from)."""
     from fairseq_headprune.report import sections
 
-    files = sections.Files(out, *snapshot_inputs(out, options.dynamics, options.l0_sweep), options.keep_one_select,
-                           options.subset)
+    dynamics, l0, l0_encoder = snapshot_inputs(out, options.dynamics, options.l0_sweep, options.l0_encoder_sweep)
+    files = sections.Files(out, dynamics, l0, options.keep_one_select, options.subset, l0_encoder)
     doc = Document(f"Attention heads of {os.path.basename(os.path.dirname(os.path.abspath(cfg.common_eval.path)))}"
                    f"/{os.path.basename(cfg.common_eval.path)}: fairseq-headprune report")
     sections.header(doc, files, cfg, options, state, layout)

@@ -32,6 +32,7 @@ class Files:
     l0_path: Optional[str]
     keep_one_select: str = "bleu"  # report --keep-one-select
     gen_subset: str = "test"
+    l0_encoder_path: Optional[str] = None  # the L0 sweep with encoder self-attention gated alone
 
     def __post_init__(self):
         j = lambda name: os.path.join(self.out, name)  # noqa: E731
@@ -114,6 +115,10 @@ def evaluate_claims(files: Files, parts: Dict, layout, args) -> List[cl.Claim]:
     pruning = cl.read_rows(files.pruning)
     per_layer = {key: len(heads) for key, heads in layout.heads.items()}
     l0_points, l0_source = read_l0_sweep(files.l0_path)
+    encoder_points, encoder_source = read_l0_sweep(files.l0_encoder_path, "--l0-encoder-sweep")
+    voita_claim = (cl.claim_voita(l0_points, VOITA_COMMAND, source=l0_source, encoder_only=encoder_points,
+                                  encoder_source=encoder_source) if encoder_points
+                   else cl.claim_voita(l0_points, VOITA_COMMAND, source=l0_source))
     return [
         cl.claim_single_heads(single, len(layout.all_heads()), parts["single"].lines()[0]),
         cl.claim_keep_one(cl.read_rows(files.keep_one), len(per_layer), parts["keep-one"].lines()[0],
@@ -122,7 +127,7 @@ def evaluate_claims(files: Files, parts: Dict, layout, args) -> List[cl.Claim]:
         cl.claim_enc_dec_sensitive(pruning, single, "\n".join(parts["prune-types"].lines())),
         cl.claim_dynamics(cl.read_rows(files.dynamics_path), DYNAMICS_COMMAND, source=files.dynamics_path or ""),
         cl.claim_speed(read_json(files.speed), parts["speed"].lines()[0]),
-        cl.claim_voita(l0_points, VOITA_COMMAND, source=l0_source),
+        voita_claim,
     ]
 
 
@@ -131,14 +136,14 @@ def keep_one_tried(files: Files, layout) -> Dict:
     return {key: 1 if files.keep_one_selection else len(heads) for key, heads in layout.heads.items()}
 
 
-def read_l0_sweep(path: Optional[str]):
+def read_l0_sweep(path: Optional[str], option: str = "--l0-sweep"):
     """(points, source) of Voita's λ sweep, or (None, '') when not given or not there."""
     if not path:
         return None, ""
     try:
         return cl.l0_points(path), path
     except (OSError, ValueError) as e:
-        raise UserError(f"--l0-sweep {path}: {e}") from None
+        raise UserError(f"{option} {path}: {e}") from None
 
 
 def claims_table(doc: Document, rows: Sequence[cl.Claim]) -> None:
@@ -375,25 +380,45 @@ def dynamics(doc: Document, files: Files) -> None:
 def voita(doc: Document, files: Files) -> None:
     doc.heading("Voita et al.: L0 gates")
     points, source = read_l0_sweep(files.l0_path)
-    if not points:
+    encoder_points, encoder_source = read_l0_sweep(files.l0_encoder_path, "--l0-encoder-sweep")
+    if not points and not encoder_points:
         where = f" at `{files.l0_path}`" if files.l0_path else " (option `--l0-sweep`)"
         doc.paragraph(f"No L0 λ sweep{where}. It comes from fine-tuning the model with a Hard Concrete gate on "
                       "every head for several λ:")
         doc.code(VOITA_COMMAND)
         return
-    doc.paragraph(f"From `{source}` (a copy of `--l0-sweep`, made by `fairseq-headprune compare`): the unpruned "
-                  "model; each L0 fine-tuned model "
-                  "(heads kept: gates not closed); Michel et al.'s I_h masks on the unpruned model at the same "
-                  "numbers of heads (no retraining, so not like for like).")
+    for sweep, where, option, what in ((points, source, "--l0-sweep", "every head gated"),
+                                       (encoder_points, encoder_source, "--l0-encoder-sweep",
+                                        "encoder self-attention gated alone (Voita's main experiment)")):
+        if not sweep:
+            continue
+        doc.paragraph(f"{what[0].upper() + what[1:]}: from `{where}` (a copy of `{option}`, made by "
+                      "`fairseq-headprune compare`): the unpruned model; each L0 fine-tuned model (heads kept: "
+                      "gates not closed) against the unpruned model and against the λ = 0 control (the same "
+                      "fine-tuning without the penalty); Michel et al.'s I_h masks on the unpruned model at the "
+                      "same numbers of heads (no retraining, so not like for like).")
+        _l0_table(doc, sweep)
+        for name in cl.l0_figures(where):
+            doc.image(name, f"from {os.path.basename(name)}")
+
+
+def _l0_table(doc: Document, points: Sequence[Dict]) -> None:
     base = next((p["bleu"] for p in points if p["method"] == "unpruned"), None)
+    control = next((p["bleu"] for p in points if p["method"] == "l0" and p.get("lambda") == 0), None)
     order = {"unpruned": 0, "l0": 1, "michel": 2}
-    doc.table(["method", "λ", "heads kept", "BLEU", "change"],
+
+    def change(p: Dict, reference: Optional[float]) -> str:
+        return f"{p['bleu'] - reference:+.2f}" if reference is not None else ""
+
+    def encoder(p: Dict) -> str:
+        kept = p.get("kept_per_type") or {}
+        return f"{kept['enc-self']}" if "enc-self" in kept else ""
+
+    doc.table(["method", "λ", "heads kept", "enc-self kept", "BLEU", "vs unpruned", "vs λ = 0 control"],
               [[p["method"], "" if p.get("lambda") is None else str(p["lambda"]),
-                f"{p['heads_kept']}/{p['heads_total']}", f"{p['bleu']:.2f}",
-                f"{p['bleu'] - base:+.2f}" if base is not None else ""]
+                f"{p['heads_kept']}/{p['heads_total']}", encoder(p), f"{p['bleu']:.2f}", change(p, base),
+                change(p, control) if p["method"] == "l0" and p.get("lambda") != 0 else ""]
                for p in sorted(points, key=lambda p: (order.get(p["method"], 3), -p["heads_kept"]))])
-    for name in cl.l0_figures(source):
-        doc.image(name, f"from {os.path.basename(name)}")
 
 
 def analysis(doc: Document, files: Files, part, state) -> None:
