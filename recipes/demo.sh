@@ -44,7 +44,7 @@ fairseq-headprune report "$WORK/data-bin" --path "$MODEL/model.pt" --gen-subset 
   --references "$WORK/test.en" --results-dir "$OUT" \
   --keep-one-select loss --workers "$WORKERS" \
   --prune-step 0.2 --speed-sentences 32 --speed-runs 2 --analyze-sentences 32 \
-  --shrink-percents 25,50,75 --shrink-methods michel,full+out-proj+ffn --shrink-calibration-sentences "$CAL" \
+  --shrink-percents 25,50,75 --shrink-methods michel,full+out-proj+ffn+min1 --shrink-calibration-sentences "$CAL" \
   --dynamics results/dynamics/dynamics.jsonl $([ -f "$L0" ] && echo --l0-sweep "$L0") \
   --note "Demo (recipes/demo.sh): the first $N sentences of Multi30k test2016, beam $BEAM, hypotheses capped at \
 1.2 x source + 10 tokens, pruning in 20% steps, I_h on the same sentences, keep-one heads chosen by NLL on the same \

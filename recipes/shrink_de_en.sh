@@ -37,7 +37,8 @@ has() { [[ ",$PARTS," == *",$1,"* ]]; }
 run() { echo "+ fairseq-headprune $*"; fairseq-headprune "$@"; }
 
 LADDER=michel,fisher,fisher+rearrange,fisher+rearrange+scales,fisher+rearrange+out-proj
-BEST=full+out-proj+ffn  # the command's default (best at 50%, NOTES.md): greedy full-Fisher fill, out_proj + fc2 refit
+BEST=full+out-proj+ffn+min1  # the command's default (NOTES.md): greedy full-Fisher fill keeping a head in every
+                            # attention sublayer, out_proj + fc2 refit
 if has sweep; then  # the budgets the targets name first, so an interrupted run has them
   run "${SWEEP[@]}" --sweep 50,30,70,80 --sweep-methods "$LADDER,$BEST"
   run "${SWEEP[@]}" --sweep 10,20,40,60 --sweep-methods "michel,fisher,$BEST"
@@ -46,7 +47,7 @@ fi
 if has candidates; then  # measured at 50% (NOTES.md)
   run "${SWEEP[@]}" --sweep 50 --sweep-methods \
 fisher+rearrange+out-proj+ffn,fisher+rearrange+out-proj+all,fisher+out-proj,block+out-proj+ffn,full+out-proj+ffn+mild50,\
-full+out-proj+ffn+steps2,michel+out-proj+ffn,full+out-proj+ffn+ridge0.01,full+out-proj+ffn+min1,full+out-proj+ffn+min2
+full+out-proj+ffn+steps2,michel+out-proj+ffn,full+out-proj+ffn+ridge0.01,full+out-proj+ffn,full+out-proj+ffn+min2
   run "${SWEEP[@]}" --sweep 50 --sweep-tag self-targets --calibration-targets self --sweep-methods "$BEST"
   run "${SWEEP[@]}" --sweep 50 --sweep-tag train-4000 --calibration-subset train --calibration-sentences 4000 \
     --sweep-methods "$BEST"

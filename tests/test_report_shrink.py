@@ -50,15 +50,15 @@ def test_bad_study_options_are_refused(field, value):
 
 
 def test_the_default_sweep_shows_the_shrink_commands_default_pipeline():
-    """The shrink command's defaults are the method `full+out-proj+ffn`: the sweep's last default method."""
+    """The shrink command's defaults are the method `full+out-proj+ffn+min1`: the sweep's last default method."""
     from fairseq_headprune.studies.shrink import ShrinkOptions
 
     default = ShrinkOptions()
     method = sweep.method_options(sweep.DEFAULT_METHODS[-1], default)
     assert method.search == "full"  # a greedy fill, which has no rearrangement step to switch
     assert replace(method, rearrange=default.rearrange) == default
-    # a step that keeps heads in every sublayer changes that and nothing else
-    assert sweep.method_options(sweep.DEFAULT_METHODS[-1] + "+min1", default) == replace(method, min_heads=1)
+    # a method without the minimum step lets sublayers empty, and changes nothing else
+    assert sweep.method_options("full+out-proj+ffn", default) == replace(method, min_heads=0)
 
 
 def test_tables_split_curves_candidates_and_l0():

@@ -37,8 +37,8 @@ def add_args(parser) -> None:
                    help="remove the budget in N steps, reconstructing and re-scoring the heads between steps")
     g.add_argument("--no-rearrange", action="store_true",
                    help="skip Kwon's in-layer mask rearrangement (after --search fisher or block)")
-    g.add_argument("--min-heads-per-layer", type=int, default=0, metavar="N",
-                   help="every attention sublayer keeps at least N heads (1: none is emptied; default 0: no limit)")
+    g.add_argument("--min-heads-per-layer", type=int, default=1, metavar="N",
+                   help="every attention sublayer keeps at least N heads (default 1: none is emptied; 0: no limit)")
     g.add_argument("--refit", default="out-proj", choices=("none", "scales", "out-proj"),
                    help="reconstruction: none, one scale per kept head (Kwon), or a ridge refit of out_proj")
     g.add_argument("--ridge", type=float, default=1e-3, help="ridge of the out_proj refit (x mean diagonal)")

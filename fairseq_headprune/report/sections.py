@@ -478,8 +478,9 @@ def shrink(doc: Document, files: Files, part, state) -> None:
         "masks the heads of lowest I_h (Michel et al., no tuning); `fisher` those of lowest empirical Fisher "
         "(Kwon's mask search); `+rearrange` swaps heads within layers (Kwon's mask rearrangement); `+scales` fits "
         "one least-squares scale per kept head (Kwon's mask tuning); `+out-proj` refits each pruned sublayer's "
-        "out-projection by ridge least squares instead; `full+out-proj+ffn` (the `shrink` command's default) "
-        "removes heads greedily on the full empirical Fisher and also refits every FFN's fc2. Every fit targets "
+        "out-projection by ridge least squares instead; `full+out-proj+ffn+min1` (the `shrink` command's default) "
+        "removes heads greedily on the full empirical Fisher, keeping at least one head in every attention "
+        "sublayer, and also refits every FFN's fc2. Every fit targets "
         "the unpruned model's residual stream, corrected for the drift the pruned layers below cause. The "
         "`shrink` command writes the chosen budget as a smaller stock checkpoint (same weights as the rows here).")
     path = files.figure(sweep.SWEEP_FIGURE)

@@ -52,7 +52,7 @@ class ShrinkOptions:
     empty_bias: bool = True
     refit_ffn: bool = True  # also refit every FFN's fc2 towards the same targets (beyond Kwon)
     search_steps: int = 1  # > 1: remove the budget in this many steps, reconstructing and re-scoring between them
-    min_heads: int = 0  # every attention sublayer keeps at least this many heads (1: no sublayer emptied)
+    min_heads: int = 1  # every attention sublayer keeps at least this many heads (1: none emptied; 0: no limit)
     teacher_mildness: float = 0.0  # > 0: the teacher has this share of the removed heads masked (a milder mask)
     check: bool = True
     check_sentences: Optional[int] = None  # sentences decoded by both models before saving (all calibration)

@@ -42,9 +42,10 @@ from fairseq_headprune.studies.shrink import (
 # ShrinkOptions fields a sweep method name sets (method_options); the others are the sweep's fixed settings
 METHOD_FIELDS = ("remove", "keep", "flops", "search", "rearrange", "refit", "teacher_mildness", "refit_unpruned",
                  "empty_bias", "refit_ffn", "search_steps", "ridge", "min_heads")
-# Kwon's steps one at a time, then the shrink command's default pipeline (full-Fisher fill, out_proj and fc2 refit)
+# Kwon's steps one at a time, then the shrink command's default pipeline (full-Fisher fill keeping a head in every
+# sublayer, out_proj and fc2 refit)
 DEFAULT_METHODS = ("michel", "fisher", "fisher+rearrange", "fisher+rearrange+scales", "fisher+rearrange+out-proj",
-                   "full+out-proj+ffn")
+                   "full+out-proj+ffn+min1")
 DEFAULT_PERCENTS = (10, 20, 30, 40, 50, 60, 70, 80)
 SWEEP_LOG, SWEEP_TABLE, SWEEP_FIGURE = "shrink-sweep.jsonl", "shrink-sweep.md", "shrink-sweep.png"
 
