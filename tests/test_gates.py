@@ -229,6 +229,24 @@ def test_gated_checkpoint_decodes_with_fairseq_generate(l0_runs, tiny_data):
     assert sum(line.startswith("H-") for line in proc.stdout.splitlines()) > 0
 
 
+def test_the_half_question_counts_the_gated_heads():
+    from fairseq_headprune.studies.compare import claim
+
+    def run(kept_enc, bleu, method="l0"):
+        closed = ",".join(f"enc-self:{layer}:1-8" for layer in range(1, 7 - kept_enc // 8))
+        return {"method": method, "types": ["enc-self"], "heads_kept": 96 + kept_enc, "bleu": bleu,
+                "kept_per_type": {"enc-self": kept_enc, "enc-dec": 48, "dec-self": 48}, "masked": closed}
+
+    # encoder self-attention gated alone: 16 of 48 kept is more than half pruned (of all 144, 112 are kept)
+    rows = [{"key": "baseline", "method": "unpruned", "heads_kept": 144, "bleu": 30.0}, run(48, 30.1), run(16, 29.8)]
+    text = claim(rows, 144, 30.0)
+    assert "More than half of the gated heads (enc-self) pruned (at most 23 of 48 kept)" in text
+    assert "L0 gates: **yes**: 16 of the 48 kept, BLEU 29.80 (-0.20)" in text
+    assert "Michel I_h: no run pruned more than half of the gated heads (enc-self): not tested" in text
+    rows[-1]["bleu"] = 29.7
+    assert "L0 gates: **no**: the best run below half (16 of the 48 kept)" in claim(rows, 144, 30.0)
+
+
 def test_user_errors_are_one_line(stock_checkpoint, tiny_data, tmp_path):
     proc = run(["fairseq-headprune", "gates", stock_checkpoint, "--results-dir", tmp_path], check=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
@@ -263,7 +281,9 @@ def test_compare_l0_and_michel_at_equal_heads_kept(l0_runs, tiny_data, stock_che
     penalised = next(r for r in by_method["l0"] if r["l0_lambda"] == 2.0)
     assert penalised["types"] == ["enc-self", "enc-dec"] and penalised["kept_per_type"]["dec-self"] == 12
     md = (tmp_path / "compare.md").read_text()
-    assert "| 2.0 | 25 |" in md and "no fine-tuning" in md and "More than half of the heads pruned" in md
+    assert "| 2.0 | 25 |" in md and "no fine-tuning" in md
+    # the question is asked of the heads the runs gated: here, together, all 56
+    assert "More than half of the heads pruned (at most 27 of 56 kept)" in md
     assert (tmp_path / "compare.png").stat().st_size > 0
     again = run(cmd).stdout  # resumes: nothing is decoded again
     assert "BLEU" not in again.split("wrote")[0]
