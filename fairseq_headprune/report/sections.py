@@ -387,7 +387,7 @@ def voita(doc: Document, files: Files) -> None:
                       "every head for several λ:")
         doc.code(VOITA_COMMAND)
         return
-    for sweep, where, option, what in ((points, source, "--l0-sweep", "every head gated"),
+    for sweep, where, option, what in ((points, source, "--l0-sweep", _gated_types(points)),
                                        (encoder_points, encoder_source, "--l0-encoder-sweep",
                                         "encoder self-attention gated alone (Voita's main experiment)")):
         if not sweep:
@@ -400,6 +400,14 @@ def voita(doc: Document, files: Files) -> None:
         _l0_table(doc, sweep)
         for name in cl.l0_figures(where):
             doc.image(name, f"from {os.path.basename(name)}")
+
+
+def _gated_types(points: Optional[Sequence[Dict]]) -> str:
+    """What an L0 sweep gated, from its runs' `types` (compare.jsonl's)."""
+    types = {t for p in points or [] if p["method"] == "l0" for t in p.get("types") or []}
+    if not types or types >= set(ATTENTION_TYPES):
+        return "every head gated"
+    return ", ".join(t for t in ATTENTION_TYPES if t in types) + " gated"
 
 
 def _l0_table(doc: Document, points: Sequence[Dict]) -> None:
