@@ -62,7 +62,8 @@ def main():
     },
         "command": "OMP_NUM_THREADS=1 .venv/bin/python results/de-en/importance-per-position/measure.py",
         "checkpoint": "checkpoints/de-en/model.pt",
-        "checkpoint_sha256": file_sha256("checkpoints/de-en/model.pt"), "data": "work/de-en/data-bin", "subset": "valid",
+        "checkpoint_sha256": file_sha256("checkpoints/de-en/model.pt"),
+        "data": "work/de-en/data-bin", "subset": "valid",
         "max_tokens": 4000, "sentences": stats["sentences"], "target_tokens": criterion.accumulator.tokens,
         "nll_per_token": stats["nll_per_token"], "seconds": {"per_sentence": t_sentence, "per_position": t_position},
         "heads": sum(per_sentence[k].numel() for k in keys)}
