@@ -283,6 +283,12 @@ def test_bad_input_is_one_line_and_exit_code_2(stock_checkpoint, tiny_data, tmp_
         assert len(lines) == 1 and lines[0].startswith("fairseq-headprune shrink: error:"), (extra, proc.stderr)
         assert message in lines[0], (extra, lines[0])
     assert not out.exists()
+    # a sweep budget one of its methods cannot meet is refused before anything is decoded
+    proc = run(_cmd(tiny_data, stock_checkpoint, "--sweep", "50,95", "--sweep-methods", "michel,full+out-proj+ffn+min1",
+                    "--gen-subset", "test", "--results-dir", tmp_path / "sweep"), check=False)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "at most 46 can go" in lines[0], proc.stderr
+    assert not (tmp_path / "sweep" / "shrink-sweep.jsonl").exists()
     proc = run(_cmd(_empty_subset(tiny_data, tmp_path), stock_checkpoint, "--remove", "10%", "--out", out),
                check=False)
     assert proc.returncode == 2 and "is empty" in proc.stderr, proc.stderr

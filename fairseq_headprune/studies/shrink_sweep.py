@@ -359,9 +359,9 @@ def run(loaded, options: SweepOptions, results_dir: str, subset: str, references
     from fairseq_headprune.results.log import ResultsLog, atomic_output
     from fairseq_headprune.studies.shrink import validate
 
-    for method in options.methods:
-        method_options(method, options.shrink)  # unknown methods fail here, before any decoding
-    validate(with_fields(options.shrink, remove="1"), loaded.model)  # budgets are checked per row in the sweep
+    for method in options.methods:  # unknown methods and budgets a method cannot meet fail here, before decoding
+        for percent in options.percents:
+            validate(with_fields(method_options(method, options.shrink), remove=f"{percent:g}%"), loaded.model)
     evaluator = SubsetEvaluator(loaded, subset, references)
     # calibration and reconstruction settings may differ between rows (tagged variants): each row records its own
     identity = run_identity("shrink-sweep", loaded, evaluator, metric="bleu",
