@@ -24,6 +24,7 @@ main() {
   export PATH=$PWD/.venv/bin:$PATH OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1
   local lane=${1:?usage: rerun_de_en.sh report|voita|render}
   local model=checkpoints/de-en sha BIN=work/de-en/data-bin
+  local ENCODER_LAMBDAS="0.05 0.02 0.01 0.008 0.006 0.004 0.003 0.002 0"
   sha=$(sha256sum "$model/model.pt" | cut -d' ' -f1)
   mkdir -p work/rerun-de-en work/superseded
   # supersede DIR: a folder of results of another model (or of none recorded) is moved aside
@@ -80,8 +81,9 @@ main() {
       supersede results/voita
       WORK=work/voita-converged bash recipes/voita_l0.sh
       mkdir -p results/voita/encoder-only
+      # encoder-only: two more λ between 0.002 (no head closed) and 0.006 (30 of 48 closed on this model)
       GATED_TYPES=enc-self WORK=work/voita-encoder-converged RESULTS=results/voita/encoder-only \
-        bash recipes/voita_l0.sh
+        LAMBDAS="$ENCODER_LAMBDAS" bash recipes/voita_l0.sh
       local name closed
       for name in half three-quarters; do
         closed=$(python - "$name" <<'EOF'
@@ -104,7 +106,7 @@ EOF
       fi
       WORK=work/voita-converged bash recipes/voita_l0.sh survivors
       GATED_TYPES=enc-self WORK=work/voita-encoder-converged RESULTS=results/voita/encoder-only \
-        bash recipes/voita_l0.sh survivors
+        LAMBDAS="$ENCODER_LAMBDAS" bash recipes/voita_l0.sh survivors
       bash recipes/report_de_en.sh --render-only
       ;;
     *) echo "rerun_de_en: error: the lane is report, voita or render, not '$lane'" >&2; exit 2 ;;
