@@ -116,9 +116,6 @@ def evaluate_claims(files: Files, parts: Dict, layout, args) -> List[cl.Claim]:
     per_layer = {key: len(heads) for key, heads in layout.heads.items()}
     l0_points, l0_source = read_l0_sweep(files.l0_path)
     encoder_points, encoder_source = read_l0_sweep(files.l0_encoder_path, "--l0-encoder-sweep")
-    voita_claim = (cl.claim_voita(l0_points, VOITA_COMMAND, source=l0_source, encoder_only=encoder_points,
-                                  encoder_source=encoder_source) if encoder_points
-                   else cl.claim_voita(l0_points, VOITA_COMMAND, source=l0_source))
     return [
         cl.claim_single_heads(single, len(layout.all_heads()), parts["single"].lines()[0]),
         cl.claim_keep_one(cl.read_rows(files.keep_one), len(per_layer), parts["keep-one"].lines()[0],
@@ -127,7 +124,8 @@ def evaluate_claims(files: Files, parts: Dict, layout, args) -> List[cl.Claim]:
         cl.claim_enc_dec_sensitive(pruning, single, "\n".join(parts["prune-types"].lines())),
         cl.claim_dynamics(cl.read_rows(files.dynamics_path), DYNAMICS_COMMAND, source=files.dynamics_path or ""),
         cl.claim_speed(read_json(files.speed), parts["speed"].lines()[0]),
-        voita_claim,
+        cl.claim_voita(l0_points, VOITA_COMMAND, source=l0_source, encoder_only=encoder_points,
+                       encoder_source=encoder_source),
     ]
 
 

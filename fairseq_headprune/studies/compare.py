@@ -22,7 +22,7 @@ from __future__ import annotations
 import copy
 import os
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Union
+from typing import Dict, List, Optional, Tuple, Union
 
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.evaluate import SubsetEvaluator, translate_worker
@@ -213,15 +213,14 @@ def report(rows: List[dict], header: dict) -> str:
     lines += ["", claim(rows, total, base), ""]
     control = next((r for r in l0 if r["l0_lambda"] == 0), None)
     if control:
-        gated = gated_heads(rows)
-        of = sum(gated.values())
-        half = [r for r in l0 if kept_of(r, gated) < of / 2]
+        types, of = half_question_scope(rows, total)
+        half = [r for r in l0 if kept_of(r, types) < of / 2]
         lines += [f"The λ = 0 control (the same fine-tuning with gates and no penalty, {control['heads_kept']} heads "
                   f"kept) scores {control['bleu']:.2f} ({control['bleu'] - base:+.2f} against the unpruned model): "
                   "the fine-tuning alone changes BLEU by that much."]
         if half:
             best = max(half, key=lambda r: r["bleu"])
-            lines[-1] += (f" Against it, the best L0 run below half of the gated heads ({kept_of(best, gated)} "
+            lines[-1] += (f" Against it, the best L0 run below half of the gated heads ({kept_of(best, types)} "
                           f"of {of} kept) is {best['bleu'] - control['bleu']:+.2f} BLEU.")
         lines.append("")
     return "\n".join(lines)
@@ -238,6 +237,12 @@ def gated_heads(rows: List[dict]) -> Dict[str, int]:
     return totals
 
 
+def half_question_scope(rows: List[dict], total: int) -> Tuple[List[str], int]:
+    """(types, heads) the more-than-half question counts: the gated ones, every head when no run says."""
+    gated = gated_heads(rows)
+    return [t for t in ATTENTION_TYPES if t in gated] or list(ATTENTION_TYPES), sum(gated.values()) or total
+
+
 def kept_of(row: dict, types) -> int:
     """Heads of `types` a row keeps (all its heads when it has no per-type counts)."""
     per_type = row.get("kept_per_type")
@@ -247,9 +252,7 @@ def kept_of(row: dict, types) -> int:
 def claim(rows: List[dict], total: int, base: float) -> str:
     """Does pruning more than half of the gated heads cost at most 0.25 BLEU, for either method? (Every head when
     every type was gated; the encoder's 48 when encoder self-attention alone was, as in Voita et al.)"""
-    gated = gated_heads(rows) or {t: None for t in ATTENTION_TYPES}
-    types = [t for t in ATTENTION_TYPES if t in gated]
-    of = total if None in gated.values() else sum(gated.values())
+    types, of = half_question_scope(rows, total)
     what = "heads" if len(types) == len(ATTENTION_TYPES) else f"gated heads ({', '.join(types)})"
     out = [f"**More than half of the {what} pruned (at most {of // 2 - (of % 2 == 0)} of {of} kept) "
            f"for <= {TOLERANCE} BLEU?**"]
