@@ -5,7 +5,8 @@
 #            equal-work speed included; recipes/report_de_en.sh), results/de-en/pruned-50 (recipes/prune_de_en_50.sh),
 #            the rest of results/de-en, the results/shrink-de-en sweep, candidates, export and speed
 #            (recipes/shrink_de_en.sh),
-#            then the training dynamics of the run's every epoch (results/dynamics)
+#            then the training dynamics of the run's every epoch (results/dynamics), then whichever from-scratch
+#            configuration of the voita lane is not taken yet (from the other end)
 #   voita    results/voita (the L0 sweep and its lambda = 0 control, all three types), results/voita/encoder-only
 #            (encoder self-attention gated alone), results/voita/from-scratch (the configurations of the runs
 #            nearest to 1/2 and 3/4 of the heads closed, trained from random initialisation with the base recipe)
@@ -40,6 +41,35 @@ main() {
       echo "rerun_de_en: moved the old $dir to $old (its README.md and NOTES.md kept)"
     fi
     mkdir -p "$dir" && echo "$sha" > "$dir/.model-sha256"
+  }
+  # from_scratch NAME...: Voita's last column, the configurations of the L0 runs nearest to 1/2 and 3/4 of the
+  # heads closed, trained from random initialisation. Each configuration is claimed with a lock that dies with its
+  # process, so both lanes can take them (the voita lane in this order, the report lane, once done, in the other);
+  # a finished one (its bleu.txt) is skipped.
+  from_scratch() {
+    local name closed rc
+    for name in "$@"; do
+      [ -f "results/voita/from-scratch/$name/bleu.txt" ] && continue
+      closed=$(python - "$name" <<'EOF'
+import json, sys
+target = {"half": 0.5, "three-quarters": 0.75}[sys.argv[1]]
+rows = [json.loads(line) for line in open("results/voita/compare.jsonl") if line.startswith("{")]
+runs = [r for r in rows if r.get("method") == "l0" and r.get("l0_lambda")]
+total = next(r["header"]["total_heads"] for r in rows if "header" in r)
+best = min(runs, key=lambda r: abs(1 - r["heads_kept"] / total - target))
+print(f"results/voita/lambda-{best['l0_lambda']:g}/closed-heads.json")
+EOF
+)
+      echo "rerun_de_en: from scratch, $name: $closed"
+      mkdir -p work/voita-scratch
+      rc=0
+      flock -n -E 75 "work/voita-scratch/$name.lock" bash recipes/voita_from_scratch.sh "$closed" "$name" || rc=$?
+      if [ "$rc" = 75 ]; then
+        echo "rerun_de_en: from scratch, $name: another lane is training it"
+      elif [ "$rc" != 0 ]; then
+        return "$rc"
+      fi
+    done
   }
   case $lane in
     report)
@@ -76,6 +106,8 @@ main() {
       last=$(ls work/de-en/checkpoints | sed -nE 's/^checkpoint([0-9]+)\.pt$/\1/p' | sort -n | tail -1)
       bash recipes/iwslt_dynamics.sh multi30k ../shared/data work/de-en "$last" 400
       cp work/de-en/dynamics/dynamics.* results/dynamics/
+      # then the voita lane's longest stage, from its other end
+      [ -f results/voita/compare.jsonl ] && from_scratch three-quarters half
       ;;
     voita)
       supersede results/voita
@@ -84,21 +116,7 @@ main() {
       # encoder-only: two more λ between 0.002 (no head closed) and 0.006 (30 of 48 closed on this model)
       GATED_TYPES=enc-self WORK=work/voita-encoder-converged RESULTS=results/voita/encoder-only \
         LAMBDAS="$ENCODER_LAMBDAS" bash recipes/voita_l0.sh
-      local name closed
-      for name in half three-quarters; do
-        closed=$(python - "$name" <<'EOF'
-import json, sys
-target = {"half": 0.5, "three-quarters": 0.75}[sys.argv[1]]
-rows = [json.loads(line) for line in open("results/voita/compare.jsonl") if line.startswith("{")]
-runs = [r for r in rows if r.get("method") == "l0" and r.get("l0_lambda")]
-total = next(r["header"]["total_heads"] for r in rows if "header" in r)
-best = min(runs, key=lambda r: abs(1 - r["heads_kept"] / total - target))
-print(f"results/voita/lambda-{best['l0_lambda']:g}/closed-heads.json")
-EOF
-)
-        echo "rerun_de_en: from scratch, $name: $closed"
-        bash recipes/voita_from_scratch.sh "$closed" "$name"
-      done
+      from_scratch half three-quarters
       ;;
     render)  # once both lanes are done: the survivors' functions need the report's analyze part
       if [ "$(cat results/voita/analysis/.model-sha256 2>/dev/null)" != "$sha" ]; then
