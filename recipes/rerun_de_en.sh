@@ -68,6 +68,8 @@ EOF
         echo "rerun_de_en: from scratch, $name: another lane is training it"
       elif [ "$rc" != 0 ]; then
         return "$rc"
+      else
+        python recipes/voita_from_scratch_table.py  # results/voita/from-scratch/table.md, beside the pruned models
       fi
     done
   }
@@ -125,6 +127,7 @@ EOF
       WORK=work/voita-converged bash recipes/voita_l0.sh survivors
       GATED_TYPES=enc-self WORK=work/voita-encoder-converged RESULTS=results/voita/encoder-only \
         LAMBDAS="$ENCODER_LAMBDAS" bash recipes/voita_l0.sh survivors
+      python recipes/voita_from_scratch_table.py
       bash recipes/report_de_en.sh --render-only
       ;;
     *) echo "rerun_de_en: error: the lane is report, voita or render, not '$lane'" >&2; exit 2 ;;
