@@ -4,12 +4,13 @@
 #   report   issue 16's targets (results/shrink-de-en/targets.md), results/report-de-en (every part, shrink and
 #            equal-work speed included; recipes/report_de_en.sh), results/de-en/pruned-50 (recipes/prune_de_en_50.sh),
 #            the rest of results/de-en, the results/shrink-de-en sweep, candidates, export and speed
-#            (recipes/shrink_de_en.sh),
-#            then the training dynamics of the run's every epoch (results/dynamics), then whichever from-scratch
-#            configuration of the voita lane is not taken yet (from the other end)
+#            (recipes/shrink_de_en.sh)
 #   voita    results/voita (the L0 sweep and its lambda = 0 control, all three types), results/voita/encoder-only
 #            (encoder self-attention gated alone), results/voita/from-scratch (the configurations of the runs
 #            nearest to 1/2 and 3/4 of the heads closed, trained from random initialisation with the base recipe)
+#   both     then the shared jobs, each taken by whichever lane gets to it first: the two from-scratch runs, the
+#            training dynamics of the run's every epoch (results/dynamics), and issue 16's En-Fr stages
+#            (recipes/shrink_en_fr.sh)
 #   render   results/voita/analysis (recipes/voita_analysis.sh), the survivors' functions, and the report rendered
 #            again with the finished dynamics and L0 sweep (--render-only)
 # A results folder made with another model is moved to work/superseded/ first (git keeps the old version; its
@@ -42,15 +43,14 @@ main() {
     fi
     mkdir -p "$dir" && echo "$sha" > "$dir/.model-sha256"
   }
-  # from_scratch NAME...: Voita's last column, the configurations of the L0 runs nearest to 1/2 and 3/4 of the
-  # heads closed, trained from random initialisation. Each configuration is claimed with a lock that dies with its
-  # process, so both lanes can take them (the voita lane in this order, the report lane, once done, in the other);
-  # a finished one (its bleu.txt) is skipped.
-  from_scratch() {
-    local name closed rc
-    for name in "$@"; do
-      [ -f "results/voita/from-scratch/$name/bleu.txt" ] && continue
-      closed=$(python - "$name" <<'EOF'
+  # the jobs either lane takes once its own stages are done, each claimed with a lock that dies with its process
+  # (the voita lane takes them in one order, the report lane in the other) and marked done with the model's sha
+  run_job() {
+    case $1 in
+      scratch-half|scratch-three-quarters)  # Voita's last column: an L0 run's heads trained from random init
+        local name=${1#scratch-} closed
+        [ -f results/voita/compare.jsonl ] || return 75  # the voita lane's L0 sweep comes first
+        closed=$(python - "$name" <<'EOF'
 import json, sys
 target = {"half": 0.5, "three-quarters": 0.75}[sys.argv[1]]
 rows = [json.loads(line) for line in open("results/voita/compare.jsonl") if line.startswith("{")]
@@ -60,17 +60,35 @@ best = min(runs, key=lambda r: abs(1 - r["heads_kept"] / total - target))
 print(f"results/voita/lambda-{best['l0_lambda']:g}/closed-heads.json")
 EOF
 )
-      echo "rerun_de_en: from scratch, $name: $closed"
-      mkdir -p work/voita-scratch
-      rc=0
-      flock -n -E 75 "work/voita-scratch/$name.lock" bash recipes/voita_from_scratch.sh "$closed" "$name" || rc=$?
-      if [ "$rc" = 75 ]; then
-        echo "rerun_de_en: from scratch, $name: another lane is training it"
-      elif [ "$rc" != 0 ]; then
-        return "$rc"
-      else
+        echo "rerun_de_en: from scratch, $name: $closed"
+        bash recipes/voita_from_scratch.sh "$closed" "$name"
         python recipes/voita_from_scratch_table.py  # results/voita/from-scratch/table.md, beside the pruned models
-      fi
+        ;;
+      dynamics)  # the training dynamics of the converged run's every epoch
+        supersede results/dynamics
+        local last
+        last=$(ls work/de-en/checkpoints | sed -nE 's/^checkpoint([0-9]+)\.pt$/\1/p' | sort -n | tail -1)
+        bash recipes/iwslt_dynamics.sh multi30k ../shared/data work/de-en "$last" 400
+        cp work/de-en/dynamics/dynamics.* results/dynamics/
+        ;;
+      shrink-en-fr)  # issue 16 on the En-Fr model: the recipe's stages not run yet (it resumes row by row)
+        bash recipes/shrink_en_fr.sh
+        ;;
+    esac
+  }
+  shared() {
+    local job rc
+    for job in "$@"; do
+      [ "$(cat "work/rerun-de-en/$job.done" 2>/dev/null)" = "$sha" ] && continue
+      set +e
+      ( set -e; flock -n 9 || exit 75; run_job "$job" ) 9> "work/rerun-de-en/$job.lock"
+      rc=$?
+      set -e
+      case $rc in
+        0) echo "$sha" > "work/rerun-de-en/$job.done" ;;
+        75) echo "rerun_de_en: $job: not now (another lane has it, or it waits for the L0 sweep)" ;;
+        *) echo "rerun_de_en: $job failed ($rc)" >&2; return "$rc" ;;
+      esac
     done
   }
   case $lane in
@@ -103,13 +121,7 @@ EOF
           rm "$seeded"; }
       fi
       bash recipes/shrink_de_en.sh sweep,candidates,export,speed
-      supersede results/dynamics
-      local last
-      last=$(ls work/de-en/checkpoints | sed -nE 's/^checkpoint([0-9]+)\.pt$/\1/p' | sort -n | tail -1)
-      bash recipes/iwslt_dynamics.sh multi30k ../shared/data work/de-en "$last" 400
-      cp work/de-en/dynamics/dynamics.* results/dynamics/
-      # then the voita lane's longest stage, from its other end
-      [ -f results/voita/compare.jsonl ] && from_scratch three-quarters half
+      shared dynamics shrink-en-fr scratch-three-quarters scratch-half
       ;;
     voita)
       supersede results/voita
@@ -118,7 +130,7 @@ EOF
       # encoder-only: two more λ between 0.002 (no head closed) and 0.006 (30 of 48 closed on this model)
       GATED_TYPES=enc-self WORK=work/voita-encoder-converged RESULTS=results/voita/encoder-only \
         LAMBDAS="$ENCODER_LAMBDAS" bash recipes/voita_l0.sh
-      from_scratch half three-quarters
+      shared scratch-half scratch-three-quarters shrink-en-fr dynamics
       ;;
     render)  # once both lanes are done: the survivors' functions need the report's analyze part
       if [ "$(cat results/voita/analysis/.model-sha256 2>/dev/null)" != "$sha" ]; then

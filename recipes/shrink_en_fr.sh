@@ -7,15 +7,17 @@
 #
 # usage: recipes/shrink_en_fr.sh [PERCENTS] [METHODS] [N]
 # Without PERCENTS/METHODS it runs in stages, most telling first, so that an interrupted run has them: 30/50/70%
-# for Michel's I_h order, Fisher and the shrink command's default pipeline (full+out-proj+ffn) on both test sets,
-# then the other budgets, then Kwon's ladder (rearrangement, scales, out-projection). Each row is appended as it is
+# for Michel's I_h order, Fisher and the full-Fisher pipeline (full+out-proj+ffn) on both test sets, the same
+# budgets with the shrink command's default since (+min1: a head kept in every sublayer), then the other budgets,
+# then Kwon's ladder (rearrangement, scales, out-projection). Each row is appended as it is
 # computed: a rerun resumes. Budget: a 500-sentence newstest2014 decode at beam 5 is ~1-2 min of one core, MTNT
 # (1020 sentences) twice that, a reconstruction with 1000 calibration sentences ~5 min.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH=$PWD/.venv/bin:$PATH OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1
 LADDER=fisher+rearrange,fisher+rearrange+scales,fisher+rearrange+out-proj
-STAGES=("30,50,70 michel,fisher,full+out-proj+ffn" "10,20,40,60,80 michel,fisher,full+out-proj+ffn"
+DEFAULT=full+out-proj+ffn+min1  # the shrink command's default since stage 1 ran (a head kept in every sublayer)
+STAGES=("30,50,70 michel,fisher,full+out-proj+ffn" "30,50,70 $DEFAULT" "10,20,40,60,80 michel,fisher,$DEFAULT"
         "30,50,70 $LADDER" "10,20,40,60,80 $LADDER")
 [ $# -ge 2 ] && STAGES=("$1 $2")
 N=${3:-500}
