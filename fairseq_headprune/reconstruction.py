@@ -20,6 +20,12 @@ layers below it only. Then one of:
 - a sublayer whose every head is removed outputs out_proj's bias: `empty_bias` sets it to the bias plus the
   mean target (its least-squares optimum).
 
+Beyond Kwon, with `refit_inputs`: every sublayer above the first pruned one reads a drifted input (its LayerNorm's
+output, or the encoder's output for encoder-decoder keys and values). A map x -> M x + c from the student's input
+to the teacher's is fitted by ridge least squares towards the identity on the calibration tokens, then folded into
+the linear layers that read it (q/k/v, fc1: W' = W M, b' = b + W c) before the sublayer's own output is fitted.
+M is unconstrained, so the map that is best in the input space is also best for any of those layers' outputs.
+
 Guards: a singular or ill-conditioned system (condition > max_condition), a non-finite solution, a scale with
 |s| > max_scale (Kwon stops there), refit weights whose norm grows past max_scale times the original, or a fit
 that does not lower the reconstruction error leaves that sublayer as it was (`out-proj` first falls back to
@@ -49,6 +55,7 @@ class ReconstructionOptions:
     refit_unpruned: bool = False  # also refit sublayers that lost no head (they see the drift from below too)
     empty_bias: bool = True
     refit_ffn: bool = False  # also refit every FFN's fc2 (ridge, same drift-corrected targets): beyond Kwon
+    refit_inputs: bool = False  # also map each drifted sublayer input back onto the teacher's (q/k/v, fc1): beyond Kwon
 
 
 @dataclass
@@ -63,6 +70,7 @@ class SublayerFit:
     scales: Optional[List[float]] = None
     fallback: Optional[str] = None
     condition: Optional[float] = None
+    part: str = "output"  # output: out_proj, fc2 or the bias; input: the map folded into the layers reading the input
 
     def as_json(self) -> dict:
         d = asdict(self)
@@ -82,6 +90,8 @@ class _Capture:
 
 
 FFN_TYPES = ("enc-ffn", "dec-ffn")
+ENCODER_TYPES = ("enc-self", "enc-ffn")
+ENCODER_OUT = "enc-out"  # the key (ENCODER_OUT, number of encoder layers) of the encoder output's input map
 
 
 def _parts(model, key: Key):
@@ -155,9 +165,48 @@ def capture(model, keys: Sequence[Key], context: bool = False, stop_at: Optional
             attn.skip_embed_dim_check = flag
 
 
+def _input_reader(model, key: Key):
+    """The module whose input is the sublayer's input stream: the attention (its query) or the FFN's fc1."""
+    layer, module, _linear, _norm, is_attention = _parts(model, key)
+    return module if is_attention else layer.fc1
+
+
+def _input_consumers(model, key: Key) -> List[torch.nn.Linear]:
+    """The linear layers that read the sublayer's input stream (the encoder output's: every k_proj and v_proj of
+    the encoder-decoder attention)."""
+    if key[0] == ENCODER_OUT:
+        return [p for layer in model.decoder.layers if getattr(layer, "encoder_attn", None) is not None
+                for p in (layer.encoder_attn.k_proj, layer.encoder_attn.v_proj)]
+    layer, module, _linear, _norm, is_attention = _parts(model, key)
+    if not is_attention:
+        return [layer.fc1]
+    return [module.q_proj] if key[0] == "enc-dec" else [module.q_proj, module.k_proj, module.v_proj]
+
+
+@contextlib.contextmanager
+def capture_inputs(model, keys: Sequence[Key], stop_at: Optional[Key] = None
+                   ) -> Iterator[Dict[Key, List[torch.Tensor]]]:
+    """Record, per forward, the input stream each sublayer's projections read (T x B x d); with stop_at, the
+    forward raises _Stop as soon as that sublayer's input is known."""
+    records: Dict[Key, List[torch.Tensor]] = {key: [] for key in keys}
+    handles = []
+    for key in keys:
+        def pre(_m, args, kwargs, key=key):
+            records[key].append(kwargs.get("query", args[0] if args else None))
+            if stop_at == key:
+                raise _Stop
+
+        handles.append(_input_reader(model, key).register_forward_pre_hook(pre, with_kwargs=True))
+    try:
+        yield records
+    finally:
+        for h in handles:
+            h.remove()
+
+
 def token_mask(sample, key: Key, pad: int) -> torch.Tensor:
     """(T, B) boolean: the real (non-pad) positions of the sublayer's stream in the batch."""
-    if key[0] in ("enc-self", "enc-ffn"):
+    if key[0] in ("enc-self", "enc-ffn", ENCODER_OUT):
         return sample["net_input"]["src_tokens"].ne(pad).t()
     return sample["target"].ne(pad).t()
 
@@ -176,6 +225,29 @@ def teacher_targets(teacher, samples: Sequence[dict], keys: Sequence[Key], pad: 
     return out
 
 
+@torch.no_grad()
+def teacher_inputs(teacher, samples: Sequence[dict], keys: Sequence[Key], pad: int, encoder_out: bool
+                   ) -> Dict[Key, List[torch.Tensor]]:
+    """Per sublayer (and with encoder_out, for the encoder output) and batch: the teacher's input stream at the
+    real tokens, (n, d)."""
+    teacher.eval()
+    out: Dict[Key, List[torch.Tensor]] = {key: [] for key in keys}
+    enc_key = (ENCODER_OUT, len(teacher.encoder.layers))
+    if encoder_out:
+        out[enc_key] = []
+    for sample in samples:
+        net_input = sample["net_input"]
+        with capture_inputs(teacher, keys) as rec:
+            enc = teacher.encoder(net_input["src_tokens"], src_lengths=net_input["src_lengths"])
+            if any(key[0] not in ENCODER_TYPES for key in keys):
+                teacher.decoder(net_input["prev_output_tokens"], encoder_out=enc, features_only=True)
+        for key in keys:
+            out[key].append(rec[key][0][token_mask(sample, key, pad)].float())
+        if encoder_out:
+            out[enc_key].append(enc["encoder_out"][0][token_mask(sample, enc_key, pad)].float())
+    return out
+
+
 class _Student:
     """Runs the student up to one sublayer; caches its encoder output once the encoder no longer changes."""
 
@@ -183,23 +255,37 @@ class _Student:
         self.model, self.samples = model, samples
         self._encoder_outs: Optional[List[dict]] = None
 
+    def encoder_outs(self) -> List[dict]:
+        """The student's encoder outputs, computed once the decoder is reached (the encoder is final by then)."""
+        if self._encoder_outs is None:
+            self._encoder_outs = [
+                self.model.encoder(s["net_input"]["src_tokens"], src_lengths=s["net_input"]["src_lengths"])
+                for s in self.samples]
+        return self._encoder_outs
+
+    def _forward(self, b: int, key: Key) -> None:
+        net_input = self.samples[b]["net_input"]
+        try:
+            if key[0] in ("enc-self", "enc-ffn"):
+                self.model.encoder(net_input["src_tokens"], src_lengths=net_input["src_lengths"])
+            else:
+                self.model.decoder(net_input["prev_output_tokens"], encoder_out=self.encoder_outs()[b],
+                                   features_only=True)
+        except _Stop:
+            pass
+
     def run_to(self, b: int, key: Key, context: bool):
-        model, sample = self.model, self.samples[b]
-        net_input = sample["net_input"]
-        with capture(model, [key], context=context, stop_at=key) as rec:
-            try:
-                if key[0] in ("enc-self", "enc-ffn"):
-                    model.encoder(net_input["src_tokens"], src_lengths=net_input["src_lengths"])
-                else:
-                    if self._encoder_outs is None:
-                        self._encoder_outs = [
-                            model.encoder(s["net_input"]["src_tokens"], src_lengths=s["net_input"]["src_lengths"])
-                            for s in self.samples]
-                    model.decoder(net_input["prev_output_tokens"], encoder_out=self._encoder_outs[b],
-                                  features_only=True)
-            except _Stop:
-                pass
+        with capture(self.model, [key], context=context, stop_at=key) as rec:
+            self._forward(b, key)
         return rec[key]
+
+    def input_of(self, b: int, key: Key) -> torch.Tensor:
+        """The input stream of the sublayer's projections (T x B x d), the forward stopped right there."""
+        if key[0] == ENCODER_OUT:
+            return self.encoder_outs()[b]["encoder_out"][0]
+        with capture_inputs(self.model, [key], stop_at=key) as rec:
+            self._forward(b, key)
+        return rec[key][0]
 
 
 def _kept_positions(attn) -> List[int]:
@@ -219,35 +305,111 @@ def reconstruct(teacher, student, samples: Sequence[dict], pad: int, options: Re
     teacher.eval()
     student.eval()
     modules = attention_modules(student)
-    keys = sublayer_keys(student, ffn=options.refit_ffn)
+    keys = sublayer_keys(student, ffn=options.refit_ffn or options.refit_inputs)
 
     def pruned(key):
         return key[0] not in FFN_TYPES and bool((modules[key].head_mask == 0).any())
 
+    first = next((i for i, k in enumerate(keys) if pruned(k)), len(keys))
+
     def wanted(i, key):
         if key[0] in FFN_TYPES:  # an FFN below every pruned sublayer sees exactly the teacher's inputs: nothing to fit
-            return any(pruned(k) for k in keys[:i])
+            return options.refit_ffn and i > first
         return options.refit_unpruned or pruned(key)
 
     todo = [k for i, k in enumerate(keys) if wanted(i, k)]
-    if not todo:
+    inputs, encoder_drift = drifted_inputs(keys, pruned) if options.refit_inputs else ([], False)
+    if not todo and not inputs:
         return []
     targets = teacher_targets(teacher, samples, todo, pad)
+    teacher_in = teacher_inputs(teacher, samples, inputs, pad, encoder_out=encoder_drift) if inputs else {}
     runner = _Student(student, samples)
     fits = []
-    for key in todo:
-        if key[0] in FFN_TYPES:
-            fit = _fit_ffn(runner, key, targets[key], pad, options)
-        else:
-            fit = _fit_sublayer(runner, key, modules[key], targets[key], pad, options)
+
+    def record(fit):
         fits.append(fit)
         if log:
             note = f" (fallback: {fit.fallback})" if fit.fallback else ""
             energy = max(fit.target_energy, 1e-30)
-            unit = "units" if key[0] in FFN_TYPES else "heads"
-            log(f"{key[0]}:{key[1]} {fit.kept} {unit} kept, {fit.method}: relative error "
+            what = "input map" if fit.part == "input" else \
+                f"{fit.kept} {'units' if fit.key[0] in FFN_TYPES else 'heads'} kept, {fit.method}"
+            log(f"{fit.key[0]}:{fit.key[1]} {what}: relative error "
                 f"{fit.error_before / energy:.4f} -> {fit.error_after / energy:.4f}{note}")
+
+    wanted_inputs = set(inputs)
+    for key in keys:
+        if encoder_drift and key[0] not in ENCODER_TYPES:  # the decoder's keys and values read the encoder output
+            enc_key = (ENCODER_OUT, len(student.encoder.layers))
+            record(_fit_input(runner, enc_key, teacher_in.pop(enc_key), pad, options))
+            encoder_drift = False
+        if key in wanted_inputs:
+            record(_fit_input(runner, key, teacher_in.pop(key), pad, options))
+        if key in todo:
+            if key[0] in FFN_TYPES:
+                record(_fit_ffn(runner, key, targets.pop(key), pad, options))
+            else:
+                record(_fit_sublayer(runner, key, modules[key], targets.pop(key), pad, options))
     return fits
+
+
+def drifted_inputs(keys: Sequence[Key], pruned) -> Tuple[List[Key], bool]:
+    """The sublayers (in forward order) whose input stream differs from the teacher's once the `pruned` ones lost
+    heads, and whether the encoder output does: a stream drifts above its first pruned sublayer, and the decoder's
+    also above its first encoder-decoder attention when the encoder output drifted."""
+    encoder, decoder, out = False, False, []
+    for key in keys:
+        in_encoder = key[0] in ENCODER_TYPES
+        if encoder if in_encoder else decoder:
+            out.append(key)
+        if pruned(key):
+            encoder, decoder = encoder or in_encoder, decoder or not in_encoder
+        if key[0] == "enc-dec" and encoder:
+            decoder = True
+    return out, encoder
+
+
+def _fit_input(runner: _Student, key: Key, targets: List[torch.Tensor], pad: int,
+               options: ReconstructionOptions) -> SublayerFit:
+    """Ridge map (towards the identity) from the student's input stream to the teacher's, folded into the linear
+    layers that read it."""
+    d = targets[0].size(1)
+    G = torch.zeros(d + 1, d + 1, dtype=torch.float64)
+    C = torch.zeros(d + 1, d, dtype=torch.float64)
+    UU, error_before, n = 0.0, 0.0, 0
+    for bi in range(len(runner.samples)):
+        X = runner.input_of(bi, key)[token_mask(runner.samples[bi], key, pad)].double()
+        U = targets[bi].double()
+        Xa = torch.cat([X, torch.ones(X.size(0), 1, dtype=X.dtype)], 1)
+        G += Xa.t() @ Xa
+        C += Xa.t() @ U
+        UU += float(U.pow(2).sum())
+        error_before += float((X - U).pow(2).sum())
+        n += X.size(0)
+    fit = SublayerFit(key, d, "none", error_before, error_before, UU, n, part="input")
+    identity = torch.cat([torch.eye(d, dtype=torch.float64), torch.zeros(1, d, dtype=torch.float64)])
+    ridge = torch.eye(d + 1, dtype=torch.float64) * options.ridge * float(G.diagonal()[:d].mean())
+    ridge[d, d] = 0.0  # the shift c is not pulled towards 0
+    system = G + ridge
+    fit.condition = float(torch.linalg.cond(system))
+    A = torch.linalg.solve(system, C + ridge @ identity) if fit.condition < options.max_condition else None
+    error_after = float((A * (G @ A)).sum() - 2 * (A * C).sum() + UU) if A is not None else error_before
+    if A is None:
+        fit.fallback = f"input map: ill-conditioned (condition {fit.condition:.3g})"
+    elif not torch.isfinite(A).all():
+        fit.fallback = "input map: non-finite solution"
+    elif float(A[:d].norm() / identity[:d].norm()) > options.max_scale:
+        fit.fallback = f"input map: grew {float(A[:d].norm() / identity[:d].norm()):.3g}x"
+    elif not error_after <= error_before + 1e-6 * max(UU, 1e-12):
+        fit.fallback = "input map: the fit does not lower the error"
+    else:
+        M, c = A[:d], A[d]  # u ~ x @ M + c
+        for linear in _input_consumers(runner.model, key):
+            W = linear.weight.detach().double()
+            if linear.bias is not None:
+                linear.bias.data.copy_((linear.bias.detach().double() + W @ c).to(linear.bias.dtype))
+            linear.weight.data.copy_((W @ M.t()).to(linear.weight.dtype))
+        fit.method, fit.error_after = "input-map", error_after
+    return fit
 
 
 def _fit_sublayer(runner: _Student, key: Key, attn, targets: List[torch.Tensor], pad: int,

@@ -59,6 +59,9 @@ def test_the_default_sweep_shows_the_shrink_commands_default_pipeline():
     assert replace(method, rearrange=default.rearrange) == default
     # a method without the minimum step lets sublayers empty, and changes nothing else
     assert sweep.method_options("full+out-proj+ffn", default) == replace(method, min_heads=0)
+    # the input maps are a step of their own, off unless named (whatever the base options say)
+    assert sweep.method_options("full+out-proj+ffn+in+min1", default) == replace(method, refit_inputs=True)
+    assert not sweep.method_options("full+out-proj+ffn+min1", replace(default, refit_inputs=True)).refit_inputs
 
 
 def test_tables_split_curves_candidates_and_l0():

@@ -132,7 +132,8 @@ def test_nothing_removed_reconstruction_is_the_identity(tiny, method, norm):
     before = {k: v.clone() for k, v in student.state_dict().items()}
     fits = reconstruct(model, student, samples, pad, ReconstructionOptions(method=method, refit_unpruned=True))
     assert len(fits) == len(HeadLayout.of(model).heads)
-    assert not reconstruct(model, student, samples, pad, ReconstructionOptions(method=method, refit_ffn=True))
+    assert not reconstruct(model, student, samples, pad,
+                           ReconstructionOptions(method=method, refit_ffn=True, refit_inputs=True))
     for fit in fits:
         assert fit.fallback is None and fit.method == method
         if method == "scales":
@@ -181,6 +182,57 @@ def test_reconstruction_lowers_the_error_on_the_calibration_tokens(tiny, method,
     assert error(student) == pytest.approx(fits[0].error_after, rel=1e-3)
 
 
+@pytest.mark.parametrize("norm", ["post", "pre"])
+@pytest.mark.parametrize("first", ["enc-self", "dec-self"])
+def test_input_maps_bring_the_drifted_inputs_back_towards_the_teacher(tiny, norm, first):
+    model, task = tiny
+    model = _pre_norm(model) if norm == "pre" else model
+    pad = task.target_dictionary.pad()
+    samples = _samples(model, task)
+    removed = [Head(first, 1, h) for h in (1, 2, 3)]
+    plain, mapped = copy.deepcopy(model), copy.deepcopy(model)
+    set_head_masks(plain, removed)
+    set_head_masks(mapped, removed)
+    reconstruct(model, plain, samples, pad, ReconstructionOptions(refit_ffn=True))
+    fits = reconstruct(model, mapped, samples, pad, ReconstructionOptions(refit_ffn=True, refit_inputs=True))
+    inputs = [f.key for f in fits if f.part == "input"]
+    # every sublayer above the first pruned one of its stream; the encoder output before the decoder when the
+    # encoder drifted, and the decoder's stream from its first encoder-decoder attention's output on
+    if first == "enc-self":
+        assert inputs[:8] == [("enc-ffn", 1), ("enc-self", 2), ("enc-ffn", 2), ("enc-self", 3), ("enc-ffn", 3),
+                              ("enc-self", 4), ("enc-ffn", 4), ("enc-out", 4)]
+        assert inputs[8] == ("dec-ffn", 1)  # decoder self-attention 1 and the queries of layer 1 read no drift
+    else:
+        assert inputs[:2] == [("enc-dec", 1), ("dec-ffn", 1)]
+        assert all(k[0] not in ("enc-self", "enc-ffn", "enc-out") for k in inputs)
+    print([(f.key, f.part, f.method, f.error_before, f.error_after, f.fallback) for f in fits if not f.error_after <= f.error_before])
+    assert all(f.error_after <= f.error_before for f in fits)
+    assert any(f.error_after < 0.99 * f.error_before for f in fits if f.part == "input")
+    # measured again, independently: the first mapped layer reads the same drifted input in both students (the
+    # pruned sublayer below is fitted alike); through its map it computes closer to the teacher's layer
+    key = inputs[0]
+    probe = {"enc-ffn": lambda m: m.encoder.layers[0].fc1,
+             "enc-dec": lambda m: m.decoder.layers[0].encoder_attn.q_proj}[key[0]]  # the layer reading it
+
+    def error(student):
+        total = 0.0
+        for s in samples:
+            outs = {}
+            hooks = [probe(m).register_forward_hook(lambda _m, _a, out, m=m: outs.setdefault(id(m), out))
+                     for m in (model, student)]
+            try:
+                model(**s["net_input"], features_only=True)
+                student(**s["net_input"], features_only=True)
+            finally:
+                for h in hooks:
+                    h.remove()
+            mask = token_mask(s, key, pad)
+            total += float((outs[id(student)] - outs[id(model)])[mask].pow(2).sum())
+        return total
+
+    assert error(mapped) < error(plain)
+
+
 # ------------------------------------------------------------------------------------------- budgets
 
 
@@ -209,7 +261,7 @@ def test_pruned_checkpoint_decodes_as_the_in_memory_model(stock_checkpoint, tiny
     from fairseq_headprune.studies.shrink import export, shrink
 
     out = tmp_path / "small.pt"
-    argv = _cmd(tiny_data, stock_checkpoint, "--remove", "40%", "--out", out)[2:]
+    argv = _cmd(tiny_data, stock_checkpoint, "--remove", "40%", "--refit-inputs", "--out", out)[2:]
     cfg, args = cli.parse("shrink", command, [str(a) for a in argv])
     loaded = load(cfg)
     options = command.options_from(args)

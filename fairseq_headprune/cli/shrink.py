@@ -46,6 +46,9 @@ def add_args(parser) -> None:
     g.add_argument("--refit-unpruned", action="store_true", help="also refit sublayers that lost no head")
     g.add_argument("--no-refit-ffn", action="store_true",
                    help="leave the FFNs alone (by default every fc2 is refit towards the same drift-corrected targets)")
+    g.add_argument("--refit-inputs", action="store_true",
+                   help="also map every drifted sublayer input back onto the unpruned model's, folded into q/k/v "
+                        "and fc1 (beyond Kwon; see NOTES)")
     g.add_argument("--no-empty-bias", action="store_true", help="leave the bias of emptied sublayers as it is")
     g.add_argument("--teacher-mildness", type=float, default=0.0,
                    help="reconstruct towards a teacher with this share of the removed heads masked (0: unpruned)")
@@ -69,7 +72,8 @@ def options_from(args) -> ShrinkOptions:
         search_steps=args.search_steps, min_heads=args.min_heads_per_layer, rearrange=not args.no_rearrange,
         refit=args.refit, ridge=args.ridge,
         max_scale=args.max_scale, refit_unpruned=args.refit_unpruned, empty_bias=not args.no_empty_bias,
-        refit_ffn=not args.no_refit_ffn, teacher_mildness=args.teacher_mildness, check=not args.no_check,
+        refit_ffn=not args.no_refit_ffn, refit_inputs=args.refit_inputs, teacher_mildness=args.teacher_mildness,
+        check=not args.no_check,
         check_sentences=args.check_sentences)
 
 

@@ -51,6 +51,7 @@ class ShrinkOptions:
     refit_unpruned: bool = False
     empty_bias: bool = True
     refit_ffn: bool = True  # also refit every FFN's fc2 towards the same targets (beyond Kwon)
+    refit_inputs: bool = False  # also map every drifted sublayer input back onto the teacher's (q/k/v, fc1)
     search_steps: int = 1  # > 1: remove the budget in this many steps, reconstructing and re-scoring between them
     min_heads: int = 1  # every attention sublayer keeps at least this many heads (1: none emptied; 0: no limit)
     teacher_mildness: float = 0.0  # > 0: the teacher has this share of the removed heads masked (a milder mask)
@@ -358,7 +359,7 @@ def build_student(model, selection: Selection, calibration: Calibration, options
     fits = reconstruct(teacher, student, calibration.samples, pad,
                        ReconstructionOptions(method=options.refit, ridge=options.ridge, max_scale=options.max_scale,
                                              refit_unpruned=options.refit_unpruned, empty_bias=options.empty_bias,
-                                             refit_ffn=options.refit_ffn),
+                                             refit_ffn=options.refit_ffn, refit_inputs=options.refit_inputs),
                        log=log)
     return ShrinkResult(student, selection, fits, {"reconstruction": time.perf_counter() - start})
 
@@ -536,7 +537,8 @@ def export(loaded, result: ShrinkResult, calibration: Calibration, options: Shri
         "kept_heads": kept_heads(pruned),
         "selection": result.selection.summary(),
         "reconstruction": {"options": {k: getattr(options, k) for k in (
-            "refit", "ridge", "max_scale", "refit_unpruned", "empty_bias", "refit_ffn", "teacher_mildness")},
+            "refit", "ridge", "max_scale", "refit_unpruned", "empty_bias", "refit_ffn", "refit_inputs",
+            "teacher_mildness")},
             "sublayers": result.fits_json(),
             "fallbacks": [f"{f.key[0]}:{f.key[1]}: {f.fallback}" for f in result.fits if f.fallback]},
         "calibration": {**calibration.provenance(), "data": os.path.abspath(loaded.cfg.task.data)},

@@ -9,7 +9,8 @@ Methods are written as a base order and steps joined by '+':
   block, full                  greedy fill on the block-diagonal or the full empirical Fisher (mask_search)
 Extra steps for the measurements of NOTES.md: `mildP` (a teacher with P% of the removed heads masked), `all` (also
 refit sublayers that lost no head), `nobias` (no bias refit of emptied sublayers), `ffn` (also refit every FFN's
-fc2 towards the same targets), `ridgeX` (the ridge of the refits), `stepsN` (remove the budget in N steps, each
+fc2 towards the same targets), `in` (also map every drifted sublayer input back onto the teacher's, folded into
+q/k/v and fc1), `ridgeX` (the ridge of the refits), `stepsN` (remove the budget in N steps, each
 reconstructed and re-scored before the next: search with reconstruction in the loop), `minN` (every attention
 sublayer keeps at least N heads: `min1` empties none).
 
@@ -41,7 +42,7 @@ from fairseq_headprune.studies.shrink import (
 
 # ShrinkOptions fields a sweep method name sets (method_options); the others are the sweep's fixed settings
 METHOD_FIELDS = ("remove", "keep", "flops", "search", "rearrange", "refit", "teacher_mildness", "refit_unpruned",
-                 "empty_bias", "refit_ffn", "search_steps", "ridge", "min_heads")
+                 "empty_bias", "refit_ffn", "refit_inputs", "search_steps", "ridge", "min_heads")
 # Kwon's steps one at a time, then the shrink command's default pipeline (full-Fisher fill keeping a head in every
 # sublayer, out_proj and fc2 refit)
 DEFAULT_METHODS = ("michel", "fisher", "fisher+rearrange", "fisher+rearrange+scales", "fisher+rearrange+out-proj",
@@ -103,7 +104,7 @@ def method_options(method: str, base: ShrinkOptions) -> ShrinkOptions:
     if order is None:
         raise UserError(f"unknown sweep method {method!r}: it starts with michel, fisher, block or full")
     opts = replace(base, search=order, rearrange=False, refit="none", teacher_mildness=0.0, refit_unpruned=False,
-                   empty_bias=True, refit_ffn=False, search_steps=1, min_heads=0)
+                   empty_bias=True, refit_ffn=False, refit_inputs=False, search_steps=1, min_heads=0)
     for step in parts[1:]:
         if step == "rearrange":
             opts = replace(opts, rearrange=True)
@@ -117,6 +118,8 @@ def method_options(method: str, base: ShrinkOptions) -> ShrinkOptions:
             opts = replace(opts, search_steps=int(step[5:]))
         elif step == "ffn":
             opts = replace(opts, refit_ffn=True)
+        elif step == "in":
+            opts = replace(opts, refit_inputs=True)
         elif step.startswith("ridge"):
             opts = replace(opts, ridge=float(step[5:]))
         elif step.startswith("min") and step[3:].isdigit():
@@ -211,6 +214,7 @@ def _key(tag: str, method: str, percent: float, n_allowed: int) -> str:
 def _relative_errors(fits) -> Optional[Dict[str, float]]:
     if not fits:
         return None
+    fits = [f for f in fits if f.part == "output"]  # the input maps' errors are of another quantity
     before = sum(f.error_before for f in fits)
     after = sum(f.error_after for f in fits)
     energy = sum(f.target_energy for f in fits)
