@@ -314,7 +314,8 @@ def claim_speed(speed: Optional[Dict], command: Optional[str] = None, source: st
     ratio = speed.get("flop_ratio")
     ours = (f"{speed['heads_pruned']} of {speed['heads_total']} heads pruned; equal-work speed-up (pruned over "
             f"masked, same hypotheses) {', '.join(up(b) for b in sizes)}"
-            + (f"; FLOP ratio x{ratio:.2f}" if ratio is not None else ""))
+            + (f"; FLOP ratio x{ratio:.2f}" if ratio is not None else "")
+            + (f", cache-reorder copy ratio x{speed['reorder_ratio']:.2f}" if speed.get("reorder_ratio") else ""))
     if "speedup" in pr:
         ours += f"; free-length pruned over unpruned x{pr['speedup']:.2f} at batch {sizes[-1]} (not equal work)"
     return _claim("C6", ours, SUPPORTED if faster else NOT_SUPPORTED, rule, (source,))

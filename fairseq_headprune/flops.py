@@ -137,6 +137,15 @@ def flop_ratio(base, pruned, src_lens: Sequence[int], tgt_lens: Sequence[int], b
             / decode_flops(pruned, src_lens, tgt_lens, beam, batch_size))
 
 
+def reorder_ratio(base, pruned, src_lens: Sequence[int], tgt_lens: Sequence[int], beam: int,
+                  batch_size: int = 1) -> float:
+    """Elements the per-step cache reorder copies, base over pruned: the other side of decoding time, memory
+    traffic that shrinks with the decoder self-attention heads and not with the FFNs or the output layer."""
+    shapes = [m if isinstance(m, ModelShape) else ModelShape.of(m) for m in (base, pruned)]
+    base_cost, pruned_cost = (decode_cost(s, src_lens, tgt_lens, beam, batch_size) for s in shapes)
+    return base_cost.reorder_elements / max(pruned_cost.reorder_elements, 1e-30)
+
+
 def flops_per_head(shape: ModelShape, src_lens: Sequence[int], tgt_lens: Sequence[int], beam: int,
                    batch_size: int = 1) -> Dict[Tuple[str, int], float]:
     """FLOPs one head of each (type, layer) costs on these sentences: removing k of them saves k times that

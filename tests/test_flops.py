@@ -61,6 +61,14 @@ def test_a_module_without_heads_costs_nothing_of_its_attention():
     assert flops.flop_ratio(SHAPE, pruned, [4], [3], beam=3) == pytest.approx(1876 / (1876 - 2 * (96 + 216)))
 
 
+def test_reorder_ratio_counts_the_self_attention_cache_and_not_the_encoder_output():
+    """One of the 2 decoder self-attention heads removed: the cache copies 36 -> 18 elements, the encoder output's
+    96 stay (by hand in test_one_sentence_by_hand): 132 / 114."""
+    pruned = SHAPE.without([("dec-self", 1, 1)])
+    assert flops.reorder_ratio(SHAPE, pruned, [4], [3], beam=3) == pytest.approx(132 / 114)
+    assert flops.reorder_ratio(SHAPE, SHAPE.without([("enc-dec", 1, 1)]), [4], [3], beam=3) == 1.0
+
+
 def test_shape_read_from_a_model_object():
     """ModelShape.of reads widths from each attention module's own head count (a pruned model's are smaller)."""
 

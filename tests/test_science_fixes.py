@@ -384,6 +384,9 @@ def test_c6_is_judged_at_equal_work_only():
     free_length_only = cl.claim_speed(_speed(100.0, 100.0, 179.0, equal_work=False), "fairseq-headprune speed X")
     assert free_length_only.verdict == cl.INCOMPLETE and free_length_only.command == "fairseq-headprune speed X"
     assert cl.claim_speed(_speed(100.0, 100.0, 150.0, same=False)).verdict == cl.INCOMPLETE
+    # the copy ratio is quoted beside the FLOP ratio when speed.json has it
+    with_copies = {**_speed(100.0, 100.0, 150.0), "reorder_ratio": 1.6}
+    assert "FLOP ratio x1.28, cache-reorder copy ratio x1.60" in cl.claim_speed(with_copies).ours
 
 
 def _l0(lam, kept, bleu, updates=300, enc_closed=None, total=144, types=("enc-self", "enc-dec", "dec-self")):

@@ -16,6 +16,7 @@ def test_speed_table(tiny_data, stock_checkpoint, tmp_path):
     assert result["heads_pruned"] == 28 and result["heads_total"] == 56
     assert result["params"]["pruned"] < result["params"]["unpruned"] == result["params"]["masked"]
     assert 1.0 < result["flop_ratio"] < 2.0  # was flop_bound_speedup: a ratio, not a bound (issue 17)
+    assert result["reorder_ratio"] > 1.0  # half the decoder self-attention heads: a smaller cache to copy
     for bs in ("1", "4"):
         row = result["batch_sizes"][bs]
         for name in ("unpruned", "masked", "pruned"):
@@ -26,4 +27,4 @@ def test_speed_table(tiny_data, stock_checkpoint, tmp_path):
         # equal work: the pruned and the masked model write the same tokens in every run
         assert row["pruned"]["same_tokens_as_masked"] and row["pruned"]["tokens"] == row["masked"]["tokens"]
         assert row["pruned"]["speedup_over_masked"] > 0 and row["pruned"]["speedup_over_masked_std"] >= 0
-    assert "FLOP ratio" in out
+    assert "FLOP ratio" in out and "copy ratio" in out
