@@ -205,7 +205,6 @@ def test_input_maps_bring_the_drifted_inputs_back_towards_the_teacher(tiny, norm
     else:
         assert inputs[:2] == [("enc-dec", 1), ("dec-ffn", 1)]
         assert all(k[0] not in ("enc-self", "enc-ffn", "enc-out") for k in inputs)
-    print([(f.key, f.part, f.method, f.error_before, f.error_after, f.fallback) for f in fits if not f.error_after <= f.error_before])
     assert all(f.error_after <= f.error_before for f in fits)
     assert any(f.error_after < 0.99 * f.error_before for f in fits if f.part == "input")
     # measured again, independently: the first mapped layer reads the same drifted input in both students (the
@@ -218,7 +217,7 @@ def test_input_maps_bring_the_drifted_inputs_back_towards_the_teacher(tiny, norm
         total = 0.0
         for s in samples:
             outs = {}
-            hooks = [probe(m).register_forward_hook(lambda _m, _a, out, m=m: outs.setdefault(id(m), out))
+            hooks = [probe(m).register_forward_hook(lambda _m, _a, out, m=m, outs=outs: outs.setdefault(id(m), out))
                      for m in (model, student)]
             try:
                 model(**s["net_input"], features_only=True)
