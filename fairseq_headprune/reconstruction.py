@@ -206,7 +206,7 @@ def capture_inputs(model, keys: Sequence[Key], stop_at: Optional[Key] = None
 
 def token_mask(sample, key: Key, pad: int) -> torch.Tensor:
     """(T, B) boolean: the real (non-pad) positions of the sublayer's stream in the batch."""
-    if key[0] in ("enc-self", "enc-ffn", ENCODER_OUT):
+    if key[0] in ENCODER_TYPES + (ENCODER_OUT,):
         return sample["net_input"]["src_tokens"].ne(pad).t()
     return sample["target"].ne(pad).t()
 
@@ -266,7 +266,7 @@ class _Student:
     def _forward(self, b: int, key: Key) -> None:
         net_input = self.samples[b]["net_input"]
         try:
-            if key[0] in ("enc-self", "enc-ffn"):
+            if key[0] in ENCODER_TYPES:
                 self.model.encoder(net_input["src_tokens"], src_lengths=net_input["src_lengths"])
             else:
                 self.model.decoder(net_input["prev_output_tokens"], encoder_out=self.encoder_outs()[b],
