@@ -3,7 +3,7 @@ correlations."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Sequence
+from typing import List, Sequence, Tuple
 
 import numpy as np
 
@@ -109,12 +109,28 @@ class BleuBootstrap:
     def test(self, system: Sequence[str]) -> BootstrapResult:
         return self.test_stats(self.system_stats(system))
 
-    def test_stats(self, stats: np.ndarray) -> BootstrapResult:
-        """The test on a system's sentence statistics (rows as `baseline_stats`)."""
+    def _baseline_resamples(self) -> Tuple[np.ndarray, np.ndarray]:
+        """The baseline's summed statistics and BLEU in every resample, computed once."""
         if self._baseline_bleu is None:
             self._baseline_sums = self._resample_sums(self.baseline_stats)
             self._baseline_bleu = bleu_from_sums(self._baseline_sums, self.order)
-        base_sums, base = self._baseline_sums, self._baseline_bleu.copy()
+        return self._baseline_sums, self._baseline_bleu
+
+    def difference_interval(self, system: Sequence[str], level: float = 0.95) -> Tuple[float, float]:
+        """The central `level` interval of system minus baseline BLEU over the resamples (percentile bootstrap):
+        how far a difference measured on this test set could be from the one on another draw of it. Meaningful
+        with full-size resamples (sample_ratio 1); half-size ones widen it by about sqrt(2)."""
+        if not 0 < level < 1:
+            raise ValueError(f"level must be in (0, 1): {level}")
+        score = bleu_from_sums(self._resample_sums(self.system_stats(system)), self.order)
+        diff = score - self._baseline_resamples()[1]
+        low, high = np.percentile(diff, [50 * (1 - level), 50 * (1 + level)])
+        return float(low), float(high)
+
+    def test_stats(self, stats: np.ndarray) -> BootstrapResult:
+        """The test on a system's sentence statistics (rows as `baseline_stats`)."""
+        base_sums, base = self._baseline_resamples()
+        base = base.copy()
         sums = self._resample_sums(stats)
         score = bleu_from_sums(sums, self.order)
         same = (sums == base_sums).all(axis=1)  # equal statistics: an exact tie whatever the arithmetic

@@ -87,6 +87,19 @@ def test_heavily_damaged_system_is_significant_in_both_directions():
     assert better.p_value < 0.01 and better.system_wins == 1.0 and better.baseline_wins == 0.0
 
 
+def test_difference_interval_brackets_the_measured_difference():
+    """Identical systems: (0, 0). A damaged one: wholly below 0, around the difference on the whole set; swapping
+    the two systems mirrors it (the same resamples)."""
+    assert BleuBootstrap(REFS, GOOD, samples=100).difference_interval(list(GOOD)) == (0.0, 0.0)
+    low, high = BleuBootstrap(REFS, GOOD, samples=200).difference_interval(BAD)
+    measured = sacrebleu.corpus_bleu(BAD, [REFS]).score - sacrebleu.corpus_bleu(GOOD, [REFS]).score
+    assert low < measured < high < 0
+    mirrored = BleuBootstrap(REFS, BAD, samples=200).difference_interval(GOOD)
+    assert mirrored == pytest.approx((-high, -low), abs=1e-9)
+    with pytest.raises(ValueError):
+        BleuBootstrap(REFS, GOOD, samples=10).difference_interval(BAD, level=1.0)
+
+
 def test_swapping_the_two_systems_gives_the_same_p():
     ab = BleuBootstrap(REFS, GOOD, samples=200).test(GOOD_2)
     ba = BleuBootstrap(REFS, GOOD_2, samples=200).test(GOOD)
