@@ -17,14 +17,15 @@
 # README.md and NOTES.md stay, to be updated by hand). Every
 # stage resumes where it stopped: rerun the same lane after a stop. Logs: work/rerun-de-en/LANE.log.
 #
-# usage: recipes/rerun_de_en.sh report|voita|render
+#   jobs     the named shared jobs only (recipes/rerun_de_en.sh jobs dynamics)
+# usage: recipes/rerun_de_en.sh report|voita|render|jobs JOB...
 # Budget (one core each, measured on the previous model): report ~3-4 h, dynamics ~4 min an epoch; voita ~1 h for
 # each sweep, from scratch ~3 h a configuration.
 set -euo pipefail
 main() {
   cd "$(dirname "$0")/.."
   export PATH=$PWD/.venv/bin:$PATH OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1
-  local lane=${1:?usage: rerun_de_en.sh report|voita|render}
+  local lane=${1:?usage: rerun_de_en.sh report|voita|render|jobs JOB...}
   local model=checkpoints/de-en sha BIN=work/de-en/data-bin
   local ENCODER_LAMBDAS="0.05 0.02 0.01 0.008 0.006 0.004 0.003 0.002 0"
   sha=$(sha256sum "$model/model.pt" | cut -d' ' -f1)
@@ -74,6 +75,8 @@ EOF
       shrink-en-fr)  # issue 16 on the En-Fr model: the recipe's stages not run yet (it resumes row by row)
         bash recipes/shrink_en_fr.sh
         ;;
+      *) echo "rerun_de_en: error: no job '$1' (scratch-half, scratch-three-quarters, dynamics, shrink-en-fr)" >&2
+         return 2 ;;
     esac
   }
   shared() {
@@ -147,7 +150,12 @@ EOF
       fi
       bash recipes/report_de_en.sh --render-only
       ;;
-    *) echo "rerun_de_en: error: the lane is report, voita or render, not '$lane'" >&2; exit 2 ;;
+    jobs)  # named shared jobs now, e.g. `jobs dynamics` on a core that would otherwise wait
+      shift
+      [ $# -gt 0 ] || { echo "rerun_de_en: error: jobs needs the names of shared jobs" >&2; exit 2; }
+      shared "$@"
+      ;;
+    *) echo "rerun_de_en: error: the lane is report, voita, render or jobs, not '$lane'" >&2; exit 2 ;;
   esac
 }
 main "$@"
