@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The full-size study of the bundled De-En model, committed as results/report-de-en/: Multi30k test2016 (1000
 # sentences), beam 5, I_h on Multi30k val (1014 sentences), detokenised cased sacreBLEU; C5 from the bundled
-# model's training dynamics (results/dynamics/), Voita's claim from the L0 sweeps (results/voita/compare.jsonl, and
-# results/voita/encoder-only/compare.jsonl when it is there).
+# model's training dynamics (results/dynamics/, when its .model-sha256 is this model's), Voita's claim from the L0
+# sweeps (results/voita/compare.jsonl, and results/voita/encoder-only/compare.jsonl when it is there).
 #
 # usage: recipes/report_de_en.sh [report options]     e.g. --parts score,single   or   --render-only
 # Result files of the same runs in results/de-en/ (the commands' own output, same options) are copied in first when
@@ -32,13 +32,20 @@ if [ -d "$SEED" ]; then
     if [ -f "$SEED/$f" ] && [ "$SEED/$f" -nt "$OUT/$f" ]; then cp "$SEED/$f" "$OUT/$f"; echo "report_de_en: $f from $SEED"; fi
   done
 fi
+# C5 reads the training dynamics of this model's own run (results/dynamics/.model-sha256 names the model the run
+# ended in): dynamics of another run are left out of this model's report, never mixed in
+DYNAMICS=results/dynamics/dynamics.jsonl
+if [ "$(cat results/dynamics/.model-sha256 2>/dev/null)" != "$(sha256sum "$MODEL/model.pt" | cut -d' ' -f1)" ]; then
+  echo "report_de_en: results/dynamics is not of this model's training run: C5 left out" >&2
+  DYNAMICS="$DYNAMICS (not of this model's training run)"
+fi
 L0=results/voita/compare.jsonl
 L0_ENCODER=results/voita/encoder-only/compare.jsonl  # Voita's main experiment: the V claim's verdict when there
 fairseq-headprune report "$BIN" --path "$MODEL/model.pt" --gen-subset test --beam 5 --max-tokens 4000 \
   --bpe subword_nmt --bpe-codes "$MODEL/code" --tokenizer moses -s de -t en \
   --references data/multi30k-test2016/test.en --importance-subset valid --results-dir "$OUT" \
   --keep-one-select loss \
-  --dynamics results/dynamics/dynamics.jsonl $([ -f "$L0" ] && echo --l0-sweep "$L0") \
+  --dynamics "$DYNAMICS" $([ -f "$L0" ] && echo --l0-sweep "$L0") \
   $([ -f "$L0_ENCODER" ] && echo --l0-encoder-sweep "$L0_ENCODER") \
   --note "Full size: Multi30k test2016 (1000 sentences), beam 5; I_h on Multi30k val. Made by recipes/report_de_en.sh." \
   "$@"
