@@ -5,7 +5,7 @@ import json
 import pytest
 
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.studies.survivors import function_of, rows_of, survivor_row, table
+from fairseq_headprune.studies.survivors import function_of, rows_of, run, survivor_row, table
 
 
 def _gates(lam, enc, dec_self, updates=300):
@@ -72,3 +72,17 @@ def test_the_command_writes_table_and_figure_and_refuses_bad_files_in_one_line(t
         proc = run(["fairseq-headprune", "survivors", *args, "--results-dir", out], check=False)
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
         assert (needle or "cannot read") in proc.stderr
+
+
+def test_functions_the_analysis_did_not_measure_are_left_out(tmp_path):
+    """An analysis without a source parse skipped syntactic functions: no head is shown as 'not syntactic'."""
+    gates = tmp_path / "gates.json"
+    gates.write_text(json.dumps(_gates(0.01, [[0.0, 0.5, 0.0, 1.0], [0.0] * 4], [[1.0] * 4] * 2)))
+    analysis = tmp_path / "heads_analysis.json"
+    analysis.write_text(json.dumps({**ANALYSIS, "meta": {"syntactic": {"skipped": "no --source-parses given"}}}))
+    md = open(run([str(gates)], str(analysis), str(tmp_path))[0]).read()
+    assert "| λ | positional | rare | none |" in md and "syntactic functions not measured" in md
+    assert "syntactic |" not in md
+    analysis.write_text(json.dumps({**ANALYSIS, "meta": {"syntactic": {"relations": {}}}}))
+    parsed = open(run([str(gates)], str(analysis), str(tmp_path))[0]).read()
+    assert "| λ | positional | syntactic | rare | none |" in parsed

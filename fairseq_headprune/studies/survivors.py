@@ -30,6 +30,13 @@ def function_of(labels: Sequence[str]) -> str:
     return "none"
 
 
+def measured_functions(analysis: Mapping) -> Sequence[str]:
+    """FUNCTIONS without those the analysis could not measure (syntactic ones need a parse of the source): a head
+    is never counted as "not syntactic" by an analysis that did not look."""
+    skipped = "skipped" in analysis.get("meta", {}).get("syntactic", {})
+    return tuple(f for f in FUNCTIONS if not (skipped and f == "syntactic"))
+
+
 def encoder_functions(analysis: Mapping) -> Dict[tuple, str]:
     """(layer, head) -> function of every encoder self-attention head in an `analyze` result."""
     return {(entry["layer"], h["head"]): function_of(h.get("labels", []))
@@ -83,8 +90,9 @@ def rows_of(gate_files: Sequence[str], analysis: Optional[dict]) -> List[dict]:
     return rows
 
 
-def table(rows: Sequence[dict]) -> str:
-    """Markdown: heads kept per type and per layer, and the functions of the kept encoder heads, a row per run."""
+def table(rows: Sequence[dict], functions: Sequence[str] = FUNCTIONS, note: str = "") -> str:
+    """Markdown: heads kept per type and per layer, and the functions of the kept encoder heads, a row per run
+    (the `functions` measured; `note` says why others are not shown)."""
     types = [t for t in ATTENTION_TYPES if t in rows[0]["kept_per_layer"]]
     out = ["| λ | kept | " + " | ".join(types) + " | "
            + " | ".join(f"{t} by layer" for t in types) + " |",
@@ -97,18 +105,18 @@ def table(rows: Sequence[dict]) -> str:
         all_counts = rows[0]["functions_all"]
         out += ["", "Functions of the encoder self-attention heads kept (function found by `analyze` on the model "
                 "before fine-tuning; of all encoder heads: "
-                + ", ".join(f"{all_counts[f]} {f}" for f in FUNCTIONS) + "):", "",
-                "| λ | " + " | ".join(FUNCTIONS) + " |", "|---|" + "---|" * len(FUNCTIONS)]
+                + ", ".join(f"{all_counts[f]} {f}" for f in functions) + ")" + (f"; {note}" if note else "") + ":",
+                "", "| λ | " + " | ".join(functions) + " |", "|---|" + "---|" * len(functions)]
         for r in rows:
             out.append(f"| {r['l0_lambda']:g} | "
-                       + " | ".join(f"{r['functions_kept'][f]}/{all_counts[f]}" for f in FUNCTIONS) + " |")
+                       + " | ".join(f"{r['functions_kept'][f]}/{all_counts[f]}" for f in functions) + " |")
     return "\n".join(out)
 
 
-def figure(rows: Sequence[dict], path: str) -> str:
+def figure(rows: Sequence[dict], path: str, functions: Sequence[str] = FUNCTIONS) -> str:
     from fairseq_headprune.plots import survivors_figure
 
-    return survivors_figure(rows, FUNCTIONS, path)
+    return survivors_figure(rows, functions, path)
 
 
 def run(gate_files: Sequence[str], analysis_file: Optional[str], results_dir: str) -> List[str]:
@@ -119,11 +127,13 @@ def run(gate_files: Sequence[str], analysis_file: Optional[str], results_dir: st
     if analysis is not None and "enc-self" not in analysis:
         raise UserError(f"{analysis_file} is not a heads_analysis.json written by `fairseq-headprune analyze`")
     rows = rows_of(gate_files, analysis)
+    functions = measured_functions(analysis) if analysis is not None else FUNCTIONS
+    note = "" if functions == FUNCTIONS else "syntactic functions not measured (the analysis had no source parse)"
     md = os.path.join(results_dir, names.SURVIVORS_MD)
     source = (f"; functions from `{analysis_file}` (checkpoint sha256 "
               f"{analysis.get('meta', {}).get('checkpoint_sha256', '?')[:16]})" if analysis else "")
     with atomic_output(md) as f:
         f.write(f"# Heads kept by the L0 runs, by λ ({rows[0]['updates']} updates, gated: "
                 f"{', '.join(rows[0]['gated_types'])})\n\nFrom {len(rows)} gates.json files{source}. "
-                "Made by `fairseq-headprune survivors`.\n\n" + table(rows) + "\n")
-    return [md, figure(rows, os.path.join(results_dir, names.SURVIVORS_PNG))]
+                "Made by `fairseq-headprune survivors`.\n\n" + table(rows, functions, note) + "\n")
+    return [md, figure(rows, os.path.join(results_dir, names.SURVIVORS_PNG), functions)]
