@@ -448,11 +448,12 @@ def analysis(doc: Document, files: Files, part, state) -> None:
                           f"{s['relevance_min']:.3f}..{s['relevance_max']:.3f}"])
     if table:
         doc.table(["type", "confidence", "relevance share"], table)
-    kinds = [[kind, str(summary[kind]["count"]), summary[kind]["heads"] or "-"]
+    skipped = (meta.get("syntactic") or {}).get("skipped")
+    kinds = [[kind, "not measured" if kind == "syntactic" and skipped else str(summary[kind]["count"]),
+              summary[kind]["heads"] or "-"]
              for kind in ("positional", "rare", "syntactic") if kind in summary]
     if kinds:
         doc.table(["function (enc-self)", "heads", "which"], kinds)
-    skipped = (meta.get("syntactic") or {}).get("skipped")
     if skipped:
         doc.paragraph(skipped)
     comparison = summary.get("importance_comparison")
