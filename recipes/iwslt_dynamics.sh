@@ -12,7 +12,8 @@
 #                                                                     512) trains on Multi30k: recipes/train_de_en.sh
 # N: sentences of the valid and test slices (default 400; BLEU of a 1000-sentence test set takes ~40 s a step here).
 # Hypotheses are capped at 1.2 x source + 10 tokens: early epochs rarely stop by themselves.
-# results/dynamics/ holds the dynamics step of this recipe (N=400) on the 9 epochs of recipes/train_de_en.sh.
+# results/dynamics/ holds the dynamics step of this recipe (N=400) on the 25 epochs of the bundled model's run
+# (recipes/train_de_en.sh, then recipes/cooldown_de_en.sh; run by recipes/rerun_de_en.sh jobs dynamics).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SETUP=${1:?usage: iwslt_dynamics.sh iwslt|multi30k DATA WORK [MAX_EPOCH] [N]}
