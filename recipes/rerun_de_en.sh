@@ -11,16 +11,16 @@
 #   both     then the shared jobs, each taken by whichever lane gets to it first: the two from-scratch runs, the
 #            training dynamics of the run's every epoch (results/dynamics), and issue 16's En-Fr stages
 #            (recipes/shrink_en_fr.sh)
-#   render   results/voita/analysis (recipes/voita_analysis.sh), the survivors' functions, and the report rendered
-#            again with the finished dynamics and L0 sweep (--render-only)
+#   render   results/voita/analysis (recipes/voita_analysis.sh), the survivors' functions, the from-scratch table,
+#            and the report rendered again with the finished dynamics and L0 sweeps (--render-only)
+#   jobs     the named shared jobs only, on a core that would otherwise wait (rerun_de_en.sh jobs dynamics)
 # A results folder made with another model is moved to work/superseded/ first (git keeps the old version; its
-# README.md and NOTES.md stay, to be updated by hand). Every
-# stage resumes where it stopped: rerun the same lane after a stop. Logs: work/rerun-de-en/LANE.log.
-#
-#   jobs     the named shared jobs only (recipes/rerun_de_en.sh jobs dynamics)
+# README.md and NOTES.md stay, to be updated by hand). Every stage resumes where it stopped: rerun the same lane
+# after a stop (in the background, e.g. `setsid nohup bash recipes/rerun_de_en.sh report >> work/rerun-de-en-report.log
+# 2>&1 &`).
 # usage: recipes/rerun_de_en.sh report|voita|render|jobs JOB...
-# Budget (one core each, measured on the previous model): report ~3-4 h, dynamics ~4 min an epoch; voita ~1 h for
-# each sweep, from scratch ~3 h a configuration.
+# Budget (one core each, measured on the converged model beside another job): the report's parts 170 min, the
+# dynamics 2.5 min an epoch (25 epochs), each L0 sweep ~1 h, from scratch ~7 min an epoch (up to 25 a configuration).
 set -euo pipefail
 main() {
   cd "$(dirname "$0")/.."
