@@ -535,3 +535,25 @@ def test_shrink_part_without_its_calibration_subset_is_one_line(slice_data, stoc
     last = proc.stderr.strip().splitlines()[-1]
     assert "part shrink" in last and "--shrink-calibration-subset" in last
     assert not (tmp_path / "importance.json").exists()  # refused before the score part ran
+
+
+def test_run_only_options_neither_rerun_a_part_nor_change_its_printed_command(slice_data, stock_checkpoint,
+                                                                              tmp_path):
+    """--workers changes how fast a part runs, not what it computes: a report run again with another number of
+    workers reuses the finished parts, and prints the command lines that made their files, as they ran."""
+    from fairseq_headprune.report.pipeline import identity
+
+    assert identity("fairseq-headprune ablate d --workers 2 --mode single") == \
+        "fairseq-headprune ablate d --mode single"
+    assert identity("fairseq-headprune ablate d --workers=auto") == "fairseq-headprune ablate d"
+    report(slice_data, stock_checkpoint, tmp_path, "--parts", "score,single", "--workers", "1")
+    ran = json.loads((tmp_path / "report-state.json").read_text())["parts"]["single"]["commands"][0]
+    assert "--workers 1" in ran
+    again = report(slice_data, stock_checkpoint, tmp_path, "--parts", "score,single", "--workers", "2").stdout
+    assert "single: done before, reused" in again
+    md = (tmp_path / "report.md").read_text()
+    assert ran in md and ran.replace("--workers 1", "--workers 2") not in md
+    # another option that changes the results is another run: the part is not reused
+    changed = report(slice_data, stock_checkpoint, tmp_path, "--parts", "score,single", "--beam", "2",
+                     check=False)
+    assert "single: done before, reused" not in changed.stdout

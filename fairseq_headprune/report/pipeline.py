@@ -129,6 +129,22 @@ def command_line(command: str, options: Any, base: Sequence[str], out: str) -> s
     return shlex.join(["fairseq-headprune", command, *argv, *options_argv(options)])
 
 
+RUN_ONLY_OPTIONS = ("--workers",)  # change how fast a part runs, not what it computes
+
+
+def identity(line: str) -> str:
+    """A command line without its run-only options: a part finished with one worker is finished for two."""
+    words, kept, skip = shlex.split(line), [], False
+    for word in words:
+        if skip:
+            skip = False
+        elif word in RUN_ONLY_OPTIONS:
+            skip = True
+        elif not word.startswith(tuple(o + "=" for o in RUN_ONLY_OPTIONS)):
+            kept.append(word)
+    return shlex.join(kept)
+
+
 @dataclass
 class Part:
     """One section of the study: the studies that produce its files, with their options."""
@@ -256,9 +272,17 @@ class State:
         """Recorded as finished with the same command lines, on the same checkpoint and the same data (a data
         folder changed in place since makes the part run again, and its results files refuse the old rows)."""
         rec = self.data["parts"].get(part.name)
-        return bool(rec and rec.get("finished") and rec.get("commands") == part.lines()
-                    and rec.get("checkpoint_sha256") == self.checkpoint_sha
-                    and rec.get("data_fingerprints") == self.fingerprints(part))
+        return bool(self._same_run(part) and rec.get("data_fingerprints") == self.fingerprints(part))
+
+    def _same_run(self, part: Part) -> bool:
+        rec = self.data["parts"].get(part.name)
+        return bool(rec and rec.get("finished") and rec.get("checkpoint_sha256") == self.checkpoint_sha
+                    and list(map(identity, rec.get("commands", []))) == list(map(identity, part.lines())))
+
+    def commands(self, part: Part) -> List[str]:
+        """The command lines that made the part's files as they ran (a report rendered with other run-only
+        options still prints those); the part's own lines when it has not finished with them."""
+        return list(self.data["parts"][part.name]["commands"]) if self._same_run(part) else part.lines()
 
     def record(self, part: Part, seconds: float) -> None:
         self.data["parts"][part.name] = {
@@ -526,5 +550,5 @@ def build_document(out: str, parts: Dict[str, Part], state: State, options: Repo
     sections.voita(doc, files)
     sections.analysis(doc, files, parts["analyze"], state)
     sections.shrink(doc, files, parts["shrink"], state)
-    sections.commands(doc, parts, report_line)
+    sections.commands(doc, parts, state, report_line)
     return doc, claim_rows, files

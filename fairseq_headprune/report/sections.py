@@ -78,7 +78,7 @@ def _provenance(doc: Document, part, state) -> None:
     seconds = state.seconds(part.name)
     when = f"computed in {_duration(seconds)} (wall clock) by" if seconds else "produced or resumed by"
     doc.paragraph(f"Results {when}:")
-    doc.code("\n".join(part.lines()))
+    doc.code("\n".join(state.commands(part)))
 
 
 # ---------------------------------------------------------------- header and claims
@@ -518,9 +518,10 @@ def shrink(doc: Document, files: Files, part, state) -> None:
     _provenance(doc, part, state)
 
 
-def commands(doc: Document, parts: Dict, report_line: str) -> None:
+def commands(doc: Document, parts: Dict, state, report_line: str) -> None:
     doc.heading("Commands")
-    doc.paragraph("Each part alone (each resumes from its own result files and refuses files of another run):")
-    doc.code("\n".join(f"# {p.title}\n" + "\n".join(p.lines()) for p in parts.values()))
+    doc.paragraph("Each part alone, a finished one as it ran (each resumes from its own result files and refuses "
+                  "files of another run):")
+    doc.code("\n".join(f"# {p.title}\n" + "\n".join(state.commands(p)) for p in parts.values()))
     doc.paragraph("This report (reuses what is done, resumes what is not):")
     doc.code(report_line)
