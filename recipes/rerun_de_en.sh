@@ -100,8 +100,10 @@ EOF
       [ -f results/shrink-de-en/targets.md ] || bash recipes/shrink_de_en.sh targets  # this model's, once made
       supersede results/report-de-en
       bash recipes/report_de_en.sh --workers 1
-      supersede results/de-en/pruned-50
-      bash recipes/prune_de_en_50.sh
+      if [ "$(cat work/rerun-de-en/pruned-50.done 2>/dev/null)" != "$sha" ]; then  # once a model
+        supersede results/de-en/pruned-50
+        bash recipes/prune_de_en_50.sh && echo "$sha" > work/rerun-de-en/pruned-50.done
+      fi
       # the rest of results/de-en: per-token vs per-sentence I_h (its script lives in the folder: not superseded),
       # and the pruned model's speed at forced equal lengths (as benchmarks/pruned_speed.sh)
       local ipp=results/de-en/importance-per-position
