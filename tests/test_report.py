@@ -541,11 +541,11 @@ def test_run_only_options_neither_rerun_a_part_nor_change_its_printed_command(sl
                                                                               tmp_path):
     """--workers changes how fast a part runs, not what it computes: a report run again with another number of
     workers reuses the finished parts, and prints the command lines that made their files, as they ran."""
-    from fairseq_headprune.report.pipeline import identity
+    from fairseq_headprune.report.pipeline import command_identity
 
-    assert identity("fairseq-headprune ablate d --workers 2 --mode single") == \
+    assert command_identity("fairseq-headprune ablate d --workers 2 --mode single") == \
         "fairseq-headprune ablate d --mode single"
-    assert identity("fairseq-headprune ablate d --workers=auto") == "fairseq-headprune ablate d"
+    assert command_identity("fairseq-headprune ablate d --workers=auto") == "fairseq-headprune ablate d"
     report(slice_data, stock_checkpoint, tmp_path, "--parts", "score,single", "--workers", "1")
     ran = json.loads((tmp_path / "report-state.json").read_text())["parts"]["single"]["commands"][0]
     assert "--workers 1" in ran

@@ -132,7 +132,7 @@ def command_line(command: str, options: Any, base: Sequence[str], out: str) -> s
 RUN_ONLY_OPTIONS = ("--workers",)  # change how fast a part runs, not what it computes
 
 
-def identity(line: str) -> str:
+def command_identity(line: str) -> str:
     """A command line without its run-only options: a part finished with one worker is finished for two."""
     words, kept, skip = shlex.split(line), [], False
     for word in words:
@@ -277,7 +277,8 @@ class State:
     def _same_run(self, part: Part) -> bool:
         rec = self.data["parts"].get(part.name)
         return bool(rec and rec.get("finished") and rec.get("checkpoint_sha256") == self.checkpoint_sha
-                    and list(map(identity, rec.get("commands", []))) == list(map(identity, part.lines())))
+                    and [command_identity(c) for c in rec.get("commands", [])]
+                    == [command_identity(c) for c in part.lines()])
 
     def commands(self, part: Part) -> List[str]:
         """The command lines that made the part's files as they ran (a report rendered with other run-only
