@@ -546,6 +546,8 @@ def test_run_only_options_neither_rerun_a_part_nor_change_its_printed_command(sl
     assert command_identity("fairseq-headprune ablate d --workers 2 --mode single") == \
         "fairseq-headprune ablate d --mode single"
     assert command_identity("fairseq-headprune ablate d --workers=auto") == "fairseq-headprune ablate d"
+    assert command_identity("fairseq-headprune ablate d --masks-per-batch 8 --workers 1") == \
+        "fairseq-headprune ablate d"
     report(slice_data, stock_checkpoint, tmp_path, "--parts", "score,single", "--workers", "1")
     ran = json.loads((tmp_path / "report-state.json").read_text())["parts"]["single"]["commands"][0]
     assert "--workers 1" in ran

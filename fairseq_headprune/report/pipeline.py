@@ -129,7 +129,8 @@ def command_line(command: str, options: Any, base: Sequence[str], out: str) -> s
     return shlex.join(["fairseq-headprune", command, *argv, *options_argv(options)])
 
 
-RUN_ONLY_OPTIONS = ("--workers",)  # change how fast a part runs, not what it computes
+# change how fast a part runs, not what it computes: the studies write them as a run's note, not its identity
+RUN_ONLY_OPTIONS = ("--workers", "--masks-per-batch")
 
 
 def command_identity(line: str) -> str:
