@@ -1,0 +1,77 @@
+"""`fairseq-headprune recover`: fine-tune a pruned checkpoint towards the unpruned model with fairseq-train.
+
+  fairseq-headprune recover DATA --path SHRUNK.pt --teacher UNPRUNED.pt --out OUT.pt \
+      [--distill logits|sequences|both|none] [--epochs N | --updates N] [any fairseq-train option]
+
+Writes OUT.pt (the student's shape, weights of the best validation loss; loads wherever the student loads) and
+OUT.pt.json (hashes, data, criterion, updates, wall time, valid loss per epoch). fairseq's own checkpoints stay in
+--work-dir (default OUT.recover/): rerun the same command to resume after an interruption, or with a larger
+--epochs to train on. fairseq-train options (--lr, --max-tokens, --lr-scheduler, --patience, --seed, ...) pass
+through unchanged; those recover sets itself, and the student's architecture, are refused.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+from fairseq_headprune.errors import UserError
+
+USES_FAIRSEQ_OPTIONS = False
+
+
+def add_args(parser) -> None:
+    parser.add_argument("data", metavar="DATA", help="the fairseq data folder (train and valid subsets)")
+    parser.add_argument("--path", required=True, metavar="STUDENT.pt", help="the pruned checkpoint to fine-tune")
+    parser.add_argument("--teacher", metavar="UNPRUNED.pt", help="the frozen teacher (needed unless --distill none)")
+    parser.add_argument("--out", required=True, metavar="OUT.pt", help="the recovered checkpoint to write")
+    parser.add_argument("--distill", default="logits", choices=("logits", "sequences", "both", "none"),
+                        help="logits: KL to the teacher's tokens + label-smoothed loss (default); sequences: the "
+                             "teacher's beam translations as targets; both; none: plain fine-tuning")
+    parser.add_argument("--distill-weight", type=float, default=0.9,
+                        help="weight w of the KL (1 - w: the label-smoothed loss on the targets); default 0.9")
+    parser.add_argument("--distill-temperature", type=float, default=1.0, help="softmax temperature T (default 1)")
+    budget = parser.add_mutually_exclusive_group()
+    budget.add_argument("--epochs", type=int, help="epochs of the training subset (default 2)")
+    budget.add_argument("--updates", type=int, help="updates instead of epochs")
+    parser.add_argument("--train-subset", default="train")
+    parser.add_argument("--valid-subset", default="valid", help="validation loss for early stopping (--patience)")
+    parser.add_argument("--work-dir", help="fairseq's checkpoints of this run (default OUT.recover/)")
+    parser.add_argument("--sequence-beam", type=int, default=5, help="beam of the teacher's translations")
+    parser.add_argument("--force", action="store_true", help="replace an existing OUT.pt")
+
+
+def parse_argv(argv):
+    """recover's own options; every other token is a fairseq-train option, passed through."""
+    parser = argparse.ArgumentParser(prog="fairseq-headprune recover", description=__doc__.split("\n")[0])
+    add_args(parser)
+    args, rest = parser.parse_known_args(argv)
+    args.train_args = rest
+    return None, args
+
+
+def run(cfg, args) -> None:
+    from fairseq_headprune.cli.common import output_checkpoint, readable_file
+    from fairseq_headprune.studies.recover import RecoverOptions, recover, record_path
+
+    for option, path in (("--path", args.path), ("--teacher", args.teacher)):
+        readable_file(option, path)
+    if not os.path.isdir(args.data.split(os.pathsep)[0]):
+        raise UserError(f"data directory not found: {args.data}")
+    output_checkpoint("--out", args.out, args.path)
+    if args.teacher and os.path.exists(args.out) and os.path.realpath(args.out) == os.path.realpath(args.teacher):
+        raise UserError(f"--out {args.out} is the teacher; write elsewhere")
+    if os.path.exists(args.out) and not args.force:
+        raise UserError(f"--out {args.out} exists (--force to replace it)")
+    options = RecoverOptions(
+        teacher=args.teacher or "", out=args.out, distill=args.distill, distill_weight=args.distill_weight,
+        distill_temperature=args.distill_temperature, epochs=args.epochs, updates=args.updates,
+        train_subset=args.train_subset, valid_subset=args.valid_subset, work_dir=args.work_dir,
+        sequence_beam=args.sequence_beam, train_args=list(args.train_args))
+    options.budget_args()  # a bad budget is refused before anything loads
+    start = time.perf_counter()
+    record = recover(args.data, args.path, options)
+    last = record["epochs"][-1] if record["epochs"] else {}
+    print(f"recovered {args.path} in {time.perf_counter() - start:.0f}s: best valid loss at "
+          f"{record['updates_at_best']} updates ({len(record['epochs'])} epochs, last valid loss "
+          f"{last.get('valid_loss')})\nwrote {args.out}\nwrote {record_path(args.out)}")

@@ -1,0 +1,392 @@
+"""Recover what pruning lost: a short fine-tuning of the pruned model towards the unpruned one, on fairseq's own
+training loop (fairseq_cli.train: its optimizer, scheduler, validation, early stopping, checkpointing and resume).
+
+The student is any checkpoint this package reads (a `shrink`ed or `remove`d model with uneven heads, or the
+unpruned model itself: the control). Its architecture and weights come from its own file, never from the command
+line; the teacher is frozen inside the criterion `label_smoothed_cross_entropy_distill`. Three signals:
+  logits     KL to the teacher's token distributions, mixed with the label-smoothed loss on the references;
+  sequences  the teacher's beam translations of the training source as targets (Kim & Rush 2016), no KL;
+  both       KL to the teacher on the teacher's translations;
+  none       plain label-smoothed fine-tuning on the references (a baseline).
+Every run keeps its fairseq checkpoints in a work folder with a `recover-run.json` identity: a rerun resumes from
+`checkpoint_last.pt`, and a rerun with another student, teacher, data or setting is refused.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import glob
+import json
+import logging
+import os
+import resource
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Dict, List, Optional
+
+import torch
+
+from fairseq_headprune.errors import UserError
+from fairseq_headprune.loading import PACKAGE_DIR
+from fairseq_headprune.results.identity import file_sha256
+from fairseq_headprune.results.log import atomic_output, read_json, write_json_atomic
+
+DISTILL = ("logits", "sequences", "both", "none")
+CRITERION = "label_smoothed_cross_entropy_distill"
+# model options a user may change for the fine-tuning; every other option of the architecture is the student's
+TUNABLE_MODEL_OPTIONS = ("dropout", "attention_dropout", "activation_dropout")
+# options recover sets itself; given on the command line they are refused, never silently replaced
+OWN_OPTIONS = ("--arch", "-a", "--save-dir", "--finetune-from-model", "--restore-file", "--criterion",
+               "--teacher-path", "--max-epoch", "--max-update", "--reset-optimizer", "--reset-lr-scheduler",
+               "--reset-meters", "--reset-dataloader", "--user-dir", "--train-subset")
+# fairseq-train options recover uses unless the user gives them: the De-En recipe's cool-down, the lr at which the
+# bundled model converged (recipes/de_en_train_args.sh), chosen for the reasons in results/recover-de-en/README.md
+TRAIN_DEFAULTS = {
+    "--optimizer": "adam", "--adam-betas": "(0.9, 0.98)", "--clip-norm": "0.0", "--weight-decay": "0.0001",
+    "--lr": "1e-4", "--lr-scheduler": "fixed", "--warmup-updates": "0", "--max-tokens": "2048",
+    "--label-smoothing": "0.1", "--seed": "1", "--num-workers": "0", "--log-format": "simple",
+    "--log-interval": "50", "--patience": "2", "--keep-last-epochs": "-1",
+}
+
+
+@dataclass
+class RecoverOptions:
+    """What `fairseq-headprune recover` does; every field has the command's default."""
+
+    teacher: str = ""
+    out: str = ""
+    distill: str = "logits"
+    distill_weight: float = 0.9
+    distill_temperature: float = 1.0
+    epochs: Optional[int] = None  # default 2 when neither epochs nor updates is given
+    updates: Optional[int] = None
+    train_subset: str = "train"
+    valid_subset: str = "valid"
+    work_dir: Optional[str] = None  # fairseq's --save-dir (default: OUT without .pt + ".recover")
+    sequence_beam: int = 5
+    sequence_max_len_a: float = 1.2
+    sequence_max_len_b: int = 10
+    train_args: List[str] = field(default_factory=list)  # fairseq-train options as given, passed through
+
+    def budget_args(self) -> List[str]:
+        if self.epochs is not None and self.updates is not None:
+            raise UserError("give --epochs or --updates, not both")
+        if self.updates is not None:
+            if self.updates < 1:
+                raise UserError(f"--updates must be at least 1, not {self.updates}")
+            return ["--max-update", str(self.updates), "--max-epoch", "0"]
+        epochs = 2 if self.epochs is None else self.epochs
+        if epochs < 1:
+            raise UserError(f"--epochs must be at least 1, not {epochs}")
+        return ["--max-epoch", str(epochs)]
+
+    def resolved_work_dir(self) -> str:
+        return self.work_dir or os.path.splitext(self.out)[0] + ".recover"
+
+
+# --------------------------------------------------------------------------------------------- pure functions
+
+
+def option_names(argv: List[str]) -> List[str]:
+    """The option names in a fairseq argument list (`--lr 1e-4`, `--lr=1e-4` -> `--lr`)."""
+    return [a.split("=", 1)[0] for a in argv if a.startswith("-") and not _is_number(a)]
+
+
+def _is_number(token: str) -> bool:
+    try:
+        float(token)
+        return True
+    except ValueError:
+        return False
+
+
+def model_option_names(arch: str) -> Dict[str, str]:
+    """Command-line name -> dest of every option the architecture's model class adds (its shape and dropouts)."""
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    parser = argparse.ArgumentParser(add_help=False)
+    ARCH_MODEL_REGISTRY[arch].add_args(parser)
+    return {s: a.dest for a in parser._actions for s in a.option_strings}
+
+
+def refuse_foreign_options(train_args: List[str], arch: str) -> None:
+    """One line for an option recover sets itself or one that would change the student's architecture."""
+    names = option_names(train_args)
+    own = [n for n in names if n in OWN_OPTIONS]
+    if own:
+        raise UserError(f"{own[0]} is set by recover itself (see fairseq-headprune recover --help)")
+    model = model_option_names(arch)
+    shape = [n for n in names if n in model and model[n] not in TUNABLE_MODEL_OPTIONS]
+    if shape:
+        raise UserError(f"{shape[0]}: the student's architecture is read from its checkpoint and cannot change "
+                        f"(only {', '.join('--' + o.replace('_', '-') for o in TUNABLE_MODEL_OPTIONS)} can)")
+
+
+def training_argv(data: str, student: str, options: RecoverOptions, saved_task: str, arch: str) -> List[str]:
+    """fairseq-train's argument list for this recovery: defaults, then the user's options, then recover's own."""
+    given = set(option_names(options.train_args))
+    argv = [data, "--user-dir", PACKAGE_DIR, "--arch", arch]
+    if "--task" not in given:
+        argv += ["--task", saved_task]
+    for name, value in TRAIN_DEFAULTS.items():
+        if name not in given:
+            argv += [name, value]
+    argv += list(options.train_args)
+    argv += ["--save-dir", options.resolved_work_dir(), "--finetune-from-model", os.path.abspath(student),
+             "--train-subset", options.train_subset, "--valid-subset", options.valid_subset]
+    argv += options.budget_args()
+    if options.distill == "none" or options.distill == "sequences":
+        argv += ["--criterion", "label_smoothed_cross_entropy"]
+    else:
+        argv += ["--criterion", CRITERION, "--teacher-path", os.path.abspath(options.teacher),
+                 "--distill-weight", str(options.distill_weight),
+                 "--distill-temperature", str(options.distill_temperature)]
+    return argv
+
+
+def _field(cfg, name):
+    return cfg.get(name) if hasattr(cfg, "get") else getattr(cfg, name, None)
+
+
+def same_shape_except_heads(student_model_cfg, teacher_model_cfg) -> Optional[str]:
+    """None when the student is the teacher's network with (possibly) fewer heads; else what differs."""
+    for name in ("encoder_layers", "decoder_layers", "encoder_embed_dim", "decoder_embed_dim",
+                 "encoder_ffn_embed_dim", "decoder_ffn_embed_dim", "encoder_normalize_before",
+                 "decoder_normalize_before", "share_all_embeddings", "share_decoder_input_output_embed"):
+        a, b = _field(student_model_cfg, name), _field(teacher_model_cfg, name)
+        if a != b:
+            return f"{name.replace('_', '-')} is {a} in the student and {b} in the teacher"
+    return None
+
+
+def data_fingerprint(data: str, subsets: List[str]) -> Dict[str, str]:
+    """Hashes of the data folder's dictionaries and of every file of the given subsets (their sentences)."""
+    out = {}
+    for folder in data.split(os.pathsep):
+        for path in sorted(glob.glob(os.path.join(folder, "*"))):
+            name = os.path.basename(path)
+            if os.path.isfile(path) and (name.startswith("dict") or any(name.startswith(s + ".") for s in subsets)):
+                out[name] = file_sha256(path, 16)
+    return out
+
+
+# --------------------------------------------------------------------------------------------- the run
+
+
+def _load_state(path: str) -> dict:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:
+        raise UserError(f"cannot load checkpoint {path}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+
+
+def _saved_cfg(state: dict, path: str):
+    cfg = state.get("cfg")
+    if cfg is None or cfg.get("model") is None:
+        raise UserError(f"{path} has no fairseq config (cfg): not a fairseq 0.10+ checkpoint")
+    return cfg
+
+
+def repair_last_checkpoint(work_dir: str) -> Optional[str]:
+    """fairseq writes checkpointN.pt atomically but *copies* it to checkpoint_last.pt; a kill during the copy
+    leaves a truncated checkpoint_last.pt. Put the newest readable epoch checkpoint in its place (atomically)."""
+    last = os.path.join(work_dir, "checkpoint_last.pt")
+    if not os.path.exists(last):
+        return None
+    try:
+        torch.load(last, map_location="cpu", weights_only=False)
+        return None
+    except Exception:
+        pass
+    epochs = sorted(glob.glob(os.path.join(work_dir, "checkpoint[0-9]*.pt")),
+                    key=lambda p: int(os.path.basename(p)[10:-3]))
+    for candidate in reversed(epochs):
+        try:
+            torch.load(candidate, map_location="cpu", weights_only=False)
+        except Exception:
+            continue
+        with atomic_output(last, "wb") as f, open(candidate, "rb") as src:
+            shutil.copyfileobj(src, f)
+        return candidate
+    os.remove(last)  # nothing readable: start again from the student
+    return "the student"
+
+
+def run_identity(data: str, student: str, options: RecoverOptions, argv: List[str]) -> dict:
+    """What makes two recover runs the same run (the work folder's own path and the log format excluded)."""
+    # the work folder's path, logging, and the budget (a finished run may be extended, as fairseq-train allows)
+    skip = {"--save-dir", "--log-format", "--log-interval", "--no-progress-bar", "--log-file", "--max-epoch",
+            "--max-update"}
+    kept, i = [], 0
+    while i < len(argv):
+        a = argv[i]
+        if a.split("=", 1)[0] in skip:
+            i += 1 if "=" in a else 2
+            continue
+        if a == PACKAGE_DIR or (os.path.exists(a) and a in (data, os.path.abspath(student),
+                                                              os.path.abspath(options.teacher or "-"))):
+            a = "<path>"
+        kept.append(a)
+        i += 1
+    return {
+        "student_sha256": file_sha256(student),
+        "teacher_sha256": file_sha256(options.teacher) if options.teacher else None,
+        "data": data_fingerprint(data, [options.train_subset, options.valid_subset]),
+        "distill": options.distill,
+        "fairseq_train_argv": kept,
+    }
+
+
+def check_identity(work_dir: str, identity: dict) -> None:
+    path = os.path.join(work_dir, "recover-run.json")
+    old = read_json(path)
+    if old is None:
+        os.makedirs(work_dir, exist_ok=True)
+        write_json_atomic(path, identity)
+        return
+    for key in identity:
+        if old.get(key) != identity[key]:
+            raise UserError(f"{work_dir} holds a recover run with another {key.replace('_', ' ')} "
+                            f"({_short(old.get(key))} there, {_short(identity[key])} now): "
+                            "use another --work-dir or remove it")
+
+
+def _short(value) -> str:
+    text = json.dumps(value) if not isinstance(value, str) else value
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def fairseq_train_cfg(argv: List[str], student_cfg, options: RecoverOptions):
+    """fairseq-train's config from `argv`, with the student's model config and the task settings it was trained
+    with (any task option the user gives wins)."""
+    from fairseq import options as fairseq_options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf, omegaconf_no_object_check
+    from omegaconf import open_dict
+
+    parser = fairseq_options.get_training_parser()
+    try:
+        args = fairseq_options.parse_args_and_arch(parser, input_args=argv)
+    except SystemExit as e:
+        raise UserError("bad fairseq-train options (see the message above)") from e
+    cfg = convert_namespace_to_omegaconf(args)
+    given = set(option_names(options.train_args))
+    model = copy.deepcopy(student_cfg["model"])
+    for name in TUNABLE_MODEL_OPTIONS:
+        if "--" + name.replace("_", "-") in given:
+            value = getattr(args, name)
+            if isinstance(model, argparse.Namespace):
+                setattr(model, name, value)
+            else:
+                model[name] = value
+    saved_task = student_cfg.get("task") or {}
+    with open_dict(cfg), omegaconf_no_object_check():  # a legacy model config is a Namespace, as fairseq keeps it
+        cfg.model = model
+        if saved_task.get("_name") == cfg.task._name:
+            for key, value in saved_task.items():
+                if key in ("_name", "data", "train_subset") or key not in cfg.task:
+                    continue
+                if "--" + key.replace("_", "-") not in given:
+                    cfg.task[key] = value
+    return cfg
+
+
+def recover(data: str, student: str, options: RecoverOptions, log=print) -> dict:
+    """Fine-tune `student` towards `options.teacher` with fairseq-train and write `options.out` and its record."""
+    from fairseq import checkpoint_utils
+    from fairseq.distributed import utils as distributed_utils
+    from fairseq_cli import train as fairseq_train
+
+    start = time.perf_counter()
+    if options.distill not in DISTILL:
+        raise UserError(f"--distill must be one of {', '.join(DISTILL)}, not {options.distill}")
+    if options.distill != "none" and not options.teacher:
+        raise UserError(f"--distill {options.distill} needs --teacher UNPRUNED.pt")
+    student_state = _load_state(student)
+    student_cfg = _saved_cfg(student_state, student)
+    del student_state["model"]
+    arch = _field(student_cfg["model"], "arch") or _field(student_cfg["model"], "_name")
+    refuse_foreign_options(options.train_args, arch)
+    if options.teacher:
+        teacher_cfg = _saved_cfg(_load_state(options.teacher), options.teacher)
+        differs = same_shape_except_heads(student_cfg["model"], teacher_cfg["model"])
+        if differs:
+            raise UserError(f"the student is not a pruned model of the teacher's network: {differs}")
+    for subset in (options.train_subset, options.valid_subset):
+        if not glob.glob(os.path.join(data.split(os.pathsep)[0], subset + ".*")):
+            raise UserError(f"no '{subset}' subset in {data}")
+    train_data = data
+    if options.distill in ("sequences", "both"):
+        from fairseq_headprune.sequence_targets import teacher_targets_data
+
+        train_data = teacher_targets_data(data, options, log=log)
+    work_dir = options.resolved_work_dir()
+    argv = training_argv(train_data, student, options, (student_cfg.get("task") or {}).get("_name", "translation"),
+                         arch)
+    cfg = fairseq_train_cfg(argv, student_cfg, options)
+    check_identity(work_dir, run_identity(data, student, options, argv))
+    repaired = repair_last_checkpoint(work_dir)
+    if repaired:
+        log(f"checkpoint_last.pt was unreadable (killed while fairseq copied it): resuming from {repaired}")
+    if hasattr(checkpoint_utils.save_checkpoint, "best"):  # fairseq keeps the best loss on the function
+        del checkpoint_utils.save_checkpoint.best
+    for name in ("fairseq_cli.train", "fairseq.trainer", "fairseq.checkpoint_utils"):
+        logging.getLogger(name).setLevel(logging.INFO)
+    distributed_utils.call_main(cfg, fairseq_train.main)
+    best = os.path.join(work_dir, "checkpoint_best.pt")
+    if not os.path.exists(best):
+        raise UserError(f"fairseq-train wrote no {best} (no validation ran?)")
+    record = write_recovered(best, student, options, data, work_dir, cfg, time.perf_counter() - start)
+    return record
+
+
+def epoch_history(work_dir: str) -> List[dict]:
+    """Valid loss and updates of every epoch checkpoint fairseq kept, in epoch order."""
+    rows = []
+    for path in glob.glob(os.path.join(work_dir, "checkpoint[0-9]*.pt")):
+        state = torch.load(path, map_location="cpu", weights_only=False)
+        history = state.get("optimizer_history") or [{}]
+        rows.append({"epoch": int(os.path.basename(path)[10:-3]),
+                     "valid_loss": (state.get("extra_state") or {}).get("val_loss"),
+                     "updates": history[-1].get("num_updates")})
+    return sorted(rows, key=lambda r: r["epoch"])
+
+
+def write_recovered(best: str, student: str, options: RecoverOptions, data: str, work_dir: str, cfg,
+                    seconds: float) -> dict:
+    """The best checkpoint as the student's kind of file (weights and config, no optimizer state), its record."""
+    state = torch.load(best, map_location="cpu", weights_only=False)
+    updates = (state.get("optimizer_history") or [{}])[-1].get("num_updates")
+    state.pop("last_optimizer_state", None)
+    if isinstance(state.get("extra_state"), dict):
+        state["extra_state"] = {k: v for k, v in state["extra_state"].items() if k in ("val_loss", "best")}
+    dtypes = {t.dtype for t in _load_state(student)["model"].values() if torch.is_tensor(t) and t.is_floating_point()}
+    if dtypes == {torch.float16}:  # stored as the student was (fairseq trains in fp32)
+        state["model"] = {k: v.half() if v.is_floating_point() else v for k, v in state["model"].items()}
+    with atomic_output(options.out, "wb") as f:
+        torch.save(state, f)
+    record = {
+        "checkpoint": os.path.abspath(options.out),
+        "student": os.path.abspath(student), "student_sha256": file_sha256(student),
+        "teacher": os.path.abspath(options.teacher) if options.teacher else None,
+        "teacher_sha256": file_sha256(options.teacher) if options.teacher else None,
+        "out_sha256": file_sha256(options.out),
+        "data": os.path.abspath(data), "train_subset": options.train_subset, "valid_subset": options.valid_subset,
+        "criterion": cfg.criterion._name, "distill": options.distill,
+        "distill_weight": options.distill_weight if options.distill in ("logits", "both") else None,
+        "distill_temperature": options.distill_temperature if options.distill in ("logits", "both") else None,
+        "best_checkpoint": os.path.basename(best), "updates_at_best": updates,
+        "epochs": epoch_history(work_dir),
+        "lr": list(cfg.optimization.lr), "lr_scheduler": cfg.lr_scheduler._name, "max_tokens": cfg.dataset.max_tokens,
+        "wall_seconds_this_call": round(seconds, 1),
+        "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+        "work_dir": os.path.abspath(work_dir),
+        "options": {k: v for k, v in asdict(options).items()},
+    }
+    write_json_atomic(record_path(options.out), record)
+    return record
+
+
+def record_path(out: str) -> str:
+    """OUT.pt's record: OUT.pt.json, a name no checkpoint path can take by accident."""
+    return out + ".json"
