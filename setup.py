@@ -8,6 +8,7 @@ setup(
     packages=find_packages(include=["fairseq_headprune", "fairseq_headprune.*"]),
     python_requires=">=3.9",
     # fairseq itself is installed by the Makefile (fairseq-fixed, --no-deps --no-build-isolation): see README
-    install_requires=["torch", "sacrebleu>=2.3", "numpy", "scipy", "matplotlib", "compare-mt", "six"],
+    install_requires=["torch", "sacrebleu>=2.3", "numpy", "scipy", "matplotlib", "compare-mt", "six",
+                      "ctranslate2>=4.5,<5"],
     entry_points={"console_scripts": ["fairseq-headprune = fairseq_headprune.cli:main"]},
 )

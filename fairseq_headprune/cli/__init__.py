@@ -33,6 +33,7 @@ COMMANDS = {
     "compare": ("fairseq_headprune.cli.compare", "Michel's I_h pruning vs Voita's L0 gates, equal heads kept"),
     "survivors": ("fairseq_headprune.cli.survivors", "heads an L0 sweep keeps across λ, by type, layer, function"),
     "shrink": ("fairseq_headprune.cli.shrink", "prune to a budget without retraining (Kwon et al. 2022)"),
+    "export-ct2": ("fairseq_headprune.cli.export_ct2", "a CTranslate2 model of any checkpoint, checked against fairseq"),
 }
 
 

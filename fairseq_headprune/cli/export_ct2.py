@@ -1,0 +1,50 @@
+"""`fairseq-headprune export-ct2 DATA --path CKPT --out DIR`: a CTranslate2 model of any checkpoint this package
+reads or writes (stock, `remove`d, `shrink`ed, folded-out gates), checked against fairseq before it is written.
+
+  fairseq-headprune export-ct2 DATA --path CKPT --out DIR [--quantization int8] [--force] \\
+      [--gen-subset test --check-sentences 100 --beam 5 --bpe subword_nmt --bpe-codes CODE --references REF]
+
+The check decodes the first --check-sentences sentences of --gen-subset with fairseq and with the exported model
+under the same decoding options (beam, lenpen, max/min length): float32 hypotheses are compared token by token;
+with --quantization, the BLEU of both is printed. DIR is written whole or not at all.
+"""
+from __future__ import annotations
+
+from fairseq_headprune.cli.common import options_from, readable_file
+from fairseq_headprune.export_ct2 import QUANTIZATIONS, ExportOptions, ct2_decoding, export
+
+
+def add_args(parser) -> None:
+    g = parser.add_argument_group("export-ct2")
+    g.add_argument("--out", required=True, metavar="DIR", help="the CTranslate2 model folder to write")
+    g.add_argument("--quantization", metavar="TYPE",
+                   help=f"weight type of the written model: {', '.join(QUANTIZATIONS)} (default: float32)")
+    g.add_argument("--force", action="store_true", help="replace an existing --out folder")
+    g.add_argument("--check-sentences", type=int, default=100,
+                   help="sentences of --gen-subset (the first ones) both engines translate before writing")
+    g.add_argument("--max-differing", type=float, default=0.05,
+                   help="share of float32 hypotheses allowed to differ from fairseq's (float rounding) before the "
+                        "export is refused")
+    g.add_argument("--references", help="raw reference file of --gen-subset for BLEU (default: the binarised targets)")
+
+
+def run(cfg, args) -> None:
+    options = options_from(ExportOptions, args)
+    options.check()
+    ct2_decoding(cfg.generation)  # refuses decoding options CTranslate2 cannot apply, before any loading
+    readable_file("--references", args.references)
+    from fairseq_headprune.evaluate import SubsetEvaluator
+    from fairseq_headprune.loading import load
+
+    loaded = load(cfg)
+    evaluator = SubsetEvaluator(loaded, cfg.dataset.gen_subset, args.references)
+    info = export(loaded, evaluator, options, cfg.dataset.gen_subset)
+    f32 = info["float32"]
+    print(f"CTranslate2 heads per stack: encoder {info['encoder_heads']}, decoder {info['decoder_heads']}")
+    print(f"float32 check on {f32['sentences']} sentences of '{cfg.dataset.gen_subset}': {f32['differing']} "
+          f"hypotheses differ from fairseq's; BLEU fairseq {f32['bleu_fairseq']:.2f}, CTranslate2 {f32['bleu_ct2']:.2f}")
+    if info["quantization"] != "float32":
+        q = info[info["quantization"]]
+        print(f"{info['quantization']}: {q['differing']} hypotheses differ; BLEU fairseq {q['bleu_fairseq']:.2f}, "
+              f"CTranslate2 {info['quantization']} {q['bleu_ct2']:.2f}")
+    print(f"wrote {info['out']} ({info['quantization']}) in {info['seconds']:.1f} s")
