@@ -16,6 +16,10 @@ trust_fairseq_checkpoints()
 report_user_errors()
 
 from fairseq_headprune.criterions import head_importance  # noqa: E402,F401
+from fairseq_headprune.criterions import label_smoothed_cross_entropy_distill  # noqa: E402,F401
 from fairseq_headprune.criterions import label_smoothed_cross_entropy_l0  # noqa: E402,F401
 from fairseq_headprune.models import headprune_transformer  # noqa: E402,F401
 from fairseq_headprune.tasks import translation_headprune  # noqa: E402,F401
+from fairseq_headprune.tasks.any_task import register_all  # noqa: E402
+
+register_all()  # NAME_headprune for every task: masks and gates under the task a model was trained with

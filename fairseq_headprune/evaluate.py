@@ -108,7 +108,8 @@ class SubsetEvaluator:
             for i, sid in enumerate(sample["id"].tolist()):
                 tokens = sample["target"][i]
                 tokens = tokens[tokens.ne(tgt_dict.pad())]
-                refs[sid] = self.detokenize(tgt_dict.string(tokens.int().cpu(), self.post_process, escape_unk=True))
+                refs[sid] = self.detokenize(tgt_dict.string(tokens.int().cpu(), self.post_process, escape_unk=True,
+                                                            extra_symbols_to_ignore=self.symbols_to_strip()))
         return refs
 
     def data_fingerprint(self) -> str:
@@ -223,8 +224,15 @@ class SubsetEvaluator:
         _, text, _ = utils.post_process_prediction(
             hypo_tokens=best["tokens"].int().cpu(), src_str="", alignment=None, align_dict=None,
             tgt_dict=self.loaded.task.target_dictionary, remove_bpe=self.post_process,
+            extra_symbols_to_ignore=self.symbols_to_strip(),
         )
         return self.detokenize(text)
+
+    def symbols_to_strip(self) -> set:
+        """What fairseq-generate strips from hypotheses and references: EOS, and the target-language token of the
+        multilingual and mBART tasks (their generators name it)."""
+        generator = self.generator
+        return set(getattr(generator, "symbols_to_strip_from_output", None) or {generator.eos})
 
     def bleu(self, hypotheses: List[str]) -> sacrebleu.metrics.bleu.BLEUScore:
         return self.bleu_metric().corpus_score(hypotheses, [self.references])
@@ -253,6 +261,14 @@ class SubsetEvaluator:
             total -= float(lprobs.gather(-1, target[real].unsqueeze(-1)).sum())
             tokens += int(real.sum())
         return total / max(tokens, 1)
+
+
+def decoder_start(sample, pad: int) -> int:
+    """The token the decoder starts from in this batch's teacher forcing: EOS for `translation`, the target-language
+    token for `translation_multi_simple_epoch --decoder-langtok` and for mBART (`translation_from_pretrained_bart`).
+    Teacher-forcing a model's own translations must start from the same token as its references."""
+    prev = sample["net_input"]["prev_output_tokens"][0]
+    return int(prev[prev.ne(pad)][0])
 
 
 def _repeat(sample, times: int) -> dict:

@@ -36,8 +36,21 @@ class Head(NamedTuple):
         return f"{self.type}:{self.layer}:{self.head}"
 
 
+class UnsupportedModelError(UserError, TypeError):
+    """A model whose attention this package does not know how to address (not an encoder-decoder Transformer)."""
+
+
 def attention_modules(model) -> Dict[Tuple[str, int], "object"]:
     """Map (type, 1-indexed layer) to the fairseq MultiheadAttention module of a transformer model."""
+    from fairseq.modules.multihead_attention import MultiheadAttention
+
+    stacks = [getattr(getattr(model, part, None), "layers", None) for part in ("encoder", "decoder")]
+    if any(layers is None or not all(isinstance(getattr(layer, "self_attn", None), MultiheadAttention)
+                                     for layer in layers) for layers in stacks):
+        raise UnsupportedModelError(
+            f"model {type(model).__name__} has no attention this package knows: it addresses the heads of fairseq's "
+            "encoder-decoder Transformers (encoder.layers[i].self_attn, decoder.layers[i].self_attn and "
+            ".encoder_attn), as the translation tasks build them")
     modules = {}
     for i, layer in enumerate(model.encoder.layers, start=1):
         modules[("enc-self", i)] = layer.self_attn

@@ -27,7 +27,8 @@ def trust_fairseq_checkpoints() -> None:
 
 @dataclass
 class Loaded:
-    """A model ready for analysis: the fairseq config, task, model (eval mode, masks installed), saved cfg."""
+    """A model ready for analysis: the fairseq config, task, model (eval mode, masks installed), saved cfg.
+    The task is the one the options name, whatever it is, its class switched to its `_headprune` subclass."""
 
     cfg: Any
     task: Any
@@ -65,9 +66,49 @@ def _unreadable(path: str, error: Exception) -> UserError:
     return UserError(f"cannot load checkpoint {path}: {type(error).__name__}: {first}")
 
 
+# Files fairseq reads by option (section, field, option), each checked before anything loads: fairseq would
+# otherwise stop with a traceback deep in sentencepiece, subword-nmt or its multilingual data manager.
+INPUT_FILES = (
+    ("bpe", "sentencepiece_model", "--sentencepiece-model"),
+    ("bpe", "bpe_codes", "--bpe-codes"),
+    ("task", "lang_dict", "--lang-dict"),
+    ("task", "fixed_dictionary", "--fixed-dictionary"),
+    ("task", "source_dict", "--source-dict"),
+    ("task", "target_dict", "--target-dict"),
+)
+
+
+def missing_input_file(cfg) -> str:
+    """The one-line complaint about the first input file an option names that does not exist, or ''."""
+    for section, name, option in INPUT_FILES:
+        part = _get(cfg, section)
+        value = _get(part, name) if part is not None else None
+        if isinstance(value, str) and value and not os.path.isfile(value):
+            return f"{option}: no such file: {value}"
+    return ""
+
+
+def setup_task(task_cfg):
+    """fairseq's setup_task, with a language or dictionary the data does not have as one line."""
+    from fairseq import tasks
+
+    name = _get(task_cfg, "_name") or _get(task_cfg, "task")
+    try:
+        task = tasks.setup_task(task_cfg)
+    except (ValueError, FileNotFoundError) as e:  # check_langs' "language pair ... not in the language
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]  # dictionary"; a missing dict.LANG.txt
+        raise UserError(f"--task {name}: {first}") from None
+    if hasattr(task, "data_manager") and not (_get(task_cfg, "source_lang") and _get(task_cfg, "target_lang")):
+        pairs = ",".join(_get(task_cfg, "lang_pairs") or [])
+        raise UserError(f"--task {name} scores one language pair: give -s SRC -t TGT (the model's pairs: {pairs})")
+    return task
+
+
 def load(cfg) -> Loaded:
     """Set up the task and load the model of `cfg.common_eval.path` (one checkpoint) as fairseq-generate does."""
-    from fairseq import checkpoint_utils, tasks, utils
+    from fairseq import checkpoint_utils, utils
+
+    from fairseq_headprune.tasks.any_task import with_head_masks
 
     trust_fairseq_checkpoints()
     utils.import_user_module(cfg.common)
@@ -79,13 +120,21 @@ def load(cfg) -> Loaded:
         raise UserError(f"checkpoint not found: {path}")
     if not cfg.task.data or not os.path.isdir(cfg.task.data.split(os.pathsep)[0]):
         raise UserError(f"data directory not found: {cfg.task.data}")
-    task = tasks.setup_task(cfg.task)
+    missing = missing_input_file(cfg)
+    if missing:
+        raise UserError(missing)
+    task = with_head_masks(setup_task(cfg.task))
     overrides = ast.literal_eval(cfg.common_eval.model_overrides)
     try:
         models, saved_cfg = checkpoint_utils.load_model_ensemble([path], arg_overrides=overrides, task=task)
     except (IndexError, KeyError, AttributeError) as e:
         raise _explain_load_failure(path, e) from e
     except RuntimeError as e:
+        if "moe_layer" in str(e) or "expert" in str(e):
+            raise UserError(
+                f"checkpoint {path} is a mixture-of-experts model (as NLLB-200's MoE 54B): fairseq 0.12 cannot build "
+                "its expert layers (they live on fairseq's moe branch); this package handles dense models, such "
+                "as NLLB-200's dense and distilled ones") from e
         if "size mismatch" in str(e) or "Missing key" in str(e):
             raise UserError(
                 f"checkpoint {path} does not fit the dictionaries in {cfg.task.data}: "

@@ -65,6 +65,23 @@ def _section(cfg: Any, name: str) -> Dict[str, Any]:
     return dict(vars(section)) if hasattr(section, "__dict__") else dict(section)
 
 
+def _task_section(cfg: Any) -> Dict[str, Any]:
+    """The task's options. An argparse task (translation_multi_simple_epoch, translation_from_pretrained_bart) gets
+    the whole command-line namespace as its config: only the options its own parser defines are the task's."""
+    import argparse
+
+    section = _section(cfg, "task")
+    task = cfg.get("task") if hasattr(cfg, "get") else getattr(cfg, "task", None)
+    if not isinstance(task, argparse.Namespace):
+        return section
+    from fairseq.tasks import TASK_REGISTRY
+
+    parser = argparse.ArgumentParser(add_help=False)
+    TASK_REGISTRY[section["_name"]].add_args(parser)
+    own = {action.dest for action in parser._actions}
+    return {k: v for k, v in section.items() if k in own or k == "_name"}
+
+
 def _with_file_hashes(values: Mapping[str, Any]) -> Dict[str, Any]:
     out = {}
     for key, value in values.items():
@@ -77,7 +94,7 @@ def _with_file_hashes(values: Mapping[str, Any]) -> Dict[str, Any]:
 def decoding_identity(cfg) -> Dict[str, Any]:
     """Everything in fairseq's config that can change a hypothesis or its detokenised text."""
     generation = {k: v for k, v in _section(cfg, "generation").items() if k not in NEUTRAL["generation"]}
-    task = {k: v for k, v in _section(cfg, "task").items() if k not in NEUTRAL["task"]}
+    task = {k: v for k, v in _task_section(cfg).items() if k not in NEUTRAL["task"]}
     common = _section(cfg, "common")
     common_eval = _section(cfg, "common_eval")
     return {

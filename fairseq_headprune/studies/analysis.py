@@ -26,7 +26,7 @@ import torch
 from fairseq_headprune import head_functions as hf
 from fairseq_headprune.attention_capture import capture_attention
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.evaluate import SubsetEvaluator
+from fairseq_headprune.evaluate import SubsetEvaluator, decoder_start
 from fairseq_headprune.heads import ATTENTION_TYPES, Head, HeadLayout, format_head_spec
 from fairseq_headprune.lrp import RULE, conservative_propagation, layer_shares, relevance_inputs, step_head_relevances
 from fairseq_headprune.masking import row_head_masks
@@ -152,7 +152,8 @@ def analyse_batch(loaded, evaluator: SubsetEvaluator, sample: dict, frequencies:
     hyps = [nbest[0]["tokens"] for nbest in outputs]
     texts = {str(sid): evaluator.hypothesis_text(nbest[0]) for sid, nbest in zip(sample["id"].tolist(), outputs)}
     src = sample["net_input"]["src_tokens"]
-    prev = data_utils.collate_tokens(hyps, pad, eos, left_pad=False, move_eos_to_beginning=True).to(src.device)
+    prev = data_utils.collate_tokens(hyps, pad, decoder_start(sample, pad), left_pad=False,
+                                     move_eos_to_beginning=True).to(src.device)
     target = data_utils.collate_tokens(hyps, pad, eos, left_pad=False).to(src.device)
     valid = target.ne(pad)
     net_input = {"src_tokens": src, "src_lengths": sample["net_input"]["src_lengths"], "prev_output_tokens": prev}

@@ -110,6 +110,12 @@ class ScoreOptions:
     per_position: bool = False
 
 
+def task_option(task, name: str):
+    """An option of the task as it runs (languages inferred from the data included): dataclass tasks keep their
+    config in `cfg`, argparse tasks (translation_multi_simple_epoch) in `args`."""
+    return getattr(getattr(task, "cfg", None) or getattr(task, "args", None), name, None)
+
+
 def importance_result(loaded, options: ScoreOptions, progress=None) -> Tuple[Dict, Dict]:
     """(importance.json document, the scores it holds per (type, layer))."""
     raw, stats = compute_importance(loaded, options.subset, progress, options.per_position)
@@ -125,8 +131,8 @@ def importance_result(loaded, options: ScoreOptions, progress=None) -> Tuple[Dic
         "checkpoint_sha256": file_sha256(loaded.checkpoint),
         "data": os.path.abspath(loaded.cfg.task.data),
         "subset": options.subset,
-        "source_lang": loaded.task.cfg.source_lang,
-        "target_lang": loaded.task.cfg.target_lang,
+        "source_lang": task_option(loaded.task, "source_lang"),
+        "target_lang": task_option(loaded.task, "target_lang"),
         "head_ids": {t: [list(layout.heads[(t, layer)]) for layer in layout.layers(t)] for t in ATTENTION_TYPES},
         **stats,
     }
