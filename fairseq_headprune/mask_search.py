@@ -201,6 +201,99 @@ def fill_greedy(grads: Mapping[Key, torch.Tensor], head_ids: Mapping[Key, Sequen
     return sorted(Head(k[0], k[1], head_ids[k][i]) for c, (k, i) in enumerate(columns) if v[c])
 
 
+STACKS = {"encoder": ("enc-self",), "decoder": ("dec-self", "enc-dec")}
+
+
+def per_stack_shapes(head_ids: Mapping[Key, Sequence[int]], types: Iterable[str] = ATTENTION_TYPES,
+                     min_kept: int = 1) -> List[Dict[str, int]]:
+    """Every per-stack shape reachable by removing heads: {stack: heads kept in each of its layers}. CTranslate2 (and
+    Marian) run one head count per stack, the decoder's self- and cross-attention sharing it. A stack whose types
+    are not all allowed keeps its heads (so it must already be uniform); ValueError when a stack is split (some of
+    its types allowed, not all) or an unpruned stack is uneven."""
+    types = set(types)
+    options: Dict[str, List[int]] = {}
+    for stack, stack_types in STACKS.items():
+        keys = [k for k in head_ids if k[0] in stack_types]
+        if not keys:
+            continue
+        allowed = [t in types for t in stack_types]
+        if any(allowed) and not all(allowed):
+            raise ValueError(f"the per-stack shape prunes whole stacks: --types must name all of "
+                             f"{', '.join(stack_types)} or none of them")
+        smallest = min(len(head_ids[k]) for k in keys)
+        if all(allowed):
+            options[stack] = list(range(max(min_kept, 0) if smallest else 0, smallest + 1))
+        elif len({len(head_ids[k]) for k in keys}) > 1:
+            raise ValueError(f"the {stack} is not pruned (--types) but its layers keep different numbers of heads")
+        else:
+            options[stack] = [smallest]
+    shapes = [{}]
+    for stack, counts in options.items():
+        shapes = [{**shape, stack: c} for shape in shapes for c in counts]
+    return shapes
+
+
+def _stack_of(key: Key) -> str:
+    return next(stack for stack, stack_types in STACKS.items() if key[0] in stack_types)
+
+
+def removed_count(head_ids: Mapping[Key, Sequence[int]], shape: Mapping[str, int]) -> int:
+    return sum(len(ids) - shape[_stack_of(k)] for k, ids in head_ids.items())
+
+
+def _layer_removal_order(g: torch.Tensor) -> List[int]:
+    """A layer's heads in the order the greedy fill on the layer's Fisher block removes them."""
+    F = layer_fisher(g)
+    v = torch.zeros(F.shape[0], dtype=F.dtype)
+    order: List[int] = []
+    for _ in range(F.shape[0]):
+        increase = 2 * (F @ v) + F.diagonal()
+        increase[v.bool()] = float("inf")
+        c = int(torch.argmin(increase))
+        v[c] = 1
+        order.append(c)
+    return order
+
+
+def fill_per_stack(grads: Mapping[Key, torch.Tensor], head_ids: Mapping[Key, Sequence[int]],
+                   n_remove: Optional[int], types: Iterable[str] = ATTENTION_TYPES, block: bool = False,
+                   head_cost: Optional[Mapping[Key, float]] = None, flops_to_remove: Optional[float] = None,
+                   min_kept: int = 1) -> Tuple[List[Head], Dict[str, int]]:
+    """The heads to remove for a per-stack shape: every encoder layer keeps E heads, every decoder self- and
+    cross-attention layer D. Within a layer, heads go in the greedy order of the layer's Fisher block; among the
+    shapes that remove exactly n_remove heads (or, with head_cost, save at least flops_to_remove FLOPs), the one
+    with the lowest Fisher estimate of the loss increase Σ_x (Σ_removed g_x,h)² (full, or summed per layer with
+    block) wins. Returns the heads and the shape; ValueError when no shape meets the budget."""
+    shapes = per_stack_shapes(head_ids, types, min_kept)
+    orders = {k: _layer_removal_order(g) for k, g in grads.items()}
+
+    def removed_by(shape):
+        return [(k, i) for k in grads for i in orders[k][:len(head_ids[k]) - shape[_stack_of(k)]]]
+
+    def objective(columns) -> float:
+        if not columns:
+            return 0.0
+        if block:
+            return sum(float((grads[k][:, [i for kk, i in columns if kk == k]].sum(1) ** 2).sum())
+                       for k in {k for k, _ in columns})
+        return float((torch.stack([grads[k][:, i] for k, i in columns], 1).sum(1) ** 2).sum())
+
+    if flops_to_remove is not None:
+        feasible = [s for s in shapes if sum(head_cost[k] for k, _ in removed_by(s)) >= flops_to_remove]
+        budget = f"saves {flops_to_remove:.3g} FLOPs"
+    else:
+        feasible = [s for s in shapes if removed_count(head_ids, s) == n_remove]
+        budget = f"removes exactly {n_remove} heads"
+    if not feasible:
+        counts = sorted({removed_count(head_ids, s) for s in shapes} - {0})
+        raise ValueError(f"no per-stack shape {budget} (heads a per-stack shape can remove: "
+                         f"{', '.join(map(str, counts))})")
+    # the lowest estimate; ties (and a FLOP budget met several ways) keep more heads
+    best = min(feasible, key=lambda s: (objective(removed_by(s)), removed_count(head_ids, s)))
+    heads = sorted(Head(k[0], k[1], head_ids[k][i]) for k, i in removed_by(best))
+    return heads, best
+
+
 # --------------------------------------------------------------------------------------------- rearrangement
 
 

@@ -142,3 +142,42 @@ def test_bad_input_is_one_line_and_exit_code_2(stock_checkpoint, tiny_data, tmp_
     # --force replaces the folder whole
     _export(tiny_data, stock_checkpoint, existing, "--force")
     assert not (existing / "keep").exists() and (existing / "model.bin").exists()
+
+
+def _shrink(data, ckpt, out, *budget):
+    return run(["fairseq-headprune", "shrink", data, "--path", ckpt, "--beam", "2", "--max-tokens", "500",
+                "--calibration-sentences", "30", "--refit", "none", "--no-refit-ffn", "--shape", "per-stack",
+                *budget, "--out", out], check=False)
+
+
+def test_shrink_per_stack_keeps_the_promised_counts_under_every_budget(stock_checkpoint, tiny_data, tmp_path):
+    """4 x 8 encoder heads, 3 x (4 + 4) decoder heads: every budget form gives one count per stack, exactly the
+    promised number of heads (or FLOPs), and the CTranslate2 export has nothing to pad."""
+    import json
+
+    from fairseq_headprune.heads import HeadLayout
+
+    for name, budget, removed in (("remove", ["--remove", "50%"], 28), ("keep", ["--keep", "30"], 26),
+                                  ("flops", ["--flops", "75%"], None)):
+        out = tmp_path / f"{name}-pruned.pt"
+        proc = _shrink(tiny_data, stock_checkpoint, out, *budget)
+        assert proc.returncode == 0, proc.stderr
+        model, _ = _load_pruned(out, tiny_data)
+        heads = HeadLayout.of(model).heads
+        enc = {len(ids) for (t, _), ids in heads.items() if t == "enc-self"}
+        dec = {len(ids) for (t, _), ids in heads.items() if t != "enc-self"}
+        assert len(enc) == 1 and len(dec) == 1, (name, heads)
+        kept = sum(len(ids) for ids in heads.values())
+        record = json.loads(out.with_suffix(".json").read_text())
+        if removed is not None:
+            assert kept == 56 - removed, (name, kept)
+        else:
+            assert kept < 56 and record["selection"]["flops"]["share"] <= 0.75
+        proc = _export(tiny_data, out, tmp_path / f"{name}-ct2")
+        assert f"encoder {enc.pop()}, decoder {dec.pop()}" in proc.stdout and ": 0 hypotheses differ" in proc.stdout
+    # a head budget no per-stack shape meets exactly, and a split stack: one line before any work
+    for extra, message in ((["--remove", "5"], "cannot remove exactly 5 heads"),
+                           (["--remove", "4", "--types", "enc-dec"], "must name all of dec-self, enc-dec")):
+        proc = _shrink(tiny_data, stock_checkpoint, tmp_path / "x.pt", *extra)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1 and message in lines[0], proc.stderr

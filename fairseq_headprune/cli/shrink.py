@@ -37,6 +37,10 @@ def add_args(parser) -> None:
                    help="remove the budget in N steps, reconstructing and re-scoring the heads between steps")
     g.add_argument("--no-rearrange", action="store_true",
                    help="skip Kwon's in-layer mask rearrangement (after --search fisher or block)")
+    g.add_argument("--shape", default="free", choices=("free", "per-stack"),
+                   help="free: any number of heads per layer (default); per-stack: every encoder layer keeps the same "
+                        "number, every decoder self- and cross-attention layer another (the shape CTranslate2 runs "
+                        "faster: one head count per stack)")
     g.add_argument("--min-heads-per-layer", type=int, default=1, metavar="N",
                    help="every attention sublayer keeps at least N heads (default 1: none is emptied; 0: no limit)")
     g.add_argument("--refit", default="out-proj", choices=("none", "scales", "out-proj"),
@@ -74,7 +78,7 @@ def options_from(args) -> ShrinkOptions:
         max_scale=args.max_scale, refit_unpruned=args.refit_unpruned, empty_bias=not args.no_empty_bias,
         refit_ffn=not args.no_refit_ffn, refit_inputs=args.refit_inputs, teacher_mildness=args.teacher_mildness,
         check=not args.no_check,
-        check_sentences=args.check_sentences)
+        check_sentences=args.check_sentences, shape=args.shape)
 
 
 def run(cfg, args) -> None:

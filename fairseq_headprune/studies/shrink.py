@@ -29,6 +29,7 @@ from fairseq_headprune.reconstruction import METHODS, ReconstructionOptions, Sub
 Key = Tuple[str, int]
 TARGETS = ("references", "self")
 SEARCHES = ("fisher", "importance", "block", "full")
+SHAPES = ("free", "per-stack")
 
 
 @dataclass
@@ -57,6 +58,7 @@ class ShrinkOptions:
     teacher_mildness: float = 0.0  # > 0: the teacher has this share of the removed heads masked (a milder mask)
     check: bool = True
     check_sentences: Optional[int] = None  # sentences decoded by both models before saving (all calibration)
+    shape: str = "free"  # free (any head count per layer) | per-stack (one per encoder, one per decoder: CTranslate2)
 
 
 @dataclass(frozen=True)
@@ -156,6 +158,8 @@ def validate(options: ShrinkOptions, model) -> Budget:
     if options.ridge < 0 or options.max_scale <= 0:
         raise UserError("--ridge must be >= 0 and --max-scale > 0")
     layout = HeadLayout.of(model)
+    if options.shape != "free":
+        _validate_per_stack(options, budget, layout)
     if budget.kind != "flops":
         n = heads_to_remove(budget, layout, parse_types(options.types))
         removable = sum(max(len(ids) - options.min_heads, 0) for (t, _), ids in layout.heads.items()
@@ -164,6 +168,27 @@ def validate(options: ShrinkOptions, model) -> Budget:
             raise UserError(f"cannot remove {n} heads keeping at least {options.min_heads} in every attention "
                             f"sublayer: at most {removable} can go ({layout.describe()})")
     return budget
+
+
+def _validate_per_stack(options: ShrinkOptions, budget: Budget, layout: HeadLayout) -> None:
+    """--shape per-stack: the options it works with, and a head budget one of its shapes meets exactly."""
+    if options.shape not in SHAPES:
+        raise UserError(f"--shape must be one of {', '.join(SHAPES)}, not {options.shape!r}")
+    if options.search not in ("full", "block"):
+        raise UserError(f"--shape per-stack chooses heads by the Fisher fill (--search full or block), not "
+                        f"--search {options.search}")
+    if options.search_steps > 1:
+        raise UserError("--shape per-stack removes the budget in one step (--search-steps 1)")
+    try:
+        shapes = mask_search.per_stack_shapes(layout.heads, parse_types(options.types), options.min_heads)
+    except ValueError as e:
+        raise UserError(f"--shape per-stack: {e}") from None
+    if budget.kind != "flops":
+        n = heads_to_remove(budget, layout, parse_types(options.types))
+        reachable = sorted({mask_search.removed_count(layout.heads, s) for s in shapes} - {0})
+        if n not in reachable:
+            raise UserError(f"--shape per-stack cannot remove exactly {n} heads ({budget.describe()}): with one "
+                            f"head count per stack it removes one of {', '.join(map(str, reachable))}")
 
 
 # --------------------------------------------------------------------------------------------- calibration
@@ -283,6 +308,8 @@ def select_heads(model, grads: Dict[Key, torch.Tensor], budget: Budget, options:
     layout = HeadLayout.of(model)
     ids = dict(layout.heads)
     types = parse_types(options.types)
+    if options.shape == "per-stack":
+        return _select_per_stack(model, grads, budget, options, lengths, beam)
     scores = mask_search.fisher_scores(grads) if options.search == "fisher" else mask_search.michel_scores(grads)
     for h in already:
         scores[(h.type, h.layer)] = scores[(h.type, h.layer)].clone()
@@ -329,6 +356,31 @@ def select_heads(model, grads: Dict[Key, torch.Tensor], budget: Budget, options:
                               for k in r.objective_before}}
         removed = r.removed
     return Selection(removed, options.search, bool(info), budget, info, flop_info)
+
+
+def _select_per_stack(model, grads, budget: Budget, options: ShrinkOptions, lengths, beam: int) -> Selection:
+    """One head count per encoder and one per decoder (self- and cross-attention), chosen by the Fisher estimate."""
+    layout = HeadLayout.of(model)
+    types = parse_types(options.types)
+    flop_info, cost, to_remove, n = None, None, None, None
+    if budget.kind == "flops":
+        shape = flop_model.ModelShape.of(model)
+        src, tgt = lengths
+        total = flop_model.decode_flops(shape, src, tgt, beam)
+        cost = flop_model.flops_per_head(shape, src, tgt, beam)
+        to_remove = total * (1 - budget.value / 100)
+    else:
+        n = heads_to_remove(budget, layout, types)
+    try:
+        removed, kept = mask_search.fill_per_stack(grads, dict(layout.heads), n, types, options.search == "block",
+                                                   cost, to_remove, options.min_heads)
+    except ValueError as e:
+        raise UserError(f"--shape per-stack: {e}") from None
+    if budget.kind == "flops":
+        after = flop_model.decode_flops(flop_model.ModelShape.of(model).without(removed), *lengths, beam)
+        flop_info = {"unpruned": total, "pruned": after, "share": after / total, "beam": beam,
+                     "lengths": "calibration sources and targets"}
+    return Selection(removed, f"{options.search}, per-stack shape {kept}", False, budget, None, flop_info)
 
 
 # --------------------------------------------------------------------------------------------- reconstruction
