@@ -37,10 +37,11 @@ class LabelSmoothedCrossEntropyDistillConfig(LabelSmoothedCrossEntropyCriterionC
 
 def distillation_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, keep: torch.Tensor,
                     temperature: float) -> torch.Tensor:
-    """T² · Σ over kept positions of KL(softmax(teacher/T) || softmax(student/T)), in float32."""
+    """T² · Σ over kept positions of KL(softmax(teacher/T) || softmax(student/T)), in float32 at least."""
     t = float(temperature)
-    s = F.log_softmax(student_logits.float() / t, dim=-1)
-    p = F.log_softmax(teacher_logits.float() / t, dim=-1)
+    dtype = torch.promote_types(student_logits.dtype, torch.float32)
+    s = F.log_softmax(student_logits.to(dtype) / t, dim=-1)
+    p = F.log_softmax(teacher_logits.to(dtype) / t, dim=-1)
     kl = (p.exp() * (p - s)).sum(-1)
     return (kl * keep).sum() * (t * t)
 

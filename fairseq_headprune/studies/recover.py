@@ -30,7 +30,7 @@ import torch
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.loading import PACKAGE_DIR
 from fairseq_headprune.results.identity import file_sha256
-from fairseq_headprune.results.log import atomic_output, read_json, write_json_atomic
+from fairseq_headprune.results.log import FolderLock, atomic_output, read_json, write_json_atomic
 
 DISTILL = ("logits", "sequences", "both", "none")
 CRITERION = "label_smoothed_cross_entropy_distill"
@@ -160,6 +160,12 @@ def same_shape_except_heads(student_model_cfg, teacher_model_cfg) -> Optional[st
     return None
 
 
+def vocabulary_sizes(weights: Dict[str, torch.Tensor]) -> Dict[str, int]:
+    """Rows of the source embedding, the target embedding and the output projection of a state dict."""
+    names = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "decoder.output_projection.weight")
+    return {n.split(".")[0] + "." + n.split(".")[1]: int(weights[n].shape[0]) for n in names if n in weights}
+
+
 def data_fingerprint(data: str, subsets: List[str]) -> Dict[str, str]:
     """Hashes of the data folder's dictionaries and of every file of the given subsets (their sentences)."""
     out = {}
@@ -199,8 +205,9 @@ def repair_last_checkpoint(work_dir: str) -> Optional[str]:
         return None
     except Exception:
         pass
-    epochs = sorted(glob.glob(os.path.join(work_dir, "checkpoint[0-9]*.pt")),
-                    key=lambda p: int(os.path.basename(p)[10:-3]))
+    saved = [p for p in glob.glob(os.path.join(work_dir, "checkpoint*.pt"))
+             if os.path.basename(p) not in ("checkpoint_last.pt", "checkpoint_best.pt")]
+    epochs = sorted(saved, key=os.path.getmtime)  # checkpointN.pt and checkpoint_N_U.pt, each written atomically
     for candidate in reversed(epochs):
         try:
             torch.load(candidate, map_location="cpu", weights_only=False)
@@ -213,29 +220,36 @@ def repair_last_checkpoint(work_dir: str) -> Optional[str]:
     return "the student"
 
 
-def run_identity(data: str, student: str, options: RecoverOptions, argv: List[str]) -> dict:
-    """What makes two recover runs the same run (the work folder's own path and the log format excluded)."""
-    # the work folder's path, logging, and the budget (a finished run may be extended, as fairseq-train allows)
-    skip = {"--save-dir", "--log-format", "--log-interval", "--no-progress-bar", "--log-file", "--max-epoch",
-            "--max-update"}
-    kept, i = [], 0
-    while i < len(argv):
-        a = argv[i]
-        if a.split("=", 1)[0] in skip:
-            i += 1 if "=" in a else 2
-            continue
-        if a == PACKAGE_DIR or (os.path.exists(a) and a in (data, os.path.abspath(student),
-                                                              os.path.abspath(options.teacher or "-"))):
-            a = "<path>"
-        kept.append(a)
-        i += 1
-    return {
+# the parts of fairseq-train's config that make two runs the same run; budgets (a run may be extended, as
+# fairseq-train allows), paths, logging and checkpoint-keeping options are left out
+IDENTITY_FIELDS = {
+    "task": None, "criterion": None, "optimizer": None, "lr_scheduler": None,
+    "optimization": ("lr", "clip_norm", "sentence_avg", "update_freq"),
+    "dataset": ("max_tokens", "batch_size", "required_batch_size_multiple", "train_subset", "valid_subset"),
+    "common": ("seed", "fp16", "bf16"),
+}
+UNSTABLE_KEYS = {"data", "teacher_path"}  # paths: the hashes below stand for them
+
+
+def run_identity(data: str, student: str, options: RecoverOptions, cfg) -> dict:
+    """What makes two recover runs the same run: the student, teacher and data by content, the settings by value."""
+    from omegaconf import OmegaConf
+
+    identity = {
         "student_sha256": file_sha256(student),
         "teacher_sha256": file_sha256(options.teacher) if options.teacher else None,
         "data": data_fingerprint(data, [options.train_subset, options.valid_subset]),
         "distill": options.distill,
-        "fairseq_train_argv": kept,
     }
+    for group, keys in IDENTITY_FIELDS.items():
+        values = OmegaConf.to_container(cfg[group], resolve=True) if cfg.get(group) is not None else {}
+        for key, value in (values or {}).items():
+            if (keys is None or key in keys) and key not in UNSTABLE_KEYS:
+                identity[f"{group}.{key}"] = value
+    model = cfg.model if isinstance(cfg.model, argparse.Namespace) else None
+    for name in TUNABLE_MODEL_OPTIONS:
+        identity[f"model.{name}"] = getattr(model, name, None) if model is not None else cfg.model.get(name)
+    return identity
 
 
 def check_identity(work_dir: str, identity: dict) -> None:
@@ -245,11 +259,10 @@ def check_identity(work_dir: str, identity: dict) -> None:
         os.makedirs(work_dir, exist_ok=True)
         write_json_atomic(path, identity)
         return
-    for key in identity:
-        if old.get(key) != identity[key]:
-            raise UserError(f"{work_dir} holds a recover run with another {key.replace('_', ' ')} "
-                            f"({_short(old.get(key))} there, {_short(identity[key])} now): "
-                            "use another --work-dir or remove it")
+    for key in sorted(set(identity) | set(old)):
+        if old.get(key) != identity.get(key):
+            raise UserError(f"{work_dir} holds a recover run with another {key} ({_short(old.get(key))} there, "
+                            f"{_short(identity.get(key))} now): use another --work-dir, or remove that folder")
 
 
 def _short(value) -> str:
@@ -293,10 +306,6 @@ def fairseq_train_cfg(argv: List[str], student_cfg, options: RecoverOptions):
 
 def recover(data: str, student: str, options: RecoverOptions, log=print) -> dict:
     """Fine-tune `student` towards `options.teacher` with fairseq-train and write `options.out` and its record."""
-    from fairseq import checkpoint_utils
-    from fairseq.distributed import utils as distributed_utils
-    from fairseq_cli import train as fairseq_train
-
     start = time.perf_counter()
     if options.distill not in DISTILL:
         raise UserError(f"--distill must be one of {', '.join(DISTILL)}, not {options.distill}")
@@ -304,14 +313,19 @@ def recover(data: str, student: str, options: RecoverOptions, log=print) -> dict
         raise UserError(f"--distill {options.distill} needs --teacher UNPRUNED.pt")
     student_state = _load_state(student)
     student_cfg = _saved_cfg(student_state, student)
-    del student_state["model"]
     arch = _field(student_cfg["model"], "arch") or _field(student_cfg["model"], "_name")
     refuse_foreign_options(options.train_args, arch)
     if options.teacher:
-        teacher_cfg = _saved_cfg(_load_state(options.teacher), options.teacher)
-        differs = same_shape_except_heads(student_cfg["model"], teacher_cfg["model"])
+        teacher_state = _load_state(options.teacher)
+        differs = same_shape_except_heads(student_cfg["model"], _saved_cfg(teacher_state, options.teacher)["model"])
         if differs:
             raise UserError(f"the student is not a pruned model of the teacher's network: {differs}")
+        a, b = vocabulary_sizes(student_state["model"]), vocabulary_sizes(teacher_state["model"])
+        if a != b:
+            raise UserError(f"the teacher's dictionaries differ from the student's (embedding rows {b} and {a}): "
+                            "distillation compares distributions over one vocabulary")
+        del teacher_state
+    del student_state
     for subset in (options.train_subset, options.valid_subset):
         if not glob.glob(os.path.join(data.split(os.pathsep)[0], subset + ".*")):
             raise UserError(f"no '{subset}' subset in {data}")
@@ -324,20 +338,29 @@ def recover(data: str, student: str, options: RecoverOptions, log=print) -> dict
     argv = training_argv(train_data, student, options, (student_cfg.get("task") or {}).get("_name", "translation"),
                          arch)
     cfg = fairseq_train_cfg(argv, student_cfg, options)
-    check_identity(work_dir, run_identity(data, student, options, argv))
+    os.makedirs(work_dir, exist_ok=True)
+    with FolderLock(work_dir):  # one process per run folder: a second one would interleave fairseq's checkpoints
+        return _train_and_write(cfg, data, student, options, work_dir, start, log)
+
+
+def _train_and_write(cfg, data, student, options, work_dir, start, log) -> dict:
+    from fairseq import checkpoint_utils
+    from fairseq.distributed import utils as distributed_utils
+    from fairseq_cli import train as fairseq_train
+
+    check_identity(work_dir, run_identity(data, student, options, cfg))
     repaired = repair_last_checkpoint(work_dir)
     if repaired:
         log(f"checkpoint_last.pt was unreadable (killed while fairseq copied it): resuming from {repaired}")
     if hasattr(checkpoint_utils.save_checkpoint, "best"):  # fairseq keeps the best loss on the function
         del checkpoint_utils.save_checkpoint.best
-    for name in ("fairseq_cli.train", "fairseq.trainer", "fairseq.checkpoint_utils"):
+    for name in ("fairseq", "fairseq_cli"):  # fairseq-train's own progress (the command logs WARNING and above)
         logging.getLogger(name).setLevel(logging.INFO)
     distributed_utils.call_main(cfg, fairseq_train.main)
     best = os.path.join(work_dir, "checkpoint_best.pt")
     if not os.path.exists(best):
         raise UserError(f"fairseq-train wrote no {best} (no validation ran?)")
-    record = write_recovered(best, student, options, data, work_dir, cfg, time.perf_counter() - start)
-    return record
+    return write_recovered(best, student, options, data, work_dir, cfg, time.perf_counter() - start)
 
 
 def epoch_history(work_dir: str) -> List[dict]:
@@ -365,6 +388,8 @@ def write_recovered(best: str, student: str, options: RecoverOptions, data: str,
         state["model"] = {k: v.half() if v.is_floating_point() else v for k, v in state["model"].items()}
     with atomic_output(options.out, "wb") as f:
         torch.save(state, f)
+    last = os.path.join(work_dir, "checkpoint_last.pt")
+    trained = (torch.load(last, map_location="cpu", weights_only=False).get("optimizer_history") or [{}])[-1]
     record = {
         "checkpoint": os.path.abspath(options.out),
         "student": os.path.abspath(student), "student_sha256": file_sha256(student),
@@ -376,6 +401,7 @@ def write_recovered(best: str, student: str, options: RecoverOptions, data: str,
         "distill_weight": options.distill_weight if options.distill in ("logits", "both") else None,
         "distill_temperature": options.distill_temperature if options.distill in ("logits", "both") else None,
         "best_checkpoint": os.path.basename(best), "updates_at_best": updates,
+        "updates": trained.get("num_updates"),  # fairseq's own count, carried across resumes
         "epochs": epoch_history(work_dir),
         "lr": list(cfg.optimization.lr), "lr_scheduler": cfg.lr_scheduler._name, "max_tokens": cfg.dataset.max_tokens,
         "wall_seconds_this_call": round(seconds, 1),

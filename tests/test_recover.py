@@ -1,0 +1,173 @@
+"""`recover`: the distillation loss, a recovered checkpoint of the student's shape, resume after kill -9, bad input."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from conftest import BIN, ENV, run, run_fairseq
+from fairseq_headprune.criterions.label_smoothed_cross_entropy_distill import distillation_kl
+from fairseq_headprune.results.identity import file_sha256
+
+REMOVED = "enc-self:1:1-7,enc-self:2:2+3,dec-self:1:1-3,enc-dec:3:2"  # one layer left with a single head
+
+
+def test_distillation_kl_is_zero_for_the_teacher_and_has_the_right_gradient():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 3, 7, dtype=torch.float64)
+    keep = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]], dtype=torch.float64)
+    for t in (1.0, 2.0):
+        assert distillation_kl(logits, logits, keep, t).abs().item() < 1e-12
+    teacher = torch.randn(2, 3, 7, dtype=torch.float64)
+    student = logits.clone().requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda s: distillation_kl(s, teacher, keep, 2.0), (student,))
+    # a padded position contributes nothing, whatever its logits
+    moved = teacher.clone()
+    moved[0, 2] += 5
+    torch.testing.assert_close(distillation_kl(logits, teacher, keep, 1.0), distillation_kl(logits, moved, keep, 1.0))
+
+
+def _criterion(task, teacher_path, weight, temperature):
+    from fairseq_headprune.criterions.label_smoothed_cross_entropy_distill import (
+        LabelSmoothedCrossEntropyDistillCriterion,
+    )
+
+    return LabelSmoothedCrossEntropyDistillCriterion(task, False, 0.1, teacher_path=str(teacher_path),
+                                                     distill_weight=weight, distill_temperature=temperature)
+
+
+def test_distillation_criterion_on_a_tiny_model(stock_checkpoint, tiny_data):
+    """Weight 1, T 1, a student identical to its teacher: loss 0. Its gradient equals a finite difference."""
+    from helpers import load_stock, sample_batch
+
+    model, task = load_stock(stock_checkpoint, tiny_data)
+    batch = sample_batch(task, 4)
+    criterion = _criterion(task, stock_checkpoint, 1.0, 1.0)
+    loss, sample_size, log = criterion(model, batch)
+    assert abs(loss.item()) < 1e-3 * sample_size and sample_size == batch["ntokens"]
+    assert not any(p.requires_grad for p in criterion.teacher.parameters())
+    assert not list(criterion.parameters()), "the teacher is no part of the criterion's module tree"
+    # move one weight of the student and compare d loss / d w with a central finite difference (float64)
+    model = model.double()
+    criterion.teacher.double()
+    w = model.decoder.layers[-1].final_layer_norm.bias  # no ReLU kink between it and the loss
+    model.zero_grad()
+    with torch.random.fork_rng():
+        torch.manual_seed(1)
+        with torch.no_grad():
+            w.add_(torch.randn_like(w) * 0.1)
+    loss, _, _ = criterion(model, batch)
+    loss.backward()
+    grad = w.grad[3].item()
+    eps = 1e-5
+    values = []
+    for sign in (1, -1):
+        with torch.no_grad():
+            w[3] += sign * eps
+            values.append(criterion(model, batch)[0].item())
+            w[3] -= sign * eps
+    assert grad == pytest.approx((values[0] - values[1]) / (2 * eps), rel=1e-4, abs=1e-7)
+
+
+@pytest.fixture(scope="module")
+def student(stock_checkpoint, tiny_data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("student") / "pruned.pt"
+    run(["fairseq-headprune", "remove", tiny_data, "--path", stock_checkpoint, "--heads", REMOVED, "--out", out,
+         "--gen-subset", "test"])
+    return out
+
+
+def _recover(tiny_data, student, teacher, out, *extra, check=True):
+    return run(["fairseq-headprune", "recover", tiny_data, "--path", student, "--teacher", teacher, "--out", out,
+                "--max-tokens", "1500", "--log-interval", "5", *extra], check=check)
+
+
+def test_recovered_checkpoint_keeps_the_students_heads_and_decodes_with_fairseq_generate(
+        student, stock_checkpoint, tiny_data, tmp_path):
+    from fairseq_headprune.heads import HeadLayout
+    from helpers import load_stock
+
+    teacher_hash = file_sha256(stock_checkpoint)
+    out = tmp_path / "recovered.pt"
+    proc = _recover(tiny_data, student, stock_checkpoint, out, "--updates", "6")
+    assert "wrote" in proc.stdout
+    assert file_sha256(stock_checkpoint) == teacher_hash, "the teacher never changes"
+    record = json.loads((tmp_path / "recovered.pt.json").read_text())
+    assert record["updates"] == 6 and record["teacher_sha256"] == teacher_hash
+    assert record["criterion"] == "label_smoothed_cross_entropy_distill" and record["distill_weight"] == 0.9
+    before, _ = load_stock(student, tiny_data)
+    after, task = load_stock(out, tiny_data)
+    assert HeadLayout.of(after).heads == HeadLayout.of(before).heads
+    changed = [n for n, p in after.state_dict().items() if not torch.equal(p, before.state_dict()[n])]
+    assert changed, "fine-tuning moved the weights"
+    gen = run_fairseq(["fairseq-generate", tiny_data, "--path", out, "--user-dir", "fairseq_headprune",
+                       "--gen-subset", "test", "--beam", "2", "--max-tokens", "2000", "--max-len-b", "20"])
+    assert sum(line.startswith("H-") for line in gen.stdout.splitlines()) == len(task.dataset("test"))
+
+
+def test_kill_during_recover_then_rerun_finishes_and_counts_each_update_once(student, stock_checkpoint, tiny_data,
+                                                                            tmp_path):
+    out = tmp_path / "r.pt"
+    argv = [str(BIN / "fairseq-headprune"), "recover", str(tiny_data), "--path", str(student), "--teacher",
+            str(stock_checkpoint), "--out", str(out), "--max-tokens", "600", "--updates", "40",
+            "--save-interval-updates", "8", "--no-epoch-checkpoints"]
+    proc = subprocess.Popen(argv, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    last = tmp_path / "r.recover" / "checkpoint_last.pt"
+    deadline = time.time() + 120
+    while not last.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert last.exists() and not out.exists(), "killed between its first checkpoint and its end"
+    assert list((tmp_path / "r.recover").glob("checkpoint_1_*.pt")), "fairseq's atomically written checkpoint"
+    # fairseq *copies* that file to checkpoint_last.pt: a kill during the copy leaves it truncated
+    last.write_bytes(last.read_bytes()[:1000])
+    _recover(tiny_data, student, stock_checkpoint, out, "--updates", "40", "--save-interval-updates", "8",
+             "--no-epoch-checkpoints", "--max-tokens", "600")
+    record = json.loads((tmp_path / "r.pt.json").read_text())
+    assert record["updates"] == 40
+
+
+def _bad(tiny_data, student, teacher, out, *extra):
+    proc = _recover(tiny_data, student, teacher, out, *extra, check=False)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert lines[0].startswith("fairseq-headprune recover: error:")
+    assert not os.path.exists(out)
+    return lines[0]
+
+
+def test_bad_input_is_one_line(student, stock_checkpoint, tiny_data, tmp_path):
+    out = tmp_path / "x.pt"
+    assert "--updates must be at least 1" in _bad(tiny_data, student, stock_checkpoint, out, "--updates", "0")
+    assert "no 'nosuch' subset" in _bad(tiny_data, student, stock_checkpoint, out, "--train-subset", "nosuch")
+    assert "--arch is set by recover" in _bad(tiny_data, student, stock_checkpoint, out, "--arch", "transformer")
+    assert "cannot change" in _bad(tiny_data, student, stock_checkpoint, out, "--encoder-layers", "2")
+    # a teacher of another network: its config says so before anything is built
+    state = torch.load(stock_checkpoint, map_location="cpu", weights_only=False)
+    state["cfg"]["model"].decoder_ffn_embed_dim = 128
+    other = tmp_path / "other.pt"
+    torch.save(state, other)
+    assert "not a pruned model of the teacher" in _bad(tiny_data, student, other, out)
+    # a teacher with other dictionaries
+    state = torch.load(stock_checkpoint, map_location="cpu", weights_only=False)
+    emb = state["model"]["encoder.embed_tokens.weight"]
+    for key in [k for k, v in state["model"].items() if v.shape[:1] == emb.shape[:1] and v.dim() == 2]:
+        state["model"][key] = torch.cat([state["model"][key], state["model"][key][:4]])
+    torch.save(state, other)
+    assert "dictionar" in _bad(tiny_data, student, other, out)
+
+
+def test_a_run_folder_of_another_setting_is_refused(student, stock_checkpoint, tiny_data, tmp_path):
+    out = tmp_path / "a.pt"
+    _recover(tiny_data, student, stock_checkpoint, out, "--updates", "2", "--work-dir", tmp_path / "w")
+    line = _bad(tiny_data, student, stock_checkpoint, tmp_path / "b.pt", "--updates", "2", "--work-dir",
+                tmp_path / "w", "--distill-weight", "0.5")
+    assert "another" in line and "--work-dir" in line
