@@ -33,6 +33,7 @@ COMMANDS = {
     "compare": ("fairseq_headprune.cli.compare", "Michel's I_h pruning vs Voita's L0 gates, equal heads kept"),
     "survivors": ("fairseq_headprune.cli.survivors", "heads an L0 sweep keeps across λ, by type, layer, function"),
     "shrink": ("fairseq_headprune.cli.shrink", "prune to a budget without retraining (Kwon et al. 2022)"),
+    "recover": ("fairseq_headprune.cli.recover", "fine-tune a pruned model towards the unpruned one (fairseq-train)"),
     "export-ct2": ("fairseq_headprune.cli.export_ct2", "a CTranslate2 model of any checkpoint, checked against fairseq"),
 }
 
@@ -45,6 +46,8 @@ def usage() -> str:
 
 
 def parse(command: str, module, argv: List[str]):
+    if hasattr(module, "parse_argv"):  # a command that parses for itself (recover: fairseq-train's options)
+        return module.parse_argv(argv)
     if not getattr(module, "USES_FAIRSEQ_OPTIONS", True):
         parser = argparse.ArgumentParser(prog=f"fairseq-headprune {command}", description=module.__doc__.split("\n")[0])
         module.add_args(parser)
