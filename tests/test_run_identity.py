@@ -112,7 +112,7 @@ def test_folder_lock_is_reentrant_in_a_process_and_released(tmp_path):
 @pytest.mark.parametrize("change, field", [
     (["--min-len", "3"], "decoding.generation.min_len"),
     (["--beam", "2"], "decoding.generation.beam"),
-    (["--no-repeat-ngram-size", "2"], "decoding.generation.no_repeat_ngram_size"),
+    (["--lenpen", "2"], "decoding.generation.lenpen"),
     (["--tokenizer", "moses", "-s", "de", "-t", "en"], "decoding.tokenizer"),
     (["--remove-bpe"], "decoding.post_process"),
     (["--references", "REFS"], "references_sha256"),

@@ -16,6 +16,7 @@ import sys
 import warnings
 from typing import List, Optional
 
+from fairseq_headprune import fairseq_options
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.loading import PACKAGE_DIR, trust_fairseq_checkpoints
 
@@ -60,13 +61,18 @@ def parse(command: str, module, argv: List[str]):
     parser = options.get_generation_parser(default_task="translation_headprune")
     parser.prog = f"fairseq-headprune {command}"
     module.add_args(parser)
-    args = options.parse_args_and_arch(parser, input_args=argv)
+    try:
+        args = options.parse_args_and_arch(parser, input_args=argv)
+    except ValueError as e:  # fairseq's own checks of option combinations ("Cannot combine --fp16 and --tpu")
+        raise UserError(f"bad options: {str(e).splitlines()[0]}") from None
     args.command_argv = [a for a in argv]  # the tokens as given (report renders each part's command line from them)
     try:
-        return convert_namespace_to_omegaconf(args), args
+        cfg = convert_namespace_to_omegaconf(args)
     except Exception as e:  # hydra's message names the option that does not fit
         hint = " (--tokenizer moses needs --source-lang and --target-lang)" if "tokenizer" in str(e) else ""
         raise UserError(f"bad options: {str(e).splitlines()[0]}{hint}") from None
+    fairseq_options.check(cfg)  # every option applied as fairseq-generate applies it, or refused here
+    return cfg, args
 
 
 def _quiet_dependencies() -> None:
