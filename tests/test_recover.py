@@ -171,3 +171,15 @@ def test_a_run_folder_of_another_setting_is_refused(student, stock_checkpoint, t
     line = _bad(tiny_data, student, stock_checkpoint, tmp_path / "b.pt", "--updates", "2", "--work-dir",
                 tmp_path / "w", "--distill-weight", "0.5")
     assert "another" in line and "--work-dir" in line
+
+
+def test_shrink_then_recover_in_one_call(stock_checkpoint, tiny_data, tmp_path):
+    out = tmp_path / "small.pt"
+    proc = run(["fairseq-headprune", "shrink", tiny_data, "--path", stock_checkpoint, "--remove", "50%", "--out", out,
+                "--calibration-sentences", "32", "--max-tokens", "1500", "--recover-epochs", "1"])
+    assert (tmp_path / "small.shrunk.pt").exists() and (tmp_path / "small.pt.json").exists(), proc.stdout
+    shrunk = json.loads((tmp_path / "small.shrunk.json").read_text())
+    record = json.loads((tmp_path / "small.pt.json").read_text())
+    assert record["student_sha256"] == file_sha256(tmp_path / "small.shrunk.pt")
+    assert record["teacher_sha256"] == shrunk["source_sha256"] == file_sha256(stock_checkpoint)
+    assert [e["epoch"] for e in record["epochs"]] == [1]

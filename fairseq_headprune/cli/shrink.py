@@ -9,6 +9,7 @@ study over budgets (fairseq_headprune.studies.shrink_sweep) and writes shrink-sw
 """
 from __future__ import annotations
 
+import glob
 import os
 import time
 
@@ -59,6 +60,10 @@ def add_args(parser) -> None:
     g.add_argument("--no-check", action="store_true", help="skip decoding the calibration slice with both models")
     g.add_argument("--check-sentences", type=int, help="calibration sentences decoded by the check (default all)")
     g.add_argument("--out", metavar="OUT.pt", help="the pruned checkpoint to write")
+    g.add_argument("--recover-epochs", type=int, default=0, metavar="N",
+                   help="then recover the pruned model for N epochs of DATA's train subset by distillation from "
+                        "--path (fairseq_headprune recover's defaults): OUT.pt is the recovered model, the shrunk "
+                        "one is kept as OUT.shrunk.pt; for other training options run `recover` itself")
     g.add_argument("--results-dir", help="folder for the JSON record (default: next to --out) or the sweep")
     g.add_argument("--sweep", metavar="PERCENTS",
                    help="run the study over budgets instead, e.g. 10,20,30,40,50,60,70,80")
@@ -90,6 +95,19 @@ def run(cfg, args) -> None:
         raise UserError("--out OUT.pt is required (or --sweep for the study over budgets)")
     options = options_from(args)
     output_checkpoint("--out", args.out, cfg.common_eval.path or "")
+    if args.recover_epochs < 0:
+        raise UserError(f"--recover-epochs must be at least 0, not {args.recover_epochs}")
+    final_out = args.out
+    if args.recover_epochs:  # shrink writes its model beside the final one; recover then writes --out
+        from fairseq_headprune.studies.recover import RecoverOptions
+
+        recover_options = RecoverOptions(teacher=cfg.common_eval.path, out=final_out, epochs=args.recover_epochs,
+                                         train_args=["-s", cfg.task.source_lang, "-t", cfg.task.target_lang]
+                                         if cfg.task.get("source_lang") else [])
+        args.out = os.path.splitext(final_out)[0] + ".shrunk.pt"
+        for subset in ("train", "valid"):  # recover needs both; say so before minutes of shrinking
+            if not glob.glob(os.path.join(cfg.task.data.split(os.pathsep)[0], subset + ".*")):
+                raise UserError(f"--recover-epochs trains on DATA's '{subset}' subset: none in {cfg.task.data}")
     out_dir = os.path.dirname(os.path.abspath(args.out))
     start = time.perf_counter()
     loaded = load(cfg)
@@ -104,6 +122,12 @@ def run(cfg, args) -> None:
     print(f"removed {len(result.selection.removed)} heads ({record['heads_kept']} of {record['heads_total']} kept): "
           f"{record['params_before']:,} -> {record['params_after']:,} parameters; {seconds:.0f}s in all\n"
           f"wrote {args.out}\nwrote {json_path}")
+    if args.recover_epochs:
+        from fairseq_headprune.studies.recover import recover, record_path
+
+        recovered = recover(cfg.task.data, args.out, recover_options)
+        print(f"recovered it for {args.recover_epochs} epochs ({recovered['updates']} updates, best valid loss at "
+              f"{recovered['updates_at_best']})\nwrote {final_out}\nwrote {record_path(final_out)}")
 
 
 def _run_sweep(cfg, args) -> None:

@@ -1,0 +1,223 @@
+"""The recover study on the bundled De-En model: shrink alone and shrink + recover at 25/50/75% of heads removed,
+after 1, 2 and 4 epochs, against a control (the unpruned model put through the same recovery).
+
+  benchmarks/recover_study.py WORK OUT_DIR --subset valid   # choices: made on Multi30k val, never scored below
+  benchmarks/recover_study.py WORK OUT_DIR --subset test    # the table: test2016, decoded once per model
+
+WORK holds what recipes/recover_de_en.sh made: data-bin/ (Multi30k encoded for the model), shrink-*.pt and
+runs/NAME.recover/checkpointN.pt. Every model is decoded with fairseq's generator (beam 5, sacreBLEU on detokenised
+output, fairseq_headprune.evaluate), hypotheses cached by checkpoint hash in OUT_DIR/hyps/, and compared with the
+unpruned model by paired bootstrap (fairseq_headprune.stats: 1000 resamples, full size, seed 1). Writes
+OUT_DIR/recover-SUBSET.{md,json} and, for test, recover.png (BLEU against heads removed, with the L0 and
+from-scratch runs of results/voita/).
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import re
+import resource
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+MODEL = os.path.join(ROOT, "checkpoints/de-en/model.pt")
+EPOCHS = (1, 2, 4)
+# run name -> (what it is, the shrink checkpoint it started from, heads removed %)
+RUNS = {
+    "ctl-logits": ("control: unpruned + recover (logits)", None, 0),
+    "r25-logits": ("shrink + recover (logits)", "shrink-25", 25),
+    "r50-logits": ("shrink + recover (logits)", "shrink-50", 50),
+    "r75-logits": ("shrink + recover (logits)", "shrink-75", 75),
+    "r50-none": ("shrink + plain fine-tuning", "shrink-50", 50),
+    "r50-sequences": ("shrink + recover (sequences)", "shrink-50", 50),
+    "rih50-logits": ("Michel's I_h + refit + recover (logits)", "shrink-ih50", 50),
+    "rps50-logits": ("shrink per-stack + recover (logits)", "shrink-ps50", 50),
+}
+SHRINKS = {"shrink-25": 25, "shrink-50": 50, "shrink-75": 75, "shrink-ih50": 50, "shrink-ps50": 50}
+SHRINK_LABEL = {"shrink-ih50": "Michel's I_h + refit", "shrink-ps50": "shrink per-stack"}
+
+
+def models(work: str):
+    """(key, label, removed %, run, epoch, checkpoint) of every model present, the unpruned one first."""
+    out = [("unpruned", "unpruned", 0, None, None, MODEL)]
+    for name, removed in SHRINKS.items():
+        path = os.path.join(work, name + ".pt")
+        if os.path.exists(path):
+            out.append((name, SHRINK_LABEL.get(name, "shrink alone"), removed, name, 0, path))
+    for run, (label, _, removed) in RUNS.items():
+        for epoch in EPOCHS:
+            path = os.path.join(work, "runs", run + ".recover", f"checkpoint{epoch}.pt")
+            if os.path.exists(path):
+                out.append((f"{run}@{epoch}", label, removed, run, epoch, path))
+    return out
+
+
+def translate(checkpoint: str, work: str, subset: str, cache: str):
+    """Detokenised beam-5 hypotheses of the subset, cached by the checkpoint's hash."""
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    from fairseq_headprune.evaluate import SubsetEvaluator
+    from fairseq_headprune.loading import PACKAGE_DIR, load
+    from fairseq_headprune.results.identity import file_sha256
+    from fairseq_headprune.results.log import atomic_output
+
+    path = os.path.join(cache, f"{file_sha256(checkpoint, 16)}-{subset}.txt")
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            return f.read().split("\n")[:-1], 0.0
+    argv = [os.path.join(work, "data-bin"), "--path", checkpoint, "--user-dir", PACKAGE_DIR, "-s", "de", "-t", "en",
+            "--gen-subset", subset, "--beam", "5", "--max-tokens", "6000", "--bpe", "subword_nmt",
+            "--bpe-codes", os.path.join(ROOT, "checkpoints/de-en/code"), "--tokenizer", "moses"]
+    parser = options.get_generation_parser(default_task="translation_headprune")
+    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(parser, input_args=argv))
+    start = time.perf_counter()
+    evaluator = SubsetEvaluator(load(cfg), subset, os.path.join(work, "data-bin", f"{subset}.raw.en"))
+    hyps = evaluator.translate()
+    seconds = time.perf_counter() - start
+    with atomic_output(path) as f:
+        f.write("".join(h + "\n" for h in hyps))
+    return hyps, seconds
+
+
+def run_costs(work: str, run: str) -> dict:
+    """Wall time and peak memory of a recover run (its /usr/bin/time -v log), updates, valid loss per epoch."""
+    costs = {}
+    log = os.path.join(work, "runs", run + ".log")
+    if os.path.exists(log):
+        text = open(log, encoding="utf-8", errors="replace").read()
+        m = re.search(r"Maximum resident set size \(kbytes\): (\d+)", text)
+        if m:
+            costs["peak_rss_gib"] = round(int(m.group(1)) / 2**20, 2)
+        m = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): ([\d:.]+)", text)
+        if m:
+            parts = [float(x) for x in m.group(1).split(":")]
+            costs["wall_minutes"] = round(sum(v * 60 ** i for i, v in enumerate(reversed(parts))) / 60, 1)
+    record = os.path.join(work, "runs", run + ".pt.json")
+    if os.path.exists(record):
+        r = json.load(open(record))
+        costs.update(updates=r.get("updates"), epochs=r.get("epochs"), best=r.get("best_checkpoint"))
+    return costs
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("work")
+    p.add_argument("out")
+    p.add_argument("--subset", choices=("valid", "test"), required=True)
+    args = p.parse_args()
+    import sacrebleu
+
+    from fairseq_headprune.stats import BleuBootstrap
+
+    os.makedirs(os.path.join(args.out, "hyps"), exist_ok=True)
+    refs = open(os.path.join(args.work, "data-bin", f"{args.subset}.raw.en"), encoding="utf-8").read().split("\n")[:-1]
+    rows, boot = [], None
+    for key, label, removed, run, epoch, ckpt in models(args.work):
+        hyps, seconds = translate(ckpt, args.work, args.subset, os.path.join(args.out, "hyps"))
+        bleu = sacrebleu.corpus_bleu(hyps, [refs]).score
+        row = {"key": key, "label": label, "removed_percent": removed, "run": run, "epoch": epoch, "bleu": bleu}
+        if boot is None:
+            boot, base = BleuBootstrap(refs, hyps, samples=1000, seed=1, sample_ratio=1.0), bleu
+        else:
+            test = boot.test(hyps)
+            low, high = boot.difference_interval(hyps)
+            row.update(delta=bleu - base, p=test.p_value, interval=[low, high])
+        rows.append(row)
+        print(f"{key:<22} {bleu:6.2f} {row.get('delta', 0):+6.2f} p={row.get('p', float('nan')):.3f} "
+              f"({seconds:.0f}s)", flush=True)
+    control = {r["epoch"]: r["delta"] for r in rows if r["run"] == "ctl-logits"}
+    for r in rows:
+        if r["run"] in RUNS and r["run"] != "ctl-logits" and r["epoch"] in control:
+            r["control_delta"] = control[r["epoch"]]
+            r["delta_adjusted"] = r["delta"] - control[r["epoch"]]
+    costs = {run: run_costs(args.work, run) for run in RUNS}
+    settings = ("paired bootstrap: 1000 resamples of full size (sample ratio 1.0), seed 1, one-sided p in the "
+                "observed direction; beam 5; sacreBLEU " + sacrebleu.__version__ + " on detokenised output")
+    result = {"subset": args.subset, "settings": settings, "rows": rows, "costs": costs,
+              "peak_rss_gib_of_this_script": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)}
+    from fairseq_headprune.results.log import atomic_output, write_json_atomic
+
+    write_json_atomic(os.path.join(args.out, f"recover-{args.subset}.json"), result)
+    with atomic_output(os.path.join(args.out, f"recover-{args.subset}.md")) as f:
+        f.write(render(result))
+    if args.subset == "test":
+        plot(rows, os.path.join(args.out, "recover.png"))
+    print(render(result))
+
+
+def render(result: dict) -> str:
+    rows = result["rows"]
+    lines = [f"# recover on the bundled De-En model: Multi30k {result['subset']}", "",
+             f"Significance: {result['settings']}.", "",
+             "| model | removed | epochs | BLEU | vs unpruned | p | 95% interval | vs unpruned, minus the control's change |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        delta = f"{r['delta']:+.2f}" if "delta" in r else ""
+        p = f"{r['p']:.3f}" if "p" in r else ""
+        interval = f"[{r['interval'][0]:+.2f}, {r['interval'][1]:+.2f}]" if "interval" in r else ""
+        adjusted = f"{r['delta_adjusted']:+.2f} (control {r['control_delta']:+.2f})" if "delta_adjusted" in r else ""
+        epochs = "" if r["epoch"] is None else str(r["epoch"])
+        lines.append(f"| {r['label']} (`{r['key']}`) | {r['removed_percent']}% | {epochs} | {r['bleu']:.2f} | "
+                     f"{delta} | {p} | {interval} | {adjusted} |")
+    lines += ["", "| run | wall (min) | peak RSS (GiB) | updates | valid loss per epoch |", "|---|---|---|---|---|"]
+    for run, c in result["costs"].items():
+        if not c:
+            continue
+        losses = ", ".join(f"{e['epoch']}: {e['valid_loss']:.3f}" for e in c.get("epochs") or [] if e.get("valid_loss"))
+        lines.append(f"| {run} | {c.get('wall_minutes', '')} | {c.get('peak_rss_gib', '')} | {c.get('updates', '')} | "
+                     f"{losses} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    base = next(r["bleu"] for r in rows if r["key"] == "unpruned")
+    ax.axhline(base, color="black", lw=0.8, ls=":", label="unpruned")
+    series = {}
+    for r in rows:
+        name = r["label"] + ("" if r["epoch"] in (0, None) else f", {r['epoch']} ep")
+        series.setdefault(name, []).append((r["removed_percent"], r["bleu"]))
+    for name, points in series.items():
+        if name == "unpruned":
+            continue
+        points.sort()
+        ax.plot(*zip(*points), marker="o", ms=4, label=name)
+    voita = os.path.join(ROOT, "results/voita/compare.jsonl")
+    l0 = []
+    for line in open(voita, encoding="utf-8"):
+        r = json.loads(line)
+        if r.get("method") == "l0" and r.get("l0_lambda"):
+            l0.append((100 * (1 - r["heads_kept"] / 144), r["bleu"]))
+    if l0:
+        ax.plot(*zip(*sorted(l0)), marker="s", ls="--", color="grey", label="Voita L0 gates (300 updates)")
+    scratch = []
+    for folder in glob.glob(os.path.join(ROOT, "results/voita/from-scratch/*/")):
+        if os.path.exists(folder + "bleu.txt") and os.path.exists(folder + "kept-heads.json"):
+            kept = json.load(open(folder + "kept-heads.json"))
+            # layers not listed keep all 8 heads (the kept_heads convention)
+            n = sum(len(kept.get(t, {}).get(str(layer), range(8))) for t in ("enc-self", "enc-dec", "dec-self")
+                    for layer in range(1, 7))
+            scratch.append((100 * (1 - n / 144), float(open(folder + "bleu.txt").read().split("\t")[2])))
+    if scratch:
+        ax.plot(*zip(*sorted(scratch)), marker="^", ls="none", color="brown",
+                label="L0's shape trained from scratch (25 ep)")
+    ax.set_xlabel("heads removed (%)")
+    ax.set_ylabel("BLEU, Multi30k test2016")
+    ax.set_ylim(bottom=max(0, min(b for _, b in sum(series.values(), [])) - 2))
+    ax.legend(fontsize=6, loc="lower left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+
+
+if __name__ == "__main__":
+    main()
