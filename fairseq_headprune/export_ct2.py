@@ -223,8 +223,11 @@ def vocabulary(dictionary) -> List[str]:
     return ["<blank>" if i == dictionary.pad() else s for i, s in enumerate(dictionary.symbols)]
 
 
-def build_spec(model, source_dictionary, target_dictionary, activation: str):
-    """A CTranslate2 TransformerSpec holding exactly what `model` computes (refused in one line when it cannot)."""
+def build_spec(model, source_dictionary, target_dictionary, activation: str,
+               pad_to: Optional[Tuple[int, int]] = None):
+    """A CTranslate2 TransformerSpec holding exactly what `model` computes (refused in one line when it cannot).
+    `pad_to` (encoder, decoder heads) pads further than the stack's largest layer: a pruned model padded back to
+    the unpruned shape computes the pruned function at the unpruned cost (the `masked` model of `speed`)."""
     from ctranslate2.specs import common_spec, transformer_spec
 
     problems = unsupported_parts(model, activation)
@@ -233,6 +236,10 @@ def build_spec(model, source_dictionary, target_dictionary, activation: str):
     enc, dec = model.encoder, model.decoder
     encoder_layers, decoder_layers = _layers(model)
     enc_heads, dec_heads = stack_heads(model)
+    if pad_to is not None:
+        if pad_to[0] < enc_heads or pad_to[1] < dec_heads:
+            raise ValueError(f"cannot pad {enc_heads}+{dec_heads} heads per stack down to {pad_to}")
+        enc_heads, dec_heads = pad_to
     enc_dim, dec_dim = stack_head_dims(model)
     act = getattr(common_spec.Activation, ACTIVATIONS[activation])
     encoder = transformer_spec.TransformerEncoderSpec(

@@ -54,5 +54,10 @@ def speed_heads_name(percent: float) -> str:
     return f"speed-heads-importance-{percent:g}.json"
 
 
+def speed_ct2_name(compute_type: str) -> str:
+    """`speed --engine ct2`'s file, one per compute type (float32 and int8 measured into one folder side by side)."""
+    return f"speed-ct2-{compute_type}.json"
+
+
 def correlation_name(first: str, second: str) -> str:
     return f"correlation-{first}-vs-{second}"

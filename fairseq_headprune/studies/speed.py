@@ -15,7 +15,7 @@ import os
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import torch
 
@@ -39,6 +39,8 @@ class SpeedOptions:
     batch_sizes: str = "1,4,16,64"
     runs: int = 3
     num_sentences: int = 128
+    engine: str = "fairseq"  # or ct2: studies/speed_ct2.py
+    compute_type: Optional[str] = None  # CTranslate2's (float32 when not given); refused with --engine fairseq
 
     def batch_size_list(self) -> List[int]:
         try:
@@ -56,6 +58,12 @@ class SpeedOptions:
                 raise UserError(f"{option} must be at least 1, not {value}")
         if not parse_head_spec(self.heads):
             raise UserError("--heads names no head")
+        if self.engine not in ("fairseq", "ct2"):
+            raise UserError(f"--engine must be fairseq or ct2, not {self.engine!r}")
+        if self.engine == "fairseq" and self.compute_type is not None:
+            raise UserError("--compute-type is CTranslate2's: it needs --engine ct2")
+        if self.engine == "ct2" and self.compute_type is None:
+            self.compute_type = "float32"
 
 
 class IncrementalStateMeter:
