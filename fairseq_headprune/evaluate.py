@@ -113,13 +113,31 @@ class SubsetEvaluator:
         return refs
 
     def data_fingerprint(self) -> str:
-        """What the results are computed from: the subset's sentence ids, sources and references."""
-        h = hashlib.sha256()
+        """What the results are computed from: each sentence's id, source tokens (padding stripped) and reference,
+        in id order; never their batching, so a resume with another --max-tokens or --batch-size is the same run.
+        Files written before (whose fingerprint hashed the padded batches) are recognised by
+        results.identity.same_data while the batching they were written with is the current one."""
+        from fairseq_headprune.results.identity import remember_legacy_fingerprint
+
+        pad = self.loaded.task.source_dictionary.pad()
+        sources = {}
         for sample in self.samples:
-            h.update(sample["id"].cpu().numpy().tobytes())
-            h.update(sample["net_input"]["src_tokens"].cpu().numpy().tobytes())
+            for i, sid in enumerate(sample["id"].tolist()):
+                tokens = sample["net_input"]["src_tokens"][i]
+                sources[sid] = tokens[tokens.ne(pad)].cpu().numpy().astype("int64").tobytes()
+        h = hashlib.sha256(b"sentences\n")
+        for sid in sorted(sources):
+            h.update(f"{sid}:{len(sources[sid])}:".encode())
+            h.update(sources[sid])
         h.update("\n".join(self.references).encode())
-        return h.hexdigest()[:16]
+        fingerprint = h.hexdigest()[:16]
+        legacy = hashlib.sha256()  # the fingerprint of files written before: the padded batches as they came
+        for sample in self.samples:
+            legacy.update(sample["id"].cpu().numpy().tobytes())
+            legacy.update(sample["net_input"]["src_tokens"].cpu().numpy().tobytes())
+        legacy.update("\n".join(self.references).encode())
+        remember_legacy_fingerprint(legacy.hexdigest()[:16], fingerprint)
+        return fingerprint
 
     @torch.no_grad()
     def translate(self) -> List[str]:

@@ -30,7 +30,7 @@ from fairseq_headprune.errors import UserError
 from fairseq_headprune.heads import ATTENTION_TYPES, HeadLayout
 from fairseq_headprune.mask_batching import parse_masks_per_batch
 from fairseq_headprune.results import layout as names
-from fairseq_headprune.results.identity import file_sha256
+from fairseq_headprune.results.identity import file_sha256, upgrade_fingerprints
 from fairseq_headprune.results.log import atomic_output, read_json, write_json_atomic
 from fairseq_headprune.studies import ablation, analysis, pruning, scoring, shrink_sweep, speed
 from fairseq_headprune.studies.ranking import heads_to_json, importance_scores, rank_by_scores, steps
@@ -273,7 +273,9 @@ class State:
         """Recorded as finished with the same command lines, on the same checkpoint and the same data (a data
         folder changed in place since makes the part run again, and its results files refuse the old rows)."""
         rec = self.data["parts"].get(part.name)
-        return bool(self._same_run(part) and rec.get("data_fingerprints") == self.fingerprints(part))
+        recorded = upgrade_fingerprints({"data_fingerprints": rec.get("data_fingerprints")})["data_fingerprints"] \
+            if rec else None
+        return bool(self._same_run(part) and recorded == self.fingerprints(part))
 
     def _same_run(self, part: Part) -> bool:
         rec = self.data["parts"].get(part.name)

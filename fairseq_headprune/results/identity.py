@@ -41,6 +41,29 @@ COMMON_FIELDS = ("seed", "fp16", "bf16", "memory_efficient_fp16", "memory_effici
 FILE_FIELDS = ("bpe_codes", "sentencepiece_model", "bpe_vocab", "bpe_merges", "gpt2_encoder_json", "gpt2_vocab_bpe")
 
 
+# data fingerprints of files written before the fingerprint became the sentences' own (it hashed the padded batches)
+# -> the sentences' fingerprint, for the batching this process reads them with (evaluate.data_fingerprint fills it)
+_LEGACY_FINGERPRINTS: Dict[str, str] = {}
+
+
+def remember_legacy_fingerprint(legacy: str, fingerprint: str) -> None:
+    _LEGACY_FINGERPRINTS[legacy] = fingerprint
+
+
+def canonical_fingerprint(value: Any) -> Any:
+    """A recorded data fingerprint as the current code computes it: an old batch-based one this process has seen
+    the sentences of becomes theirs; anything else unchanged."""
+    return _LEGACY_FINGERPRINTS.get(value, value) if isinstance(value, str) else value
+
+
+def upgrade_fingerprints(header: Mapping[str, Any]) -> Dict[str, Any]:
+    """A results header with its old batch-based data fingerprints replaced by the sentences' own (see above), so
+    a file written before resumes under any batching once it has been reopened with its original batching."""
+    return {k: (canonical_fingerprint(v) if k.endswith("data_fingerprint") else
+                {kk: canonical_fingerprint(vv) for kk, vv in v.items()} if k.endswith("data_fingerprints")
+                and isinstance(v, Mapping) else v) for k, v in header.items()}
+
+
 def file_sha256(path: str, limit: Optional[int] = None) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

@@ -16,7 +16,7 @@ import tempfile
 from typing import IO, Any, Dict, Iterator, List, Optional, Tuple
 
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.results.identity import describe_differences
+from fairseq_headprune.results.identity import describe_differences, upgrade_fingerprints
 
 
 @contextlib.contextmanager
@@ -172,9 +172,12 @@ class ResultsLog:
         if len(complete) != len(data):  # drop a torn last line
             with open(self.path, "r+b") as f:
                 f.truncate(len(complete))
+        upgraded = upgrade_fingerprints(theirs)  # a file fingerprinted by its batches, read with the same batching
         # fields the file holds beyond ours were confirmed by other invocations (see confirm): not compared here
-        self._refuse_if_different({k: v for k, v in theirs.items() if k in self.header}, self.header)
-        self.header, self.rows = theirs, rows
+        self._refuse_if_different({k: v for k, v in upgraded.items() if k in self.header}, self.header)
+        self.header, self.rows = upgraded, rows
+        if upgraded != theirs:
+            self._rewrite()
 
     def _refuse_if_different(self, theirs: dict, ours: dict) -> None:
         differences = describe_differences(theirs, ours)
@@ -184,14 +187,18 @@ class ResultsLog:
 
     def confirm(self, fields: dict) -> None:
         fields = _plain(fields)
+        self.header = upgrade_fingerprints(self.header)
         known = {k: v for k, v in fields.items() if k in self.header}
         self._refuse_if_different({k: self.header[k] for k in known}, known)
         new = {k: v for k, v in fields.items() if k not in self.header}
         if new:
             self.header = {**self.header, **new}
-            with atomic_output(self.path) as f:
-                for obj in [{"header": self.header}, *self.rows]:
-                    f.write(json.dumps(obj, sort_keys=True) + "\n")
+            self._rewrite()
+
+    def _rewrite(self) -> None:
+        with atomic_output(self.path) as f:
+            for obj in [{"header": self.header}, *self.rows]:
+                f.write(json.dumps(obj, sort_keys=True) + "\n")
 
     def note_run(self, info: dict) -> None:
         """Add `info` to the header's `runs` list: how one invocation computed its rows (masks per beam search,

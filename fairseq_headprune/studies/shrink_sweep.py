@@ -240,7 +240,10 @@ def l0_rows(path: Optional[str], sweep_header: Optional[dict] = None) -> List[di
 def _scoring(header: dict) -> tuple:
     decoding = header.get("decoding") or {}
     beam = decoding.get("beam", (decoding.get("generation") or {}).get("beam"))
-    return (header.get("checkpoint_sha256"), header.get("data_fingerprint"), header.get("subset"), beam)
+    from fairseq_headprune.results.identity import canonical_fingerprint
+
+    return (header.get("checkpoint_sha256"), canonical_fingerprint(header.get("data_fingerprint")), header.get("subset"),
+            beam)
 
 
 def _name(row: dict) -> str:
