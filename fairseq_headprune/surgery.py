@@ -29,7 +29,6 @@ from torch import nn
 from fairseq_headprune.heads import ATTENTION_TYPES, Head, HeadLayout, HeadSpecError, attention_modules, head_ids
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.masking import HeadMaskedMultiheadAttention, head_gates
-from fairseq_headprune.results.log import atomic_output
 
 PRUNED_ARCH = "headprune_transformer"
 
@@ -257,16 +256,15 @@ def pruned_model_cfg(model_cfg, kept_json: str):
     raise TypeError(f"unsupported model config type {type(model_cfg).__name__}")
 
 
-def save_pruned_checkpoint(model, source_checkpoint, out_path) -> Path:
-    """Write `source_checkpoint` with `model`'s (pruned) weights and a config that rebuilds its shape.
+def pruned_checkpoint_state(model, source_checkpoint) -> dict:
+    """`source_checkpoint`'s state with `model`'s (pruned) weights and a config that rebuilds its shape.
 
     The model must come from that checkpoint (same parameter names). cfg.model (and legacy `args`) becomes
     `headprune_transformer` with `kept_heads` from the model's layout; optimizer and EMA states, whose shapes no
-    longer fit, are dropped. Reloading needs this package as fairseq user module.
+    longer fit, are dropped. Reloading needs this package as fairseq user module (`--user-dir fairseq_headprune`).
     """
     from fairseq_headprune.errors import UserError
 
-    out_path = Path(out_path)
     state = torch.load(source_checkpoint, map_location="cpu", weights_only=False)
     weights = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     if set(weights) != set(state["model"]):
@@ -280,6 +278,14 @@ def save_pruned_checkpoint(model, source_checkpoint, out_path) -> Path:
     state.pop("last_optimizer_state", None)
     if isinstance(state.get("extra_state"), dict):
         state["extra_state"].pop("ema", None)
-    with atomic_output(str(out_path), "wb") as f:  # a crash never leaves half a checkpoint
-        torch.save(state, f)
-    return out_path
+    return state
+
+
+def save_pruned_checkpoint(model, source_checkpoint, out_path) -> Path:
+    """Write pruned_checkpoint_state(model, source_checkpoint) to `out_path`, whole or not at all, under a lock on
+    the path (fairseq_headprune.checkpoint_io)."""
+    from fairseq_headprune.checkpoint_io import write_checkpoint_pair
+
+    state = pruned_checkpoint_state(model, source_checkpoint)
+    write_checkpoint_pair(str(out_path), lambda path: torch.save(state, path))
+    return Path(out_path)

@@ -10,6 +10,7 @@ from fairseq_headprune import mask_search
 from fairseq_headprune.heads import Head, HeadLayout
 from fairseq_headprune.masking import install_head_masks, row_head_masks, set_head_masks
 from fairseq_headprune.reconstruction import ReconstructionOptions, capture, reconstruct, token_mask
+from fairseq_headprune.results.identity import file_sha256
 from fairseq_headprune.studies.shrink import (
     Budget,
     ShrinkOptions,
@@ -276,6 +277,7 @@ def test_pruned_checkpoint_decodes_as_the_in_memory_model(stock_checkpoint, tiny
     assert sum(p.numel() for p in reloaded.parameters()) < sum(p.numel() for p in loaded.model.parameters())
     saved = json.loads((tmp_path / "small.json").read_text())
     assert saved["calibration"]["sentences"] == 30 and saved["selection"]["removed"] == 22
+    assert saved["checkpoint_sha256"] == file_sha256(str(out)), "the record names the file written beside it"
     # the command itself, end to end, and stock fairseq-generate on its output
     proc = run(_cmd(tiny_data, stock_checkpoint, "--keep", "30", "--refit", "scales", "--out", tmp_path / "b.pt"))
     assert "wrote" in proc.stdout and (tmp_path / "b.json").exists()
@@ -351,6 +353,10 @@ def test_bad_input_is_one_line_and_exit_code_2(stock_checkpoint, tiny_data, tmp_
     for target in (stock_checkpoint, link):  # never the input, links resolved
         proc = run(_cmd(tiny_data, stock_checkpoint, "--remove", "10%", "--out", target), check=False)
         assert proc.returncode == 2 and "is the checkpoint being read" in proc.stderr, proc.stderr
+    # a record named as the checkpoint would overwrite it (`--out X.json`): refused before any work
+    proc = run(_cmd(tiny_data, stock_checkpoint, "--remove", "10%", "--out", tmp_path / "m.json"), check=False)
+    assert proc.returncode == 2 and "would be written over it" in proc.stderr, proc.stderr
+    assert not (tmp_path / "m.json").exists()
 
 
 def test_fills_keep_the_minimum_of_heads_per_layer():

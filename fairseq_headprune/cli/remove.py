@@ -24,4 +24,4 @@ def run(cfg, args) -> None:
     info = remove_and_save(loaded, heads, args.out, samples[0] if samples else None)
     print(f"removed {info['removed']} heads ({info['kept']} kept): {info['params_before']:,} -> "
           f"{info['params_after']:,} parameters; max logit difference to the masked model "
-          f"{info['max_logit_diff']:.1e}\nwrote {args.out}")
+          f"{info['max_logit_diff']:.1e}\nwrote {args.out} (fairseq loads it with --user-dir fairseq_headprune)")

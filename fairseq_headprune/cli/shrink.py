@@ -4,7 +4,8 @@
   fairseq-headprune shrink DATA --path CKPT --sweep 10,20,...,80 --gen-subset test --references REF --results-dir DIR
 
 The first form writes OUT.pt (physically pruned, loads with `fairseq-generate --user-dir fairseq_headprune`) and
-OUT.json (kept heads, scales, budget, calibration provenance; in --results-dir when given). The second runs the
+OUT.json (kept heads, scales, budget, calibration provenance, the checkpoint's sha256; in --results-dir when
+given) as one pair: written once, atomically, under a lock on OUT (fairseq_headprune.checkpoint_io). The second runs the
 study over budgets (fairseq_headprune.studies.shrink_sweep) and writes shrink-sweep.jsonl, .md and .png.
 """
 from __future__ import annotations
@@ -13,6 +14,7 @@ import glob
 import os
 import time
 
+from fairseq_headprune.checkpoint_io import check_pair_paths, record_path_for
 from fairseq_headprune.cli.common import output_checkpoint, results_folder
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.studies.shrink import ShrinkOptions, parse_types, validate
@@ -108,20 +110,19 @@ def run(cfg, args) -> None:
         for subset in ("train", "valid"):  # recover needs both; say so before minutes of shrinking
             if not glob.glob(os.path.join(cfg.task.data.split(os.pathsep)[0], subset + ".*")):
                 raise UserError(f"--recover-epochs trains on DATA's '{subset}' subset: none in {cfg.task.data}")
-    out_dir = os.path.dirname(os.path.abspath(args.out))
+    json_path = record_path_for(args.out, args.results_dir)
+    check_pair_paths("--out", args.out, json_path)  # `--out X.json` would have its record written over it
     start = time.perf_counter()
     loaded = load(cfg)
     validate(options, loaded.model)
     from fairseq_headprune.studies.shrink import export, shrink
 
     result, calibration = shrink(loaded, options)
-    json_dir = args.results_dir or out_dir
-    json_path = os.path.join(json_dir, os.path.splitext(os.path.basename(args.out))[0] + ".json")
     record = export(loaded, result, calibration, options, args.out, json_path)
     seconds = time.perf_counter() - start
     print(f"removed {len(result.selection.removed)} heads ({record['heads_kept']} of {record['heads_total']} kept): "
           f"{record['params_before']:,} -> {record['params_after']:,} parameters; {seconds:.0f}s in all\n"
-          f"wrote {args.out}\nwrote {json_path}")
+          f"wrote {args.out} (fairseq loads it with --user-dir fairseq_headprune)\nwrote {json_path}")
     if args.recover_epochs:
         from fairseq_headprune.studies.recover import recover, record_path
 

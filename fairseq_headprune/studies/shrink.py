@@ -533,16 +533,11 @@ def round_to_dtypes(model, dtypes: Dict[str, torch.dtype]) -> int:
     return changed
 
 
-def store_in_dtypes(path: str, dtypes: Dict[str, torch.dtype]) -> None:
-    """Rewrite a saved checkpoint with each weight in its source dtype (exact after round_to_dtypes), so a pruned
-    fp16 checkpoint is smaller than its source rather than twice its size."""
-    from fairseq_headprune.results.log import atomic_output
-
-    state = torch.load(path, map_location="cpu", weights_only=False)
-    state["model"] = {k: (v.to(dtypes[k]) if torch.is_tensor(v) and k in dtypes and v.is_floating_point()
-                          and dtypes[k].is_floating_point else v) for k, v in state["model"].items()}
-    with atomic_output(path, "wb") as f:
-        torch.save(state, f)
+def in_dtypes(weights: Dict[str, torch.Tensor], dtypes: Dict[str, torch.dtype]) -> Dict[str, torch.Tensor]:
+    """Each weight in its source dtype (exact after round_to_dtypes), so a pruned fp16 checkpoint is smaller than
+    its source rather than twice its size; the file is written once, in these dtypes."""
+    return {k: (v.to(dtypes[k]) if torch.is_tensor(v) and k in dtypes and v.is_floating_point()
+                and dtypes[k].is_floating_point else v) for k, v in weights.items()}
 
 
 def output_path_ok(source: str, out: str) -> None:
@@ -552,10 +547,11 @@ def output_path_ok(source: str, out: str) -> None:
 
 def export(loaded, result: ShrinkResult, calibration: Calibration, options: ShrinkOptions, out: str,
            json_path: Optional[str] = None, log: Callable = print) -> dict:
-    """Physically prune the reconstructed model, check it, write the stock checkpoint and the JSON record."""
+    """Physically prune the reconstructed model, check it, write the checkpoint (in its source's dtypes) and the JSON
+    record as one pair (fairseq_headprune.checkpoint_io: written once, atomically, under a lock on `out`)."""
+    from fairseq_headprune.checkpoint_io import write_checkpoint_pair
     from fairseq_headprune.results.identity import file_sha256
-    from fairseq_headprune.results.log import write_json_atomic
-    from fairseq_headprune.surgery import kept_heads, prune_model, save_pruned_checkpoint
+    from fairseq_headprune.surgery import kept_heads, prune_model, pruned_checkpoint_state
 
     output_path_ok(loaded.checkpoint, out)
     start = time.perf_counter()
@@ -575,8 +571,8 @@ def export(loaded, result: ShrinkResult, calibration: Calibration, options: Shri
         check = check_pruned(loaded, result.student, pruned, samples)
         log(f"check: identical hypotheses on {check['sentences_checked']} calibration sentences, "
             f"max logit difference {check['max_logit_diff']:.1e}")
-    save_pruned_checkpoint(pruned, loaded.checkpoint, out)
-    store_in_dtypes(out, dtypes)
+    state = pruned_checkpoint_state(pruned, loaded.checkpoint)
+    state["model"] = in_dtypes(state["model"], dtypes)
     result.seconds["export"] = time.perf_counter() - start
     params = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
     layout = HeadLayout.of(loaded.model)
@@ -600,6 +596,5 @@ def export(loaded, result: ShrinkResult, calibration: Calibration, options: Shri
         "seconds": result.seconds,
         "options": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(options).items()},
     }
-    if json_path:
-        write_json_atomic(json_path, record)
+    write_checkpoint_pair(out, lambda path: torch.save(state, path), record if json_path else None, json_path)
     return record

@@ -1,0 +1,147 @@
+"""Writing a checkpoint and its JSON record as one pair: whole or not at all, one writer per output path.
+
+    write_checkpoint_pair(out_path, write_fn, record=None, record_path=None) -> (out_path, record_path or None)
+
+`write_fn(path)` writes the checkpoint to the temporary file `path` (e.g. `lambda p: torch.save(state, p)`);
+`record` (a JSON-able dict) is written beside it, at `record_path` (default: OUT with its extension replaced by
+.json; a record path that is the checkpoint itself is refused). Every writer of checkpoints here uses it (`shrink`,
+`remove`, `gates --fold-out`; `recover` and `export-ct2` should too):
+
+- a lock on the output path (an flock on `.OUT.lock` beside it, released by the kernel when the process dies): a
+  second process writing the same OUT stops with one line;
+- both files are written to temporaries in the same folder and fsync'ed, then a journal (`.OUT.pair`) naming the
+  two renames is written atomically, then both are renamed over their targets and the journal removed. A kill -9
+  before the journal leaves the old pair (and temporaries, removed by the next writer of OUT); after it, the next
+  writer of OUT finishes the renames first (`finish_pending`), so the pair it finds is the new one, never a mix;
+- `record["checkpoint_sha256"]` is the written checkpoint's hash, so a record names the exact file it describes.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import glob
+import json
+import os
+import tempfile
+from typing import Callable, Iterator, Optional, Tuple
+
+from fairseq_headprune.errors import UserError
+
+
+def record_path_for(out_path: str, folder: Optional[str] = None) -> str:
+    """Where a checkpoint's JSON record goes: OUT with its extension replaced by .json (in `folder` if given)."""
+    stem = os.path.splitext(os.path.basename(out_path))[0]
+    return os.path.join(folder or os.path.dirname(os.path.abspath(out_path)), stem + ".json")
+
+
+def check_pair_paths(option: str, out_path: str, record_path: Optional[str]) -> None:
+    """Refuse, before any work, a record that would be written over the checkpoint."""
+    if record_path and os.path.abspath(record_path) == os.path.abspath(out_path):
+        raise UserError(f"{option} {out_path}: its JSON record would be written over it; name the checkpoint .pt")
+
+
+def _hidden(path: str, suffix: str) -> str:
+    folder, name = os.path.split(os.path.abspath(path))
+    return os.path.join(folder, f".{name}{suffix}")
+
+
+@contextlib.contextmanager
+def output_lock(out_path: str, option: str = "--out") -> Iterator[None]:
+    """One process writing `out_path` at a time (the lock file stays: removing it would race another writer)."""
+    fd = os.open(_hidden(out_path, ".lock"), os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno in (errno.EAGAIN, errno.EACCES):
+                raise UserError(f"{option} {out_path} is being written by another fairseq-headprune process; wait "
+                                "for it or write elsewhere") from None
+            raise
+        yield
+    finally:
+        os.close(fd)
+
+
+def _fsync_folder(path: str) -> None:
+    fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def finish_pending(out_path: str, record_path: Optional[str] = None) -> None:
+    """Complete the renames of a writer of `out_path` killed after its journal (the new pair), then remove the
+    temporaries of writers killed before it (the old pair stays). Call under output_lock."""
+    journal = _hidden(out_path, ".pair")
+    if os.path.exists(journal):
+        try:
+            with open(journal, encoding="utf-8") as f:
+                moves = json.load(f)["moves"]
+        except (OSError, ValueError, KeyError):
+            moves = []  # written atomically, so unreadable only if it is not ours: leave the files alone
+        for tmp, target in moves:
+            if os.path.exists(tmp):
+                os.replace(tmp, target)
+        _fsync_folder(out_path)
+        os.unlink(journal)
+    for target in (out_path, record_path or record_path_for(out_path)):
+        for tmp in glob.glob(glob.escape(_hidden(target, ".")) + "*.tmp"):
+            os.unlink(tmp)
+
+
+def _temporary(target: str) -> str:
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(target)),
+                               prefix=f".{os.path.basename(target)}.", suffix=".tmp")
+    os.close(fd)
+    return tmp
+
+
+def _sha256(path: str) -> str:
+    from fairseq_headprune.results.identity import file_sha256
+
+    return file_sha256(path)
+
+
+def write_checkpoint_pair(out_path: str, write_fn: Callable[[str], None], record: Optional[dict] = None,
+                          record_path: Optional[str] = None, option: str = "--out") -> Tuple[str, Optional[str]]:
+    """Write the checkpoint (and its record) as described in the module docstring; returns the paths written."""
+    if record is not None:
+        record_path = record_path or record_path_for(out_path)
+        check_pair_paths(option, out_path, record_path)
+    else:
+        record_path = None
+    with output_lock(out_path, option):
+        finish_pending(out_path, record_path)
+        temporaries = []
+        try:
+            tmp_ckpt = _temporary(out_path)
+            temporaries.append(tmp_ckpt)
+            write_fn(tmp_ckpt)
+            with open(tmp_ckpt, "rb+") as f:
+                os.fsync(f.fileno())
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp_ckpt, 0o666 & ~umask)  # mkstemp makes 0600; a checkpoint is an ordinary file
+            moves = [(tmp_ckpt, os.path.abspath(out_path))]
+            if record_path:
+                tmp_record = _temporary(record_path)
+                temporaries.append(tmp_record)
+                with open(tmp_record, "w", encoding="utf-8") as f:
+                    json.dump({**record, "checkpoint_sha256": _sha256(tmp_ckpt)}, f, indent=1)
+                    f.write("\n")
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.chmod(tmp_record, 0o666 & ~umask)
+                moves.append((tmp_record, os.path.abspath(record_path)))
+            from fairseq_headprune.results.log import write_json_atomic
+
+            write_json_atomic(_hidden(out_path, ".pair"), {"moves": moves})  # from here on, the new pair
+        except BaseException:
+            for tmp in temporaries:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+            raise
+        finish_pending(out_path, record_path)
+    return out_path, record_path
