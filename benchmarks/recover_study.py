@@ -97,7 +97,9 @@ def run_costs(work: str, run: str) -> dict:
         if m:
             parts = [float(x) for x in m.group(1).split(":")]
             costs["wall_minutes"] = round(sum(v * 60 ** i for i, v in enumerate(reversed(parts))) / 60, 1)
-    record = os.path.join(work, "runs", run + ".pt.json")
+    record = os.path.join(work, "runs", run + ".json")
+    if not os.path.exists(record):  # the first runs of the study wrote OUT.pt.json
+        record = os.path.join(work, "runs", run + ".pt.json")
     if os.path.exists(record):
         r = json.load(open(record))
         costs.update(updates=r.get("updates"), epochs=r.get("epochs"), best=r.get("best_checkpoint"))

@@ -98,8 +98,9 @@ def test_recovered_checkpoint_keeps_the_students_heads_and_decodes_with_fairseq_
     proc = _recover(tiny_data, student, stock_checkpoint, out, "--updates", "6")
     assert "wrote" in proc.stdout
     assert file_sha256(stock_checkpoint) == teacher_hash, "the teacher never changes"
-    record = json.loads((tmp_path / "recovered.pt.json").read_text())
+    record = json.loads((tmp_path / "recovered.json").read_text())
     assert record["updates"] == 6 and record["teacher_sha256"] == teacher_hash
+    assert record["checkpoint_sha256"] == file_sha256(out)
     assert record["criterion"] == "label_smoothed_cross_entropy_distill" and record["distill_weight"] == 0.9
     before, _ = load_stock(student, tiny_data)
     after, task = load_stock(out, tiny_data)
@@ -131,7 +132,7 @@ def test_kill_during_recover_then_rerun_finishes_and_counts_each_update_once(stu
     last.write_bytes(last.read_bytes()[:1000])
     _recover(tiny_data, student, stock_checkpoint, out, "--updates", "40", "--save-interval-updates", "8",
              "--no-epoch-checkpoints", "--max-tokens", "600")
-    record = json.loads((tmp_path / "r.pt.json").read_text())
+    record = json.loads((tmp_path / "r.json").read_text())
     assert record["updates"] == 40
 
 
@@ -177,9 +178,9 @@ def test_shrink_then_recover_in_one_call(stock_checkpoint, tiny_data, tmp_path):
     out = tmp_path / "small.pt"
     proc = run(["fairseq-headprune", "shrink", tiny_data, "--path", stock_checkpoint, "--remove", "50%", "--out", out,
                 "--calibration-sentences", "32", "--max-tokens", "1500", "--recover-epochs", "1"])
-    assert (tmp_path / "small.shrunk.pt").exists() and (tmp_path / "small.pt.json").exists(), proc.stdout
+    assert (tmp_path / "small.shrunk.pt").exists() and (tmp_path / "small.json").exists(), proc.stdout
     shrunk = json.loads((tmp_path / "small.shrunk.json").read_text())
-    record = json.loads((tmp_path / "small.pt.json").read_text())
+    record = json.loads((tmp_path / "small.json").read_text())
     assert record["student_sha256"] == file_sha256(tmp_path / "small.shrunk.pt")
     assert record["teacher_sha256"] == shrunk["source_sha256"] == file_sha256(stock_checkpoint)
     assert [e["epoch"] for e in record["epochs"]] == [1]

@@ -4,7 +4,7 @@
       [--distill logits|sequences|both|none] [--epochs N | --updates N] [any fairseq-train option]
 
 Writes OUT.pt (the student's shape, weights of the best validation loss; loads wherever the student loads) and
-OUT.pt.json (hashes, data, criterion, updates, wall time, valid loss per epoch). fairseq's own checkpoints stay in
+OUT.json (hashes, data, criterion, updates, wall time, valid loss per epoch). fairseq's own checkpoints stay in
 --work-dir (default OUT.recover/): rerun the same command to resume after an interruption, or with a larger
 --epochs to train on. fairseq-train options (--lr, --max-tokens, --lr-scheduler, --patience, --seed, ...) pass
 through unchanged; those recover sets itself, and the student's architecture, are refused.
@@ -51,6 +51,7 @@ def parse_argv(argv):
 
 
 def run(cfg, args) -> None:
+    from fairseq_headprune.checkpoint_io import check_pair_paths
     from fairseq_headprune.cli.common import output_checkpoint, readable_file
     from fairseq_headprune.studies.recover import RecoverOptions, recover, record_path
 
@@ -63,6 +64,7 @@ def run(cfg, args) -> None:
         raise UserError(f"--out {args.out} is the teacher; write elsewhere")
     if os.path.exists(args.out) and not args.force:
         raise UserError(f"--out {args.out} exists (--force to replace it)")
+    check_pair_paths("--out", args.out, record_path(args.out))
     options = RecoverOptions(
         teacher=args.teacher or "", out=args.out, distill=args.distill, distill_weight=args.distill_weight,
         distill_temperature=args.distill_temperature, epochs=args.epochs, updates=args.updates,

@@ -27,6 +27,7 @@ from typing import Dict, List, Optional
 
 import torch
 
+from fairseq_headprune.checkpoint_io import check_pair_paths, record_path_for, write_checkpoint_pair
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.loading import PACKAGE_DIR
 from fairseq_headprune.results.identity import file_sha256
@@ -377,7 +378,8 @@ def epoch_history(work_dir: str) -> List[dict]:
 
 def write_recovered(best: str, student: str, options: RecoverOptions, data: str, work_dir: str, cfg,
                     seconds: float) -> dict:
-    """The best checkpoint as the student's kind of file (weights and config, no optimizer state), its record."""
+    """The best checkpoint as the student's kind of file (weights and config, no optimizer state) and its record,
+    written as one pair (checkpoint_io: whole or not at all, one writer per output path)."""
     state = torch.load(best, map_location="cpu", weights_only=False)
     updates = (state.get("optimizer_history") or [{}])[-1].get("num_updates")
     state.pop("last_optimizer_state", None)
@@ -386,8 +388,6 @@ def write_recovered(best: str, student: str, options: RecoverOptions, data: str,
     dtypes = {t.dtype for t in _load_state(student)["model"].values() if torch.is_tensor(t) and t.is_floating_point()}
     if dtypes == {torch.float16}:  # stored as the student was (fairseq trains in fp32)
         state["model"] = {k: v.half() if v.is_floating_point() else v for k, v in state["model"].items()}
-    with atomic_output(options.out, "wb") as f:
-        torch.save(state, f)
     last = os.path.join(work_dir, "checkpoint_last.pt")
     trained = (torch.load(last, map_location="cpu", weights_only=False).get("optimizer_history") or [{}])[-1]
     record = {
@@ -395,7 +395,6 @@ def write_recovered(best: str, student: str, options: RecoverOptions, data: str,
         "student": os.path.abspath(student), "student_sha256": file_sha256(student),
         "teacher": os.path.abspath(options.teacher) if options.teacher else None,
         "teacher_sha256": file_sha256(options.teacher) if options.teacher else None,
-        "out_sha256": file_sha256(options.out),
         "data": os.path.abspath(data), "train_subset": options.train_subset, "valid_subset": options.valid_subset,
         "criterion": cfg.criterion._name, "distill": options.distill,
         "distill_weight": options.distill_weight if options.distill in ("logits", "both") else None,
@@ -409,10 +408,10 @@ def write_recovered(best: str, student: str, options: RecoverOptions, data: str,
         "work_dir": os.path.abspath(work_dir),
         "options": {k: v for k, v in asdict(options).items()},
     }
-    write_json_atomic(record_path(options.out), record)
-    return record
+    write_checkpoint_pair(options.out, lambda path: torch.save(state, path), record, record_path(options.out))
+    return {**record, "checkpoint_sha256": file_sha256(options.out)}
 
 
 def record_path(out: str) -> str:
-    """OUT.pt's record: OUT.pt.json, a name no checkpoint path can take by accident."""
-    return out + ".json"
+    """OUT.pt's record: OUT.json, as every checkpoint writer here names it (checkpoint_io)."""
+    return record_path_for(out)
