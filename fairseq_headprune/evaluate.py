@@ -281,12 +281,17 @@ class SubsetEvaluator:
         return total / max(tokens, 1)
 
 
-def decoder_start(sample, pad: int) -> int:
-    """The token the decoder starts from in this batch's teacher forcing: EOS for `translation`, the target-language
-    token for `translation_multi_simple_epoch --decoder-langtok` and for mBART (`translation_from_pretrained_bart`).
-    Teacher-forcing a model's own translations must start from the same token as its references."""
-    prev = sample["net_input"]["prev_output_tokens"][0]
-    return int(prev[prev.ne(pad)][0])
+def decoder_start(sample, pad: int, generator) -> int:
+    """The token the decoder starts from when it teacher-forces this batch: the references' first decoder input
+    when the batch has them, else the generator's EOS, which fairseq's beam search starts from (EOS for
+    `translation` and `translation_multi_simple_epoch`, whose target-language token is the first output; the
+    target-language token for mBART's `translation_from_pretrained_bart`). Teacher-forcing a model's own
+    translations must start as its references do."""
+    prev = sample["net_input"].get("prev_output_tokens")
+    if prev is None:
+        return int(generator.eos)
+    first = prev[0]
+    return int(first[first.ne(pad)][0])
 
 
 def _repeat(sample, times: int) -> dict:

@@ -153,8 +153,9 @@ def load(cfg) -> Loaded:
 def load_subset(loaded: Loaded, subset: str):
     """The subset's dataset, loaded as fairseq-generate loads it; a missing or empty subset is one line."""
     cfg, task = loaded.cfg, loaded.task
-    try:
-        task.load_dataset(subset, task_cfg=loaded.saved_cfg.task)
+    try:  # once: translation_multi_simple_epoch fails on a second load of a split (fairseq 0.12)
+        if subset not in task.datasets:
+            task.load_dataset(subset, task_cfg=loaded.saved_cfg.task)
     except FileNotFoundError as e:
         raise UserError(f"no '{subset}' subset in {cfg.task.data}: {e}") from e
     except ValueError as e:  # numpy cannot map the empty files fairseq-preprocess writes for an empty text

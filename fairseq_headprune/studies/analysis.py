@@ -152,7 +152,7 @@ def analyse_batch(loaded, evaluator: SubsetEvaluator, sample: dict, frequencies:
     hyps = [nbest[0]["tokens"] for nbest in outputs]
     texts = {str(sid): evaluator.hypothesis_text(nbest[0]) for sid, nbest in zip(sample["id"].tolist(), outputs)}
     src = sample["net_input"]["src_tokens"]
-    prev = data_utils.collate_tokens(hyps, pad, decoder_start(sample, pad), left_pad=False,
+    prev = data_utils.collate_tokens(hyps, pad, decoder_start(sample, pad, evaluator.generator), left_pad=False,
                                      move_eos_to_beginning=True).to(src.device)
     target = data_utils.collate_tokens(hyps, pad, eos, left_pad=False).to(src.device)
     valid = target.ne(pad)

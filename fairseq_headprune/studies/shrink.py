@@ -22,6 +22,7 @@ import torch
 from fairseq_headprune import flops as flop_model
 from fairseq_headprune import mask_search
 from fairseq_headprune.errors import UserError
+from fairseq_headprune.evaluate import decoder_start
 from fairseq_headprune.heads import ATTENTION_TYPES, Head, HeadLayout, format_head_spec
 from fairseq_headprune.masking import head_gates, set_head_masks
 from fairseq_headprune.reconstruction import METHODS, ReconstructionOptions, SublayerFit, reconstruct
@@ -218,12 +219,14 @@ def calibration_samples(loaded, subset: str, n: int, max_tokens: Optional[int] =
     except UserError as e:
         raise UserError(f"calibration: {e}") from None
     ids = list(range(min(n, len(dataset))))
-    ids.sort(key=lambda i: (int(dataset.src_sizes[i]), int(dataset.tgt_sizes[i]) if dataset.tgt_sizes is not None
-                            else 0, i))
+    # (source, target) sizes through fairseq's own size(): the multilingual task's concatenated datasets have no
+    # src_sizes array of their own
+    sizes = {i: tuple(int(s or 0) for s in dataset.size(i)) for i in ids}
+    ids.sort(key=lambda i: (*sizes[i], i))
     max_tokens = max_tokens or 4000
     batches, current, longest = [], [], 0
     for i in ids:
-        size = max(int(dataset.src_sizes[i]), int(dataset.tgt_sizes[i]) if dataset.tgt_sizes is not None else 0)
+        size = max(sizes[i])
         if current and max(longest, size) * (len(current) + 1) > max_tokens:
             batches.append(current)
             current, longest = [], 0
@@ -252,7 +255,8 @@ def self_targets(loaded, samples: List[dict], beam: int) -> List[dict]:
         order = {sid: r for r, sid in enumerate(sample["id"].tolist())}
         tokens = [hyps[order[sid]][0]["tokens"].long() for sid in sample["id"].tolist()]
         target = data_utils.collate_tokens(tokens, d.pad(), d.eos(), left_pad=False)
-        prev = data_utils.collate_tokens(tokens, d.pad(), d.eos(), left_pad=False, move_eos_to_beginning=True)
+        prev = data_utils.collate_tokens(tokens, d.pad(), decoder_start(sample, d.pad(), generator), left_pad=False,
+                                         move_eos_to_beginning=True)
         net_input = {**sample["net_input"], "prev_output_tokens": prev}
         out.append({**sample, "net_input": net_input, "target": target, "ntokens": int(target.ne(d.pad()).sum())})
     return out

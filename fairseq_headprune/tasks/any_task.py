@@ -74,8 +74,7 @@ def prepare_model(model, options: HeadpruneOptions, task_name: str = "") -> None
     try:
         install_head_masks(model)
     except UserError as e:
-        where = f"task {task_name} builds " if task_name else ""
-        raise UserError(f"{where}{e}") from None
+        raise UserError(f"--task {task_name}: {e}" if task_name else str(e)) from None
     if options.gated_types:
         types = [t.strip() for t in options.gated_types.split(",") if t.strip()]
         bad = [t for t in types if t not in ATTENTION_TYPES]
