@@ -196,3 +196,22 @@ def test_public_model_recipe_runs_on_a_tiny_model_of_its_task(tmp_path):
         f"study_public_model.sh: error: missing the sentencepiece model (SPM_MODEL, --sentencepiece-model): "
         f"{tmp_path / 'spm.model'}"]
     assert os.path.isfile(tmp_path / "out" / "data-bin" / "test.de-en.de.bin")
+
+
+def test_l0_gates_train_and_fold_under_the_multilingual_task(tmp_path):
+    """Voita's gates under translation_multi_simple_epoch's twin: fairseq-train with the L0 criterion, `gates`
+    reads them and folds them out, and the folded checkpoint decodes under the family's task."""
+    multi, data = fam.multilingual(), fam.spm_data()
+    run_fairseq(["fairseq-train", data, "--user-dir", PACKAGE_DIR, "--task", "translation_multi_simple_epoch_headprune",
+                 *fam.MULTI_TASK[2:], "--arch", "transformer", "--share-all-embeddings", *fam.SMALL,
+                 "--gated-types", "enc-self,enc-dec,dec-self", "--criterion", "label_smoothed_cross_entropy_l0",
+                 "--l0-lambda", "0.1", "--optimizer", "adam", "--lr", "1e-3", "--finetune-from-model", multi,
+                 "--max-tokens", "1500", "--max-update", "2", "--save-dir", tmp_path / "gated",
+                 "--no-epoch-checkpoints", "--no-save-optimizer-state", "--num-workers", "0", "--disable-validation"])
+    gated = tmp_path / "gated" / "checkpoint_last.pt"
+    run(["fairseq-headprune", "gates", gated, "--results-dir", tmp_path / "gates", "--fold-out", tmp_path / "f.pt"])
+    gates = json.loads((tmp_path / "gates" / "gates.json").read_text())
+    assert gates["total"] == 24 and gates["updates"] == 2
+    out = run_fairseq(["fairseq-generate", data / "slice", "--path", tmp_path / "f.pt", "--user-dir", PACKAGE_DIR,
+                       *fam.MULTI_TASK, "-s", "de", "-t", "en", *SHORT]).stdout
+    assert len(_hypotheses(out)) == fam.SLICE_SENTENCES

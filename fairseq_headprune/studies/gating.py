@@ -13,6 +13,7 @@ fine-tuned weights alone is not the gated model; the folded checkpoint is, and `
 """
 from __future__ import annotations
 
+import argparse
 import copy
 import os
 from typing import Dict, List, Mapping, Optional, Tuple
@@ -103,7 +104,10 @@ def fold_checkpoint(state: dict) -> dict:
     folded["model"] = fold_gates_into_state_dict(state["model"])
     folded["cfg"] = copy.deepcopy(state["cfg"])
     task = folded["cfg"]["task"]
-    if "gated_types" in task:
+    if isinstance(task, argparse.Namespace):  # an argparse task's twin (translation_multi_simple_epoch_headprune)
+        if getattr(task, "gated_types", ""):
+            task.gated_types = ""
+    elif "gated_types" in task:
         task["gated_types"] = ""
     folded["last_optimizer_state"] = None
     return folded
