@@ -215,3 +215,18 @@ def test_l0_gates_train_and_fold_under_the_multilingual_task(tmp_path):
     out = run_fairseq(["fairseq-generate", data / "slice", "--path", tmp_path / "f.pt", "--user-dir", PACKAGE_DIR,
                        *fam.MULTI_TASK, "-s", "de", "-t", "en", *SHORT]).stdout
     assert len(_hypotheses(out)) == fam.SLICE_SENTENCES
+
+
+def test_distillation_criterion_under_the_multilingual_task(tmp_path):
+    """recover's criterion (label_smoothed_cross_entropy_distill) trains under translation_multi_simple_epoch: the
+    teacher loads with that task's dictionaries and language tokens; a student identical to its teacher, without
+    dropout, has a distillation loss of exactly zero."""
+    multi, data = fam.multilingual(), fam.spm_data()
+    out = run_fairseq(["fairseq-train", data, "--user-dir", PACKAGE_DIR, *fam.MULTI_TASK, "--arch", "transformer",
+                       "--share-all-embeddings", *fam.SMALL, "--dropout", "0", "--criterion",
+                       "label_smoothed_cross_entropy_distill", "--teacher-path", multi, "--distill-weight", "1",
+                       "--optimizer", "adam", "--lr", "1e-9", "--finetune-from-model", multi, "--max-tokens", "1500",
+                       "--max-update", "1", "--save-dir", tmp_path / "student", "--no-save", "--num-workers", "0",
+                       "--disable-validation", "--log-format", "json", "--log-interval", "1"]).stdout
+    epoch = [json.loads(line[line.index("{"):]) for line in out.splitlines() if '"train_loss"' in line][-1]
+    assert float(epoch["train_loss"]) == 0.0
