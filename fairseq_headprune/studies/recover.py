@@ -279,10 +279,15 @@ def fairseq_train_cfg(argv: List[str], student_cfg, options: RecoverOptions):
     from omegaconf import open_dict
 
     parser = fairseq_options.get_training_parser()
+
+    def refuse(message: str):  # argparse's own error, as one line instead of fairseq-train's 200-line usage
+        raise UserError(f"fairseq-train options: {message}")
+
+    parser.error = refuse
     try:
         args = fairseq_options.parse_args_and_arch(parser, input_args=argv)
-    except SystemExit as e:
-        raise UserError("bad fairseq-train options (see the message above)") from e
+    except ValueError as e:  # fairseq's own checks of option combinations
+        raise UserError(f"fairseq-train options: {str(e).splitlines()[0]}") from None
     cfg = convert_namespace_to_omegaconf(args)
     given = set(option_names(options.train_args))
     model = copy.deepcopy(student_cfg["model"])
