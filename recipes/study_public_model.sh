@@ -22,12 +22,12 @@
 #   stage        work                                            FLOPs     one CPU core
 #   score        1 forward+backward of valid (N)                 ~4e13     ~8 min
 #   single-loss  577 teacher-forced passes of valid (N)          ~4e15     ~13 h  (each from its masked layer up)
-#   keep-one     16 x 36 teacher-forced passes + 36 decodes      ~1e16     ~1.5 days (selection by NLL)
+#   keep-one     576 teacher-forced passes + 36 decodes, beam 5  ~6e15     ~19 h  (selection by NLL)
 #   prune        11 decodes at beam 5 (0-100% by 10%)            ~6e14     ~2 h
 #   shrink       calibration N sentences + 1 decode check        ~1e14     ~20 min
-#   analyze      200 sentences decoded and propagated (LRP)      ~2e13     ~4 min
+#   analyze      200 sentences decoded, then propagated (LRP)    >2e13     >4 min (the decode alone)
 #   single-bleu  577 decodes of test at beam 5                   ~3e16     ~4 days: SKIP on a CPU, use single-loss
-#   speed        unpruned/masked/pruned at batch 1..64           ~3e15     GPU
+#   speed        3 models x 4 batch sizes x 3 runs x 128 sent.   ~5e14     ~1.6 h; a GPU's measurement
 #
 # A CPU user runs the default stages on a smaller N (N=100 divides each line by 5) and reads single-head effects
 # by NLL (single-loss), not by BLEU.
@@ -92,7 +92,7 @@ for line in open(sys.argv[2], encoding="utf-8"): print(" ".join(p.encode(line.rs
     analyze) "$BIN/fairseq-headprune" analyze "${FAIRSEQ[@]}" --gen-subset test --beam 5 --num-sentences 200 \
                --importance "$OUT/importance.json" ;;
     single-bleu) "$BIN/fairseq-headprune" ablate "${FAIRSEQ[@]}" "${BLEU[@]}" --mode single ;;
-    speed) [ -n "${SPEED_HEADS:-}" ] || fail "the speed stage needs SPEED_HEADS, the heads to prune (a spec or @file.json)"
+    speed) [ -n "${SPEED_HEADS:-}" ] || fail "the speed stage needs SPEED_HEADS: the heads to prune (spec or @file)"
            "$BIN/fairseq-headprune" speed "${FAIRSEQ[@]}" --gen-subset test --beam 5 --heads "$SPEED_HEADS" ;;
     *) fail "unknown stage '$stage' (prepare score single-loss keep-one prune shrink analyze single-bleu speed)" ;;
   esac
