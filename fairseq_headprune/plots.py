@@ -256,3 +256,32 @@ def survivors_figure(rows: Sequence[Dict], functions: Sequence[str], path: str) 
         ax.legend(fontsize=7)
     fig.tight_layout()
     return _save(fig, path)
+
+
+def pareto_frontier(points: Sequence[Tuple[float, float]]) -> List[Tuple[float, float]]:
+    """The (speed, quality) points no other point beats on both, by increasing speed."""
+    front, best = [], float("-inf")
+    for speed, quality in sorted(points, key=lambda p: (-p[0], -p[1])):
+        if quality > best:
+            front.append((speed, quality))
+            best = quality
+    return front[::-1]
+
+
+def deploy_frontier(rows: Sequence[Dict], path: str, speed_key: str = "x_unpruned_fairseq_natural-64") -> str:
+    """BLEU against speed (relative to the unpruned model in fairseq) of every model x engine, the frontier drawn."""
+    markers = {"fairseq": "o", "ct2-float32": "s", "ct2-int8": "^"}
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for engine, marker in markers.items():
+        mine = [r for r in rows if r["engine"] == engine]
+        ax.scatter([r[speed_key] for r in mine], [r["bleu"] for r in mine], marker=marker, label=engine, zorder=3)
+        for r in mine:
+            ax.annotate(r["model"], (r[speed_key], r["bleu"]), fontsize=7, xytext=(4, 3), textcoords="offset points")
+    front = pareto_frontier([(r[speed_key], r["bleu"]) for r in rows])
+    ax.plot([p[0] for p in front], [p[1] for p in front], "k--", lw=1, label="frontier", zorder=2)
+    ax.set_xscale("log")
+    ax.set_xlabel("sentences/s relative to the unpruned model in fairseq (batch 64, one thread, log scale)")
+    ax.set_ylabel("BLEU")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
