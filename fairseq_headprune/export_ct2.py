@@ -147,7 +147,9 @@ def stack_head_dims(model) -> Tuple[int, int]:
 
 
 def _array(t: torch.Tensor) -> np.ndarray:
-    return t.detach().to(torch.float32).cpu().numpy()
+    """A copy: .numpy() of a float32 CPU tensor shares its memory, and the spec's quantization (optimize) rewrites
+    its arrays in place - the fairseq model it was built from would be quantized with it."""
+    return t.detach().to(torch.float32).cpu().numpy().copy()
 
 
 def padded_projections(attn, num_heads: int) -> Dict[str, np.ndarray]:
