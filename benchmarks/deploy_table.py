@@ -328,7 +328,7 @@ def target_lines(t: Dict) -> List[str]:
         lines.append(f"- {m['model']} (per-stack) in CTranslate2 int8: {m['x_unpruned_int8']:.2f}x the unpruned "
                      f"model's int8 at batch 64, equal work (target {SPEEDUP_TARGET}x; FLOP ratio {m['flop_ratio']:.2f};"
                      f" batch 1 {m['x_unpruned_int8_batch1']:.2f}x), {m['x_unpruned_fairseq']:.2f}x unpruned fairseq; "
-                     f"BLEU {m['bleu']:.2f}, {m['bleu_loss']:+.2f} below unpruned fairseq (target {BLEU_TARGET}): "
+                     f"BLEU {m['bleu']:.2f}, {m['bleu_loss']:.2f} below unpruned fairseq (target {BLEU_TARGET}): "
                      f"**{'met' if m['met'] else 'missed'}**")
     lines.append(f"- best per-stack model: {p['best']['model']}: target **{'met' if p['met'] else 'missed'}**")
     return lines
