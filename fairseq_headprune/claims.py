@@ -61,6 +61,7 @@ class Claim:
     rule: str
     sources: Tuple[str, ...] = ()
     command: Optional[str] = None  # what to run when the verdict is "not run"
+    whose: Optional[str] = None  # set when the rows come from a file of another model (report.sections.whose)
 
     def as_dict(self) -> Dict:
         return asdict(self)

@@ -29,6 +29,7 @@ CAL_RAW=data/multi30k-val/val
 CAL=${DEMO_CALIBRATION:-128}
 WORK=work/demo/slice-$N-cal$CAL
 L0=results/voita/compare.jsonl
+L0_ENCODER=results/voita/encoder-only/compare.jsonl  # claim V is judged on it, as the study judges it
 [ -f "$MODEL/model.pt" ] || { echo "demo: error: $MODEL/model.pt is missing" >&2; exit 2; }
 # one folder per bundled model: results of an earlier model are never resumed (the report would refuse them)
 OUT=${DEMO_OUT:-work/demo/report-$N-beam$BEAM-$(sha256sum "$MODEL/model.pt" | cut -c1-12)}
@@ -48,12 +49,14 @@ fairseq-headprune report "$WORK/data-bin" --path "$MODEL/model.pt" --gen-subset 
   --prune-step 0.2 --speed-sentences 32 --speed-runs 2 --analyze-sentences 32 \
   --shrink-percents 25,50,75 --shrink-methods michel,full+out-proj+ffn+min1 --shrink-calibration-sentences "$CAL" \
   --dynamics results/dynamics/dynamics.jsonl $([ -f "$L0" ] && echo --l0-sweep "$L0") \
+  $([ -f "$L0_ENCODER" ] && echo --l0-encoder-sweep "$L0_ENCODER") \
   --note "Demo (recipes/demo.sh): the first $N sentences of Multi30k test2016, beam $BEAM, hypotheses capped at \
 1.2 x source + 10 tokens, pruning in 20% steps, I_h on the same sentences, keep-one heads chosen by NLL on the same \
 sentences and reported by BLEU, head analysis on the first 32, pruning without retraining fitted on the first $CAL \
 sentences of Multi30k val. A quick look, not the study: \
 results/report-de-en/ is the full-size one (1000 sentences, beam 5). C5 and V read committed results of other \
-studies of this model (its training run; the L0 sweep, beam 5 on all 1000 sentences)."
+studies of this model (its training run; the L0 sweeps, every head gated and encoder self-attention gated alone, \
+beam 5 on all 1000 sentences)."
 # the deployment table of the slice: the unpruned model and its per-stack 50% shrink (kept in OUT, which is keyed
 # by the model), in fairseq and CTranslate2
 [ -f "$OUT/shrink-ps50.pt" ] || fairseq-headprune shrink "$WORK/data-bin" --path "$MODEL/model.pt" -s de -t en \

@@ -41,8 +41,10 @@ def add_args(parser) -> None:
     g.add_argument("--shrink-calibration-sentences", type=int,
                    default=pipeline.ReportOptions.shrink_calibration_sentences,
                    help="shrink: calibration sentences (the first N of that subset)")
-    g.add_argument("--dynamics", default=pipeline.DEFAULT_DYNAMICS,
-                   help="dynamics.jsonl of `dynamics` for claim C5 (default: the bundled model's training run)")
+    g.add_argument("--dynamics",
+                   help="dynamics.jsonl of `dynamics` for claim C5: this model's training run (default: the bundled "
+                        "model's run for the bundled model, none for any other; a file of another model is judged "
+                        "and the report says whose it is)")
     g.add_argument("--l0-sweep", metavar="FILE",
                    help="result file of Voita's L0 λ sweep (`compare`) for the Voita claim")
     g.add_argument("--l0-encoder-sweep", metavar="FILE",

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
 import os
 import shlex
 import sys
@@ -38,7 +39,9 @@ from fairseq_headprune.workers import kept_pools, parse_workers
 
 PARTS = ("score", "single", "keep-one", "prune", "prune-types", "speed", "analyze", "shrink")
 STATE = names.REPORT_STATE
-DEFAULT_DYNAMICS = os.path.join("results", "dynamics", "dynamics.jsonl")
+# the bundled De-En model's training run: C5's input by default for that model only (see default_dynamics)
+BUNDLED_DYNAMICS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                                "results", "dynamics", "dynamics.jsonl")
 
 
 @dataclass
@@ -64,7 +67,7 @@ class ReportOptions:
     shrink_methods: str = ",".join(shrink_sweep.DEFAULT_METHODS)
     shrink_calibration_subset: str = "valid"
     shrink_calibration_sentences: int = 1000
-    dynamics: Optional[str] = DEFAULT_DYNAMICS
+    dynamics: Optional[str] = None  # None: the bundled model's training run for the bundled model, else none
     l0_sweep: Optional[str] = None
     l0_encoder_sweep: Optional[str] = None  # the L0 sweep with encoder self-attention gated alone (claim V)
     note: str = ""
@@ -300,6 +303,53 @@ class State:
         return self.data["parts"].get(name, {}).get("seconds")
 
 
+def default_dynamics(checkpoint_sha: str) -> Optional[str]:
+    """C5's input when --dynamics is not given: the bundled model's training run when the checkpoint is the model
+    that run ended in (results/dynamics/.model-sha256) or one of its epochs; for any other checkpoint none (C5 is
+    "not run"): the bundled model's dynamics are never judged as another model's."""
+    from fairseq_headprune.report.sections import checkpoints_named
+
+    if os.path.isfile(BUNDLED_DYNAMICS) and checkpoint_sha in checkpoints_named(BUNDLED_DYNAMICS):
+        return BUNDLED_DYNAMICS
+    return None
+
+
+def foreign_results(out: str, checkpoint_sha: str) -> List[Tuple[str, str]]:
+    """(file, checkpoint sha256) of every result file in the folder (its own files, not inputs/) that names
+    another checkpoint: a report renders the files of its folder, so they must all be this model's."""
+    found = []
+    for name in sorted(os.listdir(out)) if os.path.isdir(out) else []:
+        path = os.path.join(out, name)
+        if not os.path.isfile(path) or not name.endswith((".json", ".jsonl")):
+            continue
+        try:
+            if name.endswith(".jsonl"):
+                with open(path, "rb") as f:
+                    first = json.loads(f.readline() or b"{}")
+                records = [first.get("header") or {}]
+            else:
+                data = read_json(path) or {}
+                records = [data, data.get("meta") or {}, *(data.get("parts") or {}).values()]
+        except (ValueError, OSError, AttributeError):
+            continue  # not a results file: the part that reads it says so
+        for record in records:
+            sha = record.get("checkpoint_sha256") if isinstance(record, dict) else None
+            if isinstance(sha, str) and sha != checkpoint_sha:
+                found.append((path, sha))
+                break
+    return found
+
+
+def check_own_folder(out: str, checkpoint_sha: str, checkpoint: str) -> None:
+    """Refuse, in one line, a results folder holding another checkpoint's results (before any part runs)."""
+    foreign = foreign_results(out, checkpoint_sha)
+    if foreign:
+        path, sha = foreign[0]
+        more = f" (and {len(foreign) - 1} more files)" if len(foreign) > 1 else ""
+        raise UserError(f"{path}{more} holds results of checkpoint {sha[:12]}, not of --path {checkpoint} "
+                        f"({checkpoint_sha[:12]}): give that checkpoint's --path or another --results-dir")
+
+
 def check_importance(path: str, checkpoint_sha: str, subset: str) -> bool:
     """True when DIR/importance.json is I_h of this checkpoint on this subset (reuse it); refuse another's."""
     data = read_json(path)
@@ -466,6 +516,8 @@ def run(cfg, options: ReportOptions, base: Sequence[str], out: str) -> List[str]
     parts_wanted = options.part_names()
     started = time.time()
     loaded = load(cfg)
+    checkpoint_sha = file_sha256(loaded.checkpoint)
+    check_own_folder(out, checkpoint_sha, cfg.common_eval.path)
     layout = HeadLayout.of(loaded.model)
     subsets = sorted({options.subset, options.importance_subset or options.subset})
 
@@ -481,7 +533,9 @@ def run(cfg, options: ReportOptions, base: Sequence[str], out: str) -> List[str]
         except UserError as e:
             raise UserError(f"part {name}: {e} (choose its subset with --{name}-calibration-subset or leave "
                             f"{name} out of --parts)") from None
-    state = State(os.path.join(out, STATE), file_sha256(loaded.checkpoint), fingerprints, per_part)
+    if options.dynamics is None:
+        options.dynamics = default_dynamics(checkpoint_sha)
+    state = State(os.path.join(out, STATE), checkpoint_sha, fingerprints, per_part)
     if not options.render_only:
         with kept_pools():  # the sweeps' local workers start once, for every part
             run_parts([all_parts[p] for p in parts_wanted], state, out, options, loaded, layout)
@@ -538,8 +592,11 @@ def build_document(out: str, parts: Dict[str, Part], state: State, options: Repo
     """The report (and the claim rows and input files it was computed from)."""
     from fairseq_headprune.report import sections
 
+    owners = {key: sections.whose(path, state.checkpoint_sha) for key, path in (
+        ("dynamics", options.dynamics), ("l0", options.l0_sweep), ("l0_encoder", options.l0_encoder_sweep))}
     dynamics, l0, l0_encoder = snapshot_inputs(out, options.dynamics, options.l0_sweep, options.l0_encoder_sweep)
-    files = sections.Files(out, dynamics, l0, options.keep_one_select, options.subset, l0_encoder)
+    files = sections.Files(out, dynamics, l0, options.keep_one_select, options.subset, l0_encoder,
+                           {k: v for k, v in owners.items() if v})
     doc = Document(f"Attention heads of {os.path.basename(os.path.dirname(os.path.abspath(cfg.common_eval.path)))}"
                    f"/{os.path.basename(cfg.common_eval.path)}: fairseq-headprune report")
     sections.header(doc, files, cfg, options, state, layout)

@@ -33,6 +33,7 @@ class Files:
     keep_one_select: str = "bleu"  # report --keep-one-select
     gen_subset: str = "test"
     l0_encoder_path: Optional[str] = None  # the L0 sweep with encoder self-attention gated alone
+    whose: Optional[Dict[str, str]] = None  # "dynamics", "l0", "l0_encoder" -> whose file it is, when not this model's
 
     def __post_init__(self):
         j = lambda name: os.path.join(self.out, name)  # noqa: E731
@@ -67,6 +68,42 @@ def bootstrap_settings(header: Dict) -> str:
                                                    if ratio == 0.5 else ""))
     return (f"compare-mt paired bootstrap, {boot.get('samples')} {size}, seed {boot.get('seed')}, one-sided "
             f"p < {boot.get('significance')}")
+
+
+def _model_marker(path: str) -> Optional[str]:
+    """The model a training run ended in, for its dynamics: `.model-sha256` beside the file."""
+    marker = os.path.join(os.path.dirname(os.path.abspath(path)), ".model-sha256")
+    if not os.path.isfile(marker):
+        return None
+    with open(marker, encoding="utf-8") as f:
+        return f.read().strip() or None
+
+
+def checkpoints_named(path: str) -> set:
+    """The checkpoints (sha256) a result file of another study names: its header's, its rows' (a training run's
+    epochs) and, for a training run's dynamics, the model the run ended in (`.model-sha256` beside the file)."""
+    header, rows = cl.read_jsonl(path)
+    named = {r["checkpoint_sha256"] for r in (header, *rows) if isinstance(r.get("checkpoint_sha256"), str)}
+    return named | ({_model_marker(path)} - {None})
+
+
+def whose(path: Optional[str], checkpoint_sha: str) -> Optional[str]:
+    """None when the input file is this checkpoint's (or not there); else whose it is, in words, for the report to
+    say beside every number it gives from it: a file of another model is read only when the user names it."""
+    if not path or not os.path.isfile(path):
+        return None
+    named = checkpoints_named(path)
+    if checkpoint_sha in named:
+        return None
+    header, _ = cl.read_jsonl(path)
+    if not named:
+        return f"from `{path}`, a file that names no checkpoint: not known to be this model's"
+    ended = _model_marker(path)
+    if header.get("checkpoint_dir"):  # a training run's dynamics: one checkpoint per epoch
+        return (f"from `{path}`, another model's training run (its epoch checkpoints in `{header['checkpoint_dir']}`"
+                + (f", ended in checkpoint {ended[:12]}" if ended else "") + "), not this model's")
+    model = header.get("checkpoint_sha256") or ended or sorted(named)[0]
+    return f"from `{path}`, a file of another model (checkpoint {model[:12]}), not this one"
 
 
 def _missing(doc: Document, what: str, lines: Sequence[str]) -> None:
@@ -116,16 +153,23 @@ def evaluate_claims(files: Files, parts: Dict, layout, args) -> List[cl.Claim]:
     per_layer = {key: len(heads) for key, heads in layout.heads.items()}
     l0_points, l0_source = read_l0_sweep(files.l0_path)
     encoder_points, encoder_source = read_l0_sweep(files.l0_encoder_path, "--l0-encoder-sweep")
+    owners = files.whose or {}
+    dynamics = cl.claim_dynamics(cl.read_rows(files.dynamics_path), DYNAMICS_COMMAND, source=files.dynamics_path or "")
+    dynamics.whose = owners.get("dynamics") if dynamics.verdict != cl.NOT_RUN else None
+    voita = cl.claim_voita(l0_points, VOITA_COMMAND, source=l0_source, encoder_only=encoder_points,
+                           encoder_source=encoder_source)
+    voita_owners = [owners.get(k) for k, points in (("l0", l0_points), ("l0_encoder", encoder_points))
+                    if points and owners.get(k)]
+    voita.whose = "; ".join(voita_owners) or None
     return [
         cl.claim_single_heads(single, len(layout.all_heads()), parts["single"].lines()[0]),
         cl.claim_keep_one(cl.read_rows(files.keep_one), len(per_layer), parts["keep-one"].lines()[0],
                           os.path.basename(files.keep_one), keep_one_tried(files, layout), files.keep_one_select),
         cl.claim_prunable(pruning, parts["prune"].lines()[0]),
         cl.claim_enc_dec_sensitive(pruning, single, "\n".join(parts["prune-types"].lines())),
-        cl.claim_dynamics(cl.read_rows(files.dynamics_path), DYNAMICS_COMMAND, source=files.dynamics_path or ""),
+        dynamics,
         cl.claim_speed(read_json(files.speed), parts["speed"].lines()[0]),
-        cl.claim_voita(l0_points, VOITA_COMMAND, source=l0_source, encoder_only=encoder_points,
-                       encoder_source=encoder_source),
+        voita,
     ]
 
 
@@ -148,9 +192,10 @@ def claims_table(doc: Document, rows: Sequence[cl.Claim]) -> None:
     doc.heading("The papers' claims, checked")
     doc.paragraph("Each verdict is computed from the result files by the rule listed under the table; the paper's "
                   "number is quoted from the paper (other models and data: Michel et al. used WMT En-Fr and BERT, "
-                  "Voita et al. WMT En-Ru), ours is this model's.")
+                  "Voita et al. WMT En-Ru), ours is this model's unless the row says whose file it comes from.")
     doc.table(["", "claim", "paper", "ours", "verdict"],
-              [[c.id, c.claim, c.paper, c.ours, f"**{c.verdict}**"] for c in rows],
+              [[c.id, c.claim, c.paper, c.ours + (f" (**{c.whose}**)" if c.whose else ""), f"**{c.verdict}**"]
+               for c in rows],
               [VERDICT_CLASS[c.verdict] for c in rows])
     doc.bullets([f"{c.id}: {c.rule}" + (f" (from `{', '.join(c.sources)}`)" if c.sources else "") for c in rows])
     todo = [c for c in rows if c.verdict in (cl.NOT_RUN, cl.INCOMPLETE) and c.command]
@@ -364,7 +409,9 @@ def dynamics(doc: Document, files: Files) -> None:
                   f"own I_h (on "
                   f"`{header.get('importance_subset')}`), BLEU on `{header.get('subset')}`, as % of that epoch's "
                   f"unpruned BLEU. This file is an input of the report, not one of its parts: the bundled model's "
-                  f"comes from its training run (`recipes/iwslt_dynamics.sh`).")
+                  f"comes from its training run (`recipes/iwslt_dynamics.sh`)."
+                  + (f" **Not this model's: {(files.whose or {})['dynamics']}.**"
+                     if (files.whose or {}).get("dynamics") else ""))
     path = dynamics_figure(rows, files.figure("report-dynamics.png"))
     doc.image(path, "% of each epoch's BLEU kept against the % of heads pruned; right: unpruned BLEU per epoch")
     epochs = sorted({r["epoch"] for r in rows if "epoch" in r})
@@ -393,6 +440,9 @@ def voita(doc: Document, files: Files) -> None:
                                         "encoder self-attention gated alone (Voita's main experiment)")):
         if not sweep:
             continue
+        owner = (files.whose or {}).get("l0" if option == "--l0-sweep" else "l0_encoder")
+        if owner:
+            doc.paragraph(f"**Not this model's: {owner}.**")
         doc.paragraph(f"{what[0].upper() + what[1:]}: from `{where}` (a copy of `{option}`, made by "
                       "`fairseq-headprune compare`): the unpruned model; each L0 fine-tuned model (heads kept: "
                       "gates not closed) against the unpruned model and against the λ = 0 control (the same "
