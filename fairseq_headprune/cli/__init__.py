@@ -16,7 +16,7 @@ import sys
 import warnings
 from typing import List, Optional
 
-from fairseq_headprune import fairseq_options
+from fairseq_headprune import fairseq_errors, fairseq_options
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.loading import PACKAGE_DIR, trust_fairseq_checkpoints
 
@@ -103,8 +103,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         cfg, args = parse(command, module, rest)
         module.run(cfg, args)
-    except UserError as e:
-        print(f"fairseq-headprune {command}: error: {e}", file=sys.stderr)
+    except Exception as e:  # noqa: BLE001 - fairseq's failures on the user's input are one line too
+        message = fairseq_errors.user_message(e)
+        if message is None:
+            raise
+        print(f"fairseq-headprune {command}: error: {message}", file=sys.stderr)
         return 2
     return 0
 
