@@ -24,11 +24,13 @@ this process may use, at least 1.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import queue
 import time
 import traceback
+import weakref
 from typing import Any, Callable, Iterable, Iterator, Optional, Tuple
 
 from fairseq_headprune.errors import UserError
@@ -92,27 +94,46 @@ def run_tasks(tasks: Iterable, handler: Callable[[Any, Any], Any], on_result: Ca
 
 
 def _describe(error: BaseException) -> Tuple[bool, str]:
-    if isinstance(error, UserError):
-        return True, str(error)
+    from fairseq_headprune.fairseq_errors import user_message
+
+    message = user_message(error)  # a UserError, or fairseq's own failure on the user's input
+    if message is not None:
+        return True, message
     return False, "".join(traceback.format_exception(type(error), error, error.__traceback__))
 
 
-def _worker_main(index: int, inbox, outbox) -> None:
+def _die_with_parent() -> None:
+    """Have the kernel kill this process when the process that spawned it dies, however it dies (SIGKILL
+    included): a worker never outlives the command, or the test run, that started it (Linux; elsewhere the
+    worker's own check of its parent below is the only one)."""
+    import ctypes
+    import signal
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _worker_main(index: int, inbox, outbox, parent: int) -> None:
     """A worker: one thread; each handler built once, when its (setup, config) first arrives; tasks until told to
     stop."""
+    _die_with_parent()
+    if os.getppid() != parent:  # the parent died before the line above took effect
+        os._exit(0)
     os.environ["OMP_NUM_THREADS"] = "1"
     import torch
 
     torch.set_num_threads(1)
     handlers, shared = {}, {}
-    parent = os.getppid()
     outbox.put(("ready", index, None, None))
     while True:
         try:
             message = inbox.get(timeout=5.0)
         except queue.Empty:
-            if os.getppid() != parent:  # the parent died without stopping us (SIGKILL): no more tasks
-                return
+            if os.getppid() != parent:  # the parent died without stopping us: no more tasks; exit without waiting
+                os._exit(0)  # to flush results nobody will read (a full pipe would block a normal exit forever)
             continue
         kind = message[0]
         if kind == "stop":
@@ -162,10 +183,11 @@ class Workers:
         os.environ["OMP_NUM_THREADS"] = "1"  # the children's environment, read before torch starts its threads
         try:
             for i in range(n):
-                p = ctx.Process(target=_worker_main, args=(i, self.inboxes[i], self.outbox),
+                p = ctx.Process(target=_worker_main, args=(i, self.inboxes[i], self.outbox, os.getpid()),
                                 name=f"fairseq-headprune-worker-{i}", daemon=True)
                 p.start()
                 self.processes.append(p)
+            _open.add(self)
         except BaseException:
             self.close(force=True)
             raise
@@ -305,6 +327,7 @@ class Workers:
     broken = False  # a worker failed: the pool is not reused
 
     def close(self, force: bool = False) -> None:
+        _open.discard(self)
         if not force:
             for inbox in self.inboxes:
                 try:
@@ -320,6 +343,17 @@ class Workers:
         for q in [self.outbox, *self.inboxes]:
             q.cancel_join_thread()  # a message nobody will read must not block this process's exit
             q.close()
+
+
+_open: "weakref.WeakSet[Workers]" = weakref.WeakSet()  # pools not closed yet
+
+
+@atexit.register
+def close_all() -> None:
+    """Stop every pool still open (one left by an interrupted block, a test's fixture): at this process's exit,
+    and from the test suite's end."""
+    for pool in list(_open):
+        pool.close(force=True)
 
 
 def map_tasks(tasks: Iterable, handler: Callable[[Any, Any], Any], on_result: Callable[[Any, Any, float], None],

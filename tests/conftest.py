@@ -318,3 +318,13 @@ def epoch_checkpoints(tmp_path_factory) -> Path:
     cached = cached_build("epochs", _data_key() + build_key(train_epochs),
                           lambda out: train_epochs(_cached_data(), out))
     return copy_cached(cached, tmp_path_factory.mktemp("epochs"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_worker_left_behind():
+    """Worker pools a test left open (a module's shared pool, a sweep interrupted in this process) are stopped when
+    the run ends; and each worker dies with this process however it ends (workers._die_with_parent)."""
+    yield
+    from fairseq_headprune import workers
+
+    workers.close_all()
