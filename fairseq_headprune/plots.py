@@ -280,6 +280,8 @@ def deploy_frontier(rows: Sequence[Dict], path: str, speed_key: str = "x_unprune
     front = pareto_frontier([(r[speed_key], r["bleu"]) for r in rows])
     ax.plot([p[0] for p in front], [p[1] for p in front], "k--", lw=1, label="frontier", zorder=2)
     ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%gx"))
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%gx"))
     ax.set_xlabel("sentences/s relative to the unpruned model in fairseq (batch 64, one thread, log scale)")
     ax.set_ylabel("BLEU")
     ax.grid(alpha=0.3)
