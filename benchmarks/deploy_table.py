@@ -34,7 +34,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 DECODING = ["--beam", "5", "--batch-size", "64", "--max-tokens", "100000", "--bpe", "subword_nmt", "--bpe-codes",
-            "checkpoints/de-en/code", "--tokenizer", "moses", "-s", "de", "-t", "en"]
+            os.path.join(ROOT, "checkpoints/de-en/code"), "--tokenizer", "moses", "-s", "de", "-t", "en"]
 ENGINES = ("fairseq", "ct2-float32", "ct2-int8")
 MODES = (("natural", 64), ("forced", 64), ("natural", 1), ("forced", 1))
 SPEEDUP_TARGET, BLEU_TARGET = 1.5, 0.5  # per-stack int8 over unpruned int8 (equal work, batch 64); BLEU loss
@@ -350,7 +350,6 @@ def main(argv=None) -> int:
     from fairseq_headprune.cli import _quiet_dependencies
     from fairseq_headprune.loading import trust_fairseq_checkpoints
 
-    os.chdir(ROOT)
     trust_fairseq_checkpoints()
     _quiet_dependencies()
     import torch
