@@ -21,16 +21,23 @@ import re
 import resource
 import sys
 import time
+from typing import Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 MODEL = os.path.join(ROOT, "checkpoints/de-en/model.pt")
-EPOCHS = (1, 2, 4)
 # run name -> (what it is, the shrink checkpoint it started from, heads removed %)
 RUNS = {
     "ctl-logits": ("control: unpruned + recover (logits)", None, 0),
     "r25-logits": ("shrink + recover (logits)", "shrink-25", 25),
     "r50-logits": ("shrink + recover (logits)", "shrink-50", 50),
+    "r50-logits-d01": ("shrink + recover (logits, dropout 0.1)", "shrink-50", 50),
+    "r50-logits-d01-t2": ("shrink + recover (logits, dropout 0.1, T 2)", "shrink-50", 50),
+    "ctl-d01-t2": ("control: unpruned + recover (logits, dropout 0.1, T 2)", None, 0),
+    "r75-d01-t2": ("shrink + recover (logits, dropout 0.1, T 2)", "shrink-75", 75),
+    "r25-d01-t2": ("shrink + recover (logits, dropout 0.1, T 2)", "shrink-25", 25),
+    "rih50-d01-t2": ("Michel's I_h + refit + recover (logits, dropout 0.1, T 2)", "shrink-ih50", 50),
+    "rps50-d01-t2": ("shrink per-stack + recover (logits, dropout 0.1, T 2)", "shrink-ps50", 50),
     "r75-logits": ("shrink + recover (logits)", "shrink-75", 75),
     "r50-none": ("shrink + plain fine-tuning", "shrink-50", 50),
     "r50-sequences": ("shrink + recover (sequences)", "shrink-50", 50),
@@ -41,6 +48,11 @@ SHRINKS = {"shrink-25": 25, "shrink-50": 50, "shrink-75": 75, "shrink-ih50": 50,
 SHRINK_LABEL = {"shrink-ih50": "Michel's I_h + refit", "shrink-ps50": "shrink per-stack"}
 
 
+def control_of(run: Optional[str]) -> str:
+    """The control run of a run's recipe: the unpruned model put through the same recovery."""
+    return "ctl-d01-t2" if run and run.endswith("d01-t2") else "ctl-logits"
+
+
 def models(work: str):
     """(key, label, removed %, run, epoch, checkpoint) of every model present, the unpruned one first."""
     out = [("unpruned", "unpruned", 0, None, None, MODEL)]
@@ -49,10 +61,9 @@ def models(work: str):
         if os.path.exists(path):
             out.append((name, SHRINK_LABEL.get(name, "shrink alone"), removed, name, 0, path))
     for run, (label, _, removed) in RUNS.items():
-        for epoch in EPOCHS:
-            path = os.path.join(work, "runs", run + ".recover", f"checkpoint{epoch}.pt")
-            if os.path.exists(path):
-                out.append((f"{run}@{epoch}", label, removed, run, epoch, path))
+        found = glob.glob(os.path.join(work, "runs", run + ".recover", "checkpoint[0-9]*.pt"))
+        for epoch, path in sorted((int(os.path.basename(p)[10:-3]), p) for p in found):
+            out.append((f"{run}@{epoch}", label, removed, run, epoch, path))
     return out
 
 
@@ -132,11 +143,12 @@ def main() -> None:
         rows.append(row)
         print(f"{key:<22} {bleu:6.2f} {row.get('delta', 0):+6.2f} p={row.get('p', float('nan')):.3f} "
               f"({seconds:.0f}s)", flush=True)
-    control = {r["epoch"]: r["delta"] for r in rows if r["run"] == "ctl-logits"}
-    for r in rows:
-        if r["run"] in RUNS and r["run"] != "ctl-logits" and r["epoch"] in control:
-            r["control_delta"] = control[r["epoch"]]
-            r["delta_adjusted"] = r["delta"] - control[r["epoch"]]
+    for r in rows:  # each recovery against the control of its own recipe, after as many epochs
+        control = control_of(r["run"])
+        match = [c for c in rows if c["run"] == control and c["epoch"] == r["epoch"]]
+        if r["run"] in RUNS and control != r["run"] and match:
+            r["control_delta"] = match[0]["delta"]
+            r["delta_adjusted"] = r["delta"] - match[0]["delta"]
     costs = {run: run_costs(args.work, run) for run in RUNS}
     settings = ("paired bootstrap: 1000 resamples of full size (sample ratio 1.0), seed 1, one-sided p in the "
                 "observed direction; beam 5; sacreBLEU " + sacrebleu.__version__ + " on detokenised output")
