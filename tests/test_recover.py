@@ -102,6 +102,9 @@ def test_recovered_checkpoint_keeps_the_students_heads_and_decodes_with_fairseq_
     assert record["updates"] == 6 and record["teacher_sha256"] == teacher_hash
     assert record["checkpoint_sha256"] == file_sha256(out)
     assert record["criterion"] == "label_smoothed_cross_entropy_distill" and record["distill_weight"] == 0.9
+    assert record["distill_temperature"] == 2.0
+    saved = torch.load(out, map_location="cpu", weights_only=False)["cfg"]["model"]
+    assert saved.dropout == 0.1 and saved.kept_heads, "recover's default dropout, the student's own shape"
     before, _ = load_stock(student, tiny_data)
     after, task = load_stock(out, tiny_data)
     assert HeadLayout.of(after).heads == HeadLayout.of(before).heads

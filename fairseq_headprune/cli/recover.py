@@ -30,7 +30,7 @@ def add_args(parser) -> None:
                              "teacher's beam translations as targets; both; none: plain fine-tuning")
     parser.add_argument("--distill-weight", type=float, default=0.9,
                         help="weight w of the KL (1 - w: the label-smoothed loss on the targets); default 0.9")
-    parser.add_argument("--distill-temperature", type=float, default=1.0, help="softmax temperature T (default 1)")
+    parser.add_argument("--distill-temperature", type=float, default=2.0, help="softmax temperature T (default 2)")
     budget = parser.add_mutually_exclusive_group()
     budget.add_argument("--epochs", type=int, help="epochs of the training subset (default 2)")
     budget.add_argument("--updates", type=int, help="updates instead of epochs")
