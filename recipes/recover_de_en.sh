@@ -50,7 +50,7 @@ main() {
     shrink shrink-ps50 --remove 50% --shape per-stack
     recover r50-logits-d01 "$work/shrink-50.pt" --distill logits --dropout 0.1 --distill-temperature 1 --epochs 1
     recover ctl-d01-t2 "$model" $chosen --epochs 2                      # the control of the chosen recipe
-    recover rps50-d01-t2 "$work/shrink-ps50.pt" $chosen --epochs 2
+    recover rps50-d01-t2 "$work/shrink-ps50.pt" $chosen --epochs 1
     recover r25-d01-t2 "$work/shrink-25.pt" $chosen --epochs 1
   fi
   if [ "$lane" = all ]; then

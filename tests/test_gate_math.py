@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from fairseq.modules.multihead_attention import MultiheadAttention
 from torch import nn
 
 from fairseq_headprune.criterions.label_smoothed_cross_entropy_l0 import LabelSmoothedCrossEntropyL0Criterion
@@ -97,9 +98,12 @@ LOG_ALPHAS = {  # (type, layer): log α per head; closed, fractional and fully o
 }
 
 
-class _Attention(nn.Module):
+class _Attention(MultiheadAttention):
+    """A fairseq attention module as far as the package's addressing goes (heads.attention_modules), holding a gate
+    and nothing else: MultiheadAttention's own __init__ is skipped."""
+
     def __init__(self, log_alphas):
-        super().__init__()
+        nn.Module.__init__(self)
         self.head_gate = HeadGate(len(log_alphas), init_log_alpha=0.0)
         with torch.no_grad():
             self.head_gate.theta.copy_(torch.tensor(log_alphas))

@@ -332,7 +332,8 @@ def test_saved_checkpoint_records_the_pruned_shape(pruned_checkpoint, pruned):
     assert model_cfg.kept_heads == kept_heads_json(pruned)
     assert state["model"]["decoder.layers.2.encoder_attn.out_proj.weight"].shape == (32, 0)
     assert state["model"]["encoder.layers.0.self_attn.q_proj.weight"].shape == (24, 32)
-    assert os.listdir(pruned_checkpoint.parent) == ["pruned.pt"]  # no temporary file left behind
+    # no temporary file left behind (the output path's lock file stays by design: checkpoint_io.output_lock)
+    assert sorted(os.listdir(pruned_checkpoint.parent)) == [".pruned.pt.lock", "pruned.pt"]
 
 
 def test_reload_with_fairseq_loader_equals_in_memory_model(pruned_checkpoint, pruned, stock, tiny_data):
@@ -406,13 +407,17 @@ def test_save_is_atomic(pruned, stock_checkpoint, tmp_path, monkeypatch):
     out.write_bytes(b"previous")
 
     def crash(obj, f, *args, **kwargs):
-        f.write(b"half a checkpoint")
+        if isinstance(f, (str, os.PathLike)):
+            with open(f, "wb") as handle:
+                handle.write(b"half a checkpoint")
+        else:
+            f.write(b"half a checkpoint")
         raise OSError("disk full")
 
     monkeypatch.setattr(torch, "save", crash)
     with pytest.raises(OSError, match="disk full"):
         save_pruned_checkpoint(pruned, stock_checkpoint, out)
-    assert out.read_bytes() == b"previous" and os.listdir(tmp_path) == ["pruned.pt"]
+    assert out.read_bytes() == b"previous" and sorted(os.listdir(tmp_path)) == [".pruned.pt.lock", "pruned.pt"]
 
 
 def test_save_rejects_a_model_from_another_checkpoint(stock_checkpoint, tmp_path):

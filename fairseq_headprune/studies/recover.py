@@ -362,9 +362,15 @@ def _train_and_write(cfg, data, student, options, work_dir, start, log) -> dict:
         log(f"checkpoint_last.pt was unreadable (killed while fairseq copied it): resuming from {repaired}")
     if hasattr(checkpoint_utils.save_checkpoint, "best"):  # fairseq keeps the best loss on the function
         del checkpoint_utils.save_checkpoint.best
-    for name in ("fairseq", "fairseq_cli"):  # fairseq-train's own progress (the command logs WARNING and above)
-        logging.getLogger(name).setLevel(logging.INFO)
-    distributed_utils.call_main(cfg, fairseq_train.main)
+    loggers = [logging.getLogger(name) for name in ("fairseq", "fairseq_cli")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:  # fairseq-train's own progress (the command logs WARNING and above), for this run only
+        logger.setLevel(logging.INFO)
+    try:
+        distributed_utils.call_main(cfg, fairseq_train.main)
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
     best = os.path.join(work_dir, "checkpoint_best.pt")
     if not os.path.exists(best):
         raise UserError(f"fairseq-train wrote no {best} (no validation ran?)")
