@@ -194,18 +194,17 @@ def plot(rows, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(11, 5))
     base = next(r["bleu"] for r in rows if r["key"] == "unpruned")
     ax.axhline(base, color="black", lw=0.8, ls=":", label="unpruned")
     series = {}
     for r in rows:
         name = r["label"] + ("" if r["epoch"] in (0, None) else f", {r['epoch']} ep")
         series.setdefault(name, []).append((r["removed_percent"], r["bleu"]))
-    for name, points in series.items():
-        if name == "unpruned":
-            continue
+    named = [(name, points) for name, points in series.items() if name != "unpruned"]
+    for i, (name, points) in enumerate(named):  # tab20: one colour per series (the default cycle repeats at 10)
         points.sort()
-        ax.plot(*zip(*points), marker="o", ms=4, label=name)
+        ax.plot(*zip(*points), marker="os^Dv"[i % 5], ms=4, color=plt.cm.tab20(i % 20), label=name)
     voita = os.path.join(ROOT, "results/voita/compare.jsonl")
     l0 = []
     for line in open(voita, encoding="utf-8"):
@@ -228,7 +227,7 @@ def plot(rows, path: str) -> None:
     ax.set_xlabel("heads removed (%)")
     ax.set_ylabel("BLEU, Multi30k test2016")
     ax.set_ylim(bottom=max(0, min(b for _, b in sum(series.values(), [])) - 2))
-    ax.legend(fontsize=6, loc="lower left")
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
     fig.savefig(path, dpi=130)
 
