@@ -168,7 +168,8 @@ def render(result: dict) -> str:
     rows = result["rows"]
     lines = [f"# recover on the bundled De-En model: Multi30k {result['subset']}", "",
              f"Significance: {result['settings']}.", "",
-             "| model | removed | epochs | BLEU | vs unpruned | p | 95% interval | vs unpruned, minus the control's change |",
+             "| model | removed | epochs | BLEU | vs unpruned | p | 95% interval "
+             "| vs unpruned, minus the control's change |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         delta = f"{r['delta']:+.2f}" if "delta" in r else ""

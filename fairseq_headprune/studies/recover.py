@@ -27,7 +27,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from fairseq_headprune.checkpoint_io import check_pair_paths, record_path_for, write_checkpoint_pair
+from fairseq_headprune.checkpoint_io import record_path_for, write_checkpoint_pair
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.loading import PACKAGE_DIR
 from fairseq_headprune.results.identity import file_sha256
@@ -186,7 +186,8 @@ def _load_state(path: str) -> dict:
     try:
         return torch.load(path, map_location="cpu", weights_only=False)
     except Exception as e:
-        raise UserError(f"cannot load checkpoint {path}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise UserError(f"cannot load checkpoint {path}: {type(e).__name__}: {first}") from None
 
 
 def _saved_cfg(state: dict, path: str):
