@@ -260,7 +260,18 @@ def test_a_sweep_on_two_workers_or_auto_batching_writes_the_rows_of_one_process(
     if mode[1] == "single":
         assert any(r.get("significant") for r in rows) or any(r["p_value"] < 1 for r in rows[1:])
     for name, (h, r) in runs.items():
-        assert r == rows, name
+        if mode[1] == "single":
+            assert r == rows, name
+        else:  # NLL rows: equal to float32 summation order (in a full test session, a worker's forward can differ
+            # from this process's in the last bits, ~1e-8 relative; the head each layer keeps is the same)
+            assert [{k: v for k, v in x.items() if k not in ("nll", "delta")} for x in r] == \
+                [{k: v for k, v in x.items() if k not in ("nll", "delta")} for x in rows], name
+            for x, y in zip(r, rows):
+                for key, rel in (("nll", 1e-6), ("delta", 1e-5)):
+                    if y.get(key) is None:
+                        assert x.get(key) is None, name
+                    else:
+                        assert x[key] == pytest.approx(y[key], rel=rel, abs=1e-6), name
         assert len(h["runs"]) == 1 and h["runs"][0]["masks"] == 12
     assert "2 workers (--workers 2)" in runs["two"][0]["runs"][0]["workers"]
     assert "1 worker (--workers 1)" in runs["auto"][0]["runs"][0]["workers"]
