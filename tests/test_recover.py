@@ -153,6 +153,8 @@ def test_bad_input_is_one_line(student, stock_checkpoint, tiny_data, tmp_path):
     assert "no 'nosuch' subset" in _bad(tiny_data, student, stock_checkpoint, out, "--train-subset", "nosuch")
     assert "--arch is set by recover" in _bad(tiny_data, student, stock_checkpoint, out, "--arch", "transformer")
     assert "cannot change" in _bad(tiny_data, student, stock_checkpoint, out, "--encoder-layers", "2")
+    assert "does not use" in _bad(tiny_data, student, stock_checkpoint, out, "--distill", "none",
+                                  "--distill-temperature", "3")
     assert "unrecognized arguments: --bogus" in _bad(tiny_data, student, stock_checkpoint, out, "--bogus", "3")
     assert "--lr" in _bad(tiny_data, student, stock_checkpoint, out, "--lr", "abc")
     # a teacher of another network: its config says so before anything is built
