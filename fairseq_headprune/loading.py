@@ -165,7 +165,35 @@ def load_subset(loaded: Loaded, subset: str):
     dataset = task.dataset(subset)
     if len(dataset) == 0:
         raise UserError(f"subset '{subset}' of {cfg.task.data} is empty: there is nothing to score")
+    refuse_unreachable_min_len(cfg.generation, _source_sizes(dataset), loaded.model.max_decoder_positions(), subset)
     return dataset
+
+
+def _source_sizes(dataset):
+    """Source lengths (with EOS) of a language-pair dataset, or None for a dataset that does not expose them."""
+    sizes = getattr(dataset, "src_sizes", None)
+    if sizes is None:
+        sizes = getattr(dataset, "sizes", None)
+        sizes = sizes[:, 0] if sizes is not None and getattr(sizes, "ndim", 1) == 2 else None
+    return sizes
+
+
+def refuse_unreachable_min_len(gen_cfg, src_sizes, max_positions: int, subset: str) -> None:
+    """fairseq's generator asserts --min-len <= the longest hypothesis its batch allows (from the batch's longest
+    source), so a --min-len above what the shortest source allows fails mid-decode, or not, by which sentences share
+    its batch: refuse it before any work instead."""
+    if gen_cfg.min_len <= 1 or src_sizes is None or len(src_sizes) == 0:
+        return
+    shortest = int(min(src_sizes))
+    if gen_cfg.match_source_len:
+        allowed, rule = shortest - 1, "--match-source-len: the source's length without EOS"
+    else:
+        allowed = min(int(gen_cfg.max_len_a * shortest + gen_cfg.max_len_b), max_positions - 1)
+        capped = allowed == max_positions - 1
+        rule = "the model's positions" if capped else "--max-len-a x source length + --max-len-b"
+    if gen_cfg.min_len > allowed:
+        raise UserError(f"--min-len {gen_cfg.min_len} is larger than the longest hypothesis allowed for the shortest "
+                        f"source of '{subset}' ({allowed} tokens; {rule}): lower --min-len")
 
 
 def batches(loaded: Loaded, subset: str, shuffle: bool = False):

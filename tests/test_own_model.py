@@ -55,3 +55,18 @@ def test_fairseqs_failures_on_user_input_are_one_line_and_others_are_not():
         "--skip-invalid-size-inputs-valid-test"))
     assert user_message(AssertionError("something else")) is None
     assert user_message(ValueError("Sentences lengths should not exceed max_tokens=5")) is None  # not fairseq's
+
+
+def test_a_min_len_the_shortest_source_cannot_reach_is_refused_before_any_decode():
+    from types import SimpleNamespace
+
+    from fairseq_headprune.loading import refuse_unreachable_min_len
+
+    gen = SimpleNamespace(min_len=8, max_len_a=0, max_len_b=7, match_source_len=False)
+    with pytest.raises(UserError, match=r"--min-len 8 .* shortest source of 'test' \(7 tokens"):
+        refuse_unreachable_min_len(gen, [4, 30], 1024, "test")  # fairseq would fail, or not, by batching
+    refuse_unreachable_min_len(SimpleNamespace(**{**vars(gen), "max_len_b": 8}), [4, 30], 1024, "test")
+    with pytest.raises(UserError, match=r"\(6 tokens; the model's positions"):  # capped by max positions - 1
+        refuse_unreachable_min_len(SimpleNamespace(**{**vars(gen), "max_len_b": 200}), [4], 7, "test")
+    with pytest.raises(UserError, match="match-source-len"):  # hypotheses as long as the source without EOS
+        refuse_unreachable_min_len(SimpleNamespace(**{**vars(gen), "match_source_len": True}), [5, 30], 1024, "t")
