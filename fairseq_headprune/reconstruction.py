@@ -56,6 +56,8 @@ class ReconstructionOptions:
     empty_bias: bool = True
     refit_ffn: bool = False  # also refit every FFN's fc2 (ridge, same drift-corrected targets): beyond Kwon
     refit_inputs: bool = False  # also map each drifted sublayer input back onto the teacher's (q/k/v, fc1): beyond Kwon
+    window_steps: int = 0  # then fit each refit attention's whole nonlinear window by this many Adam steps (window_fit)
+    window_lr: float = 3e-5
 
 
 @dataclass
@@ -70,7 +72,9 @@ class SublayerFit:
     scales: Optional[List[float]] = None
     fallback: Optional[str] = None
     condition: Optional[float] = None
-    part: str = "output"  # output: out_proj, fc2 or the bias; input: the map folded into the layers reading the input
+    part: str = "output"  # output: out_proj, fc2 or the bias; input: the map folded into the layers reading the
+    # input; window: the whole sublayer fitted by Adam (window_fit)
+    steps: Optional[int] = None  # window: the Adam step kept (lowest held-out error)
 
     def as_json(self) -> dict:
         d = asdict(self)
@@ -333,6 +337,8 @@ def reconstruct(teacher, student, samples: Sequence[dict], pad: int, options: Re
             energy = max(fit.target_energy, 1e-30)
             what = "input map" if fit.part == "input" else \
                 f"{fit.kept} {'units' if fit.key[0] in FFN_TYPES else 'heads'} kept, {fit.method}"
+            if fit.part == "window":
+                what += f" (step {fit.steps} of {options.window_steps} kept)"
             log(f"{fit.key[0]}:{fit.key[1]} {what}: relative error "
                 f"{fit.error_before / energy:.4f} -> {fit.error_after / energy:.4f}{note}")
 
@@ -345,10 +351,15 @@ def reconstruct(teacher, student, samples: Sequence[dict], pad: int, options: Re
         if key in wanted_inputs:
             record(_fit_input(runner, key, teacher_in.pop(key), pad, options))
         if key in todo:
+            target = targets.pop(key)
             if key[0] in FFN_TYPES:
-                record(_fit_ffn(runner, key, targets.pop(key), pad, options))
+                record(_fit_ffn(runner, key, target, pad, options))
             else:
-                record(_fit_sublayer(runner, key, modules[key], targets.pop(key), pad, options))
+                record(_fit_sublayer(runner, key, modules[key], target, pad, options))
+            if options.window_steps > 0 and key[0] not in FFN_TYPES:
+                from fairseq_headprune.window_fit import WindowOptions, fit_window
+
+                record(fit_window(runner, key, target, pad, WindowOptions(options.window_steps, options.window_lr)))
     return fits
 
 

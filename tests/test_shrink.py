@@ -35,6 +35,9 @@ def _loaded(model, task):
         class task:  # noqa: N801
             data = ""
 
+        class generation:  # noqa: N801
+            min_len = 1
+
     class _Loaded:
         pass
 
@@ -184,6 +187,56 @@ def test_reconstruction_lowers_the_error_on_the_calibration_tokens(tiny, method,
 
 
 @pytest.mark.parametrize("norm", ["post", "pre"])
+def test_window_fit_lowers_the_held_out_error_and_keeps_removed_heads_removed(tiny, norm):
+    model, task = tiny
+    model = _pre_norm(model) if norm == "pre" else model
+    pad = task.target_dictionary.pad()
+    samples = _samples(model, task, n=40, max_tokens=120)
+    assert len(samples) >= 6  # one batch held out
+    removed = [Head("enc-self", 2, h) for h in (1, 2, 3, 5)] + [Head("enc-dec", 2, 1), Head("dec-self", 1, 2)]
+    student = copy.deepcopy(model)
+    set_head_masks(student, removed)
+    teacher_before = {k: v.clone() for k, v in model.state_dict().items()}
+    fits = reconstruct(model, student, samples, pad, ReconstructionOptions(window_steps=30, window_lr=1e-3))
+    windows = [f for f in fits if f.part == "window"]
+    assert [f.key for f in windows] == [("enc-self", 2), ("dec-self", 1), ("enc-dec", 2)]
+    closed = {f.key: f for f in fits if f.part == "output"}
+    for f in windows:  # it starts where the closed-form fit ended, and never ends above it
+        assert f.error_before == pytest.approx(closed[f.key].error_after, rel=1e-4)
+        assert f.error_after <= f.error_before
+    assert any(f.method == "window" and f.steps > 0 and f.error_after < 0.99 * f.error_before for f in windows)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, teacher_before[k]), k
+    # a removed head's projections get no gradient: its rows are the closed-form student's (which leaves q/k/v)
+    attn, original = student.encoder.layers[1].self_attn, model.encoder.layers[1].self_attn
+    hd = attn.head_dim
+    for h in (1, 2, 3, 5):
+        rows = slice((h - 1) * hd, h * hd)
+        for proj in ("q_proj", "k_proj", "v_proj"):
+            assert torch.equal(getattr(attn, proj).weight[rows], getattr(original, proj).weight[rows])
+    # measured again, independently: the first window's error is the student's own error at that sublayer
+    key = ("enc-self", 2)
+    total = 0.0
+    for s in samples:
+        with capture(model, [key]) as t, capture(student, [key]) as st:
+            model(**s["net_input"], features_only=True)
+            student(**s["net_input"], features_only=True)
+        mask = token_mask(s, key, pad)
+        target = (t[key].residual[0] + t[key].output[0])[mask]
+        total += float((st[key].residual[0] + st[key].output[0])[mask].sub(target).pow(2).sum())
+    assert total == pytest.approx(windows[0].error_after, rel=1e-3)
+    # steps that only raise the held-out error are all undone
+    wild = copy.deepcopy(model)
+    set_head_masks(wild, removed)
+    plain = copy.deepcopy(wild)
+    reconstruct(model, plain, samples, pad, ReconstructionOptions())
+    wild_fits = reconstruct(model, wild, samples, pad, ReconstructionOptions(window_steps=5, window_lr=10.0))
+    assert all(f.method == "none" and f.steps == 0 for f in wild_fits if f.part == "window")
+    for k, v in plain.state_dict().items():
+        assert torch.equal(v, wild.state_dict()[k]), k
+
+
+@pytest.mark.parametrize("norm", ["post", "pre"])
 @pytest.mark.parametrize("first", ["enc-self", "dec-self"])
 def test_input_maps_bring_the_drifted_inputs_back_towards_the_teacher(tiny, norm, first):
     model, task = tiny
@@ -328,6 +381,8 @@ def test_bad_input_is_one_line_and_exit_code_2(stock_checkpoint, tiny_data, tmp_
         (["--remove", "10%", "--calibration-sentences", "0"], "at least 1"),
         (["--remove", "20", "--min-heads-per-layer", "4"], "at most 16 can go"),
         (["--remove", "10%", "--min-heads-per-layer", "-1"], "at least 0"),
+        (["--remove", "10%", "--window-steps", "-1"], "--window-steps must be >= 0"),
+        (["--remove", "10%", "--window-steps", "5", "--refit", "none"], "needs --refit"),
     ]
     for extra, message in cases:
         proc = run(_cmd(tiny_data, stock_checkpoint, *extra, "--out", out), check=False)

@@ -56,6 +56,10 @@ def add_args(parser) -> None:
     g.add_argument("--refit-inputs", action="store_true",
                    help="also map every drifted sublayer input back onto the unpruned model's, folded into q/k/v "
                         "and fc1 (beyond Kwon; see NOTES)")
+    g.add_argument("--window-steps", type=int, default=0, metavar="N",
+                   help="after each closed-form refit, fit each refit attention sublayer whole, with its softmax "
+                        "(q/k/v, out_proj), by N Adam steps on the calibration data (0: none)")
+    g.add_argument("--window-lr", type=float, default=3e-5, help="Adam's learning rate of --window-steps")
     g.add_argument("--no-empty-bias", action="store_true", help="leave the bias of emptied sublayers as it is")
     g.add_argument("--teacher-mildness", type=float, default=0.0,
                    help="reconstruct towards a teacher with this share of the removed heads masked (0: unpruned)")
@@ -85,7 +89,8 @@ def options_from(args) -> ShrinkOptions:
         max_scale=args.max_scale, refit_unpruned=args.refit_unpruned, empty_bias=not args.no_empty_bias,
         refit_ffn=not args.no_refit_ffn, refit_inputs=args.refit_inputs, teacher_mildness=args.teacher_mildness,
         check=not args.no_check,
-        check_sentences=args.check_sentences, shape=args.shape)
+        check_sentences=args.check_sentences, shape=args.shape, window_steps=args.window_steps,
+        window_lr=args.window_lr)
 
 
 def run(cfg, args) -> None:

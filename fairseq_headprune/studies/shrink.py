@@ -54,6 +54,8 @@ class ShrinkOptions:
     empty_bias: bool = True
     refit_ffn: bool = True  # also refit every FFN's fc2 towards the same targets (beyond Kwon)
     refit_inputs: bool = False  # also map every drifted sublayer input back onto the teacher's (q/k/v, fc1)
+    window_steps: int = 0  # then fit each refit sublayer's nonlinear window by Adam (window_fit; beyond Kwon)
+    window_lr: float = 3e-5
     search_steps: int = 1  # > 1: remove the budget in this many steps, reconstructing and re-scoring between them
     min_heads: int = 1  # every attention sublayer keeps at least this many heads (1: none emptied; 0: no limit)
     teacher_mildness: float = 0.0  # > 0: the teacher has this share of the removed heads masked (a milder mask)
@@ -158,6 +160,10 @@ def validate(options: ShrinkOptions, model) -> Budget:
         raise UserError("--teacher-mildness must be in [0, 1)")
     if options.ridge < 0 or options.max_scale <= 0:
         raise UserError("--ridge must be >= 0 and --max-scale > 0")
+    if options.window_steps < 0 or options.window_lr <= 0:
+        raise UserError("--window-steps must be >= 0 and --window-lr > 0")
+    if options.window_steps and options.refit == "none":
+        raise UserError("--window-steps fits the sublayers --refit fits: it needs --refit scales or out-proj")
     layout = HeadLayout.of(model)
     if options.shape != "free":
         _validate_per_stack(options, budget, layout)
@@ -415,7 +421,8 @@ def build_student(model, selection: Selection, calibration: Calibration, options
     fits = reconstruct(teacher, student, calibration.samples, pad,
                        ReconstructionOptions(method=options.refit, ridge=options.ridge, max_scale=options.max_scale,
                                              refit_unpruned=options.refit_unpruned, empty_bias=options.empty_bias,
-                                             refit_ffn=options.refit_ffn, refit_inputs=options.refit_inputs),
+                                             refit_ffn=options.refit_ffn, refit_inputs=options.refit_inputs,
+                                             window_steps=options.window_steps, window_lr=options.window_lr),
                        log=log)
     return ShrinkResult(student, selection, fits, {"reconstruction": time.perf_counter() - start})
 
