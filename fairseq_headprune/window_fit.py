@@ -12,9 +12,10 @@ below), on the calibration tokens:
 The inputs are recorded once (one student forward per batch, stopped at the sublayer), so a step costs one attention
 forward and backward on one batch. Every tenth calibration batch is held out: the fit keeps the parameters of the
 step with the lowest held-out error, checked every `check_every` steps, and leaves the sublayer as it was when no
-step lowered it (or the step kept raised the error on all calibration batches). Removed heads stay removed: their outputs are masked, so their weights get no gradient.
-The FFN window (fc1, activation, fc2) was tried too: from fc2's ridge optimum no Adam step at lr 1e-5 or 3e-5
-lowered the held-out error of any FFN of the De-En model, so FFNs keep their closed-form refit.
+step lowered it (or the step kept raised the error on all calibration batches). Removed heads stay removed: their
+outputs are masked, so their weights get no gradient. The FFN window (fc1, activation, fc2) was tried too: from
+fc2's ridge optimum no Adam step at lr 1e-5 or 3e-5 lowered the held-out error of any FFN of the De-En model, so
+FFNs keep their closed-form refit.
 """
 from __future__ import annotations
 
