@@ -17,6 +17,7 @@ from fairseq_headprune.studies.shrink import (
     calibration_samples,
     heads_to_remove,
     parse_budget,
+    select_heads,
 )
 from helpers import beam_hypotheses, load_stock, sample_batch
 
@@ -287,6 +288,21 @@ def test_input_maps_bring_the_drifted_inputs_back_towards_the_teacher(tiny, norm
 
 
 # ------------------------------------------------------------------------------------------- budgets
+
+
+def test_a_flops_budget_is_met_by_every_free_search(tiny):
+    model, task = tiny
+    pad = task.target_dictionary.pad()
+    samples = _samples(model, task, n=16)
+    set_head_masks(model, [])
+    grads = mask_search.sentence_gradients(model, samples, pad)
+    lengths = ([int(n) for s in samples for n in s["net_input"]["src_tokens"].ne(pad).sum(1)],
+               [int(n) for s in samples for n in s["target"].ne(pad).sum(1)])
+    for search in ("fisher", "importance", "block", "full"):
+        options = ShrinkOptions(flops="80%", search=search)
+        selection = select_heads(model, grads, parse_budget(options), options, lengths)
+        assert selection.removed and selection.flops["share"] <= 0.80, search
+        assert selection.flops["share"] > 0.70, (search, selection.flops)  # not far past the budget
 
 
 def test_budgets():

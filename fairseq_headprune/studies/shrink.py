@@ -310,6 +310,30 @@ def calibration_lengths(calibration: Calibration, pad: int) -> Tuple[List[int], 
     return src, tgt
 
 
+@dataclass
+class FlopBudget:
+    """A --flops budget in FLOPs of beam decoding the calibration sentences with their target lengths (flops.py)."""
+
+    shape: "flop_model.ModelShape"
+    lengths: Tuple[List[int], List[int]]
+    beam: int
+    total: float  # the unpruned model's
+    per_head: Dict[Key, float]  # what removing one head of each (type, layer) saves
+    to_remove: float
+
+    @classmethod
+    def of(cls, model, budget: Budget, lengths: Tuple[List[int], List[int]], beam: int) -> "FlopBudget":
+        shape = flop_model.ModelShape.of(model)
+        total = flop_model.decode_flops(shape, *lengths, beam)
+        return cls(shape, lengths, beam, total, flop_model.flops_per_head(shape, *lengths, beam),
+                   total * (1 - budget.value / 100))
+
+    def record(self, removed: Sequence[Head]) -> dict:
+        after = flop_model.decode_flops(self.shape.without(removed), *self.lengths, self.beam)
+        return {"unpruned": self.total, "pruned": after, "share": after / self.total, "beam": self.beam,
+                "lengths": "calibration sources and targets"}
+
+
 def select_heads(model, grads: Dict[Key, torch.Tensor], budget: Budget, options: ShrinkOptions,
                  lengths: Optional[Tuple[List[int], List[int]]] = None, beam: int = 5,
                  already: Sequence[Head] = ()) -> Selection:
@@ -326,29 +350,23 @@ def select_heads(model, grads: Dict[Key, torch.Tensor], budget: Budget, options:
         scores[(h.type, h.layer)][ids[(h.type, h.layer)].index(h.head)] = -float("inf")
     flop_info = None
     if budget.kind == "flops":
-        # FLOPs of beam decoding the calibration sentences with their target lengths (flops.py's count)
-        shape = flop_model.ModelShape.of(model)
-        src, tgt = lengths
-        total = flop_model.decode_flops(shape, src, tgt, beam)
-        cost = flop_model.flops_per_head(shape, src, tgt, beam)
-        to_remove = total * (1 - budget.value / 100)
+        flops = FlopBudget.of(model, budget, lengths, beam)
         try:
             if options.search in ("block", "full"):
                 removed = mask_search.fill_greedy(grads, ids, 0, types, block=options.search == "block",
-                                                  head_cost=cost, flops_to_remove=to_remove,
+                                                  head_cost=flops.per_head, flops_to_remove=flops.to_remove,
                                                   min_kept=options.min_heads)
             else:
-                removed = mask_search.fill_by_flops(scores, ids, cost, to_remove, types, options.min_heads)
+                removed = mask_search.fill_by_flops(scores, ids, flops.per_head, flops.to_remove, types,
+                                                    options.min_heads)
         except ValueError:
-            everything = flop_model.decode_flops(shape.without(layout.all_heads(types)), src, tgt, beam)
+            everything = flop_model.decode_flops(flops.shape.without(layout.all_heads(types)), *lengths, beam)
             raise UserError(f"--flops {budget.value:g}% cannot be reached by removing heads of "
                             f"{', '.join(types)}: without any of them decoding still costs "
-                            f"{100 * everything / total:.1f}% of the FLOPs") from None
+                            f"{100 * everything / flops.total:.1f}% of the FLOPs") from None
         if len(removed) >= len(layout.all_heads()):
             raise UserError(f"--flops {budget.value:g}% would remove every head of the model")
-        after = flop_model.decode_flops(shape.without(removed), src, tgt, beam)
-        flop_info = {"unpruned": total, "pruned": after, "share": after / total, "beam": beam,
-                     "lengths": "calibration sources and targets"}
+        flop_info = flops.record(removed)
     elif options.search in ("block", "full"):
         removed = mask_search.fill_greedy(grads, ids, heads_to_remove(budget, layout, types), types,
                                           block=options.search == "block", already=already,
@@ -372,24 +390,15 @@ def _select_per_stack(model, grads, budget: Budget, options: ShrinkOptions, leng
     """One head count per encoder and one per decoder (self- and cross-attention), chosen by the Fisher estimate."""
     layout = HeadLayout.of(model)
     types = parse_types(options.types)
-    flop_info, cost, to_remove, n = None, None, None, None
-    if budget.kind == "flops":
-        shape = flop_model.ModelShape.of(model)
-        src, tgt = lengths
-        total = flop_model.decode_flops(shape, src, tgt, beam)
-        cost = flop_model.flops_per_head(shape, src, tgt, beam)
-        to_remove = total * (1 - budget.value / 100)
-    else:
-        n = heads_to_remove(budget, layout, types)
+    flops = FlopBudget.of(model, budget, lengths, beam) if budget.kind == "flops" else None
+    n = None if flops else heads_to_remove(budget, layout, types)
     try:
         removed, kept = mask_search.fill_per_stack(grads, dict(layout.heads), n, types, options.search == "block",
-                                                   cost, to_remove, options.min_heads)
+                                                   flops and flops.per_head, flops and flops.to_remove,
+                                                   options.min_heads)
     except ValueError as e:
         raise UserError(f"--shape per-stack: {e}") from None
-    if budget.kind == "flops":
-        after = flop_model.decode_flops(flop_model.ModelShape.of(model).without(removed), *lengths, beam)
-        flop_info = {"unpruned": total, "pruned": after, "share": after / total, "beam": beam,
-                     "lengths": "calibration sources and targets"}
+    flop_info = flops.record(removed) if flops else None
     return Selection(removed, f"{options.search}, per-stack shape {kept}", False, budget, None, flop_info)
 
 
