@@ -242,8 +242,8 @@ def _scoring(header: dict) -> tuple:
     beam = decoding.get("beam", (decoding.get("generation") or {}).get("beam"))
     from fairseq_headprune.results.identity import canonical_fingerprint
 
-    return (header.get("checkpoint_sha256"), canonical_fingerprint(header.get("data_fingerprint")), header.get("subset"),
-            beam)
+    return (header.get("checkpoint_sha256"), canonical_fingerprint(header.get("data_fingerprint")),
+            header.get("subset"), beam)
 
 
 def _name(row: dict) -> str:

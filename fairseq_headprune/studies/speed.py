@@ -105,6 +105,29 @@ def timed_generation(task, generator, model, batches) -> Dict[str, float]:
     return {"seconds": seconds, "sentences": sentences, "tokens": tokens}
 
 
+def summarise(runs: List[Dict]) -> Dict:
+    """Mean and spread of a model's timed runs."""
+    rates = [r["sentences"] / r["seconds"] for r in runs]
+    return {"sentences_per_s": statistics.mean(rates), "sentences_per_s_std": statistics.pstdev(rates),
+            "tokens_per_s": statistics.mean(r["tokens"] / r["seconds"] for r in runs), "tokens": runs[0]["tokens"]}
+
+
+def table_row(times: Dict[str, List[Dict]]) -> Dict:
+    """One row of a speed table from the interleaved runs of `unpruned`, `masked` and `pruned` (engine-agnostic)."""
+    row = {name: summarise(runs) for name, runs in times.items()}
+    for name in ("masked", "pruned"):
+        # tokens/s: a pruned model may write longer or shorter hypotheses than the unpruned one
+        row[name]["speedup"] = row[name]["tokens_per_s"] / row["unpruned"]["tokens_per_s"]
+        row[name]["speedup_sentences"] = row[name]["sentences_per_s"] / row["unpruned"]["sentences_per_s"]
+    # equal work: same hypotheses, so the ratio of seconds per run is the speed-up (std over paired runs)
+    paired = [m["seconds"] / p["seconds"] for m, p in zip(times["masked"], times["pruned"])]
+    row["pruned"]["speedup_over_masked"] = statistics.mean(paired)
+    row["pruned"]["speedup_over_masked_std"] = statistics.pstdev(paired)
+    row["pruned"]["same_tokens_as_masked"] = all(
+        m["tokens"] == p["tokens"] for m, p in zip(times["masked"], times["pruned"]))
+    return row
+
+
 def run(loaded, options: SpeedOptions, results_dir: str) -> str:
     """Measure, write DIR/speed.json, return its path. The loaded model is left as it was (copies are pruned)."""
     options.check()
@@ -135,22 +158,9 @@ def run(loaded, options: SpeedOptions, results_dir: str) -> str:
         for _ in range(options.runs):
             for name, model in models.items():  # interleaved, so drift in machine load hits all alike
                 times[name].append(timed_generation(task, generators[name], model, data))
-        row = {}
-        for name, runs in times.items():
-            rates = [r["sentences"] / r["seconds"] for r in runs]
-            row[name] = {"sentences_per_s": statistics.mean(rates), "sentences_per_s_std": statistics.pstdev(rates),
-                         "tokens_per_s": statistics.mean(r["tokens"] / r["seconds"] for r in runs),
-                         "tokens": runs[0]["tokens"], "incremental_state_bytes": meters[name].peak}
-        for name in ("masked", "pruned"):
-            # tokens/s: a pruned model may write longer or shorter hypotheses than the unpruned one
-            row[name]["speedup"] = row[name]["tokens_per_s"] / row["unpruned"]["tokens_per_s"]
-            row[name]["speedup_sentences"] = row[name]["sentences_per_s"] / row["unpruned"]["sentences_per_s"]
-        # equal work: same hypotheses, so the ratio of seconds per run is the speed-up (std over paired runs)
-        paired = [m["seconds"] / p["seconds"] for m, p in zip(times["masked"], times["pruned"])]
-        row["pruned"]["speedup_over_masked"] = statistics.mean(paired)
-        row["pruned"]["speedup_over_masked_std"] = statistics.pstdev(paired)
-        row["pruned"]["same_tokens_as_masked"] = all(
-            m["tokens"] == p["tokens"] for m, p in zip(times["masked"], times["pruned"]))
+        row = table_row(times)
+        for name in models:
+            row[name]["incremental_state_bytes"] = meters[name].peak
         result["batch_sizes"][str(bs)] = row
         print(f"batch {bs:>3}: " + ", ".join(f"{n} {r['sentences_per_s']:.1f}±{r['sentences_per_s_std']:.1f} sent/s "
                                           f"{r['tokens_per_s']:.0f} tok/s" for n, r in row.items())

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import os
-import statistics
 import tempfile
 import time
 from dataclasses import replace
@@ -23,6 +22,7 @@ from fairseq_headprune.export_ct2 import build_spec, ct2_decoding, max_length, s
 from fairseq_headprune.heads import HeadLayout, parse_head_spec
 from fairseq_headprune.loading import load_subset
 from fairseq_headprune.results import layout as names
+from fairseq_headprune.studies import speed
 from fairseq_headprune.results.identity import file_sha256
 from fairseq_headprune.results.log import write_json_atomic
 from fairseq_headprune.surgery import prune_model
@@ -102,12 +102,6 @@ def ct2_shape(model) -> flops.ModelShape:
     return replace(shape, heads={k: enc if k[0] == "enc-self" else dec for k in shape.heads})
 
 
-def summarise(runs: List[Dict]) -> Dict:
-    rates = [r["sentences"] / r["seconds"] for r in runs]
-    return {"sentences_per_s": statistics.mean(rates), "sentences_per_s_std": statistics.pstdev(rates),
-            "tokens_per_s": statistics.mean(r["tokens"] / r["seconds"] for r in runs), "tokens": runs[0]["tokens"]}
-
-
 def measure(translators: Dict, batches, decoding: Dict, cap, runs: int) -> Dict[str, List[Dict]]:
     """Warm each translator up on the first batch, then `runs` interleaved rounds (machine drift hits all alike)."""
     for t in translators.values():
@@ -120,17 +114,10 @@ def measure(translators: Dict, batches, decoding: Dict, cap, runs: int) -> Dict[
 
 
 def table_row(times: Dict[str, List[Dict]]) -> Dict:
-    row = {name: summarise(runs) for name, runs in times.items()}
-    for name in ("masked", "pruned"):
-        row[name]["speedup"] = row[name]["tokens_per_s"] / row["unpruned"]["tokens_per_s"]
-        row[name]["speedup_sentences"] = row[name]["sentences_per_s"] / row["unpruned"]["sentences_per_s"]
-    paired = [m["seconds"] / p["seconds"] for m, p in zip(times["masked"], times["pruned"])]
-    row["pruned"]["speedup_over_masked"] = statistics.mean(paired)
-    row["pruned"]["speedup_over_masked_std"] = statistics.pstdev(paired)
+    """speed.table_row, and how many hypotheses of the pruned model differ from the masked one's (at most)."""
+    row = speed.table_row(times)
     row["pruned"]["differing_from_masked"] = max(
         sum(a != b for a, b in zip(m["hypotheses"], p["hypotheses"])) for m, p in zip(times["masked"], times["pruned"]))
-    row["pruned"]["same_tokens_as_masked"] = all(m["tokens"] == p["tokens"]
-                                                 for m, p in zip(times["masked"], times["pruned"]))
     return row
 
 
