@@ -147,6 +147,19 @@ def test_nothing_removed_reconstruction_is_the_identity(tiny, method, norm):
         torch.testing.assert_close(v, before[k], atol=1e-4, rtol=1e-4)
 
 
+def _sublayer_error(teacher, student, samples, key, pad) -> float:
+    """Σ over real tokens of ||student's residual stream after the sublayer - teacher's||², by plain forwards."""
+    total = 0.0
+    for s in samples:
+        with capture(teacher, [key]) as t, capture(student, [key]) as st:
+            teacher(**s["net_input"], features_only=True)
+            student(**s["net_input"], features_only=True)
+        mask = token_mask(s, key, pad)
+        target = (t[key].residual[0] + t[key].output[0])[mask]
+        total += float((st[key].residual[0] + st[key].output[0])[mask].sub(target).pow(2).sum())
+    return total
+
+
 @pytest.mark.parametrize("method", ["scales", "out-proj"])
 @pytest.mark.parametrize("norm", ["post", "pre"])
 def test_reconstruction_lowers_the_error_on_the_calibration_tokens(tiny, method, norm):
@@ -173,15 +186,7 @@ def test_reconstruction_lowers_the_error_on_the_calibration_tokens(tiny, method,
     key = ("enc-self", 2)
 
     def error(m):
-        total = 0.0
-        for s in samples:
-            with capture(model, [key]) as t, capture(m, [key]) as st:
-                model(**s["net_input"], features_only=True)
-                m(**s["net_input"], features_only=True)
-            mask = token_mask(s, key, pad)
-            target = (t[key].residual[0] + t[key].output[0])[mask]
-            total += float((st[key].residual[0] + st[key].output[0])[mask].sub(target).pow(2).sum())
-        return total
+        return _sublayer_error(model, m, samples, key, pad)
 
     assert error(student) < error(masked)
     assert error(student) == pytest.approx(fits[0].error_after, rel=1e-3)
@@ -216,15 +221,7 @@ def test_window_fit_lowers_the_held_out_error_and_keeps_removed_heads_removed(ti
         for proj in ("q_proj", "k_proj", "v_proj"):
             assert torch.equal(getattr(attn, proj).weight[rows], getattr(original, proj).weight[rows])
     # measured again, independently: the first window's error is the student's own error at that sublayer
-    key = ("enc-self", 2)
-    total = 0.0
-    for s in samples:
-        with capture(model, [key]) as t, capture(student, [key]) as st:
-            model(**s["net_input"], features_only=True)
-            student(**s["net_input"], features_only=True)
-        mask = token_mask(s, key, pad)
-        target = (t[key].residual[0] + t[key].output[0])[mask]
-        total += float((st[key].residual[0] + st[key].output[0])[mask].sub(target).pow(2).sum())
+    total = _sublayer_error(model, student, samples, ("enc-self", 2), pad)
     assert total == pytest.approx(windows[0].error_after, rel=1e-3)
     # steps that only raise the held-out error are all undone
     wild = copy.deepcopy(model)
