@@ -43,22 +43,45 @@ RUNS = {
     "r50-sequences": ("shrink + recover (sequences)", "shrink-50", 50),
     "rih50-logits": ("Michel's I_h + refit + recover (logits)", "shrink-ih50", 50),
     "rps50-logits": ("shrink per-stack + recover (logits)", "shrink-ps50", 50),
+    "r50-seq-d01": ("shrink + recover (sequences, dropout 0.1)", "shrink-50", 50),
+    "ctl-seq-d01": ("control: unpruned + recover (sequences, dropout 0.1)", None, 0),
+    "rt50-ridge": ("shrink calibrated on train + recover (default recipe)", "shrink-t50-ridge", 50),
+    "rt50-w1000-3e-4": ("shrink calibrated on train + window fit + recover (default recipe)",
+                        "shrink-t50-w1000-3e-4", 50),
 }
-SHRINKS = {"shrink-25": 25, "shrink-50": 50, "shrink-75": 75, "shrink-ih50": 50, "shrink-ps50": 50}
-SHRINK_LABEL = {"shrink-ih50": "Michel's I_h + refit", "shrink-ps50": "shrink per-stack"}
+FIRST_RECIPE = {"ctl-logits", "r25-logits", "r50-logits", "r75-logits", "rih50-logits", "rps50-logits", "r50-none"}
+SHRINKS = {"shrink-25": 25, "shrink-50": 50, "shrink-75": 75, "shrink-ih50": 50, "shrink-ps50": 50,
+           "shrink-t50-ridge": 50, "shrink-t50-w300-3e-5": 50, "shrink-t50-w300-1e-4": 50,
+           "shrink-t50-w300-3e-4": 50, "shrink-t50-w1000-1e-4": 50, "shrink-t50-w300-1e-3": 50,
+           "shrink-t50-w1000-3e-4": 50, "shrink-t75-ridge": 75, "shrink-t75-w1000-3e-4": 75}
+SHRINK_LABEL = {"shrink-ih50": "Michel's I_h + refit", "shrink-ps50": "shrink per-stack",
+                "shrink-t50-ridge": "shrink calibrated on train, closed-form fits",
+                "shrink-t50-w300-3e-5": "shrink calibrated on train + window fit (300 steps, lr 3e-5)",
+                "shrink-t50-w300-1e-4": "shrink calibrated on train + window fit (300 steps, lr 1e-4)",
+                "shrink-t50-w300-3e-4": "shrink calibrated on train + window fit (300 steps, lr 3e-4)",
+                "shrink-t50-w1000-1e-4": "shrink calibrated on train + window fit (1000 steps, lr 1e-4)",
+                "shrink-t50-w300-1e-3": "shrink calibrated on train + window fit (300 steps, lr 1e-3)",
+                "shrink-t50-w1000-3e-4": "shrink calibrated on train + window fit (1000 steps, lr 3e-4)",
+                "shrink-t75-ridge": "shrink calibrated on train, closed-form fits",
+                "shrink-t75-w1000-3e-4": "shrink calibrated on train + window fit (1000 steps, lr 3e-4)"}
+# variants compared on valid only (a choice); test2016 decodes the chosen one and what it is compared with
+CHOICE_ONLY = {"shrink-t50-w300-3e-5", "shrink-t50-w300-1e-4", "shrink-t50-w300-3e-4", "shrink-t50-w1000-1e-4",
+               "shrink-t50-w300-1e-3"}
 
 
 def control_of(run: Optional[str]) -> str:
     """The control run of a run's recipe: the unpruned model put through the same recovery."""
-    return "ctl-d01-t2" if run and run.endswith("d01-t2") else "ctl-logits"
+    if run in FIRST_RECIPE:
+        return "ctl-logits"
+    return "ctl-seq-d01" if run and run.startswith("r50-seq") else "ctl-d01-t2"
 
 
-def models(work: str):
+def models(work: str, subset: str):
     """(key, label, removed %, run, epoch, checkpoint) of every model present, the unpruned one first."""
     out = [("unpruned", "unpruned", 0, None, None, MODEL)]
     for name, removed in SHRINKS.items():
         path = os.path.join(work, name + ".pt")
-        if os.path.exists(path):
+        if os.path.exists(path) and not (subset == "test" and name in CHOICE_ONLY):
             out.append((name, SHRINK_LABEL.get(name, "shrink alone"), removed, name, 0, path))
     for run, (label, _, removed) in RUNS.items():
         found = glob.glob(os.path.join(work, "runs", run + ".recover", "checkpoint[0-9]*.pt"))
@@ -130,7 +153,7 @@ def main() -> None:
     os.makedirs(os.path.join(args.out, "hyps"), exist_ok=True)
     refs = open(os.path.join(args.work, "data-bin", f"{args.subset}.raw.en"), encoding="utf-8").read().split("\n")[:-1]
     rows, boot = [], None
-    for key, label, removed, run, epoch, ckpt in models(args.work):
+    for key, label, removed, run, epoch, ckpt in models(args.work, args.subset):
         hyps, seconds = translate(ckpt, args.work, args.subset, os.path.join(args.out, "hyps"))
         bleu = sacrebleu.corpus_bleu(hyps, [refs]).score
         row = {"key": key, "label": label, "removed_percent": removed, "run": run, "epoch": epoch, "bleu": bleu}

@@ -80,7 +80,8 @@ RULES: Dict[str, Dict[str, str]] = {
         "fp16": "the studies compute in fp32 on the CPU (fairseq-generate would halve the model; "
                 "--memory-efficient-fp16 sets --fp16 too)",
         "memory_efficient_fp16": "the studies compute in fp32 on the CPU",
-        "bf16": "the studies compute in fp32 on the CPU", "memory_efficient_bf16": "the studies compute in fp32 on the CPU",
+        "bf16": "the studies compute in fp32 on the CPU",
+        "memory_efficient_bf16": "the studies compute in fp32 on the CPU",
         "tpu": "the studies run on the CPU (fairseq sets --tpu for --bf16 and --memory-efficient-bf16 too)",
         "model_parallel_size": "model-parallel checkpoints are not supported",
     },

@@ -26,6 +26,9 @@ to the teacher's is fitted by ridge least squares towards the identity on the ca
 the linear layers that read it (q/k/v, fc1: W' = W M, b' = b + W c) before the sublayer's own output is fitted.
 M is unconstrained, so the map that is best in the input space is also best for any of those layers' outputs.
 
+With `window_steps`, each refit attention sublayer is then fitted whole, softmax included, by Adam steps towards
+the same target (`window_fit`): the closed-form fit is its starting point.
+
 Guards: a singular or ill-conditioned system (condition > max_condition), a non-finite solution, a scale with
 |s| > max_scale (Kwon stops there), refit weights whose norm grows past max_scale times the original, or a fit
 that does not lower the reconstruction error leaves that sublayer as it was (`out-proj` first falls back to
@@ -57,7 +60,7 @@ class ReconstructionOptions:
     refit_ffn: bool = False  # also refit every FFN's fc2 (ridge, same drift-corrected targets): beyond Kwon
     refit_inputs: bool = False  # also map each drifted sublayer input back onto the teacher's (q/k/v, fc1): beyond Kwon
     window_steps: int = 0  # then fit each refit attention's whole nonlinear window by this many Adam steps (window_fit)
-    window_lr: float = 3e-5
+    window_lr: float = 3e-4
 
 
 @dataclass
@@ -267,7 +270,8 @@ class _Student:
                 for s in self.samples]
         return self._encoder_outs
 
-    def _forward(self, b: int, key: Key) -> None:
+    def forward_to(self, b: int, key: Key) -> None:
+        """Batch b through the student until the sublayer `key` has run (or a hook stops it earlier)."""
         net_input = self.samples[b]["net_input"]
         try:
             if key[0] in ENCODER_TYPES:
@@ -280,7 +284,7 @@ class _Student:
 
     def run_to(self, b: int, key: Key, context: bool):
         with capture(self.model, [key], context=context, stop_at=key) as rec:
-            self._forward(b, key)
+            self.forward_to(b, key)
         return rec[key]
 
     def input_of(self, b: int, key: Key) -> torch.Tensor:
@@ -288,7 +292,7 @@ class _Student:
         if key[0] == ENCODER_OUT:
             return self.encoder_outs()[b]["encoder_out"][0]
         with capture_inputs(self.model, [key], stop_at=key) as rec:
-            self._forward(b, key)
+            self.forward_to(b, key)
         return rec[key][0]
 
 

@@ -32,7 +32,7 @@ from fairseq_headprune.reconstruction import Key, SublayerFit, _Stop, capture, t
 @dataclass
 class WindowOptions:
     steps: int = 0  # Adam steps per fitted sublayer (0: no window fit)
-    lr: float = 3e-5
+    lr: float = 3e-4
     check_every: int = 25  # held-out error checked this often; the best step is kept
     seed: int = 1  # order of the calibration batches
 
@@ -89,7 +89,7 @@ def fit_window(runner, key: Key, targets: List[torch.Tensor], pad: int, options:
         for b in range(len(runner.samples)):
             calls: List[tuple] = []
             with capture(model, [key]) as rec, _record_call(module, calls):
-                runner._forward(b, key)
+                runner.forward_to(b, key)
             m = token_mask(runner.samples[b], key, pad)
             batches.append(_Batch(rec[key].residual[0][m], targets[b], calls[0], m))
     # every tenth batch (batches are sorted by length: all lengths are held out), the last one of a short set

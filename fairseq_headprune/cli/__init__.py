@@ -35,7 +35,8 @@ COMMANDS = {
     "survivors": ("fairseq_headprune.cli.survivors", "heads an L0 sweep keeps across λ, by type, layer, function"),
     "shrink": ("fairseq_headprune.cli.shrink", "prune to a budget without retraining (Kwon et al. 2022)"),
     "recover": ("fairseq_headprune.cli.recover", "fine-tune a pruned model towards the unpruned one (fairseq-train)"),
-    "export-ct2": ("fairseq_headprune.cli.export_ct2", "a CTranslate2 model of any checkpoint, checked against fairseq"),
+    "export-ct2": ("fairseq_headprune.cli.export_ct2",
+                   "a CTranslate2 model of any checkpoint, checked against fairseq"),
 }
 
 

@@ -42,7 +42,8 @@ def run(cfg, args) -> None:
     f32 = info["float32"]
     print(f"CTranslate2 heads per stack: encoder {info['encoder_heads']}, decoder {info['decoder_heads']}")
     print(f"float32 check on {f32['sentences']} sentences of '{cfg.dataset.gen_subset}': {f32['differing']} "
-          f"hypotheses differ from fairseq's; BLEU fairseq {f32['bleu_fairseq']:.2f}, CTranslate2 {f32['bleu_ct2']:.2f}")
+          f"hypotheses differ from fairseq's; BLEU fairseq {f32['bleu_fairseq']:.2f}, "
+          f"CTranslate2 {f32['bleu_ct2']:.2f}")
     if info["quantization"] != "float32":
         q = info[info["quantization"]]
         print(f"{info['quantization']}: {q['differing']} hypotheses differ; BLEU fairseq {q['bleu_fairseq']:.2f}, "

@@ -55,7 +55,7 @@ class ShrinkOptions:
     refit_ffn: bool = True  # also refit every FFN's fc2 towards the same targets (beyond Kwon)
     refit_inputs: bool = False  # also map every drifted sublayer input back onto the teacher's (q/k/v, fc1)
     window_steps: int = 0  # then fit each refit sublayer's nonlinear window by Adam (window_fit; beyond Kwon)
-    window_lr: float = 3e-5
+    window_lr: float = 3e-4
     search_steps: int = 1  # > 1: remove the budget in this many steps, reconstructing and re-scoring between them
     min_heads: int = 1  # every attention sublayer keeps at least this many heads (1: none emptied; 0: no limit)
     teacher_mildness: float = 0.0  # > 0: the teacher has this share of the removed heads masked (a milder mask)

@@ -1,0 +1,32 @@
+#!/bin/bash
+# Issue 29's deployment table for the bundled En-Fr model: the unpruned model and shrink's 50% models (free and
+# per-stack shape) in fairseq, CTranslate2 float32 and int8, BLEU on the first N sentences of newstest2014 (the
+# shrink study's test slice), calibration on the first 1000 of newstest2013. Resumable: finished steps are skipped.
+#   bash recipes/deploy_en_fr.sh        (about 25 minutes on one free core)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH=$PWD/.venv/bin:$PATH OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1
+DATA=${DATA:-../shared/data}
+MODEL=checkpoints/en-fr
+WORK=${WORK:-work/deploy-en-fr}
+OUT=${OUT:-results/deploy-en-fr}
+N=${N:-500}
+mkdir -p "$WORK/raw"
+head -n 1000 "$DATA/wmt14_en_fr/newstest2013.tok.en" > "$WORK/raw/nt13.en"
+head -n 1000 "$DATA/wmt14_en_fr/newstest2013.tok.fr" > "$WORK/raw/nt13.fr"
+head -n "$N" "$DATA/wmt14_en_fr/newstest2014-fren.en" > "$WORK/raw/nt14.en"
+head -n "$N" "$DATA/wmt14_en_fr/newstest2014-fren.fr" > "$WORK/raw/nt14.fr"
+[ -f "$WORK/data/valid.en-fr.en.bin" ] || bash data_prep/encode-for-model.sh "$MODEL" en fr "$WORK/raw/nt13" \
+  "$WORK/data" valid --tokenized > "$WORK/encode-valid.log"
+[ -f "$WORK/data/test.en-fr.en.bin" ] || bash data_prep/encode-for-model.sh "$MODEL" en fr "$WORK/raw/nt14" \
+  "$WORK/data" test > "$WORK/encode-test.log"
+GEN=(-s en -t fr --max-len-a 1.5 --max-len-b 10 --bpe subword_nmt --bpe-codes "$MODEL/code" --tokenizer moses)
+for shape in free per-stack; do
+  out="$WORK/shrink-50-$shape.pt"
+  [ -f "$out" ] || fairseq-headprune shrink "$WORK/data" --path "$MODEL/model.pt" "${GEN[@]}" --max-tokens 4000 \
+    --remove 50% --shape "$shape" --calibration-subset valid --calibration-sentences 1000 --out "$out" \
+    > "$WORK/shrink-50-$shape.log" 2>&1
+done
+python benchmarks/deploy_table.py --unpruned "$MODEL/model.pt" --data "$WORK/data" \
+  --references "$WORK/data/test.raw.fr" "shrink-50=$WORK/shrink-50-free.pt" "shrink-ps50=$WORK/shrink-50-per-stack.pt" \
+  --out "$OUT" --decoding --beam 5 --batch-size 64 --max-tokens 100000 "${GEN[@]}"
