@@ -10,7 +10,8 @@ below), on the calibration tokens:
     min Σ_tokens || x_student + attention(inputs_student) - y_teacher ||²
 
 The inputs are recorded once (one student forward per batch, stopped at the sublayer), so a step costs one attention
-forward and backward on one batch. Every tenth calibration batch is held out: the fit keeps the parameters of the
+forward and backward on one batch (at most `step_tokens` tokens: a random share of the sentences of a larger
+batch). Every tenth calibration batch is held out: the fit keeps the parameters of the
 step with the lowest held-out error, checked every `check_every` steps, and leaves the sublayer as it was when no
 step lowered it (or the step kept raised the error on all calibration batches). Removed heads stay removed: their
 outputs are masked, so their weights get no gradient. The FFN window (fc1, activation, fc2) was tried too: from
@@ -34,15 +35,24 @@ class WindowOptions:
     steps: int = 0  # Adam steps per fitted sublayer (0: no window fit)
     lr: float = 3e-4
     check_every: int = 25  # held-out error checked this often; the best step is kept
-    seed: int = 1  # order of the calibration batches
+    seed: int = 1  # order of the calibration batches and of the sentences a step takes from a larger batch
+    step_tokens: int = 1000  # a step takes the sentences of one batch, a random share of them above this many tokens
 
 
 @dataclass
 class _Batch:
-    residual: torch.Tensor  # (n, d) the student's residual stream before the sublayer, real tokens
-    target: torch.Tensor  # (n, d) the teacher's residual stream after it
+    residual: torch.Tensor  # (T, B, d) the student's residual stream before the sublayer
+    target: torch.Tensor  # (T, B, d) the teacher's residual stream after it (zero at padding)
     call: tuple  # (args, kwargs) the window is called with
     mask: torch.Tensor  # (T, B) real tokens
+
+    def rows(self, rows: torch.Tensor) -> "_Batch":
+        """The same batch restricted to some of its sentences (attention never mixes sentences)."""
+        args, kwargs = self.call
+        kwargs = {k: (v[:, rows] if k in ("query", "key", "value") else v[rows] if k == "key_padding_mask" else v)
+                  if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+        args = tuple(a[:, rows] if isinstance(a, torch.Tensor) and i < 3 else a for i, a in enumerate(args))
+        return _Batch(self.residual[:, rows], self.target[:, rows], (args, kwargs), self.mask[:, rows])
 
 
 def window_modules(model, key: Key):
@@ -72,9 +82,41 @@ def _load(params, values) -> None:
             p.copy_(value)
 
 
+def _difference(b: _Batch, output: Callable) -> torch.Tensor:
+    """(n, d) the student's residual stream after the window minus the teacher's, at the real tokens."""
+    return (b.residual + output(*b.call) - b.target)[b.mask]
+
+
 def _error(batches: Sequence[_Batch], output: Callable) -> float:
     with torch.no_grad():
-        return sum(float((b.residual + output(*b.call)[b.mask] - b.target).double().pow(2).sum()) for b in batches)
+        return sum(float(_difference(b, output).double().pow(2).sum()) for b in batches)
+
+
+def _step_batch(b: _Batch, step_tokens: int, generator: torch.Generator) -> _Batch:
+    """The batch, or (above step_tokens real tokens) a random share of its sentences: a step's cost and its
+    learning rate's meaning do not depend on the calibration batches' --max-tokens."""
+    tokens, sentences = int(b.mask.sum()), b.mask.size(1)
+    if tokens <= step_tokens or sentences == 1:
+        return b
+    keep = max(1, sentences * step_tokens // tokens)
+    return b.rows(torch.randperm(sentences, generator=generator)[:keep].sort().values)
+
+
+@torch.no_grad()
+def record_batches(runner, key: Key, module, targets: List[torch.Tensor], pad: int) -> List[_Batch]:
+    """Per calibration batch: the student's residual stream before the sublayer, the teacher's after it, and the
+    call the student makes to the attention (one student forward each, stopped there)."""
+    batches = []
+    for b in range(len(runner.samples)):
+        calls: List[tuple] = []
+        with capture(runner.model, [key]) as rec, _record_call(module, calls):
+            runner.forward_to(b, key)
+        m = token_mask(runner.samples[b], key, pad)
+        residual = rec[key].residual[0]
+        target = torch.zeros_like(residual)
+        target[m] = targets[b].to(residual.dtype)
+        batches.append(_Batch(residual, target, calls[0], m))
+    return batches
 
 
 def fit_window(runner, key: Key, targets: List[torch.Tensor], pad: int, options: WindowOptions) -> SublayerFit:
@@ -84,20 +126,13 @@ def fit_window(runner, key: Key, targets: List[torch.Tensor], pad: int, options:
     if not bool((module.head_mask != 0).any()):
         return SublayerFit(key, 0, "none", 0.0, 0.0, 0.0, 0, fallback="every head removed: nothing to fit",
                            part="window", steps=0)
-    batches: List[_Batch] = []
-    with torch.no_grad():
-        for b in range(len(runner.samples)):
-            calls: List[tuple] = []
-            with capture(model, [key]) as rec, _record_call(module, calls):
-                runner.forward_to(b, key)
-            m = token_mask(runner.samples[b], key, pad)
-            batches.append(_Batch(rec[key].residual[0][m], targets[b], calls[0], m))
+    batches = record_batches(runner, key, module, targets, pad)
     # every tenth batch (batches are sorted by length: all lengths are held out), the last one of a short set
     held = set(range(min(5, len(batches) - 1), len(batches), 10)) if len(batches) > 1 else {0}
     held_out = [b for i, b in enumerate(batches) if i in held]
     train = [b for i, b in enumerate(batches) if i not in held] or held_out
-    energy = sum(float((b.target - b.residual).double().pow(2).sum()) for b in batches)  # as the closed-form fits
-    tokens = sum(b.target.size(0) for b in batches)
+    energy = sum(float((b.target - b.residual)[b.mask].double().pow(2).sum()) for b in batches)  # as closed-form
+    tokens = sum(int(b.mask.sum()) for b in batches)
     kept = int((module.head_mask != 0).sum())
     before_all = _error(batches, output)
     best_error, best_state, best_step = _error(held_out, output), None, 0
@@ -113,10 +148,9 @@ def fit_window(runner, key: Key, targets: List[torch.Tensor], pad: int, options:
             for step in range(1, options.steps + 1):
                 if not order:
                     order = torch.randperm(len(train), generator=generator).tolist()
-                b = train[order.pop()]
+                b = _step_batch(train[order.pop()], options.step_tokens, generator)
                 optimizer.zero_grad(set_to_none=True)
-                diff = b.residual + output(*b.call)[b.mask] - b.target
-                diff.pow(2).sum(-1).mean().backward()
+                _difference(b, output).pow(2).sum(-1).mean().backward()
                 optimizer.step()
                 if step % options.check_every == 0 or step == options.steps:
                     error = _error(held_out, output)

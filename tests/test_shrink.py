@@ -235,6 +235,40 @@ def test_window_fit_lowers_the_held_out_error_and_keeps_removed_heads_removed(ti
 
 
 @pytest.mark.parametrize("norm", ["post", "pre"])
+def test_a_window_step_on_some_sentences_of_a_batch_is_those_sentences_of_the_whole_batch(tiny, norm):
+    """A step above step_tokens takes some sentences of its batch: their window outputs must be exactly their rows
+    of the whole batch's (encoder and decoder self-attention with their masks, encoder-decoder attention)."""
+    from fairseq_headprune.reconstruction import _Student, teacher_targets
+    from fairseq_headprune.window_fit import _difference, _step_batch, record_batches, window_modules
+
+    model, task = tiny
+    model = _pre_norm(model) if norm == "pre" else model
+    pad = task.target_dictionary.pad()
+    samples = _samples(model, task, n=12, max_tokens=400)
+    student = copy.deepcopy(model)
+    set_head_masks(student, [Head("enc-self", 1, 2), Head("dec-self", 2, 1)])
+    keys = [("enc-self", 2), ("dec-self", 2), ("enc-dec", 1)]
+    targets = teacher_targets(model, samples, keys, pad)
+    runner = _Student(student, samples)
+    generator = torch.Generator().manual_seed(0)
+    for key in keys:
+        module, _, output = window_modules(student, key)
+        whole = max(record_batches(runner, key, module, targets[key], pad), key=lambda b: b.mask.size(1))
+        assert whole.mask.size(1) >= 4 and not whole.mask.all()  # several sentences, with padding
+        rows = torch.tensor([0, 2, whole.mask.size(1) - 1])
+        part = whole.rows(rows)
+        with torch.no_grad():
+            full = output(*whole.call)[:, rows]
+            torch.testing.assert_close(output(*part.call), full, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(_difference(part, output), (whole.residual[:, rows] + full
+                                       - whole.target[:, rows])[whole.mask[:, rows]], atol=1e-5, rtol=1e-5)
+        limit = int(whole.mask.sum()) // 3
+        step = _step_batch(whole, limit, generator)  # a random share of the sentences, about the limit's worth
+        assert 1 <= step.mask.size(1) <= whole.mask.size(1) // 3 + 1
+        assert _step_batch(whole, int(whole.mask.sum()), generator) is whole  # within the limit: the batch itself
+
+
+@pytest.mark.parametrize("norm", ["post", "pre"])
 @pytest.mark.parametrize("first", ["enc-self", "dec-self"])
 def test_input_maps_bring_the_drifted_inputs_back_towards_the_teacher(tiny, norm, first):
     model, task = tiny
