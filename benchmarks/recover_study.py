@@ -48,6 +48,8 @@ RUNS = {
     "rt50-ridge": ("shrink calibrated on train + recover (default recipe)", "shrink-t50-ridge", 50),
     "rt50-w1000-3e-4": ("shrink calibrated on train + window fit + recover (default recipe)",
                         "shrink-t50-w1000-3e-4", 50),
+    "rt75-w1000-3e-4": ("shrink calibrated on train + window fit + recover (default recipe)",
+                        "shrink-t75-w1000-3e-4", 75),
 }
 FIRST_RECIPE = {"ctl-logits", "r25-logits", "r50-logits", "r75-logits", "rih50-logits", "rps50-logits", "r50-none"}
 SHRINKS = {"shrink-25": 25, "shrink-50": 50, "shrink-75": 75, "shrink-ih50": 50, "shrink-ps50": 50,
@@ -124,13 +126,18 @@ def run_costs(work: str, run: str) -> dict:
     log = os.path.join(work, "runs", run + ".log")
     if os.path.exists(log):
         text = open(log, encoding="utf-8", errors="replace").read()
-        m = re.search(r"Maximum resident set size \(kbytes\): (\d+)", text)
-        if m:
-            costs["peak_rss_gib"] = round(int(m.group(1)) / 2**20, 2)
-        m = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): ([\d:.]+)", text)
-        if m:
-            parts = [float(x) for x in m.group(1).split(":")]
-            costs["wall_minutes"] = round(sum(v * 60 ** i for i, v in enumerate(reversed(parts))) / 60, 1)
+        # a run extended by later calls appends to its log: peak over the calls, wall time summed
+        peaks = re.findall(r"Maximum resident set size \(kbytes\): (\d+)", text)
+        if peaks:
+            costs["peak_rss_gib"] = round(max(int(k) for k in peaks) / 2**20, 2)
+        walls = re.findall(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): ([\d:.]+)", text)
+        if walls:
+            seconds = [sum(float(v) * 60 ** i for i, v in enumerate(reversed(w.split(":")))) for w in walls]
+            costs["wall_minutes"] = round(sum(seconds) / 60, 1)
+            costs["calls"] = len(walls)
+        cpu = re.findall(r"(?:User|System) time \(seconds\): ([\d.]+)", text)
+        if cpu:
+            costs["cpu_minutes"] = round(sum(float(c) for c in cpu) / 60, 1)
     record = os.path.join(work, "runs", run + ".json")
     if not os.path.exists(record):  # the first runs of the study wrote OUT.pt.json
         record = os.path.join(work, "runs", run + ".pt.json")
@@ -202,13 +209,14 @@ def render(result: dict) -> str:
         epochs = "" if r["epoch"] is None else str(r["epoch"])
         lines.append(f"| {r['label']} (`{r['key']}`) | {r['removed_percent']}% | {epochs} | {r['bleu']:.2f} | "
                      f"{delta} | {p} | {interval} | {adjusted} |")
-    lines += ["", "| run | wall (min) | peak RSS (GiB) | updates | valid loss per epoch |", "|---|---|---|---|---|"]
+    lines += ["", "| run | wall (min, all calls) | CPU (min) | peak RSS (GiB) | updates | valid loss per epoch |",
+              "|---|---|---|---|---|---|"]
     for run, c in result["costs"].items():
         if not c:
             continue
         losses = ", ".join(f"{e['epoch']}: {e['valid_loss']:.3f}" for e in c.get("epochs") or [] if e.get("valid_loss"))
-        lines.append(f"| {run} | {c.get('wall_minutes', '')} | {c.get('peak_rss_gib', '')} | {c.get('updates', '')} | "
-                     f"{losses} |")
+        cells = [c.get(k, "") for k in ("wall_minutes", "cpu_minutes", "peak_rss_gib", "updates")]
+        lines.append(f"| {run} | " + " | ".join(map(str, cells)) + f" | {losses} |")
     return "\n".join(lines) + "\n"
 
 
@@ -223,6 +231,8 @@ def plot(rows, path: str) -> None:
     ax.axhline(base, color="black", lw=0.8, ls=":", label="unpruned")
     series = {}
     for r in rows:
+        if r["run"] in FIRST_RECIPE or r["run"] == "r50-logits-d01":  # superseded recipes: in the tables only
+            continue
         name = r["label"] + ("" if r["epoch"] in (0, None) else f", {r['epoch']} ep")
         series.setdefault(name, []).append((r["removed_percent"], r["bleu"]))
     named = [(name, points) for name, points in series.items() if name != "unpruned"]
