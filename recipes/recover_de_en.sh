@@ -2,15 +2,16 @@
 # The recover study on the bundled De-En model (results/recover-de-en/), as it was run: shrink at 25/50/75% (and
 # 50% by Michel's I_h, and 50% in the per-stack shape); at 50% the first recipe (the student's dropout 0.3, T 1) and
 # two variants for one epoch, the choice made on Multi30k val; then the chosen recipe at every budget, and for each
-# recipe its control (the unpruned model put through the same recovery). Then the table on test2016
-# (benchmarks/recover_study.py), decoded once per model. Epochs per run were cut to what one session's two cores
-# allowed (see results/recover-de-en/README.md).
+# recipe its control (the unpruned model put through the same recovery); the second session extended the chosen
+# recipe's 50% and 75% runs and its control to 4 epochs, added sequence-level distillation (and its control), and
+# the window fit (shrink --window-steps, calibrated on train so that val can choose its settings) with and without
+# recovery. Then the table on test2016 (benchmarks/recover_study.py), decoded once per model.
 #
 # usage: recipes/recover_de_en.sh [WORK] [LANE]   (work/recover; LANE a or b runs one of the two halves, so that two
 #        cores run both: `recipes/recover_de_en.sh work/recover a & recipes/recover_de_en.sh work/recover b`)
 # Resumable: rerun the same command (finished steps are skipped, a recover run resumes from its checkpoint_last.pt).
-# Budget (one core each): shrink 2-4 min; a recover epoch about 8.5 CPU minutes (10-13 min of wall time beside
-# other work); the valid and test decodes of every model (beam 5) 20-45 s each.
+# Budget (one core each): shrink 2-4 min (7-9 with the window fit); a recover epoch 10-11 CPU minutes (10-13 min of
+# wall time beside other work); the valid and test decodes of every model (beam 5) 20-45 s each.
 set -euo pipefail
 main() {
   cd "$(dirname "$0")/.."
@@ -27,31 +28,48 @@ main() {
     [ -f "$work/$name.pt" ] || fairseq-headprune shrink "$work/data-bin" --path "$model" -s de -t en "$@" \
       --out "$work/$name.pt" --max-tokens 4000 > "$work/$name.log" 2>&1
   }
-  recover() {  # NAME STUDENT OPTIONS...
-    local name=$1 student=$2; shift 2
-    [ -f "$work/runs/$name.pt" ] || /usr/bin/time -v fairseq-headprune recover "$work/data-bin" --path "$student" \
-      --teacher "$model" --out "$work/runs/$name.pt" --work-dir "$work/runs/$name.recover" -s de -t en "$@" \
-      > "$work/runs/$name.log" 2>&1
+  recover() {  # NAME STUDENT EPOCHS OPTIONS...  (a run with fewer epochs is extended: --force rewrites OUT.pt)
+    local name=$1 student=$2 epochs=$3; shift 3
+    [ -f "$work/runs/$name.recover/checkpoint$epochs.pt" ] || /usr/bin/time -v fairseq-headprune recover \
+      "$work/data-bin" --path "$student" --teacher "$model" --out "$work/runs/$name.pt" --force --epochs "$epochs" \
+      --work-dir "$work/runs/$name.recover" -s de -t en "$@" >> "$work/runs/$name.log" 2>&1
+  }
+  window() {  # NAME OPTIONS...: shrink calibrated on 1000 train sentences (val stays unseen for the choices)
+    local name=$1; shift
+    [ -f "$work/shrink-$name.pt" ] || fairseq-headprune shrink "$work/data-bin" --path "$model" -s de -t en "$@" \
+      --calibration-subset train --max-tokens 1000 --out "$work/shrink-$name.pt" > "$work/shrink-$name.log" 2>&1
   }
   local old="--distill logits --dropout 0.3 --distill-temperature 1"  # the student's own dropout, T 1: the first recipe
   local chosen="--distill logits --dropout 0.1 --distill-temperature 2"  # chosen on val (results/recover-de-en/README.md)
   if [ "$lane" = a ] || [ "$lane" = all ]; then
     shrink shrink-50 --remove 50%
     shrink shrink-75 --remove 75%
-    recover r50-logits "$work/shrink-50.pt" $old --epochs 4          # stopped by --patience 2 after epoch 3
+    recover r50-logits "$work/shrink-50.pt" 4 $old                    # stopped by --patience 2 after epoch 3
     shrink shrink-25 --remove 25%
     shrink shrink-ih50 --remove 50% --search importance
-    recover r50-logits-d01-t2 "$work/shrink-50.pt" $chosen --epochs 2
-    recover r75-d01-t2 "$work/shrink-75.pt" $chosen --epochs 2
-    recover rih50-d01-t2 "$work/shrink-ih50.pt" $chosen --epochs 1
+    recover r50-logits-d01-t2 "$work/shrink-50.pt" 4 $chosen
+    recover r75-d01-t2 "$work/shrink-75.pt" 4 $chosen
+    recover rih50-d01-t2 "$work/shrink-ih50.pt" 1 $chosen
+    recover r25-d01-t2 "$work/shrink-25.pt" 1 $chosen
+    recover r50-seq-d01 "$work/shrink-50.pt" 1 --distill sequences --dropout 0.1
+    recover ctl-seq-d01 "$model" 1 --distill sequences --dropout 0.1    # its control
   fi
   if [ "$lane" = b ] || [ "$lane" = all ]; then
-    recover ctl-logits "$model" $old --epochs 2                         # the control of the first recipe
+    recover ctl-logits "$model" 2 $old                                  # the control of the first recipe
     shrink shrink-ps50 --remove 50% --shape per-stack
-    recover r50-logits-d01 "$work/shrink-50.pt" --distill logits --dropout 0.1 --distill-temperature 1 --epochs 1
-    recover ctl-d01-t2 "$model" $chosen --epochs 2                      # the control of the chosen recipe
-    recover rps50-d01-t2 "$work/shrink-ps50.pt" $chosen --epochs 1
-    recover r25-d01-t2 "$work/shrink-25.pt" $chosen --epochs 1
+    recover r50-logits-d01 "$work/shrink-50.pt" 1 --distill logits --dropout 0.1 --distill-temperature 1
+    recover ctl-d01-t2 "$model" 4 $chosen                               # the control of the chosen recipe
+    recover rps50-d01-t2 "$work/shrink-ps50.pt" 1 $chosen
+    window t50-ridge --remove 50%
+    for setting in "300 3e-5" "300 1e-4" "300 3e-4" "1000 1e-4" "300 1e-3" "1000 3e-4"; do
+      set -- $setting
+      window "t50-w$1-$2" --remove 50% --window-steps "$1" --window-lr "$2"
+    done
+    recover rt50-w1000-3e-4 "$work/shrink-t50-w1000-3e-4.pt" 1          # recover's defaults are the chosen recipe
+    window t75-w1000-3e-4 --remove 75% --window-steps 1000 --window-lr 3e-4
+    window t75-ridge --remove 75%
+    recover rt50-ridge "$work/shrink-t50-ridge.pt" 1
+    recover rt75-w1000-3e-4 "$work/shrink-t75-w1000-3e-4.pt" 2
   fi
   if [ "$lane" = all ]; then
     python benchmarks/recover_study.py "$work" results/recover-de-en --subset valid
