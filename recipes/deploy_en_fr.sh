@@ -2,7 +2,7 @@
 # Issue 29's deployment table for the bundled En-Fr model: the unpruned model and shrink's 50% models (free and
 # per-stack shape) in fairseq, CTranslate2 float32 and int8, BLEU on the first N sentences of newstest2014 (the
 # shrink study's test slice), calibration on the first 1000 of newstest2013. Resumable: finished steps are skipped.
-#   bash recipes/deploy_en_fr.sh        (about 25 minutes on one free core)
+#   [RUNS=3] bash recipes/deploy_en_fr.sh   (RUNS interleaved timing rounds; about 25 minutes on one free core)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH=$PWD/.venv/bin:$PATH OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1
@@ -29,4 +29,4 @@ for shape in free per-stack; do
 done
 python benchmarks/deploy_table.py --unpruned "$MODEL/model.pt" --data "$WORK/data" \
   --references "$WORK/data/test.raw.fr" "shrink-50=$WORK/shrink-50-free.pt" "shrink-ps50=$WORK/shrink-50-per-stack.pt" \
-  --out "$OUT" --decoding --beam 5 --batch-size 64 --max-tokens 100000 "${GEN[@]}"
+  --runs "${RUNS:-3}" --out "$OUT" --decoding --beam 5 --batch-size 64 --max-tokens 100000 "${GEN[@]}"
