@@ -75,6 +75,8 @@ def control_of(run: Optional[str]) -> str:
     """The control run of a run's recipe: the unpruned model put through the same recovery."""
     if run in FIRST_RECIPE:
         return "ctl-logits"
+    if run and run.startswith("ctl-"):  # a control is its own
+        return run
     return "ctl-seq-d01" if run and run.startswith("r50-seq") else "ctl-d01-t2"
 
 
