@@ -228,7 +228,7 @@ def plot(rows, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(11, 5))
+    fig, ax = plt.subplots(figsize=(13, 5.5))
     base = next(r["bleu"] for r in rows if r["key"] == "unpruned")
     ax.axhline(base, color="black", lw=0.8, ls=":", label="unpruned")
     series = {}
