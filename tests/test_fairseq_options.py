@@ -18,7 +18,8 @@ REFUSED_CASES = {
     "memory_efficient_fp16": ["--memory-efficient-fp16"], "bf16": ["--bf16"],
     "memory_efficient_bf16": ["--memory-efficient-bf16"], "tpu": ["--tpu"],
     "model_parallel_size": ["--model-parallel-size", "2"], "results_path": ["--results-path", "out"],
-    "checkpoint_suffix": ["--checkpoint-suffix", "-shard0"], "checkpoint_shard_count": ["--checkpoint-shard-count", "2"],
+    "checkpoint_suffix": ["--checkpoint-suffix", "-shard0"],
+    "checkpoint_shard_count": ["--checkpoint-shard-count", "2"],
     "mask_heads": ["--mask-heads", "enc-self:1:1"],
     "no_repeat_ngram_size": ["--no-repeat-ngram-size", "2"], "scoring": ["--scoring", "chrf"],
 }

@@ -70,7 +70,8 @@ def _bpe_slice(tiny_data, tmp_path):
 
 
 REPORT = ["--gen-subset", "test", "--importance-subset", "valid", "--beam", "1", "--max-len-a", "0",
-          "--max-len-b", "20", "--max-tokens", "3000", "--workers", "1", "--masks-per-batch", "8", "--keep-one-select", "loss", "--prune-orders", "importance",
+          "--max-len-b", "20", "--max-tokens", "3000", "--workers", "1", "--masks-per-batch", "8",
+          "--keep-one-select", "loss", "--prune-orders", "importance",
           "--prune-step", "0.5", "--speed-batch-sizes", "8", "--speed-runs", "1", "--speed-sentences", "8",
           "--analyze-sentences", "8", "--dynamics", "none", "--shrink-percents", "50",
           "--shrink-calibration-subset", "valid", "--shrink-calibration-sentences", "16"]

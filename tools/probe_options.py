@@ -90,12 +90,12 @@ class Probe:
 def _option_cases():
     import test_fairseq_options as fo_tests
 
-    for name, argv in sorted(fo_tests.REFUSED_CASES.items()):
+    for _name, argv in sorted(fo_tests.REFUSED_CASES.items()):
         case(f"option {' '.join(argv)}")(
             lambda p, argv=argv: p.refused("ablate", *fo_tests.BASE, *argv, names=argv[0]))
     case("option --sampling --seed 7 (issue: noise marked significant)")(
         lambda p: p.refused("ablate", "--sampling", "--seed", "7", names="--sampling"))
-    for name, (option, context) in sorted(fo_tests.DECODE_CASES.items()):
+    for _name, (option, context) in sorted(fo_tests.DECODE_CASES.items()):
         case(f"option {' '.join(option)} applied as fairseq-generate applies it")(
             lambda p, option=option, context=context: _applied(p, fo_tests, option, context))
 
