@@ -54,7 +54,7 @@ class ShrinkOptions:
     empty_bias: bool = True
     refit_ffn: bool = True  # also refit every FFN's fc2 towards the same targets (beyond Kwon)
     refit_inputs: bool = False  # also map every drifted sublayer input back onto the teacher's (q/k/v, fc1)
-    window_steps: int = 0  # then fit each refit sublayer's nonlinear window by Adam (window_fit; beyond Kwon)
+    window_steps: int = 0  # then fit each refit attention sublayer whole, softmax included, by Adam (window_fit)
     window_lr: float = 3e-4
     search_steps: int = 1  # > 1: remove the budget in this many steps, reconstructing and re-scoring between them
     min_heads: int = 1  # every attention sublayer keeps at least this many heads (1: none emptied; 0: no limit)
@@ -392,10 +392,10 @@ def _select_per_stack(model, grads, budget: Budget, options: ShrinkOptions, leng
     types = parse_types(options.types)
     flops = FlopBudget.of(model, budget, lengths, beam) if budget.kind == "flops" else None
     n = None if flops else heads_to_remove(budget, layout, types)
+    head_cost, to_remove = (flops.per_head, flops.to_remove) if flops else (None, None)
     try:
         removed, kept = mask_search.fill_per_stack(grads, dict(layout.heads), n, types, options.search == "block",
-                                                   flops and flops.per_head, flops and flops.to_remove,
-                                                   options.min_heads)
+                                                   head_cost, to_remove, options.min_heads)
     except ValueError as e:
         raise UserError(f"--shape per-stack: {e}") from None
     flop_info = flops.record(removed) if flops else None
