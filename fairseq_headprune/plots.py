@@ -268,7 +268,7 @@ def pareto_frontier(points: Sequence[Tuple[float, float]]) -> List[Tuple[float, 
     return front[::-1]
 
 
-def deploy_frontier(rows: Sequence[Dict], path: str, speed_key: str = "x_unpruned_fairseq_natural-64") -> str:
+def deploy_frontier(rows: Sequence[Dict], path: str, speed_key: str = "x_unpruned_fairseq_natural-batch") -> str:
     """BLEU against speed (relative to the unpruned model in fairseq) of every model x engine, the frontier drawn."""
     markers = {"fairseq": "o", "ct2-float32": "s", "ct2-int8": "^"}
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -282,7 +282,7 @@ def deploy_frontier(rows: Sequence[Dict], path: str, speed_key: str = "x_unprune
     ax.set_xscale("log")
     ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%gx"))
     ax.xaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%gx"))
-    ax.set_xlabel("sentences/s relative to the unpruned model in fairseq (batch 64, one thread, log scale)")
+    ax.set_xlabel("sentences/s relative to the unpruned model in fairseq (batched, one thread, log scale)")
     ax.set_ylabel("BLEU")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)

@@ -14,8 +14,8 @@
 #  - speed: 32 sentences, 2 timed runs per batch size; head analysis on the first 32 sentences;
 #  - shrink (pruning without retraining): fitted on the first DEMO_CALIBRATION (default 128) sentences of the
 #    bundled Multi30k val, at 25/50/75% of the heads, Michel's I_h order against the shrink command's default;
-#  - deployment: the unpruned model and its per-stack 50% shrink (same calibration) in fairseq, CTranslate2
-#    float32 and int8, BLEU and speed in one round (benchmarks/deploy_table.py; OUT/deploy/).
+#  - deploy: the unpruned model and its per-stack 50% shrink (same calibration) in fairseq, CTranslate2
+#    float32 and int8, BLEU and speed in one round, 16 sentences at batch 1 (OUT/deploy.md).
 # The committed results/report-de-en/ is the full-size study (1000 sentences, beam 5, 10% steps).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -48,24 +48,17 @@ fairseq-headprune report "$WORK/data-bin" --path "$MODEL/model.pt" --gen-subset 
   --keep-one-select loss --workers "$WORKERS" \
   --prune-step 0.2 --speed-sentences 32 --speed-runs 2 --analyze-sentences 32 \
   --shrink-percents 25,50,75 --shrink-methods michel,full+out-proj+ffn+min1 --shrink-calibration-sentences "$CAL" \
+  --deploy-runs 1 --deploy-batch1-sentences 16 \
   --dynamics results/dynamics/dynamics.jsonl $([ -f "$L0" ] && echo --l0-sweep "$L0") \
   $([ -f "$L0_ENCODER" ] && echo --l0-encoder-sweep "$L0_ENCODER") \
   --note "Demo (recipes/demo.sh): the first $N sentences of Multi30k test2016, beam $BEAM, hypotheses capped at \
 1.2 x source + 10 tokens, pruning in 20% steps, I_h on the same sentences, keep-one heads chosen by NLL on the same \
 sentences and reported by BLEU, head analysis on the first 32, pruning without retraining fitted on the first $CAL \
-sentences of Multi30k val. A quick look, not the study: \
+sentences of Multi30k val (the deployment table's per-stack shrink too). A quick look, not the study: \
 results/report-de-en/ is the full-size one (1000 sentences, beam 5). C5 and V read committed results of other \
 studies of this model (its training run; the L0 sweeps, every head gated and encoder self-attention gated alone, \
 beam 5 on all 1000 sentences)."
-# the deployment table of the slice: the unpruned model and its per-stack 50% shrink (kept in OUT, which is keyed
-# by the model), in fairseq and CTranslate2
-[ -f "$OUT/shrink-ps50.pt" ] || fairseq-headprune shrink "$WORK/data-bin" --path "$MODEL/model.pt" -s de -t en \
-  --remove 50% --shape per-stack --calibration-sentences "$CAL" --max-tokens 4000 --out "$OUT/shrink-ps50.pt" >/dev/null
-python benchmarks/deploy_table.py --unpruned "$MODEL/model.pt" --data "$WORK/data-bin" --references "$WORK/test.en" \
-  shrink-ps50="$OUT/shrink-ps50.pt" --runs 1 --batch1-sentences 16 --out "$OUT/deploy" --decoding --beam "$BEAM" \
-  --max-len-a 1.2 --max-len-b 10 --batch-size 64 --max-tokens 4000 --bpe subword_nmt --bpe-codes "$MODEL/code" \
-  --tokenizer moses -s de -t en | tail -n 4
-sed -n '/^| model/,/^$/p' "$OUT/deploy/deploy.md"
+sed -n '/^| model/,$p' "$OUT/deploy.md"  # the deployment table of the slice and its targets
 end=$(date +%s)
 # wall time per part, from the report's own record (parts finished before this run are marked as reused)
 python - "$OUT/report-state.json" "$start" <<'PY'

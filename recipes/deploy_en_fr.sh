@@ -21,12 +21,10 @@ head -n "$N" "$DATA/wmt14_en_fr/newstest2014-fren.fr" > "$WORK/raw/nt14.fr"
 [ -f "$WORK/data/test.en-fr.en.bin" ] || bash data_prep/encode-for-model.sh "$MODEL" en fr "$WORK/raw/nt14" \
   "$WORK/data" test > "$WORK/encode-test.log"
 GEN=(-s en -t fr --max-len-a 1.5 --max-len-b 10 --bpe subword_nmt --bpe-codes "$MODEL/code" --tokenizer moses)
-for shape in free per-stack; do
-  out="$WORK/shrink-50-$shape.pt"
-  [ -f "$out" ] || fairseq-headprune shrink "$WORK/data" --path "$MODEL/model.pt" "${GEN[@]}" --max-tokens 4000 \
-    --remove 50% --shape "$shape" --calibration-subset valid --calibration-sentences 1000 --out "$out" \
-    > "$WORK/shrink-50-$shape.log" 2>&1
-done
-python benchmarks/deploy_table.py --unpruned "$MODEL/model.pt" --data "$WORK/data" \
-  --references "$WORK/data/test.raw.fr" "shrink-50=$WORK/shrink-50-free.pt" "shrink-ps50=$WORK/shrink-50-per-stack.pt" \
-  --runs "${RUNS:-3}" --out "$OUT" --decoding --beam 5 --batch-size 64 --max-tokens 100000 "${GEN[@]}"
+# the free shape beside the per-stack shrink that `deploy` makes itself (same calibration)
+[ -f "$WORK/shrink-50-free.pt" ] || fairseq-headprune shrink "$WORK/data" --path "$MODEL/model.pt" "${GEN[@]}" \
+  --max-tokens 4000 --remove 50% --calibration-subset valid --calibration-sentences 1000 \
+  --out "$WORK/shrink-50-free.pt" > "$WORK/shrink-50-free.log" 2>&1
+fairseq-headprune deploy "$WORK/data" --path "$MODEL/model.pt" --gen-subset test --references "$WORK/data/test.raw.fr" \
+  --results-dir "$OUT" --shrink-percent 50 --calibration-subset valid --calibration-sentences 1000 \
+  --compare "shrink-50=$WORK/shrink-50-free.pt" --runs "${RUNS:-3}" --beam 5 --batch-size 64 "${GEN[@]}"

@@ -22,7 +22,8 @@ REPORT = ["--gen-subset", "test", "--beam", "1", "--max-tokens", "3000", "--mask
           "--prune-step", "0.25", "--speed-batch-sizes", "1,8", "--speed-runs", "1", "--speed-sentences", "8",
           "--analyze-sentences", "16", "--dynamics", "none", "--note", "tiny test model",
           "--shrink-percents", "25,50,75", "--shrink-methods", "michel,full+out-proj+ffn",
-          "--shrink-calibration-subset", "test", "--shrink-calibration-sentences", "24"]
+          "--shrink-calibration-subset", "test", "--shrink-calibration-sentences", "24", "--deploy-runs", "1",
+          "--deploy-batch1-sentences", "4"]
 
 
 def report(data, checkpoint, out, *extra, check=True):
@@ -53,10 +54,11 @@ def full_report(slice_data, stock_checkpoint, tmp_path_factory):
 def test_report_runs_every_part_and_writes_md_and_html(full_report, slice_data, stock_checkpoint):
     out, proc = full_report
     for name in ("importance.json", "ablation-single.jsonl", "ablation-keep-one.jsonl", "pruning.jsonl", "speed.json",
-                 "shrink-sweep.jsonl", "shrink-sweep.png", "report-state.json", "report.md", "report.html"):
+                 "shrink-sweep.jsonl", "shrink-sweep.png", "deploy.json", "deploy.png", "models/shrink-ps50.pt",
+                 "report-state.json", "report.md", "report.html"):
         assert (out / name).exists(), name
     state = json.loads((out / "report-state.json").read_text())
-    assert set(state["parts"]) >= {"score", "single", "keep-one", "prune", "prune-types", "speed", "shrink"}
+    assert set(state["parts"]) >= {"score", "single", "keep-one", "prune", "prune-types", "speed", "shrink", "deploy"}
     # shrink: one row per budget and method besides the unpruned one, rendered as the report's table
     shrink = [json.loads(x) for x in (out / "shrink-sweep.jsonl").read_text().splitlines()[1:]]
     assert sorted((r["method"], r["removed"]) for r in shrink if r["key"] != "unpruned") == sorted(
@@ -66,6 +68,16 @@ def test_report_runs_every_part_and_writes_md_and_html(full_report, slice_data, 
     for r in shrink[1:]:
         assert f"{r['bleu']:.2f} ({r['delta']:+.2f})" in section
     assert "--sweep 25,50,75 --sweep-methods michel,full+out-proj+ffn --calibration-subset test" in section
+    # deploy: the unpruned model and its per-stack shrink in the three engines, as the table's file holds them
+    table = json.loads((out / "deploy.json").read_text())
+    section = md[md.index("## Deployment: fairseq and CTranslate2"):md.index("## Commands")]
+    assert [(r["model"], r["engine"]) for r in table["rows"]] == [
+        (m, e) for m in ("unpruned", "shrink-ps50") for e in ("fairseq", "ct2-float32", "ct2-int8")]
+    for r in table["rows"]:
+        assert f"| {r['model']} | {r['shape']} | {r['heads_kept']} |" in section
+    assert "best per-stack model: shrink-ps50" in section
+    assert re.search(r"fairseq-headprune deploy .* --calibration-subset test --calibration-sentences 24 --runs 1 "
+                     r"--batch1-sentences 4", section)
     # the commands recorded are the user's fairseq options plus the part's, never the report's own options
     single = state["parts"]["single"]["commands"][0]
     assert single.startswith(f"fairseq-headprune ablate {slice_data} --path {stock_checkpoint}")

@@ -37,6 +37,7 @@ COMMANDS = {
     "recover": ("fairseq_headprune.cli.recover", "fine-tune a pruned model towards the unpruned one (fairseq-train)"),
     "export-ct2": ("fairseq_headprune.cli.export_ct2",
                    "a CTranslate2 model of any checkpoint, checked against fairseq"),
+    "deploy": ("fairseq_headprune.cli.deploy", "BLEU and speed in fairseq and CTranslate2, unpruned vs pruned"),
 }
 
 

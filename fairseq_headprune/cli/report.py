@@ -41,6 +41,13 @@ def add_args(parser) -> None:
     g.add_argument("--shrink-calibration-sentences", type=int,
                    default=pipeline.ReportOptions.shrink_calibration_sentences,
                    help="shrink: calibration sentences (the first N of that subset)")
+    g.add_argument("--deploy-percent", type=float, default=pipeline.ReportOptions.deploy_percent,
+                   help="deploy: the share of heads its per-stack shrink removes (fitted on the shrink part's "
+                        "calibration sentences), timed beside the unpruned model in fairseq and CTranslate2")
+    g.add_argument("--deploy-runs", type=int, default=pipeline.ReportOptions.deploy_runs,
+                   help="deploy: interleaved timing rounds")
+    g.add_argument("--deploy-batch1-sentences", type=int, default=pipeline.ReportOptions.deploy_batch1_sentences,
+                   help="deploy: sentences timed one at a time (latency)")
     g.add_argument("--dynamics",
                    help="dynamics.jsonl of `dynamics` for claim C5: this model's training run (default: the bundled "
                         "model's run for the bundled model, none for any other; a file of another model is judged "

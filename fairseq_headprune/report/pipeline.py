@@ -33,11 +33,11 @@ from fairseq_headprune.mask_batching import parse_masks_per_batch
 from fairseq_headprune.results import layout as names
 from fairseq_headprune.results.identity import file_sha256, upgrade_fingerprints
 from fairseq_headprune.results.log import atomic_output, read_json, write_json_atomic
-from fairseq_headprune.studies import ablation, analysis, pruning, scoring, shrink_sweep, speed
+from fairseq_headprune.studies import ablation, analysis, deploy, pruning, scoring, shrink_sweep, speed
 from fairseq_headprune.studies.ranking import heads_to_json, importance_scores, rank_by_scores, steps
 from fairseq_headprune.workers import kept_pools, parse_workers
 
-PARTS = ("score", "single", "keep-one", "prune", "prune-types", "speed", "analyze", "shrink")
+PARTS = ("score", "single", "keep-one", "prune", "prune-types", "speed", "analyze", "shrink", "deploy")
 STATE = names.REPORT_STATE
 # the bundled De-En model's training run: C5's input by default for that model only (see default_dynamics)
 BUNDLED_DYNAMICS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
@@ -67,6 +67,9 @@ class ReportOptions:
     shrink_methods: str = ",".join(shrink_sweep.DEFAULT_METHODS)
     shrink_calibration_subset: str = "valid"
     shrink_calibration_sentences: int = 1000
+    deploy_percent: float = 50.0
+    deploy_runs: int = 3
+    deploy_batch1_sentences: int = 100
     dynamics: Optional[str] = None  # None: the bundled model's training run for the bundled model, else none
     l0_sweep: Optional[str] = None
     l0_encoder_sweep: Optional[str] = None  # the L0 sweep with encoder self-attention gated alone (claim V)
@@ -200,6 +203,12 @@ def plan(options: ReportOptions, base: Sequence[str], out: str) -> Dict[str, Par
                 calibration_subset=options.shrink_calibration_subset,
                 calibration_sentences=options.shrink_calibration_sentences, references=options.references,
                 l0_compare=options.l0_sweep))], subsets=[options.shrink_calibration_subset]),
+        "deploy": Part("deploy", "Deployment: fairseq and CTranslate2", [
+            ("deploy", deploy.DeployOptions(
+                subset=subset, references=options.references, shrink_percent=options.deploy_percent,
+                calibration_subset=options.shrink_calibration_subset,
+                calibration_sentences=options.shrink_calibration_sentences, runs=options.deploy_runs,
+                batch1_sentences=options.deploy_batch1_sentences))], subsets=[options.shrink_calibration_subset]),
     }
     for part in parts.values():
         part.rendered = [command_line(command, opts, base, out) for command, opts in part.commands]
@@ -255,6 +264,8 @@ def run_study(command: str, options: Any, loaded, out: str) -> None:
     elif command == "shrink":
         shrink_sweep.run(loaded, options.sweep_options(), out, options.subset, options.references,
                          options.l0_compare)
+    elif command == "deploy":
+        deploy.run(loaded, options, out)
     else:
         raise ValueError(f"no study for command {command!r}")
 
@@ -498,6 +509,10 @@ def check(options: ReportOptions, parts: Dict[str, Part]) -> None:
         for _, study_options in part.commands:
             if isinstance(study_options, ablation.AblationOptions):
                 study_options.check()
+    if "deploy" in options.part_names():
+        if not 0 < options.deploy_percent < 100:
+            raise UserError(f"--deploy-percent must be in (0, 100), not {options.deploy_percent:g}")
+        parts["deploy"].commands[0][1].check()
     if "shrink" in options.part_names():
         try:
             parts["shrink"].commands[0][1].sweep_options()
@@ -514,6 +529,10 @@ def run(cfg, options: ReportOptions, base: Sequence[str], out: str) -> List[str]
     all_parts = plan(options, base, out)
     check(options, all_parts)
     parts_wanted = options.part_names()
+    if "deploy" in parts_wanted:
+        from fairseq_headprune.export_ct2 import ct2_decoding
+
+        ct2_decoding(cfg.generation)  # decoding options CTranslate2 cannot apply: refused before any part runs
     started = time.time()
     loaded = load(cfg)
     checkpoint_sha = file_sha256(loaded.checkpoint)
@@ -611,5 +630,6 @@ def build_document(out: str, parts: Dict[str, Part], state: State, options: Repo
     sections.voita(doc, files)
     sections.analysis(doc, files, parts["analyze"], state)
     sections.shrink(doc, files, parts["shrink"], state)
+    sections.deploy(doc, files, parts["deploy"], state)
     sections.commands(doc, parts, state, report_line)
     return doc, claim_rows, files

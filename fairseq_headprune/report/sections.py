@@ -5,6 +5,7 @@ draws itself (importance maps, curves split by kind, dynamics) go through plots.
 from __future__ import annotations
 
 import datetime
+import json
 import os
 from dataclasses import dataclass
 from statistics import mean
@@ -565,6 +566,34 @@ def shrink(doc: Document, files: Files, part, state) -> None:
     doc.paragraph("Speed: removing the same heads from the unpruned model is as fast as removing them from a "
                   "refit one (the fits change values, not shapes); `fairseq-headprune speed --heads SPEC` "
                   "measures it at equal work with a row's `removed_spec`.")
+    _provenance(doc, part, state)
+
+
+def deploy(doc: Document, files: Files, part, state) -> None:
+    """Where the model is deployed: the unpruned model and its per-stack shrink in fairseq and CTranslate2."""
+    from fairseq_headprune.studies import deploy as study
+
+    doc.heading("Deployment: fairseq and CTranslate2")
+    path = files.figure(study.FILES[0])
+    if not os.path.exists(path):
+        _missing(doc, study.FILES[0], part.lines())
+        return
+    with open(path, encoding="utf-8") as f:
+        table = json.load(f)
+    options = part.commands[0][1]
+    doc.paragraph(
+        f"The unpruned model and its shrink removing {options.shrink_percent:g}% of the heads in the {options.shape} "
+        "shape (one head count per encoder and one per decoder: what CTranslate2 runs without padding; fitted on "
+        f"the shrink part's calibration sentences, no retraining), exported to CTranslate2 (`export-ct2`'s spec) "
+        "and timed beside fairseq. " + study.description(table["meta"]))
+    doc.table(study.HEADERS, study.cells(table))
+    figure = files.figure(study.FILES[2])
+    if os.path.exists(figure):
+        doc.image(figure, "BLEU against sentences/s relative to the unpruned model in fairseq; the frontier dashed")
+    doc.paragraph("Targets (issue 29: the best per-stack model in CTranslate2 int8 at least "
+                  f"{study.SPEEDUP_TARGET}x the unpruned int8 at equal work, within {study.BLEU_TARGET} BLEU of the "
+                  "unpruned fairseq model):")
+    doc.bullets(study.target_lines(table["targets"]))
     _provenance(doc, part, state)
 
 

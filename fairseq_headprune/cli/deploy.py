@@ -1,0 +1,46 @@
+"""`fairseq-headprune deploy DATA --path CKPT --results-dir DIR`: the deployment table, BLEU and decoding speed of the
+unpruned model, its own per-stack shrink and any --compare checkpoints in fairseq and CTranslate2 (float32, int8).
+
+  fairseq-headprune deploy DATA --path CKPT --results-dir DIR --gen-subset test --beam 5 --batch-size 64 \\
+      [--shrink-percent 50 --shape per-stack --calibration-subset valid] [--compare NAME=CKPT ...] [--runs 3] \\
+      [--references REF] [fairseq decoding options]
+
+Writes DIR/deploy.json, DIR/deploy.md, DIR/deploy.png (BLEU against speed, the frontier drawn) and, with
+--shrink-percent, DIR/models/shrink-ps50.pt (its record beside it; reused by a rerun with the same options).
+"""
+from __future__ import annotations
+
+from fairseq_headprune.cli.common import options_from, results_folder
+from fairseq_headprune.studies import deploy
+
+
+def add_args(parser) -> None:
+    g = parser.add_argument_group("deploy")
+    g.add_argument("--results-dir", required=True, help="folder of the table, its figure and the shrunk model")
+    g.add_argument("--references", help="raw reference file of --gen-subset for BLEU (default: the binarised targets)")
+    g.add_argument("--compare", nargs="+", default=(), metavar="NAME=CKPT",
+                   help="pruned or recovered checkpoints to put beside the unpruned one")
+    g.add_argument("--shrink-percent", type=float, default=deploy.DeployOptions.shrink_percent,
+                   help="shrink the model itself, removing this share of its heads (0: no shrink of its own)")
+    g.add_argument("--shape", default=deploy.DeployOptions.shape, choices=("free", "per-stack"),
+                   help="the shrink's shape (per-stack: what CTranslate2 runs without padding)")
+    g.add_argument("--calibration-subset", default=deploy.DeployOptions.calibration_subset)
+    g.add_argument("--calibration-sentences", type=int, default=deploy.DeployOptions.calibration_sentences)
+    g.add_argument("--runs", type=int, default=deploy.DeployOptions.runs, help="interleaved timing rounds")
+    g.add_argument("--batch1-sentences", type=int, default=deploy.DeployOptions.batch1_sentences,
+                   help="sentences timed one at a time (latency)")
+
+
+def run(cfg, args) -> None:
+    from fairseq_headprune.loading import load
+
+    from fairseq_headprune.export_ct2 import ct2_decoding
+
+    options = options_from(deploy.DeployOptions, args, subset=cfg.dataset.gen_subset, compare=tuple(args.compare))
+    options.check()
+    ct2_decoding(cfg.generation)  # decoding options CTranslate2 cannot apply: refused before loading
+    with results_folder(args.results_dir):
+        table, paths = deploy.run(load(cfg), options, args.results_dir)
+    print("\n".join(deploy.target_lines(table["targets"])))
+    for path in paths:
+        print(f"wrote {path}")

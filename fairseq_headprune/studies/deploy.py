@@ -1,0 +1,427 @@
+"""The deployment table: BLEU and decoding speed of the unpruned model and its pruned (or recovered) checkpoints in
+fairseq, CTranslate2 float32 and CTranslate2 int8, every cell measured in one run (`fairseq-headprune deploy`, and
+the `deploy` part of `report`).
+
+Optionally the study first shrinks the model itself (`shrink_percent`, per-stack shape by default: the shape
+CTranslate2 runs without padding), so one command answers "what does pruning buy where I deploy?".
+
+Every cell is timed in the same rounds: each round decodes with every model in every engine in turn (interleaved,
+so drift in machine load hits all alike), and speed is a ratio of seconds within a round, averaged over rounds.
+Two kinds of speed:
+- as decoded (`natural`): the subset in fairseq-generate's batches (--batch-size/--max-tokens, sorted by length),
+  the same batches for CTranslate2, each model writing its own translations (the ones BLEU scores);
+- equal work (`forced`): every hypothesis forced to L tokens + 1 step (L: the unpruned fairseq model's mean
+  hypothesis length; fairseq min = max length L, CTranslate2 min = max decoding length L + 1), so every model of an
+  engine runs the same decoder steps on the same sources. The targets use this one.
+Batch 1 (latency) on the first `batch1_sentences` sentences, both kinds. One thread throughout.
+"""
+from __future__ import annotations
+
+import copy
+import datetime
+import os
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from fairseq_headprune.errors import UserError
+
+ENGINES = ("fairseq", "ct2-float32", "ct2-int8")
+# (kind, batch): "batch" is the subset's own batches (--batch-size / --max-tokens), 1 the latency batches
+MODES = (("natural", "batch"), ("forced", "batch"), ("natural", 1), ("forced", 1))
+SPEEDUP_TARGET, BLEU_TARGET = 1.5, 0.5  # per-stack int8 over unpruned int8 (equal work, batched); BLEU loss
+FILES = ("deploy.json", "deploy.md", "deploy.png")
+MODELS = "models"  # the study's own shrunk checkpoint and its record, in a folder of its own
+
+
+@dataclass
+class DeployOptions:
+    """What `fairseq-headprune deploy` measures; every field has the command's default."""
+
+    subset: str = field(default="test", metadata={"flag": "--gen-subset"})
+    references: Optional[str] = None
+    compare: Tuple[str, ...] = ()  # NAME=CHECKPOINT of pruned or recovered models to put beside the unpruned one
+    shrink_percent: float = 50.0  # 0: no shrink of its own
+    shape: str = "per-stack"
+    calibration_subset: str = "valid"
+    calibration_sentences: int = 1000
+    runs: int = 3
+    batch1_sentences: int = 100
+
+    def named_checkpoints(self) -> List[Tuple[str, str]]:
+        """--compare as (name, path), refused in one line when malformed, repeated or missing."""
+        named: List[Tuple[str, str]] = []
+        for item in self.compare:
+            name, sep, path = item.partition("=")
+            if not sep or not name or not path:
+                raise UserError(f"--compare takes NAME=CHECKPOINT, not {item!r}")
+            if name in ("unpruned", self.shrunk_name()) or name in dict(named):
+                raise UserError(f"--compare: the name {name} is taken")
+            if not os.path.isfile(path):
+                raise UserError(f"--compare {name}: no such checkpoint: {path}")
+            named.append((name, path))
+        return named
+
+    def shrunk_name(self) -> Optional[str]:
+        if not self.shrink_percent:
+            return None
+        return f"shrink-{'ps' if self.shape == 'per-stack' else ''}{self.shrink_percent:g}"
+
+    def check(self) -> None:
+        if not 0 <= self.shrink_percent < 100:
+            raise UserError(f"--shrink-percent must be in [0, 100), not {self.shrink_percent:g}")
+        if self.runs < 1 or self.batch1_sentences < 1:
+            raise UserError("--runs and --batch1-sentences must be at least 1")
+        if self.references and not os.path.isfile(self.references):
+            raise UserError(f"--references: no such file: {self.references}")
+        if not self.shrink_percent and not self.compare:
+            raise UserError("nothing to compare: give --compare NAME=CKPT or --shrink-percent")
+        self.named_checkpoints()
+
+
+# --------------------------------------------------------------------------------------------- one model, three engines
+
+
+class Contender:
+    """One checkpoint loaded as fairseq-generate loads it, its evaluator (references, detokenisation) and its
+    CTranslate2 exports (float32 and int8, written by export_ct2's functions into a temporary folder)."""
+
+    def __init__(self, name: str, loaded, options: DeployOptions, tmp: str):
+        from fairseq_headprune.evaluate import SubsetEvaluator
+        from fairseq_headprune.export_ct2 import build_spec, ct2_decoding, stack_heads, write_model
+        from fairseq_headprune.studies.speed_ct2 import translator
+
+        self.name, self.path, self.loaded = name, loaded.checkpoint, loaded
+        self.evaluator = SubsetEvaluator(loaded, options.subset, options.references)
+        self.decoding = ct2_decoding(loaded.cfg.generation)
+        self.heads_kept = sum(int(m.num_heads) for m in _attention(loaded.model))
+        self.ct2_heads = stack_heads(loaded.model)
+        self.shape = shape_kind(loaded.model)
+        activation = getattr(loaded.saved_cfg.model, "activation_fn", None) or "relu"
+        self.translators = {}
+        for engine, quantization in (("ct2-float32", None), ("ct2-int8", "int8")):
+            folder = os.path.join(tmp, f"{name}-{engine}")
+            spec = build_spec(loaded.model, loaded.task.source_dictionary, loaded.task.target_dictionary, activation)
+            write_model(spec, folder, quantization)
+            self.translators[engine] = translator(folder, quantization or "float32", 1)
+
+    def run(self, engine: str, samples, forced: int = 0) -> Dict:
+        """Decode the batches once; seconds and each sentence's hypothesis (fairseq token ids, no EOS)."""
+        if engine == "fairseq":
+            return self._fairseq(samples, forced)
+        return self._ct2(self.translators[engine], samples, forced)
+
+    def _fairseq(self, samples, forced: int) -> Dict:
+        import torch
+
+        task, model = self.loaded.task, self.loaded.model
+        generation = copy.deepcopy(self.loaded.cfg.generation)
+        if forced:  # L tokens, then EOS forced at step L: L + 1 decoder steps
+            generation.min_len, generation.max_len_a, generation.max_len_b = forced, 0, forced
+        generator = task.build_generator([model], generation)
+        eos = task.target_dictionary.eos()
+        out = {}
+        with torch.no_grad():
+            start = time.perf_counter()
+            for sample in samples:
+                for sid, nbest in zip(sample["id"].tolist(), task.inference_step(generator, [model], sample)):
+                    out[sid] = nbest[0]["tokens"].tolist()
+            seconds = time.perf_counter() - start
+        return {"seconds": seconds, "hypotheses": {sid: h[:-1] if h and h[-1] == eos else h for sid, h in out.items()}}
+
+    def _ct2(self, translator_, samples, forced: int) -> Dict:
+        from fairseq_headprune.export_ct2 import max_length
+
+        src_dict, tgt_dict = self.loaded.task.source_dictionary, self.loaded.task.target_dictionary
+        decoding = dict(self.decoding)
+        if forced:  # the same L + 1 steps as fairseq's L tokens and EOS
+            decoding["min_decoding_length"] = forced + 1
+        positions = self.loaded.model.decoder.max_positions()
+        batches = []
+        for sample in samples:  # prepared before the clock starts: fairseq's batches are ready-made too
+            tokens = sample["net_input"]["src_tokens"]
+            sources = [[src_dict[t] for t in row if t not in (src_dict.pad(), src_dict.eos())]
+                       for row in tokens.tolist()]
+            cap = forced + 1 if forced else max_length(self.loaded.cfg.generation, tokens.size(1), positions)
+            batches.append((sample["id"].tolist(), sources, cap))
+        out = {}
+        start = time.perf_counter()
+        for ids, sources, cap in batches:
+            results = translator_.translate_batch(sources, max_decoding_length=cap, **decoding)
+            for sid, result in zip(ids, results):
+                out[sid] = result.hypotheses[0]
+        seconds = time.perf_counter() - start
+        return {"seconds": seconds, "hypotheses": {sid: [tgt_dict.index(t) for t in h] for sid, h in out.items()}}
+
+    def bleu(self, hypotheses: Dict[int, List[int]]) -> float:
+        import torch
+
+        texts = [self.evaluator.hypothesis_text({"tokens": torch.tensor(hypotheses[i], dtype=torch.long)})
+                 for i in range(self.evaluator.size)]
+        return round(float(self.evaluator.bleu(texts).score), 2)
+
+
+def _attention(model):
+    from fairseq_headprune.heads import attention_modules
+
+    return list(attention_modules(model).values())
+
+
+def shape_kind(model) -> str:
+    """per-stack: one head count in the encoder and one in the decoder (what CTranslate2 runs unpadded)."""
+    from fairseq_headprune.heads import attention_modules
+
+    counts = {"enc": set(), "dec": set()}
+    for (attn_type, _), m in attention_modules(model).items():
+        counts["enc" if attn_type == "enc-self" else "dec"].add(int(m.num_heads))
+    return "per-stack" if all(len(c) == 1 for c in counts.values()) else "free"
+
+
+def batch1_samples(contender: Contender, n: int):
+    dataset = contender.evaluator.dataset
+    return [dataset.collater([dataset[i]]) for i in range(min(n, len(dataset)))]
+
+
+# --------------------------------------------------------------------------------------------- the table
+
+
+def measure(contenders: Sequence[Contender], runs: int, batch1_sentences: int, log=print) -> Dict:
+    """All rounds, interleaved; the raw seconds and the first round's hypotheses per cell. A cell that translates
+    differently in a later round is an error (the timing would not be of the same work)."""
+    base = contenders[0]
+    samples = {"batch": base.evaluator.samples, 1: batch1_samples(base, batch1_sentences)}
+    natural = base.run("fairseq", samples["batch"])
+    length = round(statistics.mean(len(h) for h in natural["hypotheses"].values()))
+    log(f"equal work: every hypothesis forced to {length} tokens (+1 step), the unpruned model's mean")
+    cells = {(c.name, e): {f"{m}-{b}": [] for m, b in MODES} for c in contenders for e in ENGINES}
+    hypotheses = {}
+    for c in contenders:  # warm-up: every engine meets its shapes once
+        for e in ENGINES:
+            c.run(e, samples["batch"][:1])
+    for r in range(runs):
+        for mode, bs in MODES:
+            for c in contenders:
+                for e in ENGINES:
+                    got = c.run(e, samples[bs], length if mode == "forced" else 0)
+                    cells[(c.name, e)][f"{mode}-{bs}"].append(got["seconds"])
+                    key = (c.name, e, mode, bs)
+                    if r == 0:
+                        hypotheses[key] = got["hypotheses"]
+                    elif got["hypotheses"] != hypotheses[key]:
+                        raise RuntimeError(f"{key}: round {r + 1} translated differently from round 1")
+            log(f"round {r + 1}/{runs}: {mode} batch {bs} done")
+    return {"seconds": cells, "hypotheses": hypotheses, "length": length,
+            "sentences": {"batch": base.evaluator.size, 1: len(samples[1])}}
+
+
+def paired_ratio(base: List[float], other: List[float]) -> float:
+    """How many times faster `other` is than `base`, seconds paired within each round, averaged over rounds."""
+    return statistics.mean(b / o for b, o in zip(base, other))
+
+
+def build_table(contenders: Sequence[Contender], measured: Dict, options: DeployOptions) -> Dict:
+    import ctranslate2
+
+    from fairseq_headprune import flops
+    from fairseq_headprune.results.identity import file_sha256
+    from fairseq_headprune.studies.speed_ct2 import ct2_shape
+
+    base = contenders[0]
+    seconds, hyps = measured["seconds"], measured["hypotheses"]
+    beam = int(base.loaded.cfg.generation.beam)
+    src_lens = [int(base.evaluator.dataset.src_sizes[i]) for i in range(base.evaluator.size)]
+    forced_lens = [measured["length"] + 1] * len(src_lens)
+    batch = max(s["id"].numel() for s in base.evaluator.samples)
+    rows = []
+    for c in contenders:
+        flop = {"fairseq": flops.flop_ratio(base.loaded.model, c.loaded.model, src_lens, forced_lens, beam, batch),
+                "ct2": flops.flop_ratio(ct2_shape(base.loaded.model), ct2_shape(c.loaded.model), src_lens,
+                                        forced_lens, beam, batch)}
+        for e in ENGINES:
+            cell = seconds[(c.name, e)]
+            row = {"model": c.name, "checkpoint": c.path, "shape": "unpruned" if c is base else c.shape,
+                   "heads_kept": c.heads_kept, "ct2_heads_per_stack": list(c.ct2_heads), "engine": e,
+                   "bleu": c.bleu(hyps[(c.name, e, "natural", "batch")]),
+                   "flop_ratio": flop["fairseq" if e == "fairseq" else "ct2"]}
+            for mode, bs in MODES:
+                key = f"{mode}-{bs}"
+                n = measured["sentences"][bs]
+                row[f"sentences_per_s_{key}"] = round(statistics.mean(n / s for s in cell[key]), 1)
+                row[f"x_unpruned_fairseq_{key}"] = round(
+                    paired_ratio(seconds[(base.name, "fairseq")][key], cell[key]), 3)
+                row[f"x_unpruned_same_engine_{key}"] = round(paired_ratio(seconds[(base.name, e)][key], cell[key]), 3)
+                row[f"tokens_{key}"] = sum(len(h) for h in hyps[(c.name, e, mode, bs)].values())
+            if e != "fairseq":
+                ours, theirs = hyps[(c.name, e, "natural", "batch")], hyps[(c.name, "fairseq", "natural", "batch")]
+                row["differing_from_fairseq"] = sum(ours[i] != theirs[i] for i in theirs)
+            rows.append(row)
+    for e in ENGINES:  # equal work: every model of an engine wrote as many tokens when forced
+        for mode, bs in MODES:
+            if mode == "forced" and len({r[f"tokens_forced-{bs}"] for r in rows if r["engine"] == e}) != 1:
+                raise RuntimeError(f"{e}, batch {bs}: forced lengths gave different token counts: not equal work")
+    for row in rows:
+        row["bleu_delta"] = round(row["bleu"] - rows[0]["bleu"], 2)
+    dataset = base.loaded.cfg.dataset
+    return {"rows": rows, "targets": targets(rows),
+            "meta": {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                     "checkpoint_sha256": file_sha256(base.path),
+                     "ctranslate2": ctranslate2.__version__, "threads": 1, "beam": beam,
+                     "batch_size": dataset.batch_size, "max_tokens": dataset.max_tokens, "largest_batch": batch,
+                     "subset": options.subset, "references": options.references or "binarised targets, decoded",
+                     "runs": options.runs, "forced_length": measured["length"],
+                     "sentences_batched": measured["sentences"]["batch"], "sentences_batch1": measured["sentences"][1],
+                     "options": asdict(options)}}
+
+
+def targets(rows: List[Dict]) -> Dict:
+    """The issue's targets: unpruned CT2 float32 as fairseq; the best per-stack model in CT2 int8 >= 1.5x the
+    unpruned CT2 int8 (equal work, batched) within 0.5 BLEU of the unpruned fairseq model."""
+    cell = {(r["model"], r["engine"]): r for r in rows}
+    unpruned_fairseq, unpruned_f32 = cell[("unpruned", "fairseq")], cell[("unpruned", "ct2-float32")]
+    out = {"float32_as_fairseq": {
+        "differing": unpruned_f32["differing_from_fairseq"], "bleu_fairseq": unpruned_fairseq["bleu"],
+        "bleu_ct2_float32": unpruned_f32["bleu"],
+        "met": abs(unpruned_f32["bleu"] - unpruned_fairseq["bleu"]) <= 0.05}}
+    per_model = []
+    for r in (r for r in rows if r["engine"] == "ct2-int8" and r["shape"] == "per-stack"):
+        speed = r["x_unpruned_same_engine_forced-batch"]
+        per_model.append({"model": r["model"], "x_unpruned_int8": speed, "bleu": r["bleu"],
+                          "bleu_loss": round(unpruned_fairseq["bleu"] - r["bleu"], 2),
+                          "x_unpruned_fairseq": r["x_unpruned_fairseq_forced-batch"],
+                          "x_unpruned_int8_batch1": r["x_unpruned_same_engine_forced-1"],
+                          "flop_ratio": round(r["flop_ratio"], 3),
+                          "met": speed >= SPEEDUP_TARGET and unpruned_fairseq["bleu"] - r["bleu"] <= BLEU_TARGET})
+    best = max(per_model, key=lambda m: (m["met"], m["bleu"]), default=None)
+    out["per_stack_int8"] = {"models": per_model, "best": best, "met": bool(best and best["met"])}
+    return out
+
+
+# --------------------------------------------------------------------------------------------- files
+
+
+HEADERS = ("model", "shape", "heads", "CT2 heads enc/dec", "engine", "BLEU", "ΔBLEU", "sent/s batched",
+           "x fairseq unpruned", "x same engine unpruned, equal work", "same, batch 1", "FLOP ratio")
+
+
+def description(meta: Dict) -> str:
+    """How the table was measured, in a paragraph."""
+    batching = " and ".join(([f"--batch-size {meta['batch_size']}"] if meta["batch_size"] else [])
+                            + ([f"--max-tokens {meta['max_tokens']}"] if meta["max_tokens"] else []))
+    return (f"BLEU: sacreBLEU on detokenised output of '{meta['subset']}' ({meta['sentences_batched']} sentences), "
+            f"beam {meta['beam']}, as decoded. Speed: one thread, CTranslate2 {meta['ctranslate2']}, {meta['runs']} "
+            "interleaved rounds, as a ratio of seconds within each round (averaged): absolute sentences/s depend on "
+            f"the machine's load, the ratios much less. Batched: fairseq's batches ({batching}; the largest holds "
+            f"{meta['largest_batch']} sentences), the same for every engine. *as decoded*: each model's own "
+            f"translations; *equal work*: every hypothesis forced to {meta['forced_length']} tokens + 1 step. "
+            f"Batch 1: the first {meta['sentences_batch1']} sentences.")
+
+
+def cells(table: Dict) -> List[List[str]]:
+    return [[r["model"], r["shape"], str(r["heads_kept"]), "/".join(map(str, r["ct2_heads_per_stack"])), r["engine"],
+             f"{r['bleu']:.2f}", f"{r['bleu_delta']:+.2f}", f"{r['sentences_per_s_natural-batch']:.1f}",
+             f"{r['x_unpruned_fairseq_natural-batch']:.2f}", f"{r['x_unpruned_same_engine_forced-batch']:.2f}",
+             f"{r['x_unpruned_same_engine_forced-1']:.2f}", f"{r['flop_ratio']:.2f}"] for r in table["rows"]]
+
+
+def markdown(table: Dict) -> str:
+    lines = [f"# Deployment table ({table['meta']['date']})", "", description(table["meta"]), "",
+             "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
+    lines += ["| " + " | ".join(row) + " |" for row in cells(table)]
+    lines += ["", "Targets:", ""] + [f"- {line}" for line in target_lines(table["targets"])]
+    return "\n".join(lines) + "\n"
+
+
+def target_lines(t: Dict) -> List[str]:
+    """The targets as met or missed, one line each (no list markers)."""
+    f = t["float32_as_fairseq"]
+    lines = [f"unpruned model in CTranslate2 float32 as fairseq: {f['differing']} hypotheses differ, BLEU "
+             f"{f['bleu_ct2_float32']:.2f} vs {f['bleu_fairseq']:.2f}: **{'met' if f['met'] else 'missed'}**"]
+    p = t["per_stack_int8"]
+    if not p["models"]:
+        return lines + ["per-stack model in CTranslate2 int8: **no per-stack model in the table**"]
+    for m in p["models"]:
+        lines.append(f"{m['model']} (per-stack) in CTranslate2 int8: {m['x_unpruned_int8']:.2f}x the unpruned "
+                     f"model's int8, batched, equal work (target {SPEEDUP_TARGET}x; FLOP ratio {m['flop_ratio']:.2f};"
+                     f" batch 1 {m['x_unpruned_int8_batch1']:.2f}x), {m['x_unpruned_fairseq']:.2f}x unpruned fairseq; "
+                     f"BLEU {m['bleu']:.2f}, {m['bleu_loss']:.2f} below unpruned fairseq (target {BLEU_TARGET}): "
+                     f"**{'met' if m['met'] else 'missed'}**")
+    lines.append(f"best per-stack model: {p['best']['model']}: target **{'met' if p['met'] else 'missed'}**")
+    return lines
+
+
+def write_all(table: Dict, out: str) -> List[str]:
+    from fairseq_headprune.plots import deploy_frontier
+    from fairseq_headprune.results.log import atomic_output, write_json_atomic
+
+    paths = [os.path.join(out, name) for name in FILES]
+    write_json_atomic(paths[0], table)
+    with atomic_output(paths[1]) as f:
+        f.write(markdown(table))
+    deploy_frontier(table["rows"], paths[2])
+    return paths
+
+
+# --------------------------------------------------------------------------------------------- the study
+
+
+def shrunk_checkpoint(loaded, options: DeployOptions, out: str, log=print) -> str:
+    """The study's own shrink of the model (OUT/models/NAME.pt), reused when its record says it was made from this
+    checkpoint with these options."""
+    from fairseq_headprune.checkpoint_io import record_path_for
+    from fairseq_headprune.masking import set_head_masks
+    from fairseq_headprune.results.identity import file_sha256
+    from fairseq_headprune.results.log import read_json
+    from fairseq_headprune.studies.shrink import ShrinkOptions, export, shrink
+
+    shrink_options = ShrinkOptions(remove=f"{options.shrink_percent:g}%", shape=options.shape,
+                                   calibration_subset=options.calibration_subset,
+                                   calibration_sentences=options.calibration_sentences)
+    os.makedirs(os.path.join(out, MODELS), exist_ok=True)
+    path = os.path.join(out, MODELS, options.shrunk_name() + ".pt")
+    record_path = record_path_for(path, None)
+    if os.path.exists(path) and os.path.exists(record_path):
+        record = read_json(record_path)
+        wanted = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(shrink_options).items()}
+        if record.get("source_sha256") == file_sha256(loaded.checkpoint) and record.get("options") == wanted:
+            log(f"reusing {path}")
+            return path
+    result, calibration = shrink(loaded, shrink_options, log)
+    export(loaded, result, calibration, shrink_options, path, record_path, log)
+    set_head_masks(loaded.model, [])
+    return path
+
+
+def load_other(loaded, path: str):
+    """Another checkpoint loaded with the same options as `loaded` (task, data, generation)."""
+    from fairseq_headprune.loading import load
+
+    cfg = copy.deepcopy(loaded.cfg)
+    cfg.common_eval.path = path
+    return load(cfg)
+
+
+def run(loaded, options: DeployOptions, out: str, log=print) -> Tuple[Dict, List[str]]:
+    """Shrink (if asked), export every model to CTranslate2, time every cell, write OUT/deploy.{json,md,png}."""
+    import torch
+
+    from fairseq_headprune.export_ct2 import ct2_decoding
+    from fairseq_headprune.masking import set_head_masks
+
+    options.check()
+    ct2_decoding(loaded.cfg.generation)  # options CTranslate2 cannot apply: refused before any work
+    named = options.named_checkpoints()
+    set_head_masks(loaded.model, [])
+    if options.shrink_percent:
+        named.insert(0, (options.shrunk_name(), shrunk_checkpoint(loaded, options, out, log)))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with tempfile.TemporaryDirectory(prefix="deploy-") as tmp:
+            contenders = [Contender("unpruned", loaded, options, tmp)]
+            contenders += [Contender(name, load_other(loaded, path), options, tmp) for name, path in named]
+            table = build_table(contenders, measure(contenders, options.runs, options.batch1_sentences, log), options)
+    finally:
+        torch.set_num_threads(threads)
+    return table, write_all(table, out)
