@@ -50,12 +50,22 @@ RUNS = {
                         "shrink-t50-w1000-3e-4", 50),
     "rt75-w1000-3e-4": ("shrink calibrated on train + window fit + recover (default recipe)",
                         "shrink-t75-w1000-3e-4", 75),
+    "rt30-w1000-3e-4": ("shrink calibrated on train + window fit + recover (default recipe)",
+                        "shrink-t30-w1000-3e-4", 30),
+    "rt50-both": ("shrink calibrated on train + window fit + recover (both: KL on the teacher's translations)",
+                  "shrink-t50-w1000-3e-4", 50),
+    "ctl-both": ("control: unpruned + recover (both)", None, 0),
+    "rtps50-w1000-3e-4": ("shrink per-stack calibrated on train + window fit + recover (default recipe)",
+                          "shrink-tps50-w1000-3e-4", 50),
+    "rtdps50-w1000-3e-4": ("shrink per-stack, decoder only (4 of 8 heads), calibrated on train + window fit + "
+                           "recover (default recipe)", "shrink-tdps50-w1000-3e-4", 33),
 }
 FIRST_RECIPE = {"ctl-logits", "r25-logits", "r50-logits", "r75-logits", "rih50-logits", "rps50-logits", "r50-none"}
 SHRINKS = {"shrink-25": 25, "shrink-50": 50, "shrink-75": 75, "shrink-ih50": 50, "shrink-ps50": 50,
            "shrink-t50-ridge": 50, "shrink-t50-w300-3e-5": 50, "shrink-t50-w300-1e-4": 50,
            "shrink-t50-w300-3e-4": 50, "shrink-t50-w1000-1e-4": 50, "shrink-t50-w300-1e-3": 50,
-           "shrink-t50-w1000-3e-4": 50, "shrink-t75-ridge": 75, "shrink-t75-w1000-3e-4": 75}
+           "shrink-t50-w1000-3e-4": 50, "shrink-t75-ridge": 75, "shrink-t75-w1000-3e-4": 75,
+           "shrink-t30-w1000-3e-4": 30, "shrink-tps50-w1000-3e-4": 50, "shrink-tdps50-w1000-3e-4": 33}
 SHRINK_LABEL = {"shrink-ih50": "Michel's I_h + refit", "shrink-ps50": "shrink per-stack",
                 "shrink-t50-ridge": "shrink calibrated on train, closed-form fits",
                 "shrink-t50-w300-3e-5": "shrink calibrated on train + window fit (300 steps, lr 3e-5)",
@@ -65,7 +75,10 @@ SHRINK_LABEL = {"shrink-ih50": "Michel's I_h + refit", "shrink-ps50": "shrink pe
                 "shrink-t50-w300-1e-3": "shrink calibrated on train + window fit (300 steps, lr 1e-3)",
                 "shrink-t50-w1000-3e-4": "shrink calibrated on train + window fit (1000 steps, lr 3e-4)",
                 "shrink-t75-ridge": "shrink calibrated on train, closed-form fits",
-                "shrink-t75-w1000-3e-4": "shrink calibrated on train + window fit (1000 steps, lr 3e-4)"}
+                "shrink-t75-w1000-3e-4": "shrink calibrated on train + window fit (1000 steps, lr 3e-4)",
+                "shrink-t30-w1000-3e-4": "shrink calibrated on train + window fit (1000 steps, lr 3e-4)",
+                "shrink-tps50-w1000-3e-4": "shrink per-stack calibrated on train + window fit",
+                "shrink-tdps50-w1000-3e-4": "shrink per-stack, decoder only, calibrated on train + window fit"}
 # variants compared on valid only (a choice); test2016 decodes the chosen one and what it is compared with
 CHOICE_ONLY = {"shrink-t50-w300-3e-5", "shrink-t50-w300-1e-4", "shrink-t50-w300-3e-4", "shrink-t50-w1000-1e-4",
                "shrink-t50-w300-1e-3"}
@@ -77,6 +90,8 @@ def control_of(run: Optional[str]) -> str:
         return "ctl-logits"
     if run and run.startswith("ctl-"):  # a control is its own
         return run
+    if run == "rt50-both":
+        return "ctl-both"
     return "ctl-seq-d01" if run and run.startswith("r50-seq") else "ctl-d01-t2"
 
 
@@ -158,6 +173,7 @@ def main() -> None:
     import sacrebleu
 
     from fairseq_headprune.stats import BleuBootstrap
+    from fairseq_headprune.studies import recover_table
 
     os.makedirs(os.path.join(args.out, "hyps"), exist_ok=True)
     refs = open(os.path.join(args.work, "data-bin", f"{args.subset}.raw.en"), encoding="utf-8").read().split("\n")[:-1]
@@ -182,44 +198,23 @@ def main() -> None:
             r["control_delta"] = match[0]["delta"]
             r["delta_adjusted"] = r["delta"] - match[0]["delta"]
     costs = {run: run_costs(args.work, run) for run in RUNS}
+    for run, c in costs.items():  # the cost target is recover's, with its own defaults
+        c["default_recipe"] = control_of(run) == "ctl-d01-t2" and run != "ctl-d01-t2" and run not in FIRST_RECIPE
+    from fairseq_headprune.results.identity import file_sha256
+
     settings = ("paired bootstrap: 1000 resamples of full size (sample ratio 1.0), seed 1, one-sided p in the "
                 "observed direction; beam 5; sacreBLEU " + sacrebleu.__version__ + " on detokenised output")
-    result = {"subset": args.subset, "settings": settings, "rows": rows, "costs": costs,
+    result = {"subset": args.subset, "settings": settings, "unpruned_sha256": file_sha256(MODEL), "rows": rows,
+              "costs": costs, "figure": "recover.png" if args.subset == "test" else None,
               "peak_rss_gib_of_this_script": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)}
     from fairseq_headprune.results.log import atomic_output, write_json_atomic
 
     write_json_atomic(os.path.join(args.out, f"recover-{args.subset}.json"), result)
     with atomic_output(os.path.join(args.out, f"recover-{args.subset}.md")) as f:
-        f.write(render(result))
+        f.write(recover_table.markdown(result))
     if args.subset == "test":
         plot(rows, os.path.join(args.out, "recover.png"))
-    print(render(result))
-
-
-def render(result: dict) -> str:
-    rows = result["rows"]
-    lines = [f"# recover on the bundled De-En model: Multi30k {result['subset']}", "",
-             f"Significance: {result['settings']}.", "",
-             "| model | removed | epochs | BLEU | vs unpruned | p | 95% interval "
-             "| vs unpruned, minus the control's change |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        delta = f"{r['delta']:+.2f}" if "delta" in r else ""
-        p = f"{r['p']:.3f}" if "p" in r else ""
-        interval = f"[{r['interval'][0]:+.2f}, {r['interval'][1]:+.2f}]" if "interval" in r else ""
-        adjusted = f"{r['delta_adjusted']:+.2f} (control {r['control_delta']:+.2f})" if "delta_adjusted" in r else ""
-        epochs = "" if r["epoch"] is None else str(r["epoch"])
-        lines.append(f"| {r['label']} (`{r['key']}`) | {r['removed_percent']}% | {epochs} | {r['bleu']:.2f} | "
-                     f"{delta} | {p} | {interval} | {adjusted} |")
-    lines += ["", "| run | wall (min, all calls) | CPU (min) | peak RSS (GiB) | updates | valid loss per epoch |",
-              "|---|---|---|---|---|---|"]
-    for run, c in result["costs"].items():
-        if not c:
-            continue
-        losses = ", ".join(f"{e['epoch']}: {e['valid_loss']:.3f}" for e in c.get("epochs") or [] if e.get("valid_loss"))
-        cells = [c.get(k, "") for k in ("wall_minutes", "cpu_minutes", "peak_rss_gib", "updates")]
-        lines.append(f"| {run} | " + " | ".join(map(str, cells)) + f" | {losses} |")
-    return "\n".join(lines) + "\n"
+    print(recover_table.markdown(result))
 
 
 def plot(rows, path: str) -> None:

@@ -571,3 +571,50 @@ def test_run_only_options_neither_rerun_a_part_nor_change_its_printed_command(sl
     changed = report(slice_data, stock_checkpoint, tmp_path, "--parts", "score,single", "--beam", "2",
                      check=False)
     assert "single: done before, reused" not in changed.stdout
+
+
+def test_recover_section_shows_a_given_study_and_judges_its_targets(full_report, slice_data, stock_checkpoint,
+                                                                     tmp_path):
+    import shutil
+
+    from fairseq_headprune.results.identity import file_sha256
+
+    out = tmp_path / "report"
+    shutil.copytree(full_report[0], out)
+    md = (out / "report.md").read_text()
+    assert "No recover study for this model" in md  # the tiny model has none by default
+
+    def row(key, removed, run, epoch, bleu, p=0.5, adjusted=None):
+        r = {"key": key, "label": key, "removed_percent": removed, "run": run, "epoch": epoch, "bleu": bleu,
+             "delta": bleu - 40.0, "p": p, "interval": [-1.0, 1.0]}
+        if adjusted is not None:
+            r.update(delta_adjusted=adjusted, control_delta=bleu - 40.0 - adjusted)
+        return r
+
+    epochs = lambda *losses: [{"epoch": i + 1, "valid_loss": v} for i, v in enumerate(losses)]  # noqa: E731
+    study = {"subset": "test", "settings": "paired bootstrap, 7 resamples", "figure": None,
+             "unpruned_sha256": file_sha256(stock_checkpoint),
+             "rows": [{"key": "unpruned", "label": "unpruned", "removed_percent": 0, "run": None, "epoch": None,
+                       "bleu": 40.0},
+                      row("r50@1", 50, "r50", 1, 39.9, adjusted=-0.1), row("r50@2", 50, "r50", 2, 39.0, adjusted=-1.0),
+                      row("r75@1", 75, "r75", 1, 38.0, adjusted=-2.0), row("s30", 30, "s30", 0, 39.5, p=0.001)],
+             "costs": {"r50": {"epochs": epochs(2.0, 2.5), "cpu_minutes": 14.0, "peak_rss_gib": 1.5,
+                               "default_recipe": True},
+                       "r75": {"epochs": epochs(3.0), "cpu_minutes": 7.0, "peak_rss_gib": 1.6,
+                               "default_recipe": True}}}
+    path = tmp_path / "recover-test.json"
+    path.write_text(json.dumps(study))
+    report(slice_data, stock_checkpoint, out, "--render-only", "--recover-study", path)
+    md = (out / "report.md").read_text()
+    section = md[md.index("## Recovering what pruning lost"):md.index("## Commands")]
+    assert "Not this model's" not in section and "paired bootstrap, 7 resamples" in section
+    assert "| r50@2 (`r50@2`) | 50% | 2 | 39.00 | -1.00 |" in section
+    # judged by the delivered epoch (lowest valid loss: epoch 1 at 50%), not by the best on the scored set
+    assert "best r50@1: -0.10: **met**" in section and "best r75@1: -2.00: **missed**" in section
+    assert "best s30: -0.50 (p 0.001): **missed**" in section
+    assert "median 7.0 CPU-min an epoch (range 7.0-7.0); peak 1.6 GiB: **met**" in section
+    assert (out / "inputs" / "recover-study.json").exists()
+    study["unpruned_sha256"] = "0" * 64
+    path.write_text(json.dumps(study))
+    report(slice_data, stock_checkpoint, out, "--render-only", "--recover-study", path)
+    assert "Not this model's: the study's unpruned model is checkpoint 000000000000" in (out / "report.md").read_text()

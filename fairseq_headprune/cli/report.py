@@ -57,6 +57,9 @@ def add_args(parser) -> None:
     g.add_argument("--l0-encoder-sweep", metavar="FILE",
                    help="the same with encoder self-attention gated alone (Voita's main experiment): when given, "
                         "the Voita claim's verdict is this sweep's")
+    g.add_argument("--recover-study", metavar="FILE",
+                   help="recover-test.json of benchmarks/recover_study.py, shown as the report's recover section "
+                        "(default: the bundled model's study, for the bundled model only)")
     g.add_argument("--note", default="", help="a sentence for the report's header (e.g. how the data was sliced)")
     g.add_argument("--render-only", action="store_true",
                    help="run nothing: write the report from the result files already in --results-dir")

@@ -42,6 +42,9 @@ STATE = names.REPORT_STATE
 # the bundled De-En model's training run: C5's input by default for that model only (see default_dynamics)
 BUNDLED_DYNAMICS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                                 "results", "dynamics", "dynamics.jsonl")
+# the recover study of the bundled De-En model (benchmarks/recover_study.py): shown by default for that model only
+BUNDLED_RECOVER_STUDY = os.path.join(os.path.dirname(BUNDLED_DYNAMICS), os.pardir, "recover-de-en",
+                                     "recover-test.json")
 
 
 @dataclass
@@ -73,6 +76,7 @@ class ReportOptions:
     dynamics: Optional[str] = None  # None: the bundled model's training run for the bundled model, else none
     l0_sweep: Optional[str] = None
     l0_encoder_sweep: Optional[str] = None  # the L0 sweep with encoder self-attention gated alone (claim V)
+    recover_study: Optional[str] = None  # None: the bundled model's recover study for the bundled model, else none
     note: str = ""
     render_only: bool = False
 
@@ -325,6 +329,14 @@ def default_dynamics(checkpoint_sha: str) -> Optional[str]:
     return None
 
 
+def default_recover_study(checkpoint_sha: str) -> Optional[str]:
+    """The recover study's table when --recover-study is not given: the bundled model's, for that model only."""
+    if os.path.isfile(BUNDLED_RECOVER_STUDY) and (read_json(BUNDLED_RECOVER_STUDY) or {}).get(
+            "unpruned_sha256") == checkpoint_sha:
+        return os.path.normpath(BUNDLED_RECOVER_STUDY)
+    return None
+
+
 def foreign_results(out: str, checkpoint_sha: str) -> List[Tuple[str, str]]:
     """(file, checkpoint sha256) of every result file in the folder (its own files, not inputs/) that names
     another checkpoint: a report renders the files of its folder, so they must all be this model's."""
@@ -494,7 +506,8 @@ def check(options: ReportOptions, parts: Dict[str, Part]) -> None:
         raise UserError(f"--keep-one-select must be bleu or loss, not {options.keep_one_select!r}")
     if options.references and not os.path.isfile(options.references):
         raise UserError(f"references not found: {options.references}")
-    for option, path in (("--l0-sweep", options.l0_sweep), ("--l0-encoder-sweep", options.l0_encoder_sweep)):
+    for option, path in (("--l0-sweep", options.l0_sweep), ("--l0-encoder-sweep", options.l0_encoder_sweep),
+                         ("--recover-study", options.recover_study)):
         if path and not os.path.isfile(path):
             raise UserError(f"{option}: no such file: {path}")
     if not 0 < options.speed_percent < 100:
@@ -554,6 +567,8 @@ def run(cfg, options: ReportOptions, base: Sequence[str], out: str) -> List[str]
                             f"{name} out of --parts)") from None
     if options.dynamics is None:
         options.dynamics = default_dynamics(checkpoint_sha)
+    if options.recover_study is None:
+        options.recover_study = default_recover_study(checkpoint_sha)
     state = State(os.path.join(out, STATE), checkpoint_sha, fingerprints, per_part)
     if not options.render_only:
         with kept_pools():  # the sweeps' local workers start once, for every part
@@ -606,6 +621,22 @@ def snapshot_inputs(out: str, dynamics: Optional[str], l0_sweep: Optional[str],
     return tuple(copies)
 
 
+def snapshot_recover_study(out: str, path: Optional[str]) -> Optional[str]:
+    """A copy of --recover-study (and the figure it names) in DIR/inputs/, as snapshot_inputs does for the others."""
+    import shutil
+
+    if not path:
+        return None
+    target = os.path.join(out, names.INPUTS, "recover-study.json")
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    if os.path.abspath(path) != os.path.abspath(target):
+        shutil.copyfile(path, target)
+        figure = (read_json(path) or {}).get("figure")
+        if figure and os.path.exists(os.path.join(os.path.dirname(path), figure)):
+            shutil.copyfile(os.path.join(os.path.dirname(path), figure), os.path.join(os.path.dirname(target), figure))
+    return target
+
+
 def build_document(out: str, parts: Dict[str, Part], state: State, options: ReportOptions, layout, report_line: str,
                    cfg):
     """The report (and the claim rows and input files it was computed from)."""
@@ -631,5 +662,6 @@ def build_document(out: str, parts: Dict[str, Part], state: State, options: Repo
     sections.analysis(doc, files, parts["analyze"], state)
     sections.shrink(doc, files, parts["shrink"], state)
     sections.deploy(doc, files, parts["deploy"], state)
+    sections.recover(doc, snapshot_recover_study(out, options.recover_study), state.checkpoint_sha)
     sections.commands(doc, parts, state, report_line)
     return doc, claim_rows, files

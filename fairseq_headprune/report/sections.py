@@ -597,6 +597,39 @@ def deploy(doc: Document, files: Files, part, state) -> None:
     _provenance(doc, part, state)
 
 
+def recover(doc: Document, path: Optional[str], checkpoint_sha: str) -> None:
+    """The recover study (shrink + a short distillation, against a control), an input of the report: it trains for
+    minutes an epoch, so it is run apart (benchmarks/recover_study.py) and read here."""
+    from fairseq_headprune.studies import recover_table as table
+
+    doc.heading("Recovering what pruning lost: `recover`")
+    result = None
+    if path:
+        with open(path, encoding="utf-8") as f:
+            result = json.load(f)
+    if not result or not result.get("rows"):
+        doc.paragraph("No recover study for this model (option `--recover-study`): `recover` trains (minutes an "
+                      "epoch on one CPU core), so its study runs apart and this section reads its table. For the "
+                      "bundled De-En model: `recipes/recover_de_en.sh`, then `benchmarks/recover_study.py WORK OUT "
+                      "--subset test`, whose `recover-test.json` is the input.")
+        return
+    sha = result.get("unpruned_sha256")
+    whose = "" if sha == checkpoint_sha else (
+        f" **Not this model's: the study's unpruned model is checkpoint {sha[:12]}.**" if sha else
+        " **The file names no checkpoint: not known to be this model's.**")
+    doc.paragraph(f"From `{path}` (a copy of `--recover-study`), BLEU on `{result['subset']}`: shrink alone, "
+                  "shrink + `recover` (distillation from the unpruned model on fairseq's training loop) after each "
+                  "epoch, and the control (the unpruned model put through the same recovery), whose change is "
+                  f"subtracted in the last column. Significance: {result['settings']}.{whose}")
+    doc.table(table.HEADERS, table.cells(result))
+    figure = result.get("figure") and os.path.join(os.path.dirname(path), result["figure"])
+    if figure and os.path.exists(figure):
+        doc.image(figure, "BLEU against heads removed: shrink alone, recovered, the controls, L0 and from scratch")
+    doc.paragraph("Targets (issue 30), each recovery judged by the model it delivers (the epoch of lowest valid "
+                  "loss), never by its best epoch on this set:")
+    doc.bullets(table.target_lines(table.targets(result)))
+
+
 def commands(doc: Document, parts: Dict, state, report_line: str) -> None:
     doc.heading("Commands")
     doc.paragraph("Each part alone, a finished one as it ran (each resumes from its own result files and refuses "
