@@ -1,14 +1,15 @@
-"""The recover study on the bundled De-En model: shrink alone and shrink + recover at 25/50/75% of heads removed,
-after 1, 2 and 4 epochs, against a control (the unpruned model put through the same recovery).
+"""The recover study on a bundled model: shrink alone and shrink + recover at 25/50/75% of heads removed, after
+1, 2 and 4 epochs, against a control (the unpruned model put through the same recovery).
 
   benchmarks/recover_study.py WORK OUT_DIR --subset valid   # choices: made on Multi30k val, never scored below
   benchmarks/recover_study.py WORK OUT_DIR --subset test    # the table: test2016, decoded once per model
+  benchmarks/recover_study.py WORK OUT_DIR --pair en-fr --subset test|mtnt   # recipes/recover_en_fr.sh's runs
 
-WORK holds what recipes/recover_de_en.sh made: data-bin/ (Multi30k encoded for the model), shrink-*.pt and
+WORK holds what recipes/recover_de_en.sh (or recover_en_fr.sh) made: data-bin/ (Multi30k encoded for the model), shrink-*.pt and
 runs/NAME.recover/checkpointN.pt. Every model is decoded with fairseq's generator (beam 5, sacreBLEU on detokenised
 output, fairseq_headprune.evaluate), hypotheses cached by checkpoint hash in OUT_DIR/hyps/, and compared with the
 unpruned model by paired bootstrap (fairseq_headprune.stats: 1000 resamples, full size, seed 1). Writes
-OUT_DIR/recover-SUBSET.{md,json} and, for test, recover.png (BLEU against heads removed, with the L0 and
+OUT_DIR/recover-SUBSET.{md,json} and, for De-En's test, recover.png (BLEU against heads removed, with the L0 and
 from-scratch runs of results/voita/).
 """
 from __future__ import annotations
@@ -21,11 +22,11 @@ import re
 import resource
 import sys
 import time
-from typing import Optional
+from dataclasses import dataclass
+from typing import Callable, Dict, Optional, Tuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-MODEL = os.path.join(ROOT, "checkpoints/de-en/model.pt")
 # run name -> (what it is, the shrink checkpoint it started from, heads removed %)
 RUNS = {
     "ctl-logits": ("control: unpruned + recover (logits)", None, 0),
@@ -95,21 +96,54 @@ def control_of(run: Optional[str]) -> str:
     return "ctl-seq-d01" if run and run.startswith("r50-seq") else "ctl-d01-t2"
 
 
-def models(work: str, subset: str):
+@dataclass
+class Pair:
+    """One model's study: its checkpoint folder, languages, runs and how its sets are decoded."""
+
+    model_dir: str
+    src: str
+    tgt: str
+    runs: Dict[str, tuple]
+    shrinks: Dict[str, int]
+    shrink_labels: Dict[str, str]
+    control_of: Callable[[Optional[str]], str]
+    subsets: Tuple[str, ...]
+    scored: Tuple[str, ...]  # the subsets of the table (the others only chose)
+    generation: Tuple[str, ...] = ()
+    choice_only: frozenset = frozenset()
+
+    @property
+    def model(self) -> str:
+        return os.path.join(ROOT, self.model_dir, "model.pt")
+
+
+PAIRS = {
+    "de-en": Pair("checkpoints/de-en", "de", "en", RUNS, SHRINKS, SHRINK_LABEL, control_of, ("valid", "test"),
+                  ("test",), choice_only=frozenset(CHOICE_ONLY)),
+    # recipes/recover_en_fr.sh: newstest2014's first 1000 sentences (test) and MTNT's En-Fr test set (mtnt)
+    "en-fr": Pair("checkpoints/en-fr", "en", "fr",
+                  {"r50": ("shrink + recover (default recipe)", "shrink-50", 50),
+                   "ctl": ("control: unpruned + recover (default recipe)", None, 0)},
+                  {"shrink-50": 50}, {}, lambda run: "ctl", ("test", "mtnt"), ("test", "mtnt"),
+                  ("--max-len-a", "1.5", "--max-len-b", "10")),
+}
+
+
+def models(pair: Pair, work: str, subset: str):
     """(key, label, removed %, run, epoch, checkpoint) of every model present, the unpruned one first."""
-    out = [("unpruned", "unpruned", 0, None, None, MODEL)]
-    for name, removed in SHRINKS.items():
+    out = [("unpruned", "unpruned", 0, None, None, pair.model)]
+    for name, removed in pair.shrinks.items():
         path = os.path.join(work, name + ".pt")
-        if os.path.exists(path) and not (subset == "test" and name in CHOICE_ONLY):
-            out.append((name, SHRINK_LABEL.get(name, "shrink alone"), removed, name, 0, path))
-    for run, (label, _, removed) in RUNS.items():
+        if os.path.exists(path) and not (subset in pair.scored and name in pair.choice_only):
+            out.append((name, pair.shrink_labels.get(name, "shrink alone"), removed, name, 0, path))
+    for run, (label, _, removed) in pair.runs.items():
         found = glob.glob(os.path.join(work, "runs", run + ".recover", "checkpoint[0-9]*.pt"))
         for epoch, path in sorted((int(os.path.basename(p)[10:-3]), p) for p in found):
             out.append((f"{run}@{epoch}", label, removed, run, epoch, path))
     return out
 
 
-def translate(checkpoint: str, work: str, subset: str, cache: str):
+def translate(pair: Pair, checkpoint: str, work: str, subset: str, cache: str):
     """Detokenised beam-5 hypotheses of the subset, cached by the checkpoint's hash."""
     from fairseq import options
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
@@ -123,13 +157,13 @@ def translate(checkpoint: str, work: str, subset: str, cache: str):
     if os.path.exists(path):
         with open(path, encoding="utf-8") as f:
             return f.read().split("\n")[:-1], 0.0
-    argv = [os.path.join(work, "data-bin"), "--path", checkpoint, "--user-dir", PACKAGE_DIR, "-s", "de", "-t", "en",
-            "--gen-subset", subset, "--beam", "5", "--max-tokens", "6000", "--bpe", "subword_nmt",
-            "--bpe-codes", os.path.join(ROOT, "checkpoints/de-en/code"), "--tokenizer", "moses"]
+    argv = [os.path.join(work, "data-bin"), "--path", checkpoint, "--user-dir", PACKAGE_DIR, "-s", pair.src,
+            "-t", pair.tgt, "--gen-subset", subset, "--beam", "5", "--max-tokens", "6000", "--bpe", "subword_nmt",
+            "--bpe-codes", os.path.join(ROOT, pair.model_dir, "code"), "--tokenizer", "moses", *pair.generation]
     parser = options.get_generation_parser(default_task="translation_headprune")
     cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(parser, input_args=argv))
     start = time.perf_counter()
-    evaluator = SubsetEvaluator(load(cfg), subset, os.path.join(work, "data-bin", f"{subset}.raw.en"))
+    evaluator = SubsetEvaluator(load(cfg), subset, os.path.join(work, "data-bin", f"{subset}.raw.{pair.tgt}"))
     hyps = evaluator.translate()
     seconds = time.perf_counter() - start
     with atomic_output(path) as f:
@@ -168,18 +202,23 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("work")
     p.add_argument("out")
-    p.add_argument("--subset", choices=("valid", "test"), required=True)
+    p.add_argument("--subset", required=True, help="valid or test (de-en); test or mtnt (en-fr)")
+    p.add_argument("--pair", choices=tuple(PAIRS), default="de-en")
     args = p.parse_args()
+    pair = PAIRS[args.pair]
+    if args.subset not in pair.subsets:
+        p.error(f"--subset of {args.pair}: one of {', '.join(pair.subsets)}")
     import sacrebleu
 
     from fairseq_headprune.stats import BleuBootstrap
     from fairseq_headprune.studies import recover_table
 
     os.makedirs(os.path.join(args.out, "hyps"), exist_ok=True)
-    refs = open(os.path.join(args.work, "data-bin", f"{args.subset}.raw.en"), encoding="utf-8").read().split("\n")[:-1]
+    refs = open(os.path.join(args.work, "data-bin", f"{args.subset}.raw.{pair.tgt}"),
+                encoding="utf-8").read().split("\n")[:-1]
     rows, boot = [], None
-    for key, label, removed, run, epoch, ckpt in models(args.work, args.subset):
-        hyps, seconds = translate(ckpt, args.work, args.subset, os.path.join(args.out, "hyps"))
+    for key, label, removed, run, epoch, ckpt in models(pair, args.work, args.subset):
+        hyps, seconds = translate(pair, ckpt, args.work, args.subset, os.path.join(args.out, "hyps"))
         bleu = sacrebleu.corpus_bleu(hyps, [refs]).score
         row = {"key": key, "label": label, "removed_percent": removed, "run": run, "epoch": epoch, "bleu": bleu}
         if boot is None:
@@ -192,27 +231,29 @@ def main() -> None:
         print(f"{key:<22} {bleu:6.2f} {row.get('delta', 0):+6.2f} p={row.get('p', float('nan')):.3f} "
               f"({seconds:.0f}s)", flush=True)
     for r in rows:  # each recovery against the control of its own recipe, after as many epochs
-        control = control_of(r["run"])
+        control = pair.control_of(r["run"])
         match = [c for c in rows if c["run"] == control and c["epoch"] == r["epoch"]]
-        if r["run"] in RUNS and control != r["run"] and match:
+        if r["run"] in pair.runs and control != r["run"] and match:
             r["control_delta"] = match[0]["delta"]
             r["delta_adjusted"] = r["delta"] - match[0]["delta"]
-    costs = {run: run_costs(args.work, run) for run in RUNS}
+    costs = {run: run_costs(args.work, run) for run in pair.runs}
     for run, c in costs.items():  # the cost target is recover's, with its own defaults
-        c["default_recipe"] = control_of(run) == "ctl-d01-t2" and run != "ctl-d01-t2" and run not in FIRST_RECIPE
+        c["default_recipe"] = ((control_of(run) == "ctl-d01-t2" and run != "ctl-d01-t2" and run not in FIRST_RECIPE)
+                               if args.pair == "de-en" else run != pair.control_of(run))
     from fairseq_headprune.results.identity import file_sha256
 
     settings = ("paired bootstrap: 1000 resamples of full size (sample ratio 1.0), seed 1, one-sided p in the "
                 "observed direction; beam 5; sacreBLEU " + sacrebleu.__version__ + " on detokenised output")
-    result = {"subset": args.subset, "settings": settings, "unpruned_sha256": file_sha256(MODEL), "rows": rows,
-              "costs": costs, "figure": "recover.png" if args.subset == "test" else None,
+    result = {"subset": args.subset, "settings": settings, "unpruned_sha256": file_sha256(pair.model), "rows": rows,
+              "costs": costs, "figure": "recover.png" if (args.pair, args.subset) == ("de-en", "test") else None,
+              "pair": args.pair,
               "peak_rss_gib_of_this_script": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)}
     from fairseq_headprune.results.log import atomic_output, write_json_atomic
 
     write_json_atomic(os.path.join(args.out, f"recover-{args.subset}.json"), result)
     with atomic_output(os.path.join(args.out, f"recover-{args.subset}.md")) as f:
         f.write(recover_table.markdown(result))
-    if args.subset == "test":
+    if result["figure"]:
         plot(rows, os.path.join(args.out, "recover.png"))
     print(recover_table.markdown(result))
 
