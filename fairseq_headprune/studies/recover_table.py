@@ -92,11 +92,12 @@ def target_lines(found: List[Dict]) -> List[str]:
 
 
 def markdown(result: Dict) -> str:
-    lines = [f"# recover on the bundled De-En model: Multi30k {result['subset']}", "",
+    pair = result.get("pair", "de-en")
+    lines = [f"# recover on the bundled {pair} model: '{result['subset']}'", "",
              f"Significance: {result['settings']}.", "",
              "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
     lines += ["| " + " | ".join(row) + " |" for row in cells(result)]
-    if result["subset"] == "test":  # the targets are test2016's; val only chose
+    if (pair, result["subset"]) == ("de-en", "test"):  # the targets are test2016's; val only chose
         lines += ["", "Targets (issue 30):", ""] + [f"- {line}" for line in target_lines(targets(result))]
     lines += ["", "| run | wall (min, all calls) | CPU (min) | peak RSS (GiB) | updates | valid loss per epoch |",
               "|---|---|---|---|---|---|"]
