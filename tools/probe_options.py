@@ -238,7 +238,7 @@ def _resume_batching(p: Probe) -> str:
 TOO_SMALL = ["--max-tokens", "5"]
 COMMANDS = {  # every command that batches the data, with what it needs besides the data and model
     "score": [], "ablate": ["--types", "enc-dec"], "prune": ["--importance-subset", "test"], "analyze": [],
-    "report": ["--parts", "score"],
+    "report": ["--parts", "score"], "deploy": ["--calibration-sentences", "16"],
 }  # speed batches by its own --batch-sizes, and shrink's calibration one sentence at a time under a small budget
 
 

@@ -413,14 +413,17 @@ def run(loaded, options: DeployOptions, out: str, log=print) -> Tuple[Dict, List
     ct2_decoding(loaded.cfg.generation)  # options CTranslate2 cannot apply: refused before any work
     named = options.named_checkpoints()
     set_head_masks(loaded.model, [])
-    if options.shrink_percent:
-        named.insert(0, (options.shrunk_name(), shrunk_checkpoint(loaded, options, out, log)))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         with tempfile.TemporaryDirectory(prefix="deploy-") as tmp:
+            # every given model loaded and batched first: bad batching or a bad checkpoint is refused before the
+            # minutes of the shrink
             contenders = [Contender("unpruned", loaded, options, tmp)]
             contenders += [Contender(name, load_other(loaded, path), options, tmp) for name, path in named]
+            if options.shrink_percent:
+                path = shrunk_checkpoint(loaded, options, out, log)
+                contenders.insert(1, Contender(options.shrunk_name(), load_other(loaded, path), options, tmp))
             table = build_table(contenders, measure(contenders, options.runs, options.batch1_sentences, log), options)
     finally:
         torch.set_num_threads(threads)
