@@ -15,6 +15,7 @@ WORK=${1:-work/recover-en-fr}
 LANE=${2:-all}
 MODEL=checkpoints/en-fr
 BIN=$WORK/data-bin
+FHP=${FHP:-fairseq-headprune}  # another build of the command (a snapshot of the tree) for long runs
 mkdir -p "$WORK/raw" "$WORK/runs"
 encode() {  # SPLIT: raw files made by the caller, encoded once
   [ -f "$BIN/$1.en-fr.en.bin" ] || bash data_prep/encode-for-model.sh "$MODEL" en fr "$WORK/raw/$1" "$BIN" "$1" \
@@ -33,11 +34,11 @@ fi
 [ -f "$BIN/valid.en-fr.en.bin" ] || bash data_prep/encode-for-model.sh "$MODEL" en fr "$WORK/raw/valid" "$BIN" valid \
   --tokenized > "$WORK/encode-valid.log" 2>&1
 GEN=(-s en -t fr --max-len-a 1.5 --max-len-b 10)
-[ -f "$WORK/shrink-50.pt" ] || fairseq-headprune shrink "$BIN" --path "$MODEL/model.pt" "${GEN[@]}" --max-tokens 4000 \
+[ -f "$WORK/shrink-50.pt" ] || $FHP shrink "$BIN" --path "$MODEL/model.pt" "${GEN[@]}" --max-tokens 4000 \
   --remove 50% --calibration-subset valid --calibration-sentences 1000 --out "$WORK/shrink-50.pt" \
   > "$WORK/shrink-50.log" 2>&1
 recover() {  # NAME STUDENT
-  [ -f "$WORK/runs/$1.recover/checkpoint1.pt" ] || /usr/bin/time -v fairseq-headprune recover "$BIN" --path "$2" \
+  [ -f "$WORK/runs/$1.recover/checkpoint1.pt" ] || /usr/bin/time -v $FHP recover "$BIN" --path "$2" \
     --teacher "$MODEL/model.pt" --out "$WORK/runs/$1.pt" --force --epochs 1 --work-dir "$WORK/runs/$1.recover" \
     -s en -t fr >> "$WORK/runs/$1.log" 2>&1
 }
