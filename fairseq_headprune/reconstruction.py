@@ -85,8 +85,9 @@ class SublayerFit:
         return d
 
 
-class _Stop(Exception):
-    """Raised by a capture hook once the sublayer of interest has run: nothing above it needs computing."""
+class StopForward(Exception):
+    """Raised by a capture hook (here or in window_fit) once the sublayer of interest has run: nothing above it
+    needs computing; forward_to catches it."""
 
 
 @dataclass
@@ -135,7 +136,7 @@ def capture(model, keys: Sequence[Key], context: bool = False, stop_at: Optional
             ) -> Iterator[Dict[Key, _Capture]]:
     """Record, per forward, each sublayer's residual stream before it, its attention output (after out_proj, with
     its bias) and, with `context`, out_proj's input before any head mask (the heads' outputs, T x B x H*head_dim).
-    With stop_at, the forward raises _Stop right after that sublayer."""
+    With stop_at, the forward raises StopForward right after that sublayer."""
     records = {key: _Capture() for key in keys}
     handles, forced = [], []
     for key in keys:
@@ -154,7 +155,7 @@ def capture(model, keys: Sequence[Key], context: bool = False, stop_at: Optional
         def after(_m, _args, output, rec=rec, key=key):
             rec.output.append(output[0] if isinstance(output, tuple) else output)
             if stop_at == key:
-                raise _Stop
+                raise StopForward
 
         handles.append(module.register_forward_hook(after))
         if context:
@@ -194,14 +195,14 @@ def _input_consumers(model, key: Key) -> List[torch.nn.Linear]:
 def capture_inputs(model, keys: Sequence[Key], stop_at: Optional[Key] = None
                    ) -> Iterator[Dict[Key, List[torch.Tensor]]]:
     """Record, per forward, the input stream each sublayer's projections read (T x B x d); with stop_at, the
-    forward raises _Stop as soon as that sublayer's input is known."""
+    forward raises StopForward as soon as that sublayer's input is known."""
     records: Dict[Key, List[torch.Tensor]] = {key: [] for key in keys}
     handles = []
     for key in keys:
         def pre(_m, args, kwargs, key=key):
             records[key].append(kwargs.get("query", args[0] if args else None))
             if stop_at == key:
-                raise _Stop
+                raise StopForward
 
         handles.append(_input_reader(model, key).register_forward_pre_hook(pre, with_kwargs=True))
     try:
@@ -279,7 +280,7 @@ class _Student:
             else:
                 self.model.decoder(net_input["prev_output_tokens"], encoder_out=self.encoder_outs()[b],
                                    features_only=True)
-        except _Stop:
+        except StopForward:
             pass
 
     def run_to(self, b: int, key: Key, context: bool):

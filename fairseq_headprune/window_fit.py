@@ -27,7 +27,7 @@ from typing import Callable, List, Sequence
 import torch
 
 from fairseq_headprune.heads import attention_modules
-from fairseq_headprune.reconstruction import Key, SublayerFit, _Stop, capture, token_mask
+from fairseq_headprune.reconstruction import Key, SublayerFit, StopForward, capture, token_mask
 
 
 @dataclass
@@ -67,7 +67,7 @@ def _record_call(module, calls: List[tuple]):
     """Record the window's call (its args and kwargs) and stop the forward there."""
     def pre(_m, args, kwargs):
         calls.append((args, dict(kwargs)))
-        raise _Stop
+        raise StopForward
 
     handle = module.register_forward_pre_hook(pre, with_kwargs=True)
     try:
