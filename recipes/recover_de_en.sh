@@ -5,10 +5,11 @@
 # recipe its control (the unpruned model put through the same recovery); the second session extended the chosen
 # recipe's 50% and 75% runs and its control to 4 epochs, added sequence-level distillation (and its control), and
 # the window fit (shrink --window-steps, calibrated on train so that val can choose its settings) with and without
-# recovery. Then the table on test2016 (benchmarks/recover_study.py), decoded once per model.
+# recovery; the third extended the window-fitted 50% and 75% runs to 4 epochs, added 30%, `--distill both` (and its
+# control) and the per-stack shapes the deployment table times. Then the table on test2016 (benchmarks/recover_study.py), decoded once per model.
 #
-# usage: recipes/recover_de_en.sh [WORK] [LANE]   (work/recover; LANE a or b runs one of the two halves, so that two
-#        cores run both: `recipes/recover_de_en.sh work/recover a & recipes/recover_de_en.sh work/recover b`)
+# usage: recipes/recover_de_en.sh [WORK] [LANE]   (work/recover; LANE a, b, c or d runs one part, so that two cores
+#        run two: `recipes/recover_de_en.sh work/recover a & recipes/recover_de_en.sh work/recover b`, then c and d)
 # Resumable: rerun the same command (finished steps are skipped, a recover run resumes from its checkpoint_last.pt).
 # Budget (one core each): shrink 2-4 min (7-9 with the window fit); a recover epoch 10-11 CPU minutes (10-13 min of
 # wall time beside other work); the valid and test decodes of every model (beam 5) 20-45 s each.
@@ -70,6 +71,22 @@ main() {
     window t75-ridge --remove 75%
     recover rt50-ridge "$work/shrink-t50-ridge.pt" 1
     recover rt75-w1000-3e-4 "$work/shrink-t75-w1000-3e-4.pt" 2
+  fi
+  if [ "$lane" = c ] || [ "$lane" = all ]; then  # the third session: the window-fitted runs to 4 epochs, 30%, both
+    recover rt50-w1000-3e-4 "$work/shrink-t50-w1000-3e-4.pt" 4
+    recover rt75-w1000-3e-4 "$work/shrink-t75-w1000-3e-4.pt" 4
+    window t30-w1000-3e-4 --remove 30% --window-steps 1000 --window-lr 3e-4
+    recover rt30-w1000-3e-4 "$work/shrink-t30-w1000-3e-4.pt" 2
+    recover rt50-both "$work/shrink-t50-w1000-3e-4.pt" 1 --distill both
+    recover ctl-both "$model" 1 --distill both                         # its control
+  fi
+  if [ "$lane" = d ] || [ "$lane" = all ]; then  # per-stack shapes for the deployment table (recipes/deploy_de_en.sh)
+    window tps50-w1000-3e-4 --remove 50% --shape per-stack --window-steps 1000 --window-lr 3e-4
+    recover rtps50-w1000-3e-4 "$work/shrink-tps50-w1000-3e-4.pt" 2
+    # the decoder alone at 4 of 8 heads (8/4 in CTranslate2: 1.51x int8, results/deploy-de-en/speed-dec-4of8-int8)
+    window tdps50-w1000-3e-4 --remove 50% --types enc-dec,dec-self --shape per-stack --window-steps 1000 \
+      --window-lr 3e-4
+    recover rtdps50-w1000-3e-4 "$work/shrink-tdps50-w1000-3e-4.pt" 2
   fi
   if [ "$lane" = all ]; then
     python benchmarks/recover_study.py "$work" results/recover-de-en --subset valid
