@@ -10,7 +10,7 @@ export PATH=$PWD/.venv/bin:$PATH OMP_NUM_THREADS=1 TORCH_FORCE_NO_WEIGHTS_ONLY_L
 WORK=${1:-work/recover}
 OUT=${OUT:-results/deploy-de-en}
 compare=()
-for item in shrink-50=shrink-50 rt50-w1000=runs/rt50-w1000-3e-4 rps50=runs/rps50-d01-t2 \
+for item in shrink-50=shrink-50 rt50-w1000=runs/rt50-w1000-3e-4 \
             rtps50-w1000=runs/rtps50-w1000-3e-4 rtdps50-w1000=runs/rtdps50-w1000-3e-4; do
   path="$WORK/${item#*=}.pt"
   if [ -f "$path" ]; then compare+=("${item%%=*}=$path"); else echo "deploy_de_en: skipping ${item%%=*}: no $path"; fi
