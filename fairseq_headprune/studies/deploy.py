@@ -211,7 +211,7 @@ def measure(contenders: Sequence[Contender], runs: int, batch1_sentences: int, l
                         hypotheses[key] = got["hypotheses"]
                     elif got["hypotheses"] != hypotheses[key]:
                         raise RuntimeError(f"{key}: round {r + 1} translated differently from round 1")
-            log(f"round {r + 1}/{runs}: {mode} batch {bs} done")
+            log(f"round {r + 1}/{runs}: {mode}, {'batched' if bs == 'batch' else 'batch 1'}, done")
     return {"seconds": cells, "hypotheses": hypotheses, "length": length,
             "sentences": {"batch": base.evaluator.size, 1: len(samples[1])}}
 
