@@ -548,6 +548,8 @@ def run(cfg, options: ReportOptions, base: Sequence[str], out: str) -> List[str]
         ct2_decoding(cfg.generation)  # decoding options CTranslate2 cannot apply: refused before any part runs
     started = time.time()
     loaded = load(cfg)
+    if "deploy" in parts_wanted and not options.render_only:
+        deploy.check_task(loaded.cfg.task)
     checkpoint_sha = file_sha256(loaded.checkpoint)
     check_own_folder(out, checkpoint_sha, cfg.common_eval.path)
     layout = HeadLayout.of(loaded.model)

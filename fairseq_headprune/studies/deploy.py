@@ -231,7 +231,7 @@ def build_table(contenders: Sequence[Contender], measured: Dict, options: Deploy
     base = contenders[0]
     seconds, hyps = measured["seconds"], measured["hypotheses"]
     beam = int(base.loaded.cfg.generation.beam)
-    src_lens = [int(base.evaluator.dataset.src_sizes[i]) for i in range(base.evaluator.size)]
+    src_lens = [int(n) for s in base.evaluator.samples for n in s["net_input"]["src_lengths"].tolist()]
     forced_lens = [measured["length"] + 1] * len(src_lens)
     batch = max(s["id"].numel() for s in base.evaluator.samples)
     rows = []
@@ -365,6 +365,17 @@ def write_all(table: Dict, out: str) -> List[str]:
 
 # --------------------------------------------------------------------------------------------- the study
 
+# tasks whose decoding CTranslate2 repeats from the source tokens alone; the multilingual and mBART tasks put
+# language tokens in the decoder's prefix, which export_ct2 does not pass to CTranslate2 (not built)
+PLAIN_TASKS = ("translation", "translation_headprune")
+
+
+def check_task(task_cfg) -> None:
+    name = task_cfg.get("_name") if hasattr(task_cfg, "get") else getattr(task_cfg, "_name", None)
+    if name not in PLAIN_TASKS:
+        raise UserError(f"deploy times CTranslate2 on the translation task only, not {name} (its language tokens "
+                        "are not passed to CTranslate2): leave deploy out of --parts")
+
 
 def shrunk_checkpoint(loaded, options: DeployOptions, out: str, log=print) -> str:
     """The study's own shrink of the model (OUT/models/NAME.pt), reused when its record says it was made from this
@@ -410,6 +421,7 @@ def run(loaded, options: DeployOptions, out: str, log=print) -> Tuple[Dict, List
     from fairseq_headprune.masking import set_head_masks
 
     options.check()
+    check_task(loaded.cfg.task)
     ct2_decoding(loaded.cfg.generation)  # options CTranslate2 cannot apply: refused before any work
     named = options.named_checkpoints()
     set_head_masks(loaded.model, [])
