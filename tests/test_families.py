@@ -89,7 +89,7 @@ def test_family_through_every_command(name, tiny_data, tmp_path):
         refused = run(["fairseq-headprune", "report", data, "--path", model, "--results-dir", tmp_path / "refused",
                        *task, *REPORT], check=False)
         last = refused.stderr.strip().splitlines()[-1]  # after fairseq's own logging of the task's set-up
-        assert refused.returncode == 2 and last.startswith("fairseq-headprune report: error: deploy times")
+        assert refused.returncode == 2 and last.startswith("fairseq-headprune report: error: part deploy: deploy")
         assert "leave deploy out of --parts" in last and "Traceback" not in refused.stderr
     else:
         parts.append("deploy")

@@ -549,7 +549,10 @@ def run(cfg, options: ReportOptions, base: Sequence[str], out: str) -> List[str]
     started = time.time()
     loaded = load(cfg)
     if "deploy" in parts_wanted and not options.render_only:
-        deploy.check_task(loaded.cfg.task)
+        try:
+            deploy.check_task(loaded.cfg.task)
+        except UserError as e:
+            raise UserError(f"part deploy: {e}: leave deploy out of --parts") from None
     checkpoint_sha = file_sha256(loaded.checkpoint)
     check_own_folder(out, checkpoint_sha, cfg.common_eval.path)
     layout = HeadLayout.of(loaded.model)

@@ -371,10 +371,11 @@ PLAIN_TASKS = ("translation", "translation_headprune")
 
 
 def check_task(task_cfg) -> None:
+    """Refuse, in one line, a task whose hypotheses CTranslate2 would not repeat."""
     name = task_cfg.get("_name") if hasattr(task_cfg, "get") else getattr(task_cfg, "_name", None)
     if name not in PLAIN_TASKS:
         raise UserError(f"deploy times CTranslate2 on the translation task only, not {name} (its language tokens "
-                        "are not passed to CTranslate2): leave deploy out of --parts")
+                        "are not passed to CTranslate2)")
 
 
 def shrunk_checkpoint(loaded, options: DeployOptions, out: str, log=print) -> str:
