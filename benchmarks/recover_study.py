@@ -5,12 +5,12 @@
   benchmarks/recover_study.py WORK OUT_DIR --subset test    # the table: test2016, decoded once per model
   benchmarks/recover_study.py WORK OUT_DIR --pair en-fr --subset test|mtnt   # recipes/recover_en_fr.sh's runs
 
-WORK holds what recipes/recover_de_en.sh (or recover_en_fr.sh) made: data-bin/ (Multi30k encoded for the model), shrink-*.pt and
-runs/NAME.recover/checkpointN.pt. Every model is decoded with fairseq's generator (beam 5, sacreBLEU on detokenised
-output, fairseq_headprune.evaluate), hypotheses cached by checkpoint hash in OUT_DIR/hyps/, and compared with the
-unpruned model by paired bootstrap (fairseq_headprune.stats: 1000 resamples, full size, seed 1). Writes
-OUT_DIR/recover-SUBSET.{md,json} and, for De-En's test, recover.png (BLEU against heads removed, with the L0 and
-from-scratch runs of results/voita/).
+WORK holds what recipes/recover_de_en.sh (or recover_en_fr.sh) made: data-bin/ (the sets encoded for the model),
+shrink-*.pt and runs/NAME.recover/checkpointN.pt. Every model is decoded with fairseq's generator (beam 5,
+sacreBLEU on detokenised output, fairseq_headprune.evaluate), hypotheses cached by checkpoint hash in
+OUT_DIR/hyps/, and compared with the unpruned model by paired bootstrap (fairseq_headprune.stats: 1000
+resamples, full size, seed 1). Writes OUT_DIR/recover-SUBSET.{md,json} and, for De-En's test, recover.png (BLEU
+against heads removed, with the L0 and from-scratch runs of results/voita/).
 """
 from __future__ import annotations
 
