@@ -4,6 +4,7 @@ lengths, the files, the reuse of its shrink; bad input refused in one line; the 
 from __future__ import annotations
 
 import json
+import shutil
 
 from conftest import run
 
@@ -44,6 +45,12 @@ def test_deploy_on_a_tiny_model(tiny_data, stock_checkpoint, tmp_path):
     assert (out / "deploy.png").stat().st_size > 0 and "Targets:" in (out / "deploy.md").read_text()
     # a rerun with the same options reuses its shrink; another budget makes its own
     assert "reusing" in run(deploy_argv(tiny_data, stock_checkpoint, out)).stdout
+    again = run(deploy_argv(tiny_data, stock_checkpoint, out, "--calibration-sentences", "32")).stdout
+    assert "reusing" not in again and "calibration: 32 sentences" in again
+    data = tmp_path / "data"  # the calibration subset's files are part of the identity, by content
+    shutil.copytree(tiny_data, data)
+    (data / "valid.bpe.de").write_text("changed\n")
+    assert "reusing" not in run(deploy_argv(data, stock_checkpoint, out, "--calibration-sentences", "32")).stdout
 
 
 def test_bad_input_is_refused_in_one_line(tiny_data, stock_checkpoint, tmp_path):

@@ -378,13 +378,24 @@ def check_task(task_cfg) -> None:
                         "are not passed to CTranslate2)")
 
 
-def shrunk_checkpoint(loaded, options: DeployOptions, out: str, log=print) -> str:
-    """The study's own shrink of the model (OUT/models/NAME.pt), reused when its record says it was made from this
-    checkpoint with these options."""
-    from fairseq_headprune.checkpoint_io import record_path_for
-    from fairseq_headprune.masking import set_head_masks
+def calibration_files_sha256(loaded, subset: str) -> str:
+    """The calibration subset's files in the data folder (binarised and raw), hashed: the shrink's input by content."""
+    import glob
+    import hashlib
+
     from fairseq_headprune.results.identity import file_sha256
-    from fairseq_headprune.results.log import read_json
+
+    folder = loaded.cfg.task.data.split(os.pathsep)[0]
+    files = sorted(glob.glob(os.path.join(folder, subset + ".*")))
+    return hashlib.sha256("".join(f"{os.path.basename(f)}:{file_sha256(f)}," for f in files).encode()).hexdigest()
+
+
+def shrunk_checkpoint(loaded, options: DeployOptions, out: str, log=print) -> str:
+    """The study's own shrink of the model (OUT/models/NAME.pt), reused when its identity (OUT/models/NAME.deploy.json:
+    the model, the shrink's options and its calibration data, by content) is this run's."""
+    from fairseq_headprune.results.identity import file_sha256
+    from fairseq_headprune.masking import set_head_masks
+    from fairseq_headprune.results.log import read_json, write_json_atomic
     from fairseq_headprune.studies.shrink import ShrinkOptions, export, shrink
 
     shrink_options = ShrinkOptions(remove=f"{options.shrink_percent:g}%", shape=options.shape,
@@ -392,15 +403,18 @@ def shrunk_checkpoint(loaded, options: DeployOptions, out: str, log=print) -> st
                                    calibration_sentences=options.calibration_sentences)
     os.makedirs(os.path.join(out, MODELS), exist_ok=True)
     path = os.path.join(out, MODELS, options.shrunk_name() + ".pt")
-    record_path = record_path_for(path, None)
-    if os.path.exists(path) and os.path.exists(record_path):
-        record = read_json(record_path)
-        wanted = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(shrink_options).items()}
-        if record.get("source_sha256") == file_sha256(loaded.checkpoint) and record.get("options") == wanted:
-            log(f"reusing {path}")
-            return path
+    identity_path = os.path.join(out, MODELS, options.shrunk_name() + ".deploy.json")
+    identity = {"source_sha256": file_sha256(loaded.checkpoint),
+                "options": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(shrink_options).items()},
+                "calibration_files_sha256": calibration_files_sha256(loaded, options.calibration_subset)}
+    if os.path.exists(path) and os.path.exists(identity_path) and read_json(identity_path) == identity:
+        log(f"reusing {path}")
+        return path
+    if os.path.exists(identity_path):  # the old identity must never vouch for the checkpoint about to replace it
+        os.remove(identity_path)
     result, calibration = shrink(loaded, shrink_options, log)
-    export(loaded, result, calibration, shrink_options, path, record_path, log)
+    export(loaded, result, calibration, shrink_options, path, os.path.splitext(path)[0] + ".json", log)
+    write_json_atomic(identity_path, identity)  # after the pair: a killed shrink is never taken for a finished one
     set_head_masks(loaded.model, [])
     return path
 
