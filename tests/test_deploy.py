@@ -6,8 +6,11 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
+
 from conftest import run
 
+from fairseq_headprune.errors import UserError
 from fairseq_headprune.plots import pareto_frontier
 from fairseq_headprune.studies import deploy
 
@@ -58,13 +61,17 @@ def test_bad_input_is_refused_in_one_line(tiny_data, stock_checkpoint, tmp_path)
     for extra, message in ((["--compare", "nameless"], "NAME=CHECKPOINT"),
                            (["--compare", f"x={tmp_path / 'none.pt'}"], "no such checkpoint"),
                            (["--compare", f"unpruned={stock_checkpoint}"], "is taken"),
-                           (["--shrink-percent", "0"], "nothing to compare"),
+                           (["--shrink-percent", "0"], "--calibration-sentences sets deploy's own shrink"),
+                           (["--shrink-percent", "0", "--shape", "free", "--compare", f"x={stock_checkpoint}"],
+                            "--shape sets deploy's own shrink"),
                            (["--shrink-percent", "100"], "--shrink-percent"),
                            (["--unkpen", "1"], "CTranslate2 cannot decode")):
         proc = run(deploy_argv(tiny_data, stock_checkpoint, out, *extra), check=False)
         assert proc.returncode == 2 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, (
             extra, proc.stderr)
     assert not (out / "deploy.json").exists()
+    with pytest.raises(UserError, match="nothing to compare"):
+        deploy.DeployOptions(shrink_percent=0).check()
 
 
 def test_frontier_and_targets():

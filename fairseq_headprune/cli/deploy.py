@@ -11,6 +11,7 @@ Writes DIR/deploy.json, DIR/deploy.md, DIR/deploy.png (BLEU against speed, the f
 from __future__ import annotations
 
 from fairseq_headprune.cli.common import options_from, results_folder
+from fairseq_headprune.errors import UserError
 from fairseq_headprune.studies import deploy
 
 
@@ -22,10 +23,10 @@ def add_args(parser) -> None:
                    help="pruned or recovered checkpoints to put beside the unpruned one")
     g.add_argument("--shrink-percent", type=float, default=deploy.DeployOptions.shrink_percent,
                    help="shrink the model itself, removing this share of its heads (0: no shrink of its own)")
-    g.add_argument("--shape", default=deploy.DeployOptions.shape, choices=("free", "per-stack"),
-                   help="the shrink's shape (per-stack: what CTranslate2 runs without padding)")
-    g.add_argument("--calibration-subset", default=deploy.DeployOptions.calibration_subset)
-    g.add_argument("--calibration-sentences", type=int, default=deploy.DeployOptions.calibration_sentences)
+    g.add_argument("--shape", choices=("free", "per-stack"),
+                   help="the shrink's shape (default per-stack: what CTranslate2 runs without padding)")
+    g.add_argument("--calibration-subset", help="the shrink's calibration subset (default valid)")
+    g.add_argument("--calibration-sentences", type=int, help="the shrink's calibration sentences (default 1000)")
     g.add_argument("--runs", type=int, default=deploy.DeployOptions.runs, help="interleaved timing rounds")
     g.add_argument("--batch1-sentences", type=int, default=deploy.DeployOptions.batch1_sentences,
                    help="sentences timed one at a time (latency)")
@@ -36,7 +37,13 @@ def run(cfg, args) -> None:
 
     from fairseq_headprune.export_ct2 import ct2_decoding
 
-    options = options_from(deploy.DeployOptions, args, subset=cfg.dataset.gen_subset, compare=tuple(args.compare))
+    shrink_options = ("shape", "calibration_subset", "calibration_sentences")
+    given = [name for name in shrink_options if getattr(args, name) is not None]
+    if not args.shrink_percent and given:
+        raise UserError(f"--{given[0].replace('_', '-')} sets deploy's own shrink, which --shrink-percent 0 turns off")
+    defaults = {name: getattr(deploy.DeployOptions, name) for name in shrink_options if name not in given}
+    options = options_from(deploy.DeployOptions, args, subset=cfg.dataset.gen_subset, compare=tuple(args.compare),
+                           **defaults)
     options.check()
     ct2_decoding(cfg.generation)  # decoding options CTranslate2 cannot apply: refused before loading
     with results_folder(args.results_dir):
