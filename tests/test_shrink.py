@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from conftest import run, run_fairseq
-from fairseq_headprune import mask_search
+from fairseq_headprune.compress import select
 from fairseq_headprune.heads import Head, HeadLayout
 from fairseq_headprune.masking import install_head_masks, row_head_masks, set_head_masks
-from fairseq_headprune.reconstruction import ReconstructionOptions, capture, reconstruct, token_mask
+from fairseq_headprune.compress.reconstruct import ReconstructionOptions, capture, reconstruct, token_mask
 from fairseq_headprune.results.identity import file_sha256
-from fairseq_headprune.studies.shrink import (
+from fairseq_headprune.compress.shrink import (
     Budget,
     ShrinkOptions,
     calibration_samples,
@@ -61,8 +61,8 @@ def test_fisher_equals_sum_of_squared_per_sentence_gradients(tiny):
     pad = task.target_dictionary.pad()
     samples = _samples(model, task, n=10, max_tokens=200)
     assert len(samples) > 1  # several batches with padding
-    grads = mask_search.sentence_gradients(model, samples, pad)
-    fisher = mask_search.fisher_scores(grads)
+    grads = select.sentence_gradients(model, samples, pad)
+    fisher = select.fisher_scores(grads)
     order = [sid for s in samples for sid in s["id"].tolist()]
     dataset = task.dataset("valid")
     expected = {}
@@ -71,7 +71,7 @@ def test_fisher_equals_sum_of_squared_per_sentence_gradients(tiny):
         for p in model.parameters():
             p.requires_grad_(False)
         with row_head_masks(model, 1, requires_grad=True) as leaves:
-            mask_search.sentence_nll(model, alone, pad).backward()
+            select.sentence_nll(model, alone, pad).backward()
             for key, leaf in leaves.items():
                 expected[key] = expected.get(key, 0) + leaf.grad.double()[0].pow(2)
     for key in fisher:
@@ -87,9 +87,9 @@ def test_rearrangement_never_increases_its_objective_and_keeps_the_budget():
         grads = {("enc-self", 1): torch.randn(30, heads, generator=gen, dtype=torch.float64),
                  ("dec-self", 1): torch.randn(30, heads, generator=gen, dtype=torch.float64) * 3}
         ids = {k: tuple(range(1, heads + 1)) for k in grads}
-        scores = mask_search.fisher_scores(grads)
-        removed = mask_search.fill_by_heads(scores, ids, 3 + trial % 9)
-        r = mask_search.rearrange(removed, grads, ids)
+        scores = select.fisher_scores(grads)
+        removed = select.fill_by_heads(scores, ids, 3 + trial % 9)
+        r = select.rearrange(removed, grads, ids)
         assert len(r.removed) == len(removed)
         for key in grads:
             assert sum(h[:2] == key for h in r.removed) == sum(h[:2] == key for h in removed)
@@ -106,11 +106,11 @@ def test_fill_by_flops_reaches_the_budget():
     scores = {("enc-self", 1): torch.tensor([1.0, 2.0, 3.0]), ("enc-dec", 1): torch.tensor([1.5, 0.5, 9.0])}
     ids = {k: (1, 2, 3) for k in scores}
     cost = {("enc-self", 1): 1.0, ("enc-dec", 1): 4.0}
-    removed = mask_search.fill_by_flops(scores, ids, cost, 5.0)
+    removed = select.fill_by_flops(scores, ids, cost, 5.0)
     assert sum(cost[(h.type, h.layer)] for h in removed) >= 5.0
     assert removed[0] == Head("enc-self", 1, 1) or Head("enc-dec", 1, 2) in removed
     with pytest.raises(ValueError):
-        mask_search.fill_by_flops(scores, ids, cost, 100.0)
+        select.fill_by_flops(scores, ids, cost, 100.0)
 
 
 # ------------------------------------------------------------------------------------------- reconstruction
@@ -238,8 +238,8 @@ def test_window_fit_lowers_the_held_out_error_and_keeps_removed_heads_removed(ti
 def test_a_window_step_on_some_sentences_of_a_batch_is_those_sentences_of_the_whole_batch(tiny, norm):
     """A step above step_tokens takes some sentences of its batch: their window outputs must be exactly their rows
     of the whole batch's (encoder and decoder self-attention with their masks, encoder-decoder attention)."""
-    from fairseq_headprune.reconstruction import _Student, teacher_targets
-    from fairseq_headprune.window_fit import _difference, _step_batch, record_batches, window_modules
+    from fairseq_headprune.compress.reconstruct import _Student, teacher_targets
+    from fairseq_headprune.compress.window_fit import _difference, _step_batch, record_batches, window_modules
 
     model, task = tiny
     model = _pre_norm(model) if norm == "pre" else model
@@ -326,7 +326,7 @@ def test_a_flops_budget_is_met_by_every_free_search(tiny):
     pad = task.target_dictionary.pad()
     samples = _samples(model, task, n=16)
     set_head_masks(model, [])
-    grads = mask_search.sentence_gradients(model, samples, pad)
+    grads = select.sentence_gradients(model, samples, pad)
     lengths = ([int(n) for s in samples for n in s["net_input"]["src_tokens"].ne(pad).sum(1)],
                [int(n) for s in samples for n in s["target"].ne(pad).sum(1)])
     for search in ("fisher", "importance", "block", "full"):
@@ -358,7 +358,7 @@ def test_pruned_checkpoint_decodes_as_the_in_memory_model(stock_checkpoint, tiny
     from fairseq_headprune import cli
     from fairseq_headprune.cli import shrink as command
     from fairseq_headprune.loading import load
-    from fairseq_headprune.studies.shrink import export, shrink
+    from fairseq_headprune.compress.shrink import export, shrink
 
     out = tmp_path / "small.pt"
     argv = _cmd(tiny_data, stock_checkpoint, "--remove", "40%", "--refit-inputs", "--out", out)[2:]
@@ -467,16 +467,16 @@ def test_fills_keep_the_minimum_of_heads_per_layer():
     grads = {("enc-self", 1): 0.01 * torch.randn(16, 4, dtype=torch.float64),
              ("enc-self", 2): torch.randn(16, 4, dtype=torch.float64)}
     ids = {("enc-self", 1): (1, 2, 3, 4), ("enc-self", 2): (1, 2, 3, 4)}
-    scores = mask_search.fisher_scores(grads)
+    scores = select.fisher_scores(grads)
 
     def per_layer(removed):
         return [sum(h.layer == layer for h in removed) for layer in (1, 2)]
 
-    fills = {"diagonal": lambda m: mask_search.fill_by_heads(scores, ids, 5, min_kept=m),
-             "block": lambda m: mask_search.fill_greedy(grads, ids, 5, block=True, min_kept=m),
-             "full": lambda m: mask_search.fill_greedy(grads, ids, 5, block=False, min_kept=m),
-             "flops": lambda m: mask_search.fill_by_flops(scores, ids, {k: 1.0 for k in ids}, 5.0, min_kept=m),
-             "greedy flops": lambda m: mask_search.fill_greedy(grads, ids, 0, head_cost={k: 1.0 for k in ids},
+    fills = {"diagonal": lambda m: select.fill_by_heads(scores, ids, 5, min_kept=m),
+             "block": lambda m: select.fill_greedy(grads, ids, 5, block=True, min_kept=m),
+             "full": lambda m: select.fill_greedy(grads, ids, 5, block=False, min_kept=m),
+             "flops": lambda m: select.fill_by_flops(scores, ids, {k: 1.0 for k in ids}, 5.0, min_kept=m),
+             "greedy flops": lambda m: select.fill_greedy(grads, ids, 0, head_cost={k: 1.0 for k in ids},
                                                                flops_to_remove=5.0, min_kept=m)}
     for name, fill in fills.items():
         assert per_layer(fill(0)) == [4, 1], name
@@ -493,13 +493,13 @@ def test_greedy_fill_counts_correlated_heads_together():
     g[:, 2] = torch.tensor([1.2, -1.2, 1.2, -1.2])
     grads = {("enc-self", 1): g}
     ids = {("enc-self", 1): (1, 2, 3)}
-    assert mask_search.fill_by_heads(mask_search.fisher_scores(grads), ids, 2) == [Head("enc-self", 1, 1),
+    assert select.fill_by_heads(select.fisher_scores(grads), ids, 2) == [Head("enc-self", 1, 1),
                                                                                 Head("enc-self", 1, 2)]
     for block in (True, False):
-        removed = mask_search.fill_greedy(grads, ids, 2, block=block)
+        removed = select.fill_greedy(grads, ids, 2, block=block)
         assert Head("enc-self", 1, 3) in removed and len(removed) == 2
     # a FLOP budget: the greedy step takes the smallest increase per FLOP until enough is saved
-    removed = mask_search.fill_greedy(grads, ids, 0, head_cost={("enc-self", 1): 2.0}, flops_to_remove=3.0)
+    removed = select.fill_greedy(grads, ids, 0, head_cost={("enc-self", 1): 2.0}, flops_to_remove=3.0)
     assert len(removed) == 2
     with pytest.raises(ValueError):
-        mask_search.fill_greedy(grads, ids, 0, head_cost={("enc-self", 1): 2.0}, flops_to_remove=7.0)
+        select.fill_greedy(grads, ids, 0, head_cost={("enc-self", 1): 2.0}, flops_to_remove=7.0)

@@ -35,7 +35,7 @@ def add_args(parser) -> None:
 def run(cfg, args) -> None:
     from fairseq_headprune.loading import load
 
-    from fairseq_headprune.export_ct2 import ct2_decoding
+    from fairseq_headprune.compress.export import ct2_decoding
 
     shrink_options = ("shape", "calibration_subset", "calibration_sentences")
     given = [name for name in shrink_options if getattr(args, name) is not None]

@@ -11,7 +11,7 @@ with --quantization, the BLEU of both is printed. DIR is written whole or not at
 from __future__ import annotations
 
 from fairseq_headprune.cli.common import options_from, readable_file
-from fairseq_headprune.export_ct2 import QUANTIZATIONS, ExportOptions, ct2_decoding, export
+from fairseq_headprune.compress.export import QUANTIZATIONS, ExportOptions, ct2_decoding, export
 
 
 def add_args(parser) -> None:

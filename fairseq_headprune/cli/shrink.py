@@ -17,7 +17,7 @@ import time
 from fairseq_headprune.checkpoint_io import check_pair_paths, record_path_for
 from fairseq_headprune.cli.common import output_checkpoint, results_folder
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.studies.shrink import ShrinkOptions, parse_types, validate
+from fairseq_headprune.compress.shrink import ShrinkOptions, parse_types, validate
 from fairseq_headprune.studies.shrink_sweep import DEFAULT_METHODS
 
 
@@ -108,7 +108,7 @@ def run(cfg, args) -> None:
         raise UserError(f"--recover-epochs must be at least 0, not {args.recover_epochs}")
     final_out = args.out
     if args.recover_epochs:  # shrink writes its model beside the final one; recover then writes --out
-        from fairseq_headprune.studies.recover import RecoverOptions
+        from fairseq_headprune.compress.recover import RecoverOptions
 
         recover_options = RecoverOptions(teacher=cfg.common_eval.path, out=final_out, epochs=args.recover_epochs,
                                          train_args=["-s", cfg.task.source_lang, "-t", cfg.task.target_lang]
@@ -122,7 +122,7 @@ def run(cfg, args) -> None:
     start = time.perf_counter()
     loaded = load(cfg)
     validate(options, loaded.model)
-    from fairseq_headprune.studies.shrink import export, shrink
+    from fairseq_headprune.compress.shrink import export, shrink
 
     result, calibration = shrink(loaded, options)
     record = export(loaded, result, calibration, options, args.out, json_path)
@@ -131,7 +131,7 @@ def run(cfg, args) -> None:
           f"{record['params_before']:,} -> {record['params_after']:,} parameters; {seconds:.0f}s in all\n"
           f"wrote {args.out} (fairseq loads it with --user-dir fairseq_headprune)\nwrote {json_path}")
     if args.recover_epochs:
-        from fairseq_headprune.studies.recover import recover, record_path
+        from fairseq_headprune.compress.recover import recover, record_path
 
         recovered = recover(cfg.task.data, args.out, recover_options)
         print(f"recovered it for {args.recover_epochs} epochs ({recovered['updates']} updates, best valid loss at "

@@ -543,7 +543,7 @@ def run(cfg, options: ReportOptions, base: Sequence[str], out: str) -> List[str]
     check(options, all_parts)
     parts_wanted = options.part_names()
     if "deploy" in parts_wanted:
-        from fairseq_headprune.export_ct2 import ct2_decoding
+        from fairseq_headprune.compress.export import ct2_decoding
 
         ct2_decoding(cfg.generation)  # decoding options CTranslate2 cannot apply: refused before any part runs
     started = time.time()

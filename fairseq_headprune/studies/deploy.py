@@ -86,11 +86,11 @@ class DeployOptions:
 
 class Contender:
     """One checkpoint loaded as fairseq-generate loads it, its evaluator (references, detokenisation) and its
-    CTranslate2 exports (float32 and int8, written by export_ct2's functions into a temporary folder)."""
+    CTranslate2 exports (float32 and int8, written by compress.export's functions into a temporary folder)."""
 
     def __init__(self, name: str, loaded, options: DeployOptions, tmp: str):
         from fairseq_headprune.evaluate import SubsetEvaluator
-        from fairseq_headprune.export_ct2 import build_spec, ct2_decoding, stack_heads, write_model
+        from fairseq_headprune.compress.export import build_spec, ct2_decoding, stack_heads, write_model
         from fairseq_headprune.studies.speed_ct2 import translator
 
         self.name, self.path, self.loaded = name, loaded.checkpoint, loaded
@@ -132,7 +132,7 @@ class Contender:
         return {"seconds": seconds, "hypotheses": {sid: h[:-1] if h and h[-1] == eos else h for sid, h in out.items()}}
 
     def _ct2(self, translator_, samples, forced: int) -> Dict:
-        from fairseq_headprune.export_ct2 import max_length
+        from fairseq_headprune.compress.export import max_length
 
         src_dict, tgt_dict = self.loaded.task.source_dictionary, self.loaded.task.target_dictionary
         decoding = dict(self.decoding)
@@ -366,7 +366,7 @@ def write_all(table: Dict, out: str) -> List[str]:
 # --------------------------------------------------------------------------------------------- the study
 
 # tasks whose decoding CTranslate2 repeats from the source tokens alone; the multilingual and mBART tasks put
-# language tokens in the decoder's prefix, which export_ct2 does not pass to CTranslate2 (not built)
+# language tokens in the decoder's prefix, which compress.export does not pass to CTranslate2 (not built)
 PLAIN_TASKS = ("translation", "translation_headprune")
 
 
@@ -396,7 +396,7 @@ def shrunk_checkpoint(loaded, options: DeployOptions, out: str, log=print) -> st
     from fairseq_headprune.results.identity import file_sha256
     from fairseq_headprune.masking import set_head_masks
     from fairseq_headprune.results.log import read_json, write_json_atomic
-    from fairseq_headprune.studies.shrink import ShrinkOptions, export, shrink
+    from fairseq_headprune.compress.shrink import ShrinkOptions, export, shrink
 
     shrink_options = ShrinkOptions(remove=f"{options.shrink_percent:g}%", shape=options.shape,
                                    calibration_subset=options.calibration_subset,
@@ -432,7 +432,7 @@ def run(loaded, options: DeployOptions, out: str, log=print) -> Tuple[Dict, List
     """Shrink (if asked), export every model to CTranslate2, time every cell, write OUT/deploy.{json,md,png}."""
     import torch
 
-    from fairseq_headprune.export_ct2 import ct2_decoding
+    from fairseq_headprune.compress.export import ct2_decoding
     from fairseq_headprune.masking import set_head_masks
 
     options.check()

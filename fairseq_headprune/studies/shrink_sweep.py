@@ -6,7 +6,7 @@ Methods are written as a base order and steps joined by '+':
   fisher+rearrange             + in-layer rearrangement
   fisher+rearrange+scales      + one least-squares scale per kept head (Kwon's mask tuning)
   fisher+rearrange+out-proj    + ridge refit of each pruned sublayer's out-projection instead
-  block, full                  greedy fill on the block-diagonal or the full empirical Fisher (mask_search)
+  block, full                  greedy fill on the block-diagonal or the full empirical Fisher (compress.select)
 Extra steps for the measurements of NOTES.md: `mildP` (a teacher with P% of the removed heads masked), `all` (also
 refit sublayers that lost no head), `nobias` (no bias refit of emptied sublayers), `ffn` (also refit every FFN's
 fc2 towards the same targets), `in` (also map every drifted sublayer input back onto the teacher's, folded into
@@ -25,11 +25,11 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from fairseq_headprune import mask_search
+from fairseq_headprune.compress import select
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.heads import HeadLayout
 from fairseq_headprune.masking import set_head_masks
-from fairseq_headprune.studies.shrink import (
+from fairseq_headprune.compress.shrink import (
     Budget,
     Calibration,
     ShrinkOptions,
@@ -164,7 +164,7 @@ def run_sweep(loaded, evaluator, options: SweepOptions, log, say: Callable = pri
     if calibration is None:
         calibration = calibrate(loaded, options.shrink)
     start = time.perf_counter()
-    grads = mask_search.sentence_gradients(model, calibration.samples, pad)
+    grads = select.sentence_gradients(model, calibration.samples, pad)
     say(f"gradients of {calibration.sentences} calibration sentences: {time.perf_counter() - start:.0f}s")
     for percent, method, opts in todo:
         budget = Budget("remove", float(percent), True)
@@ -194,8 +194,8 @@ def run_sweep(loaded, evaluator, options: SweepOptions, log, say: Callable = pri
         bleu = evaluator.bleu(hyps).score
         row = {"key": _key(options.tag, method, percent, n_allowed), "method": method, "tag": options.tag,
                "percent": percent, "removed": len(selection.removed), "heads_total": len(layout.all_heads()),
-               "removed_per_type": mask_search.by_type(selection.removed), "bleu": bleu, "delta": bleu - base_bleu,
-               "emptied": [f"{t}:{i}" for t, i in mask_search.emptied_layers(selection.removed, layout.heads)],
+               "removed_per_type": select.by_type(selection.removed), "bleu": bleu, "delta": bleu - base_bleu,
+               "emptied": [f"{t}:{i}" for t, i in select.emptied_layers(selection.removed, layout.heads)],
                "rearrangement": selection.rearrangement and {k: v for k, v in selection.rearrangement.items()
                                                               if k != "per_layer"},
                "fallbacks": [f"{f.key[0]}:{f.key[1]}: {f.fallback}" for f in fits if f.fallback],
@@ -364,7 +364,7 @@ def run(loaded, options: SweepOptions, results_dir: str, subset: str, references
     from fairseq_headprune.evaluate import SubsetEvaluator
     from fairseq_headprune.results.identity import run_identity
     from fairseq_headprune.results.log import ResultsLog, atomic_output
-    from fairseq_headprune.studies.shrink import validate
+    from fairseq_headprune.compress.shrink import validate
 
     for method in options.methods:  # unknown methods and budgets a method cannot meet fail here, before decoding
         for percent in options.percents:

@@ -1,7 +1,7 @@
 """`fairseq-headprune speed --engine ct2`: the speed table in CTranslate2, where translation models are deployed.
 
 The unpruned model, the pruned one and the pruned one zero-padded back to the unpruned head counts (`masked`: the
-pruned function at the unpruned cost, as a masked model is in fairseq) are exported with export_ct2's own functions
+pruned function at the unpruned cost, as a masked model is in fairseq) are exported with compress.export's own functions
 into a temporary folder and timed with CTranslate2 at each batch size, one thread and all threads, interleaved
 runs. Pruned and masked translate alike (their hypotheses are compared in every run), so **pruned over masked is
 the equal-work speed-up**; pruned over unpruned is shown beside it. A pruned layer runs at its stack's largest head
@@ -18,7 +18,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from fairseq_headprune import flops
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.export_ct2 import build_spec, ct2_decoding, max_length, stack_heads, write_model
+from fairseq_headprune.compress.export import build_spec, ct2_decoding, max_length, stack_heads, write_model
 from fairseq_headprune.heads import HeadLayout, parse_head_spec
 from fairseq_headprune.loading import load_subset
 from fairseq_headprune.results import layout as names

@@ -1,8 +1,8 @@
 """Prune a loaded model to a budget without retraining and export it as a smaller stock checkpoint.
 
 After Kwon et al. 2022 (A Fast Post-Training Pruning Framework for Transformers), for encoder-decoder translation:
-calibration sentences -> per-sentence mask gradients -> Fisher budget fill (mask_search) -> in-layer
-rearrangement -> layer-by-layer least-squares reconstruction (reconstruction) -> physically pruned checkpoint,
+calibration sentences -> per-sentence mask gradients -> Fisher budget fill (compress.select) -> in-layer
+rearrangement -> layer-by-layer least-squares reconstruction (compress.reconstruct) -> physically pruned checkpoint,
 checked against the in-memory reconstructed model before it is written. No weight gets a gradient step.
 
 Functions take a loaded model (loading.Loaded) and a ShrinkOptions; nothing here parses arguments.
@@ -20,12 +20,12 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from fairseq_headprune import flops as flop_model
-from fairseq_headprune import mask_search
+from fairseq_headprune.compress import select
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.evaluate import decoder_start
 from fairseq_headprune.heads import ATTENTION_TYPES, Head, HeadLayout, format_head_spec
 from fairseq_headprune.masking import head_gates, set_head_masks
-from fairseq_headprune.reconstruction import METHODS, ReconstructionOptions, SublayerFit, reconstruct
+from fairseq_headprune.compress.reconstruct import METHODS, ReconstructionOptions, SublayerFit, reconstruct
 
 Key = Tuple[str, int]
 TARGETS = ("references", "self")
@@ -45,7 +45,7 @@ class ShrinkOptions:
     calibration_sentences: int = 1000
     calibration_targets: str = "references"  # references (teacher forcing) | self (the model's own translations)
     calibration_beam: int = 1  # beam for self targets (1 = greedy)
-    search: str = "full"  # full | block (greedy fills, mask_search) | fisher (diagonal, Kwon) | importance (Michel)
+    search: str = "full"  # full | block (greedy fills, compress.select) | fisher (diagonal, Kwon) | importance (Michel)
     rearrange: bool = True  # Kwon's in-layer swaps after a diagonal (fisher) or block fill; the full fill has none
     refit: str = "out-proj"  # none | scales | out-proj
     ridge: float = 1e-3
@@ -187,12 +187,12 @@ def _validate_per_stack(options: ShrinkOptions, budget: Budget, layout: HeadLayo
     if options.search_steps > 1:
         raise UserError("--shape per-stack removes the budget in one step (--search-steps 1)")
     try:
-        shapes = mask_search.per_stack_shapes(layout.heads, parse_types(options.types), options.min_heads)
+        shapes = select.per_stack_shapes(layout.heads, parse_types(options.types), options.min_heads)
     except ValueError as e:
         raise UserError(f"--shape per-stack: {e}") from None
     if budget.kind != "flops":
         n = heads_to_remove(budget, layout, parse_types(options.types))
-        reachable = sorted({mask_search.removed_count(layout.heads, s) for s in shapes} - {0})
+        reachable = sorted({select.removed_count(layout.heads, s) for s in shapes} - {0})
         if n not in reachable:
             raise UserError(f"--shape per-stack cannot remove exactly {n} heads ({budget.describe()}): with one "
                             f"head count per stack it removes one of {', '.join(map(str, reachable))}")
@@ -296,7 +296,7 @@ class Selection:
     flops: Optional[dict] = None
 
     def summary(self) -> dict:
-        return {"removed": len(self.removed), "removed_per_type": mask_search.by_type(self.removed),
+        return {"removed": len(self.removed), "removed_per_type": select.by_type(self.removed),
                 "order": self.order, "rearranged": self.rearranged, "budget": asdict(self.budget),
                 "removed_spec": format_head_spec(self.removed), "rearrangement": self.rearrangement,
                 "flops": self.flops}
@@ -344,7 +344,7 @@ def select_heads(model, grads: Dict[Key, torch.Tensor], budget: Budget, options:
     types = parse_types(options.types)
     if options.shape == "per-stack":
         return _select_per_stack(model, grads, budget, options, lengths, beam)
-    scores = mask_search.fisher_scores(grads) if options.search == "fisher" else mask_search.michel_scores(grads)
+    scores = select.fisher_scores(grads) if options.search == "fisher" else select.michel_scores(grads)
     for h in already:
         scores[(h.type, h.layer)] = scores[(h.type, h.layer)].clone()
         scores[(h.type, h.layer)][ids[(h.type, h.layer)].index(h.head)] = -float("inf")
@@ -353,11 +353,11 @@ def select_heads(model, grads: Dict[Key, torch.Tensor], budget: Budget, options:
         flops = FlopBudget.of(model, budget, lengths, beam)
         try:
             if options.search in ("block", "full"):
-                removed = mask_search.fill_greedy(grads, ids, 0, types, block=options.search == "block",
+                removed = select.fill_greedy(grads, ids, 0, types, block=options.search == "block",
                                                   head_cost=flops.per_head, flops_to_remove=flops.to_remove,
                                                   min_kept=options.min_heads)
             else:
-                removed = mask_search.fill_by_flops(scores, ids, flops.per_head, flops.to_remove, types,
+                removed = select.fill_by_flops(scores, ids, flops.per_head, flops.to_remove, types,
                                                     options.min_heads)
         except ValueError:
             everything = flop_model.decode_flops(flops.shape.without(layout.all_heads(types)), *lengths, beam)
@@ -368,15 +368,15 @@ def select_heads(model, grads: Dict[Key, torch.Tensor], budget: Budget, options:
             raise UserError(f"--flops {budget.value:g}% would remove every head of the model")
         flop_info = flops.record(removed)
     elif options.search in ("block", "full"):
-        removed = mask_search.fill_greedy(grads, ids, heads_to_remove(budget, layout, types), types,
+        removed = select.fill_greedy(grads, ids, heads_to_remove(budget, layout, types), types,
                                           block=options.search == "block", already=already,
                                           min_kept=options.min_heads)
     else:
-        removed = mask_search.fill_by_heads(scores, ids, heads_to_remove(budget, layout, types), types,
+        removed = select.fill_by_heads(scores, ids, heads_to_remove(budget, layout, types), types,
                                             options.min_heads)
     info = None
     if options.rearrange and options.search in ("fisher", "block") and not already:
-        r = mask_search.rearrange(removed, grads, ids)
+        r = select.rearrange(removed, grads, ids)
         info = {"objective_before": sum(r.objective_before.values()),
                 "objective_after": sum(r.objective_after.values()),
                 "swapped_heads": sum(r.swapped.values()),
@@ -394,7 +394,7 @@ def _select_per_stack(model, grads, budget: Budget, options: ShrinkOptions, leng
     n = None if flops else heads_to_remove(budget, layout, types)
     head_cost, to_remove = (flops.per_head, flops.to_remove) if flops else (None, None)
     try:
-        removed, kept = mask_search.fill_per_stack(grads, dict(layout.heads), n, types, options.search == "block",
+        removed, kept = select.fill_per_stack(grads, dict(layout.heads), n, types, options.search == "block",
                                                    head_cost, to_remove, options.min_heads)
     except ValueError as e:
         raise UserError(f"--shape per-stack: {e}") from None
@@ -440,7 +440,7 @@ def _milder(selection: Selection, grads, n: int) -> List[Head]:
     """The n least important of the removed heads (by Fisher score): a teacher that lost the least of them."""
     if not grads or n <= 0:
         return []
-    scores = mask_search.fisher_scores(grads)  # unpruned model: a head's position is its id - 1
+    scores = select.fisher_scores(grads)  # unpruned model: a head's position is its id - 1
     ranked = sorted(selection.removed, key=lambda h: float(scores[(h.type, h.layer)][h.head - 1]))
     return ranked[:n]
 
@@ -462,7 +462,7 @@ def search_with_reconstruction(model, grads, budget: Budget, options: ShrinkOpti
         if log:
             log(f"step {k}/{options.search_steps}: {len(removed)} heads removed and reconstructed")
         if k < options.search_steps:
-            step_grads = mask_search.sentence_gradients(result.student, calibration.samples, pad)
+            step_grads = select.sentence_gradients(result.student, calibration.samples, pad)
     result.selection = Selection(removed, f"{options.search} in {options.search_steps} steps with reconstruction",
                                  options.rearrange, budget)
     return result
@@ -477,7 +477,7 @@ def shrink(loaded, options: ShrinkOptions, log: Callable = print) -> Tuple[Shrin
         f"({calibration.target_tokens} target tokens, targets: {calibration.targets})")
     pad = loaded.task.target_dictionary.pad()
     start = time.perf_counter()
-    grads = mask_search.sentence_gradients(loaded.model, calibration.samples, pad)
+    grads = select.sentence_gradients(loaded.model, calibration.samples, pad)
     t_grads = time.perf_counter() - start
     start = time.perf_counter()
     if options.search_steps > 1:
@@ -488,8 +488,8 @@ def shrink(loaded, options: ShrinkOptions, log: Callable = print) -> Tuple[Shrin
     selection = select_heads(loaded.model, grads, budget, options, calibration_lengths(calibration, pad),
                              beam=loaded.cfg.generation.beam)
     t_search = time.perf_counter() - start
-    per_type = mask_search.by_type(selection.removed)
-    emptied = mask_search.emptied_layers(selection.removed, HeadLayout.of(loaded.model).heads)
+    per_type = select.by_type(selection.removed)
+    emptied = select.emptied_layers(selection.removed, HeadLayout.of(loaded.model).heads)
     log(f"search ({selection.order}{', rearranged' if selection.rearranged else ''}): remove {len(selection.removed)} "
         f"heads ({', '.join(f'{t} {n}' for t, n in per_type.items())}); emptied layers: "
         f"{', '.join(f'{t}:{i}' for t, i in emptied) or 'none'}")

@@ -340,7 +340,7 @@ def recover(data: str, student: str, options: RecoverOptions, log=print) -> dict
             raise UserError(f"no '{subset}' subset in {data}")
     train_data = data
     if options.distill in ("sequences", "both"):
-        from fairseq_headprune.sequence_targets import teacher_targets_data
+        from fairseq_headprune.compress.sequence_targets import teacher_targets_data
 
         train_data = teacher_targets_data(data, options, log=log)
     work_dir = options.resolved_work_dir()

@@ -43,7 +43,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 import torch
 
 from fairseq_headprune.heads import attention_modules
-from fairseq_headprune.mask_search import keys_in_order
+from fairseq_headprune.compress.select import keys_in_order
 
 Key = Tuple[str, int]
 METHODS = ("none", "scales", "out-proj")
@@ -362,7 +362,7 @@ def reconstruct(teacher, student, samples: Sequence[dict], pad: int, options: Re
             else:
                 record(_fit_sublayer(runner, key, modules[key], target, pad, options))
             if options.window_steps > 0 and key[0] not in FFN_TYPES:
-                from fairseq_headprune.window_fit import WindowOptions, fit_window
+                from fairseq_headprune.compress.window_fit import WindowOptions, fit_window
 
                 record(fit_window(runner, key, target, pad, WindowOptions(options.window_steps, options.window_lr)))
     return fits

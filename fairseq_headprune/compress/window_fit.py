@@ -1,6 +1,6 @@
 """Local reconstruction of an attention sublayer with its nonlinear window: Adam steps on calibration data only.
 
-The closed-form refits of `reconstruction` change one linear map (out_proj) and cannot undo what the removed heads
+The closed-form refits of `reconstruct` change one linear map (out_proj) and cannot undo what the removed heads
 did inside the softmax. Wagner et al. (2025) find that refitting a window that contains the nonlinearity closes
 much of the gap to retraining. Here the window is the whole attention sublayer: q/k/v projections, softmax and
 out_proj, under its head mask. Its parameters are fitted by Adam towards the closed-form fit's drift-corrected
@@ -27,7 +27,7 @@ from typing import Callable, List, Sequence
 import torch
 
 from fairseq_headprune.heads import attention_modules
-from fairseq_headprune.reconstruction import Key, SublayerFit, StopForward, capture, token_mask
+from fairseq_headprune.compress.reconstruct import Key, SublayerFit, StopForward, capture, token_mask
 
 
 @dataclass
