@@ -386,6 +386,28 @@ def test_pruned_checkpoint_decodes_as_the_in_memory_model(stock_checkpoint, tiny
     assert "BLEU" in gen.stdout or "BLEU" in gen.stderr
 
 
+def test_given_heads_are_removed_and_reconstructed_without_a_search(stock_checkpoint, tiny_data, tmp_path):
+    from fairseq_headprune import cli
+    from fairseq_headprune.cli import shrink as command
+    from fairseq_headprune.compress.shrink import shrink
+    from fairseq_headprune.heads import attention_modules, parse_head_spec
+    from fairseq_headprune.loading import load
+
+    spec = tmp_path / "closed.json"  # the shape of `gates`' closed-heads.json: a selection made elsewhere
+    spec.write_text(json.dumps({"enc-self": {"1": [1, 2, 3]}, "dec-self": {"2": [2, 4]}, "enc-dec": {"3": "1-3"}}))
+    argv = _cmd(tiny_data, stock_checkpoint, "--heads", f"@{spec}", "--out", tmp_path / "g.pt")[2:]
+    cfg, args = cli.parse("shrink", command, [str(a) for a in argv])
+    loaded = load(cfg)
+    result, _ = shrink(loaded, command.options_from(args), log=lambda *_: None)
+    assert result.selection.removed == parse_head_spec(f"@{spec}") and len(result.selection.removed) == 8
+    assert result.selection.order == "given (--heads)"
+    fitted = {f.key for f in result.fits if f.method != "none"}
+    assert {("enc-self", 1), ("dec-self", 2), ("enc-dec", 3)} <= fitted  # reconstructed, not only removed
+    masks = {key: attn.head_mask.tolist() for key, attn in attention_modules(result.student).items()}
+    assert masks[("enc-self", 1)][:3] == [0, 0, 0] and sum(masks[("enc-dec", 3)]) == 1
+    assert sum(sum(m) for m in masks.values()) == 56 - 8
+
+
 def _gated(stock_checkpoint, tiny_data, path):
     from fairseq_headprune.masking import install_head_gates
 
@@ -430,6 +452,11 @@ def test_bad_input_is_one_line_and_exit_code_2(stock_checkpoint, tiny_data, tmp_
         (["--remove", "10%", "--min-heads-per-layer", "-1"], "at least 0"),
         (["--remove", "10%", "--window-steps", "-1"], "--window-steps must be >= 0"),
         (["--remove", "10%", "--window-steps", "5", "--refit", "none"], "needs --refit"),
+        (["--heads", "enc-self:1:1", "--search", "fisher"], "--search would choose them"),
+        (["--heads", "enc-self:1:1", "--shape", "per-stack"], "--shape would choose them"),
+        (["--heads", "enc-self:9:1"], "does not exist"),
+        (["--heads", "dec-self:1:1-4"], "leaves dec-self:1 fewer than 1 head"),
+        (["--heads", "enc-self:1:1", "--sweep", "50", "--results-dir", str(tmp_path / "s")], "--sweep searches"),
     ]
     for extra, message in cases:
         proc = run(_cmd(tiny_data, stock_checkpoint, *extra, "--out", out), check=False)

@@ -1,6 +1,7 @@
 """`fairseq-headprune shrink`: prune to a budget without retraining (Kwon et al. 2022) into a smaller stock checkpoint.
 
   fairseq-headprune shrink DATA --path CKPT --remove 50% --out OUT.pt [--results-dir DIR]
+  fairseq-headprune shrink DATA --path CKPT --heads @closed-heads.json --out OUT.pt   (a selection made elsewhere)
   fairseq-headprune shrink DATA --path CKPT --sweep 10,20,...,80 --gen-subset test --references REF --results-dir DIR
 
 The first form writes OUT.pt (physically pruned, loads with `fairseq-generate --user-dir fairseq_headprune`) and
@@ -27,6 +28,8 @@ def add_args(parser) -> None:
     budget.add_argument("--remove", help="heads to remove: a number (72) or a share of the allowed heads (50%%)")
     budget.add_argument("--keep", help="heads to keep: a number or a share of the allowed heads")
     budget.add_argument("--flops", help="the pruned model's decoding FLOPs at most this share of the unpruned's (60%%)")
+    budget.add_argument("--heads", metavar="SPEC", help="no search: remove and reconstruct these heads "
+                        "(TYPE:LAYER:HEADS,... or @file.json, e.g. an L0 run's closed heads from `gates`)")
     g.add_argument("--types", default="enc-self,enc-dec,dec-self", help="attention types that may lose heads")
     g.add_argument("--calibration-subset", default="valid")
     g.add_argument("--calibration-sentences", type=int, default=1000)
@@ -92,7 +95,7 @@ def options_from(args) -> ShrinkOptions:
         refit_ffn=not args.no_refit_ffn, refit_inputs=args.refit_inputs, teacher_mildness=args.teacher_mildness,
         check=not args.no_check,
         check_sentences=args.check_sentences, shape=args.shape, window_steps=args.window_steps,
-        window_lr=args.window_lr)
+        window_lr=args.window_lr, heads=args.heads)
 
 
 def run(cfg, args) -> None:
@@ -144,6 +147,8 @@ def _run_sweep(cfg, args) -> None:
 
     if not args.results_dir:
         raise UserError("--sweep needs --results-dir")
+    if args.heads:
+        raise UserError("--sweep searches a selection for every budget; --heads gives one: leave one of the two out")
     methods = tuple(m.strip() for m in args.sweep_methods.split(",") if m.strip())
     options = sweep.SweepOptions(shrink=options_from(args), percents=sweep.parse_percents(args.sweep), methods=methods,
                                  tag=args.sweep_tag)

@@ -14,6 +14,7 @@ import hashlib
 import os
 import re
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -23,7 +24,7 @@ from fairseq_headprune import flops as flop_model
 from fairseq_headprune.compress import select
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.evaluate import decoder_start
-from fairseq_headprune.heads import ATTENTION_TYPES, Head, HeadLayout, format_head_spec
+from fairseq_headprune.heads import ATTENTION_TYPES, Head, HeadLayout, format_head_spec, parse_head_spec
 from fairseq_headprune.masking import head_gates, set_head_masks
 from fairseq_headprune.compress.reconstruct import METHODS, ReconstructionOptions, SublayerFit, reconstruct
 
@@ -62,6 +63,7 @@ class ShrinkOptions:
     check: bool = True
     check_sentences: Optional[int] = None  # sentences decoded by both models before saving (all calibration)
     shape: str = "free"  # free (any head count per layer) | per-stack (one per encoder, one per decoder: CTranslate2)
+    heads: Optional[str] = None  # TYPE:LAYER:HEADS,... or @file.json: remove and reconstruct these (no search)
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,7 @@ def parse_budget(options: ShrinkOptions) -> Budget:
     given = [(k, v) for k, v in (("remove", options.remove), ("keep", options.keep), ("flops", options.flops))
              if v is not None]
     if len(given) != 1:
-        raise UserError("give exactly one budget: --remove N|P%, --keep N|P% or --flops P%")
+        raise UserError("give exactly one budget: --remove N|P%, --keep N|P% or --flops P% (or the heads: --heads)")
     kind, text = given[0]
     value, percent = _parse_amount(text, f"--{kind}")
     if kind == "flops":
@@ -135,9 +137,33 @@ def heads_to_remove(budget: Budget, layout: HeadLayout, types: Sequence[str]) ->
     return n
 
 
+def given_heads(options: ShrinkOptions, model) -> List[Head]:
+    """--heads: a selection made elsewhere (L0 gates' closed heads, an I_h order), checked against the model; the
+    options that would choose heads are refused beside it, never ignored."""
+    choosers = (("--remove/--keep/--flops", any(v is not None for v in (options.remove, options.keep, options.flops))),
+                ("--types", tuple(options.types) != ATTENTION_TYPES), ("--search", options.search != "full"),
+                ("--search-steps", options.search_steps != 1), ("--no-rearrange", not options.rearrange),
+                ("--shape", options.shape != "free"), ("--teacher-mildness", options.teacher_mildness != 0))
+    chooser = next((flag for flag, given in choosers if given), None)
+    if chooser:
+        raise UserError(f"--heads gives the heads to remove; {chooser} would choose them: leave one of the two out")
+    heads = parse_head_spec(options.heads)
+    if not heads:
+        raise UserError("--heads names no head")
+    layout = HeadLayout.of(model)
+    layout.check(heads)
+    removed = Counter((h.type, h.layer) for h in heads)
+    short = next((key for key, ids in layout.heads.items() if len(ids) - removed[key] < options.min_heads), None)
+    if short:
+        raise UserError(f"--heads leaves {short[0]}:{short[1]} fewer than {options.min_heads} head(s) (the "
+                        f"--min-heads-per-layer guard; 0 lets a sublayer go empty)")
+    return heads
+
+
 def validate(options: ShrinkOptions, model) -> Budget:
     """Everything that can be checked before any expensive work; raises UserError."""
-    budget = parse_budget(options)
+    given = options.heads is not None
+    budget = Budget("remove", float(len(given_heads(options, model))), False) if given else parse_budget(options)
     if head_gates(model):
         raise UserError("the checkpoint has L0 head gates: fold them into a stock checkpoint first "
                         "(fairseq-headprune gates CKPT --results-dir DIR --fold-out stock.pt) and shrink that")
@@ -165,6 +191,8 @@ def validate(options: ShrinkOptions, model) -> Budget:
     if options.window_steps and options.refit == "none":
         raise UserError("--window-steps fits the sublayers --refit fits: it needs --refit scales or out-proj")
     layout = HeadLayout.of(model)
+    if given:
+        return budget
     if options.shape != "free":
         _validate_per_stack(options, budget, layout)
     if budget.kind != "flops":
@@ -476,6 +504,13 @@ def shrink(loaded, options: ShrinkOptions, log: Callable = print) -> Tuple[Shrin
     log(f"calibration: {calibration.sentences} sentences of '{calibration.subset}' "
         f"({calibration.target_tokens} target tokens, targets: {calibration.targets})")
     pad = loaded.task.target_dictionary.pad()
+    if options.heads is not None:  # selected elsewhere: no mask gradients, no search
+        selection = Selection(given_heads(options, loaded.model), "given (--heads)", False, budget)
+        log(f"given: remove {len(selection.removed)} heads "
+            f"({', '.join(f'{t} {n}' for t, n in select.by_type(selection.removed).items())})")
+        result = build_student(loaded.model, selection, calibration, options, pad, log=log)
+        result.seconds.update(calibration=calibration.seconds)
+        return result, calibration
     start = time.perf_counter()
     grads = select.sentence_gradients(loaded.model, calibration.samples, pad)
     t_grads = time.perf_counter() - start
