@@ -60,14 +60,19 @@ RUNS = {
                           "shrink-tps50-w1000-3e-4", 50),
     "rtdps50-w1000-3e-4": ("shrink per-stack, decoder only (4 of 8 heads), calibrated on train + window fit + "
                            "recover (default recipe)", "shrink-tdps50-w1000-3e-4", 33),
+    "rl0-d01-t2": ("Voita's L0 heads (λ 0.01) + refit + recover (logits, dropout 0.1, T 2)", "shrink-l0", 48),
+    "rtdps62-w1000-3e-4": ("shrink per-stack, decoder only (3 of 8 heads), calibrated on train + window fit + "
+                           "recover (default recipe)", "shrink-tdps62-w1000-3e-4", 42),
 }
 FIRST_RECIPE = {"ctl-logits", "r25-logits", "r50-logits", "r75-logits", "rih50-logits", "rps50-logits", "r50-none"}
 SHRINKS = {"shrink-25": 25, "shrink-50": 50, "shrink-75": 75, "shrink-ih50": 50, "shrink-ps50": 50,
            "shrink-t50-ridge": 50, "shrink-t50-w300-3e-5": 50, "shrink-t50-w300-1e-4": 50,
            "shrink-t50-w300-3e-4": 50, "shrink-t50-w1000-1e-4": 50, "shrink-t50-w300-1e-3": 50,
            "shrink-t50-w1000-3e-4": 50, "shrink-t75-ridge": 75, "shrink-t75-w1000-3e-4": 75,
-           "shrink-t30-w1000-3e-4": 30, "shrink-tps50-w1000-3e-4": 50, "shrink-tdps50-w1000-3e-4": 33}
-SHRINK_LABEL = {"shrink-ih50": "Michel's I_h + refit", "shrink-ps50": "shrink per-stack",
+           "shrink-t30-w1000-3e-4": 30, "shrink-tps50-w1000-3e-4": 50, "shrink-tdps50-w1000-3e-4": 33,
+           "shrink-tdps62-w1000-3e-4": 42, "shrink-l0": 48}
+SHRINK_LABEL = {"shrink-ih50": "Michel's I_h + refit", "shrink-l0": "Voita's L0 heads (λ 0.01, 69 closed) + refit",
+                "shrink-ps50": "shrink per-stack",
                 "shrink-t50-ridge": "shrink calibrated on train, closed-form fits",
                 "shrink-t50-w300-3e-5": "shrink calibrated on train + window fit (300 steps, lr 3e-5)",
                 "shrink-t50-w300-1e-4": "shrink calibrated on train + window fit (300 steps, lr 1e-4)",
@@ -79,7 +84,8 @@ SHRINK_LABEL = {"shrink-ih50": "Michel's I_h + refit", "shrink-ps50": "shrink pe
                 "shrink-t75-w1000-3e-4": "shrink calibrated on train + window fit (1000 steps, lr 3e-4)",
                 "shrink-t30-w1000-3e-4": "shrink calibrated on train + window fit (1000 steps, lr 3e-4)",
                 "shrink-tps50-w1000-3e-4": "shrink per-stack calibrated on train + window fit",
-                "shrink-tdps50-w1000-3e-4": "shrink per-stack, decoder only, calibrated on train + window fit"}
+                "shrink-tdps50-w1000-3e-4": "shrink per-stack, decoder only, calibrated on train + window fit",
+                "shrink-tdps62-w1000-3e-4": "shrink per-stack, decoder only (3 of 8), calibrated on train + window fit"}
 # variants compared on valid only (a choice); test2016 decodes the chosen one and what it is compared with
 CHOICE_ONLY = {"shrink-t50-w300-3e-5", "shrink-t50-w300-1e-4", "shrink-t50-w300-3e-4", "shrink-t50-w1000-1e-4",
                "shrink-t50-w300-1e-3"}

@@ -6,10 +6,11 @@
 # recipe's 50% and 75% runs and its control to 4 epochs, added sequence-level distillation (and its control), and
 # the window fit (shrink --window-steps, calibrated on train so that val can choose its settings) with and without
 # recovery; the third extended the window-fitted 50% and 75% runs to 4 epochs, added 30%, `--distill both` (and its
-# control) and the per-stack shapes the deployment table times. Then the table on test2016 (benchmarks/recover_study.py), decoded once per model.
+# control) and the per-stack shapes the deployment table times; the fourth took the decoder-only 8/4 shape to 4
+# epochs, added 8/3 (the decoder at 3 of 8 heads) and Voita's L0 heads recovered (`shrink --heads`). Then the table on test2016 (benchmarks/recover_study.py), decoded once per model.
 #
-# usage: recipes/recover_de_en.sh [WORK] [LANE]   (work/recover; LANE a, b, c or d runs one part, so that two cores
-#        run two: `recipes/recover_de_en.sh work/recover a & recipes/recover_de_en.sh work/recover b`, then c and d)
+# usage: recipes/recover_de_en.sh [WORK] [LANE]   (work/recover; LANE a-g runs one part, so that two cores run two:
+#        `recipes/recover_de_en.sh work/recover a & recipes/recover_de_en.sh work/recover b`, then c and d, e, f, g)
 # Resumable: rerun the same command (finished steps are skipped, a recover run resumes from its checkpoint_last.pt).
 # Budget (one core each): shrink 2-4 min (7-9 with the window fit); a recover epoch 10-11 CPU minutes (10-13 min of
 # wall time beside other work); the valid and test decodes of every model (beam 5) 20-45 s each.
@@ -19,6 +20,7 @@ main() {
   local work=${1:-work/recover} lane=${2:-all}
   export PATH=$PWD/.venv/bin:$PATH OMP_NUM_THREADS=1 TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1
   local data=../shared/data/multi30k model=checkpoints/de-en/model.pt
+  local fhp=${FHP:-fairseq-headprune}  # another build of the command (a snapshot of the tree) for long runs
   mkdir -p "$work/runs"
   for split in train:train valid:val test:test_2016_flickr; do
     [ -f "$work/data-bin/${split%%:*}.de-en.en.idx" ] ||
@@ -26,18 +28,18 @@ main() {
   done
   shrink() {  # NAME OPTIONS...
     local name=$1; shift
-    [ -f "$work/$name.pt" ] || fairseq-headprune shrink "$work/data-bin" --path "$model" -s de -t en "$@" \
+    [ -f "$work/$name.pt" ] || $fhp shrink "$work/data-bin" --path "$model" -s de -t en "$@" \
       --out "$work/$name.pt" --max-tokens 4000 > "$work/$name.log" 2>&1
   }
   recover() {  # NAME STUDENT EPOCHS OPTIONS...  (a run with fewer epochs is extended: --force rewrites OUT.pt)
     local name=$1 student=$2 epochs=$3; shift 3
-    [ -f "$work/runs/$name.recover/checkpoint$epochs.pt" ] || /usr/bin/time -v fairseq-headprune recover \
+    [ -f "$work/runs/$name.recover/checkpoint$epochs.pt" ] || /usr/bin/time -v $fhp recover \
       "$work/data-bin" --path "$student" --teacher "$model" --out "$work/runs/$name.pt" --force --epochs "$epochs" \
       --work-dir "$work/runs/$name.recover" -s de -t en "$@" >> "$work/runs/$name.log" 2>&1
   }
   window() {  # NAME OPTIONS...: shrink calibrated on 1000 train sentences (val stays unseen for the choices)
     local name=$1; shift
-    [ -f "$work/shrink-$name.pt" ] || fairseq-headprune shrink "$work/data-bin" --path "$model" -s de -t en "$@" \
+    [ -f "$work/shrink-$name.pt" ] || $fhp shrink "$work/data-bin" --path "$model" -s de -t en "$@" \
       --calibration-subset train --max-tokens 1000 --out "$work/shrink-$name.pt" > "$work/shrink-$name.log" 2>&1
   }
   local old="--distill logits --dropout 0.3 --distill-temperature 1"  # the student's own dropout, T 1: the first recipe
@@ -87,6 +89,18 @@ main() {
     window tdps50-w1000-3e-4 --remove 50% --types enc-dec,dec-self --shape per-stack --window-steps 1000 \
       --window-lr 3e-4
     recover rtdps50-w1000-3e-4 "$work/shrink-tdps50-w1000-3e-4.pt" 2
+  fi
+  if [ "$lane" = e ] || [ "$lane" = all ]; then  # the fourth session: the decoder-only shapes to 4 epochs, and 8/3
+    recover rtdps50-w1000-3e-4 "$work/shrink-tdps50-w1000-3e-4.pt" 4
+  fi
+  if [ "$lane" = f ] || [ "$lane" = all ]; then
+    window tdps62-w1000-3e-4 --remove 62.5% --types enc-dec,dec-self --shape per-stack --window-steps 1000 \
+      --window-lr 3e-4
+    recover rtdps62-w1000-3e-4 "$work/shrink-tdps62-w1000-3e-4.pt" 4
+  fi
+  if [ "$lane" = g ] || [ "$lane" = all ]; then  # Voita's L0 heads (λ 0.01: 69 closed), refit and recovered as I_h's
+    shrink shrink-l0 --heads @results/voita/lambda-0.01/closed-heads.json
+    recover rl0-d01-t2 "$work/shrink-l0.pt" 1
   fi
   if [ "$lane" = all ]; then
     python benchmarks/recover_study.py "$work" results/recover-de-en --subset valid

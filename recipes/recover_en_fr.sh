@@ -5,7 +5,7 @@
 # Bible and of LibreOffice help: about an epoch of Multi30k's size), early stopping on those 1000 newstest2013
 # sentences; the control is the unpruned model through the same recovery. BLEU (benchmarks/recover_study.py
 # --pair en-fr) on the first 1000 sentences of newstest2014 and on MTNT's En-Fr test set.
-#   bash recipes/recover_en_fr.sh [WORK] [LANE]   (LANE student or control runs one of the two; resumable)
+#   bash recipes/recover_en_fr.sh [WORK] [LANE]   (LANE student, control or per-stack runs one of them; resumable)
 # Budget: encoding 2 min; each recovery about 12 CPU-minutes; decoding 4 models x 2 sets about 10 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -44,3 +44,12 @@ recover() {  # NAME STUDENT
 }
 case $LANE in student|all) recover r50 "$WORK/shrink-50.pt" ;; esac
 case $LANE in control|all) recover ctl "$MODEL/model.pt" ;; esac
+# the deployment table's per-stack candidate (recipes/deploy_en_fr.sh): the decoder at 4 of 8 heads in every self-
+# and cross-attention (CTranslate2's shape), the window fit on the same calibration, then the same one epoch
+if [ "$LANE" = per-stack ] || [ "$LANE" = all ]; then
+  [ -f "$WORK/shrink-dps50-w1000.pt" ] || /usr/bin/time -v $FHP shrink "$BIN" --path "$MODEL/model.pt" "${GEN[@]}" \
+    --max-tokens 4000 --remove 50% --types enc-dec,dec-self --shape per-stack --window-steps 1000 \
+    --calibration-subset valid --calibration-sentences 1000 --out "$WORK/shrink-dps50-w1000.pt" \
+    > "$WORK/shrink-dps50-w1000.log" 2>&1
+  recover rdps50-w1000 "$WORK/shrink-dps50-w1000.pt"
+fi
