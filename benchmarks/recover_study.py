@@ -129,8 +129,12 @@ PAIRS = {
     # recipes/recover_en_fr.sh: newstest2014's first 1000 sentences (test) and MTNT's En-Fr test set (mtnt)
     "en-fr": Pair("checkpoints/en-fr", "en", "fr",
                   {"r50": ("shrink + recover (default recipe)", "shrink-50", 50),
-                   "ctl": ("control: unpruned + recover (default recipe)", None, 0)},
-                  {"shrink-50": 50}, {}, lambda run: "ctl", ("test", "mtnt"), ("test", "mtnt"),
+                   "ctl": ("control: unpruned + recover (default recipe)", None, 0),
+                   "rdps50-w1000": ("shrink per-stack, decoder only (4 of 8 heads) + window fit + recover (default "
+                                    "recipe)", "shrink-dps50-w1000", 33)},
+                  {"shrink-50": 50, "shrink-dps50-w1000": 33},
+                  {"shrink-dps50-w1000": "shrink per-stack, decoder only (4 of 8 heads) + window fit"},
+                  lambda run: "ctl", ("test", "mtnt"), ("test", "mtnt"),
                   ("--max-len-a", "1.5", "--max-len-b", "10")),
 }
 
