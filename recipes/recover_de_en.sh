@@ -9,8 +9,8 @@
 # control) and the per-stack shapes the deployment table times; the fourth took the decoder-only 8/4 shape to 4
 # epochs, added 8/3 (the decoder at 3 of 8 heads) and Voita's L0 heads recovered (`shrink --heads`). Then the table on test2016 (benchmarks/recover_study.py), decoded once per model.
 #
-# usage: recipes/recover_de_en.sh [WORK] [LANE]   (work/recover; LANE a-g runs one part, so that two cores run two:
-#        `recipes/recover_de_en.sh work/recover a & recipes/recover_de_en.sh work/recover b`, then c and d, e, f, g)
+# usage: recipes/recover_de_en.sh [WORK] [LANE]   (work/recover; LANE a-h runs one part, so that two cores run two:
+#        `recipes/recover_de_en.sh work/recover a & recipes/recover_de_en.sh work/recover b`, then c and d, e, f, g; h after the deployment table)
 # Resumable: rerun the same command (finished steps are skipped, a recover run resumes from its checkpoint_last.pt).
 # Budget (one core each): shrink 2-4 min (7-9 with the window fit); a recover epoch 10-11 CPU minutes (10-13 min of
 # wall time beside other work); the valid and test decodes of every model (beam 5) 20-45 s each.
@@ -97,6 +97,9 @@ main() {
     window tdps62-w1000-3e-4 --remove 62.5% --types enc-dec,dec-self --shape per-stack --window-steps 1000 \
       --window-lr 3e-4
     recover rtdps62-w1000-3e-4 "$work/shrink-tdps62-w1000-3e-4.pt" 4
+  fi
+  if [ "$lane" = h ]; then  # after recipes/deploy_de_en.sh timed the 4-epoch 8/3 model: the same run to 6 epochs
+    recover rtdps62-w1000-3e-4 "$work/shrink-tdps62-w1000-3e-4.pt" 6   # (OUT.pt becomes its lowest-valid-loss epoch)
   fi
   if [ "$lane" = g ] || [ "$lane" = all ]; then  # Voita's L0 heads (λ 0.01: 69 closed), refit and recovered as I_h's
     shrink shrink-l0 --heads @results/voita/lambda-0.01/closed-heads.json
