@@ -101,6 +101,13 @@ main() {
   if [ "$lane" = h ]; then  # after recipes/deploy_de_en.sh timed the 4-epoch 8/3 model: the same run to 6 epochs
     recover rtdps62-w1000-3e-4 "$work/shrink-tdps62-w1000-3e-4.pt" 6   # (OUT.pt becomes its lowest-valid-loss epoch)
   fi
+  if [ "$lane" = i ] || [ "$lane" = all ]; then  # the fifth session: the 8/3 shape at 3x the lr (4 epochs, chosen on val)
+    recover rtdps62-lr3e-4 "$work/shrink-tdps62-w1000-3e-4.pt" 4 --lr 3e-4
+  fi
+  if [ "$lane" = j ] || [ "$lane" = all ]; then  # the same with the decoder layers pulled towards the teacher's (β 0.1:
+    # the layer term starts at 0.56 a token against the KL's 0.83 on train batches; control: the 8/3 run, lane f)
+    recover rtdps62-h01 "$work/shrink-tdps62-w1000-3e-4.pt" 4 --distill-hidden-weight 0.1
+  fi
   if [ "$lane" = g ] || [ "$lane" = all ]; then  # Voita's L0 heads (λ 0.01: 69 closed), refit and recovered as I_h's
     shrink shrink-l0 --heads @results/voita/lambda-0.01/closed-heads.json
     recover rl0-d01-t2 "$work/shrink-l0.pt" 1

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -32,24 +33,45 @@ def test_distillation_kl_is_zero_for_the_teacher_and_has_the_right_gradient():
     torch.testing.assert_close(distillation_kl(logits, teacher, keep, 1.0), distillation_kl(logits, moved, keep, 1.0))
 
 
-def _criterion(task, teacher_path, weight, temperature):
+def test_hidden_distance_is_zero_for_the_teacher_ignores_padding_and_refuses_other_depths():
+    from fairseq_headprune.criterions.label_smoothed_cross_entropy_distill import hidden_distance
+    from fairseq_headprune.errors import UserError
+
+    torch.manual_seed(0)
+    teacher = [torch.randn(3, 2, 4, dtype=torch.float64) for _ in range(3)]  # embeddings + 2 layers, (T, B, C)
+    keep = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]], dtype=torch.float64)  # (B, T)
+    assert hidden_distance(teacher, teacher, keep).item() == 0
+    student = [h + 1.0 for h in teacher]  # every channel of every layer off by 1: the mean over both is 1
+    student[0] = teacher[0] + 7.0  # the embeddings are no layer's output: not compared
+    assert hidden_distance(student, teacher, keep).item() == pytest.approx(5.0)  # five kept positions
+    student[1][2, 0] += 100.0  # position 2 of sentence 0 is padding
+    assert hidden_distance(student, teacher, keep).item() == pytest.approx(5.0)
+    with pytest.raises(UserError, match="the student has 1, the teacher 2"):
+        hidden_distance(student[:2], teacher, keep)
+
+
+def _criterion(task, teacher_path, weight, temperature, hidden=0.0):
     from fairseq_headprune.criterions.label_smoothed_cross_entropy_distill import (
         LabelSmoothedCrossEntropyDistillCriterion,
     )
 
     return LabelSmoothedCrossEntropyDistillCriterion(task, False, 0.1, teacher_path=str(teacher_path),
-                                                     distill_weight=weight, distill_temperature=temperature)
+                                                     distill_weight=weight, distill_temperature=temperature,
+                                                     distill_hidden_weight=hidden)
 
 
-def test_distillation_criterion_on_a_tiny_model(stock_checkpoint, tiny_data):
-    """Weight 1, T 1, a student identical to its teacher: loss 0. Its gradient equals a finite difference."""
+@pytest.mark.parametrize("hidden", [0.0, 2.0])
+def test_distillation_criterion_on_a_tiny_model(stock_checkpoint, tiny_data, hidden):
+    """Weight 1, T 1, a student identical to its teacher: loss 0. Its gradient equals a finite difference (with
+    and without the decoder layers' distance)."""
     from helpers import load_stock, sample_batch
 
     model, task = load_stock(stock_checkpoint, tiny_data)
     batch = sample_batch(task, 4)
-    criterion = _criterion(task, stock_checkpoint, 1.0, 1.0)
+    criterion = _criterion(task, stock_checkpoint, 1.0, 1.0, hidden)
     loss, sample_size, log = criterion(model, batch)
     assert abs(loss.item()) < 1e-3 * sample_size and sample_size == batch["ntokens"]
+    assert ("hidden" in log) == (hidden > 0)
     assert not any(p.requires_grad for p in criterion.teacher.parameters())
     assert not list(criterion.parameters()), "the teacher is no part of the criterion's module tree"
     # move one weight of the student and compare d loss / d w with a central finite difference (float64)
@@ -155,6 +177,9 @@ def test_bad_input_is_one_line(student, stock_checkpoint, tiny_data, tmp_path):
     assert "cannot change" in _bad(tiny_data, student, stock_checkpoint, out, "--encoder-layers", "2")
     assert "does not use" in _bad(tiny_data, student, stock_checkpoint, out, "--distill", "none",
                                   "--distill-temperature", "3")
+    assert "does not use" in _bad(tiny_data, student, stock_checkpoint, out, "--distill", "sequences",
+                                  "--distill-hidden-weight", "1")
+    assert "must be >= 0" in _bad(tiny_data, student, stock_checkpoint, out, "--distill-hidden-weight", "-1")
     assert "unrecognized arguments: --bogus" in _bad(tiny_data, student, stock_checkpoint, out, "--bogus", "3")
     assert "--lr" in _bad(tiny_data, student, stock_checkpoint, out, "--lr", "abc")
     # a teacher of another network: its config says so before anything is built
@@ -170,6 +195,16 @@ def test_bad_input_is_one_line(student, stock_checkpoint, tiny_data, tmp_path):
         state["model"][key] = torch.cat([state["model"][key], state["model"][key][:4]])
     torch.save(state, other)
     assert "dictionar" in _bad(tiny_data, student, other, out)
+
+
+def test_hidden_weight_reaches_fairseq_train_and_the_record(student, stock_checkpoint, tiny_data, tmp_path):
+    out = tmp_path / "h.pt"
+    proc = _recover(tiny_data, student, stock_checkpoint, out, "--updates", "2", "--distill-hidden-weight", "0.5")
+    assert re.search(r"\| hidden \d", proc.stdout + proc.stderr), "the criterion logs the layers' distance"
+    record = json.loads((tmp_path / "h.json").read_text())
+    assert record["distill_hidden_weight"] == 0.5
+    run_json = json.loads((tmp_path / "h.recover" / "recover-run.json").read_text())
+    assert run_json["criterion.distill_hidden_weight"] == 0.5, "a rerun with another β is another run"
 
 
 def test_a_run_folder_of_another_setting_is_refused(student, stock_checkpoint, tiny_data, tmp_path):

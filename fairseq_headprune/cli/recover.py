@@ -31,6 +31,9 @@ def add_args(parser) -> None:
     parser.add_argument("--distill-weight", type=float, default=None,
                         help="weight w of the KL (1 - w: the label-smoothed loss on the targets); default 0.9")
     parser.add_argument("--distill-temperature", type=float, default=None, help="softmax temperature T (default 2)")
+    parser.add_argument("--distill-hidden-weight", type=float, default=None,
+                        help="weight β of the squared distance of every decoder layer's output to the teacher's "
+                             "(layer distillation, CoFi); default 0: off")
     budget = parser.add_mutually_exclusive_group()
     budget.add_argument("--epochs", type=int, help="epochs of the training subset (default 2)")
     budget.add_argument("--updates", type=int, help="updates instead of epochs")
@@ -66,15 +69,19 @@ def run(cfg, args) -> None:
         raise UserError(f"--out {args.out} exists (--force to replace it)")
     check_pair_paths("--out", args.out, record_path(args.out))
     given = [o for o, v in (("--distill-weight", args.distill_weight), ("--distill-temperature",
-                                                                        args.distill_temperature)) if v is not None]
-    if given and args.distill in ("none", "sequences"):  # no KL in these: the option would be recorded and ignored
-        raise UserError(f"{given[0]} weighs the KL to the teacher, which --distill {args.distill} does not use")
+                                                                        args.distill_temperature),
+                            ("--distill-hidden-weight", args.distill_hidden_weight)) if v is not None]
+    if given and args.distill in ("none", "sequences"):  # no teacher in the loss: recorded and ignored otherwise
+        raise UserError(f"{given[0]} weighs a distance to the teacher's forward pass, which --distill "
+                        f"{args.distill} does not use")
     defaults = RecoverOptions()
     options = RecoverOptions(
         teacher=args.teacher or "", out=args.out, distill=args.distill,
         distill_weight=defaults.distill_weight if args.distill_weight is None else args.distill_weight,
         distill_temperature=defaults.distill_temperature if args.distill_temperature is None
-        else args.distill_temperature, epochs=args.epochs, updates=args.updates,
+        else args.distill_temperature,
+        distill_hidden_weight=defaults.distill_hidden_weight if args.distill_hidden_weight is None
+        else args.distill_hidden_weight, epochs=args.epochs, updates=args.updates,
         train_subset=args.train_subset, valid_subset=args.valid_subset, work_dir=args.work_dir,
         sequence_beam=args.sequence_beam, train_args=list(args.train_args))
     options.budget_args()  # a bad budget is refused before anything loads

@@ -4,7 +4,8 @@ training loop (fairseq_cli.train: its optimizer, scheduler, validation, early st
 The student is any checkpoint this package reads (a `shrink`ed or `remove`d model with uneven heads, or the
 unpruned model itself: the control). Its architecture and weights come from its own file, never from the command
 line; the teacher is frozen inside the criterion `label_smoothed_cross_entropy_distill`. Three signals:
-  logits     KL to the teacher's token distributions, mixed with the label-smoothed loss on the references;
+  logits     KL to the teacher's token distributions, mixed with the label-smoothed loss on the references
+             (and, with a hidden weight, the decoder layers' outputs pulled towards the teacher's);
   sequences  the teacher's beam translations of the training source as targets (Kim & Rush 2016), no KL;
   both       KL to the teacher on the teacher's translations;
   none       plain label-smoothed fine-tuning on the references (a baseline).
@@ -61,6 +62,7 @@ class RecoverOptions:
     distill: str = "logits"
     distill_weight: float = 0.9
     distill_temperature: float = 2.0
+    distill_hidden_weight: float = 0.0  # β of the decoder layers' squared distance to the teacher's (off)
     epochs: Optional[int] = None  # default 2 when neither epochs nor updates is given
     updates: Optional[int] = None
     train_subset: str = "train"
@@ -143,7 +145,8 @@ def training_argv(data: str, student: str, options: RecoverOptions, saved_task: 
     else:
         argv += ["--criterion", CRITERION, "--teacher-path", os.path.abspath(options.teacher),
                  "--distill-weight", str(options.distill_weight),
-                 "--distill-temperature", str(options.distill_temperature)]
+                 "--distill-temperature", str(options.distill_temperature),
+                 "--distill-hidden-weight", str(options.distill_hidden_weight)]
     return argv
 
 
@@ -318,6 +321,8 @@ def recover(data: str, student: str, options: RecoverOptions, log=print) -> dict
     start = time.perf_counter()
     if options.distill not in DISTILL:
         raise UserError(f"--distill must be one of {', '.join(DISTILL)}, not {options.distill}")
+    if options.distill_hidden_weight < 0:
+        raise UserError(f"--distill-hidden-weight must be >= 0, not {options.distill_hidden_weight}")
     if options.distill != "none" and not options.teacher:
         raise UserError(f"--distill {options.distill} needs --teacher UNPRUNED.pt")
     student_state = _load_state(student)
@@ -413,6 +418,7 @@ def write_recovered(best: str, student: str, options: RecoverOptions, data: str,
         "criterion": cfg.criterion._name, "distill": options.distill,
         "distill_weight": options.distill_weight if options.distill in ("logits", "both") else None,
         "distill_temperature": options.distill_temperature if options.distill in ("logits", "both") else None,
+        "distill_hidden_weight": options.distill_hidden_weight if options.distill in ("logits", "both") else None,
         "best_checkpoint": os.path.basename(best), "updates_at_best": updates,
         "updates": trained.get("num_updates"),  # fairseq's own count, carried across resumes
         "epochs": epoch_history(work_dir),
