@@ -63,6 +63,9 @@ RUNS = {
     "rl0-d01-t2": ("Voita's L0 heads (λ 0.01) + refit + recover (logits, dropout 0.1, T 2)", "shrink-l0", 48),
     "rtdps62-w1000-3e-4": ("shrink per-stack, decoder only (3 of 8 heads), calibrated on train + window fit + "
                            "recover (default recipe)", "shrink-tdps62-w1000-3e-4", 42),
+    "rtdps62-lr3e-4": ("the same 8/3 shape + recover at lr 3e-4", "shrink-tdps62-w1000-3e-4", 42),
+    "rtdps62-h01": ("the same 8/3 shape + recover with the layer distillation (β 0.1)", "shrink-tdps62-w1000-3e-4",
+                    42),
 }
 FIRST_RECIPE = {"ctl-logits", "r25-logits", "r50-logits", "r75-logits", "rih50-logits", "rps50-logits", "r50-none"}
 SHRINKS = {"shrink-25": 25, "shrink-50": 50, "shrink-75": 75, "shrink-ih50": 50, "shrink-ps50": 50,

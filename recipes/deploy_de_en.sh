@@ -2,8 +2,9 @@
 # Issue 29's deployment table for the bundled De-En model (results/deploy-de-en/): the unpruned model, deploy's own
 # per-stack 50% shrink, and the shrunk and recovered models of the recover study (recipes/recover_de_en.sh, WORK):
 # free and per-stack shapes, closed-form fits and the window fit, each recovered by `recover`'s defaults (-eN: the
-# epochs its recover ran; the checkpoint is the one of lowest valid loss). The decoder-only per-stack shapes:
-# 8/4 (tdps50: 50% of the decoder's heads) and 8/3 (tdps62: 62.5%).
+# epochs its recover ran, read from its record; the checkpoint is the one of lowest valid loss). The decoder-only
+# per-stack shapes: 8/4 (tdps50: 50% of the decoder's heads) and 8/3 (tdps62: 62.5%; -lr3e-4 and -h01 recovered at
+# 3x the lr and with the layer distillation, recover_de_en.sh lanes i and j).
 # BLEU on Multi30k test2016 (1000 sentences), speed in fairseq and CTranslate2 float32/int8, one thread.
 #   [RUNS=2] [FHP=command] bash recipes/deploy_de_en.sh [WORK]   (about 12 minutes a round on one free core)
 set -euo pipefail
@@ -11,11 +12,14 @@ cd "$(dirname "$0")/.."
 export PATH=$PWD/.venv/bin:$PATH OMP_NUM_THREADS=1 TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1
 WORK=${1:-work/recover}
 OUT=${OUT:-results/deploy-de-en}
+source recipes/recovered_label.sh
 compare=()
-for item in shrink-50=shrink-50 rt50-w1000-e4=runs/rt50-w1000-3e-4 rtps50-w1000-e2=runs/rtps50-w1000-3e-4 \
-            rtdps50-w1000-e4=runs/rtdps50-w1000-3e-4 rtdps62-w1000-e4=runs/rtdps62-w1000-3e-4; do
+for item in shrink-50=shrink-50 rt50-w1000=runs/rt50-w1000-3e-4 rtps50-w1000=runs/rtps50-w1000-3e-4 \
+            rtdps50-w1000=runs/rtdps50-w1000-3e-4 rtdps62-w1000=runs/rtdps62-w1000-3e-4 \
+            rtdps62-lr3e-4=runs/rtdps62-lr3e-4 rtdps62-h01=runs/rtdps62-h01; do
   path="$WORK/${item#*=}.pt"
-  if [ -f "$path" ]; then compare+=("${item%%=*}=$path"); else echo "deploy_de_en: skipping ${item%%=*}: no $path"; fi
+  if [ -f "$path" ]; then compare+=("${item%%=*}$(recovered_label "$path")=$path")
+  else echo "deploy_de_en: skipping ${item%%=*}: no $path"; fi
 done
 ${FHP:-fairseq-headprune} deploy "$WORK/data-bin" --path checkpoints/de-en/model.pt --gen-subset test \
   --references "$WORK/data-bin/test.raw.en" --results-dir "$OUT" --shrink-percent 50 --calibration-subset valid \

@@ -2,7 +2,7 @@
 # Issue 29's deployment table for the bundled En-Fr model: the unpruned model and shrink's 50% models (free and
 # per-stack shape) in fairseq, CTranslate2 float32 and int8, BLEU on the first N sentences of newstest2014 (the
 # shrink study's test slice), calibration on the first 1000 of newstest2013; beside them the recover study's free and
-# decoder-only per-stack (8/4) models, recovered one epoch. Resumable: finished steps are skipped.
+# decoder-only per-stack (8/4) models, recovered (-eN: N epochs). Resumable: finished steps are skipped.
 #   [RUNS=3] bash recipes/deploy_en_fr.sh   (RUNS interleaved timing rounds; about 25 minutes on one free core)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,12 +26,14 @@ GEN=(-s en -t fr --max-len-a 1.5 --max-len-b 10 --bpe subword_nmt --bpe-codes "$
 [ -f "$WORK/shrink-50-free.pt" ] || fairseq-headprune shrink "$WORK/data" --path "$MODEL/model.pt" "${GEN[@]}" \
   --max-tokens 4000 --remove 50% --calibration-subset valid --calibration-sentences 1000 \
   --out "$WORK/shrink-50-free.pt" > "$WORK/shrink-50-free.log" 2>&1
-# the recovered models of the recover study (recipes/recover_en_fr.sh, RECOVER), where they are: one epoch each
+# the recovered models of the recover study (recipes/recover_en_fr.sh, RECOVER), where they are
 RECOVER=${RECOVER:-work/recover-en-fr}
+source recipes/recovered_label.sh
 compare=("shrink-50=$WORK/shrink-50-free.pt")
-for item in r50-e1=r50 rdps50-w1000-e1=rdps50-w1000; do
+for item in r50=r50 rdps50-w1000=rdps50-w1000; do
   path="$RECOVER/runs/${item#*=}.pt"
-  if [ -f "$path" ]; then compare+=("${item%%=*}=$path"); else echo "deploy_en_fr: skipping ${item%%=*}: no $path"; fi
+  if [ -f "$path" ]; then compare+=("${item%%=*}$(recovered_label "$path")=$path")
+  else echo "deploy_en_fr: skipping ${item%%=*}: no $path"; fi
 done
 ${FHP:-fairseq-headprune} deploy "$WORK/data" --path "$MODEL/model.pt" --gen-subset test \
   --references "$WORK/data/test.raw.fr" --results-dir "$OUT" --shrink-percent 50 --calibration-subset valid \

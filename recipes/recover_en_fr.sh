@@ -5,7 +5,8 @@
 # Bible and of LibreOffice help: about an epoch of Multi30k's size), early stopping on those 1000 newstest2013
 # sentences; the control is the unpruned model through the same recovery. BLEU (benchmarks/recover_study.py
 # --pair en-fr) on the first 1000 sentences of newstest2014 and on MTNT's En-Fr test set.
-#   bash recipes/recover_en_fr.sh [WORK] [LANE]   (LANE student, control or per-stack runs one of them; resumable)
+#   bash recipes/recover_en_fr.sh [WORK] [LANE]   (LANE student, control, per-stack or per-stack-3 runs one of them;
+#   resumable)
 # Budget: encoding 2 min; each recovery about 12 CPU-minutes; decoding 4 models x 2 sets about 10 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,10 +38,11 @@ GEN=(-s en -t fr --max-len-a 1.5 --max-len-b 10)
 [ -f "$WORK/shrink-50.pt" ] || $FHP shrink "$BIN" --path "$MODEL/model.pt" "${GEN[@]}" --max-tokens 4000 \
   --remove 50% --calibration-subset valid --calibration-sentences 1000 --out "$WORK/shrink-50.pt" \
   > "$WORK/shrink-50.log" 2>&1
-recover() {  # NAME STUDENT
-  [ -f "$WORK/runs/$1.recover/checkpoint1.pt" ] || /usr/bin/time -v $FHP recover "$BIN" --path "$2" \
-    --teacher "$MODEL/model.pt" --out "$WORK/runs/$1.pt" --force --epochs 1 --work-dir "$WORK/runs/$1.recover" \
-    -s en -t fr >> "$WORK/runs/$1.log" 2>&1
+recover() {  # NAME STUDENT [EPOCHS]  (a run with fewer epochs is extended: --force rewrites OUT.pt)
+  local epochs=${3:-1}
+  [ -f "$WORK/runs/$1.recover/checkpoint$epochs.pt" ] || /usr/bin/time -v $FHP recover "$BIN" --path "$2" \
+    --teacher "$MODEL/model.pt" --out "$WORK/runs/$1.pt" --force --epochs "$epochs" \
+    --work-dir "$WORK/runs/$1.recover" -s en -t fr >> "$WORK/runs/$1.log" 2>&1
 }
 case $LANE in student|all) recover r50 "$WORK/shrink-50.pt" ;; esac
 case $LANE in control|all) recover ctl "$MODEL/model.pt" ;; esac
@@ -53,3 +55,5 @@ if [ "$LANE" = per-stack ] || [ "$LANE" = all ]; then
     > "$WORK/shrink-dps50-w1000.log" 2>&1
   recover rdps50-w1000 "$WORK/shrink-dps50-w1000.pt"
 fi
+# the fifth session: the same per-stack run extended to 3 epochs (LANE per-stack-3, after per-stack)
+[ "$LANE" != per-stack-3 ] || recover rdps50-w1000 "$WORK/shrink-dps50-w1000.pt" 3
