@@ -29,8 +29,8 @@ def test_deploy_on_a_tiny_model(tiny_data, stock_checkpoint, tmp_path):
     pruned = tmp_path / "ps.pt"
     run(["fairseq-headprune", "remove", tiny_data, "--path", stock_checkpoint, "--heads", PER_STACK, "--out", pruned])
     out = tmp_path / "table"
-    printed = run(deploy_argv(tiny_data, stock_checkpoint, out, "--compare", f"ps={pruned}")).stdout
-    assert "best per-stack model" in printed
+    printed = run(deploy_argv(tiny_data, stock_checkpoint, out, "--compare", f"ps={pruned}", "--candidate", "ps")).stdout
+    assert "judged: ps, named before this table (--candidate)" in printed
     table = json.loads((out / "deploy.json").read_text())
     rows = {(r["model"], r["engine"]): r for r in table["rows"]}
     assert set(rows) == {(m, e) for m in ("unpruned", "shrink-ps50", "ps") for e in deploy.ENGINES}
@@ -65,6 +65,7 @@ def test_bad_input_is_refused_in_one_line(tiny_data, stock_checkpoint, tmp_path)
                            (["--shrink-percent", "0", "--shape", "free", "--compare", f"x={stock_checkpoint}"],
                             "--shape sets deploy's own shrink"),
                            (["--shrink-percent", "100"], "--shrink-percent"),
+                           (["--candidate", "nosuch"], "--candidate nosuch: not a model of this table"),
                            (["--unkpen", "1"], "CTranslate2 cannot decode")):
         proc = run(deploy_argv(tiny_data, stock_checkpoint, out, *extra), check=False)
         assert proc.returncode == 2 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, (
@@ -89,5 +90,9 @@ def test_frontier_and_targets():
     assert t["float32_as_fairseq"]["met"]
     assert [m["model"] for m in t["per_stack_int8"]["models"]] == ["a", "b"]  # the free shape is not a candidate
     assert t["per_stack_int8"]["best"]["model"] == "a" and t["per_stack_int8"]["met"]
+    assert "optimistic" in t["per_stack_int8"]["chosen_by"]
+    chosen = deploy.targets(rows, candidate="b")["per_stack_int8"]  # chosen beforehand: judged even when missed
+    assert chosen["best"]["model"] == "b" and not chosen["met"] and "--candidate" in chosen["chosen_by"]
+    assert "no verdict" in deploy.target_lines(deploy.targets(rows, candidate="c"))[-1]  # the free shape
     rows[2]["bleu"] = 40.9  # 0.58 below: missed
     assert not deploy.targets(rows)["per_stack_int8"]["met"]

@@ -75,7 +75,7 @@ def test_report_runs_every_part_and_writes_md_and_html(full_report, slice_data, 
         (m, e) for m in ("unpruned", "shrink-ps50") for e in ("fairseq", "ct2-float32", "ct2-int8")]
     for r in table["rows"]:
         assert f"| {r['model']} | {r['shape']} | {r['heads_kept']} |" in section
-    assert "best per-stack model: shrink-ps50" in section
+    assert "judged: shrink-ps50, the only per-stack model" in section
     assert re.search(r"fairseq-headprune deploy .* --calibration-subset test --calibration-sentences 24 --runs 1 "
                      r"--batch1-sentences 4", section)
     # the commands recorded are the user's fairseq options plus the part's, never the report's own options

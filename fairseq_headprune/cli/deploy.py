@@ -3,7 +3,7 @@ unpruned model, its own per-stack shrink and any --compare checkpoints in fairse
 
   fairseq-headprune deploy DATA --path CKPT --results-dir DIR --gen-subset test --beam 5 --batch-size 64 \\
       [--shrink-percent 50 --shape per-stack --calibration-subset valid] [--compare NAME=CKPT ...] [--runs 3] \\
-      [--references REF] [fairseq decoding options]
+      [--candidate NAME] [--references REF] [fairseq decoding options]
 
 Writes DIR/deploy.json, DIR/deploy.md, DIR/deploy.png (BLEU against speed, the frontier drawn) and, with
 --shrink-percent, DIR/models/shrink-ps50.pt (its record beside it; reused by a rerun with the same options).
@@ -28,6 +28,9 @@ def add_args(parser) -> None:
     g.add_argument("--calibration-subset", help="the shrink's calibration subset (default valid)")
     g.add_argument("--calibration-sentences", type=int, help="the shrink's calibration sentences (default 1000)")
     g.add_argument("--runs", type=int, default=deploy.DeployOptions.runs, help="interleaved timing rounds")
+    g.add_argument("--candidate", metavar="NAME",
+                   help="the per-stack model the targets judge, chosen beforehand on held-out data (default: the "
+                        "best of the table on this set, which flatters it when several are compared)")
     g.add_argument("--batch1-sentences", type=int, default=deploy.DeployOptions.batch1_sentences,
                    help="sentences timed one at a time (latency)")
 

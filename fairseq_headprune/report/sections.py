@@ -590,7 +590,7 @@ def deploy(doc: Document, files: Files, part, state) -> None:
     figure = files.figure(study.FILES[2])
     if os.path.exists(figure):
         doc.image(figure, "BLEU against sentences/s relative to the unpruned model in fairseq; the frontier dashed")
-    doc.paragraph("Targets (issue 29: the best per-stack model in CTranslate2 int8 at least "
+    doc.paragraph("Targets (issue 29: a per-stack model in CTranslate2 int8 at least "
                   f"{study.SPEEDUP_TARGET}x the unpruned int8 at equal work, within {study.BLEU_TARGET} BLEU of the "
                   "unpruned fairseq model):")
     doc.bullets(study.target_lines(table["targets"]))
