@@ -44,6 +44,10 @@ def test_deploy_on_a_tiny_model(tiny_data, stock_checkpoint, tmp_path):
     for engine in deploy.ENGINES:  # equal work: the same tokens for every model when forced
         assert len({rows[(m, engine)]["tokens_forced-batch"] for m in ("unpruned", "shrink-ps50", "ps")}) == 1
     assert rows[("ps", "ct2-int8")]["flop_ratio"] > 1.0
+    # every difference to the unpruned fairseq model carries its paired-bootstrap p, the settings printed
+    assert rows[("unpruned", "fairseq")]["p_vs_unpruned_fairseq"] is None
+    assert all(0 <= r["p_vs_unpruned_fairseq"] <= 1 for k, r in rows.items() if k != ("unpruned", "fairseq"))
+    assert "paired bootstrap" in (out / "deploy.md").read_text() and "(p 0." in printed
     assert [m["model"] for m in table["targets"]["per_stack_int8"]["models"]] == ["shrink-ps50", "ps"]
     assert (out / "deploy.png").stat().st_size > 0 and "Targets:" in (out / "deploy.md").read_text()
     # a rerun with the same options reuses its shrink; another budget makes its own

@@ -33,6 +33,9 @@ ENGINES = ("fairseq", "ct2-float32", "ct2-int8")
 MODES = (("natural", "batch"), ("forced", "batch"), ("natural", 1), ("forced", 1))
 SPEEDUP_TARGET, BLEU_TARGET = 1.5, 0.5  # per-stack int8 over unpruned int8 (equal work, batched); BLEU loss
 FILES = ("deploy.json", "deploy.md", "deploy.png")
+BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED = 1000, 1
+SIGNIFICANCE = (f"p: paired bootstrap of sacreBLEU against the unpruned model in fairseq (compare-mt's test, "
+                f"{BOOTSTRAP_SAMPLES} full-size resamples, seed {BOOTSTRAP_SEED}, one-sided in the observed direction)")
 MODELS = "models"  # the study's own shrunk checkpoint and its record, in a folder of its own
 
 
@@ -158,11 +161,14 @@ class Contender:
         seconds = time.perf_counter() - start
         return {"seconds": seconds, "hypotheses": {sid: [tgt_dict.index(t) for t in h] for sid, h in out.items()}}
 
-    def bleu(self, hypotheses: Dict[int, List[int]]) -> float:
+    def texts(self, hypotheses: Dict[int, List[int]]) -> List[str]:
+        """The hypotheses as fairseq-generate's D- lines, in sentence order (what sacreBLEU scores)."""
         import torch
 
-        texts = [self.evaluator.hypothesis_text({"tokens": torch.tensor(hypotheses[i], dtype=torch.long)})
-                 for i in range(self.evaluator.size)]
+        return [self.evaluator.hypothesis_text({"tokens": torch.tensor(hypotheses[i], dtype=torch.long)})
+                for i in range(self.evaluator.size)]
+
+    def bleu(self, texts: List[str]) -> float:
         return round(float(self.evaluator.bleu(texts).score), 2)
 
 
@@ -231,8 +237,13 @@ def build_table(contenders: Sequence[Contender], measured: Dict, options: Deploy
     from fairseq_headprune.results.identity import file_sha256
     from fairseq_headprune.studies.speed_ct2 import ct2_shape
 
+    from fairseq_headprune.stats import BleuBootstrap
+
     base = contenders[0]
     seconds, hyps = measured["seconds"], measured["hypotheses"]
+    texts = {(c.name, e): c.texts(hyps[(c.name, e, "natural", "batch")]) for c in contenders for e in ENGINES}
+    bootstrap = BleuBootstrap(base.evaluator.references, texts[(base.name, "fairseq")], BOOTSTRAP_SAMPLES,
+                              BOOTSTRAP_SEED)
     beam = int(base.loaded.cfg.generation.beam)
     src_lens = [int(n) for s in base.evaluator.samples for n in s["net_input"]["src_lengths"].tolist()]
     forced_lens = [measured["length"] + 1] * len(src_lens)
@@ -246,7 +257,9 @@ def build_table(contenders: Sequence[Contender], measured: Dict, options: Deploy
             cell = seconds[(c.name, e)]
             row = {"model": c.name, "checkpoint": c.path, "shape": "unpruned" if c is base else c.shape,
                    "heads_kept": c.heads_kept, "ct2_heads_per_stack": list(c.ct2_heads), "engine": e,
-                   "bleu": c.bleu(hyps[(c.name, e, "natural", "batch")]),
+                   "bleu": c.bleu(texts[(c.name, e)]),
+                   "p_vs_unpruned_fairseq": None if (c is base and e == "fairseq")
+                   else round(bootstrap.test(texts[(c.name, e)]).p_value, 4),
                    "flop_ratio": flop["fairseq" if e == "fairseq" else "ct2"]}
             for mode, bs in MODES:
                 key = f"{mode}-{bs}"
@@ -273,7 +286,7 @@ def build_table(contenders: Sequence[Contender], measured: Dict, options: Deploy
                      "ctranslate2": ctranslate2.__version__, "threads": 1, "beam": beam,
                      "batch_size": dataset.batch_size, "max_tokens": dataset.max_tokens, "largest_batch": batch,
                      "subset": options.subset, "references": options.references or "binarised targets, decoded",
-                     "runs": options.runs, "forced_length": measured["length"],
+                     "runs": options.runs, "forced_length": measured["length"], "significance": SIGNIFICANCE,
                      "sentences_batched": measured["sentences"]["batch"], "sentences_batch1": measured["sentences"][1],
                      "options": asdict(options)}}
 
@@ -294,6 +307,7 @@ def targets(rows: List[Dict], candidate: Optional[str] = None) -> Dict:
         speed = r["x_unpruned_same_engine_forced-batch"]
         per_model.append({"model": r["model"], "x_unpruned_int8": speed, "bleu": r["bleu"],
                           "bleu_loss": round(unpruned_fairseq["bleu"] - r["bleu"], 2),
+                          "p": r.get("p_vs_unpruned_fairseq"),
                           "x_unpruned_fairseq": r["x_unpruned_fairseq_forced-batch"],
                           "x_unpruned_int8_batch1": r["x_unpruned_same_engine_forced-1"],
                           "flop_ratio": round(r["flop_ratio"], 3),
@@ -313,7 +327,7 @@ def targets(rows: List[Dict], candidate: Optional[str] = None) -> Dict:
 # --------------------------------------------------------------------------------------------- files
 
 
-HEADERS = ("model", "shape", "heads", "CT2 heads enc/dec", "engine", "BLEU", "ΔBLEU", "sent/s batched",
+HEADERS = ("model", "shape", "heads", "CT2 heads enc/dec", "engine", "BLEU", "ΔBLEU", "p", "sent/s batched",
            "x fairseq unpruned", "x same engine unpruned, equal work", "same, batch 1", "FLOP ratio")
 
 
@@ -327,14 +341,20 @@ def description(meta: Dict) -> str:
             f"the machine's load, the ratios much less. Batched: fairseq's batches ({batching}; the largest holds "
             f"{meta['largest_batch']} sentences), the same for every engine. *as decoded*: each model's own "
             f"translations; *equal work*: every hypothesis forced to {meta['forced_length']} tokens + 1 step. "
-            f"Batch 1: the first {meta['sentences_batch1']} sentences.")
+            f"Batch 1: the first {meta['sentences_batch1']} sentences. "
+            + meta.get("significance", "p: not computed by the version of deploy that wrote this table") + ".")
 
 
 def cells(table: Dict) -> List[List[str]]:
     return [[r["model"], r["shape"], str(r["heads_kept"]), "/".join(map(str, r["ct2_heads_per_stack"])), r["engine"],
-             f"{r['bleu']:.2f}", f"{r['bleu_delta']:+.2f}", f"{r['sentences_per_s_natural-batch']:.1f}",
+             f"{r['bleu']:.2f}", f"{r['bleu_delta']:+.2f}", _p(r.get("p_vs_unpruned_fairseq")),
+             f"{r['sentences_per_s_natural-batch']:.1f}",
              f"{r['x_unpruned_fairseq_natural-batch']:.2f}", f"{r['x_unpruned_same_engine_forced-batch']:.2f}",
              f"{r['x_unpruned_same_engine_forced-1']:.2f}", f"{r['flop_ratio']:.2f}"] for r in table["rows"]]
+
+
+def _p(value: Optional[float]) -> str:
+    return "" if value is None else f"{value:.3f}"
 
 
 def markdown(table: Dict) -> str:
@@ -343,6 +363,10 @@ def markdown(table: Dict) -> str:
     lines += ["| " + " | ".join(row) + " |" for row in cells(table)]
     lines += ["", "Targets:", ""] + [f"- {line}" for line in target_lines(table["targets"])]
     return "\n".join(lines) + "\n"
+
+
+def _p_clause(value: Optional[float]) -> str:
+    return "" if value is None else f" (p {value:.3f})"
 
 
 def target_lines(t: Dict) -> List[str]:
@@ -357,7 +381,8 @@ def target_lines(t: Dict) -> List[str]:
         lines.append(f"{m['model']} (per-stack) in CTranslate2 int8: {m['x_unpruned_int8']:.2f}x the unpruned "
                      f"model's int8, batched, equal work (target {SPEEDUP_TARGET}x; FLOP ratio {m['flop_ratio']:.2f};"
                      f" batch 1 {m['x_unpruned_int8_batch1']:.2f}x), {m['x_unpruned_fairseq']:.2f}x unpruned fairseq; "
-                     f"BLEU {m['bleu']:.2f}, {m['bleu_loss']:.2f} below unpruned fairseq (target {BLEU_TARGET}): "
+                     f"BLEU {m['bleu']:.2f}, {m['bleu_loss']:.2f} below unpruned fairseq{_p_clause(m.get('p'))} "
+                     f"(target {BLEU_TARGET}): "
                      f"**{'met' if m['met'] else 'missed'}**")
     if p["best"] is None:  # --candidate named a model of another shape
         return lines + [f"candidate {p['candidate']}: not a per-stack model: **no verdict**"]
