@@ -235,9 +235,8 @@ def build_table(contenders: Sequence[Contender], measured: Dict, options: Deploy
 
     from fairseq_headprune import flops
     from fairseq_headprune.results.identity import file_sha256
-    from fairseq_headprune.studies.speed_ct2 import ct2_shape
-
     from fairseq_headprune.stats import BleuBootstrap
+    from fairseq_headprune.studies.speed_ct2 import ct2_shape
 
     base = contenders[0]
     seconds, hyps = measured["seconds"], measured["hypotheses"]
