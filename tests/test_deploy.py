@@ -29,7 +29,8 @@ def test_deploy_on_a_tiny_model(tiny_data, stock_checkpoint, tmp_path):
     pruned = tmp_path / "ps.pt"
     run(["fairseq-headprune", "remove", tiny_data, "--path", stock_checkpoint, "--heads", PER_STACK, "--out", pruned])
     out = tmp_path / "table"
-    printed = run(deploy_argv(tiny_data, stock_checkpoint, out, "--compare", f"ps={pruned}", "--candidate", "ps")).stdout
+    printed = run(deploy_argv(tiny_data, stock_checkpoint, out, "--compare", f"ps={pruned}",
+                              "--candidate", "ps")).stdout
     assert "judged: ps, named before this table (--candidate)" in printed
     table = json.loads((out / "deploy.json").read_text())
     rows = {(r["model"], r["engine"]): r for r in table["rows"]}
