@@ -207,6 +207,17 @@ def test_hidden_weight_reaches_fairseq_train_and_the_record(student, stock_check
     assert run_json["criterion.distill_hidden_weight"] == 0.5, "a rerun with another β is another run"
 
 
+def test_a_run_folder_written_before_a_setting_existed_matches_its_old_value(tmp_path):
+    from fairseq_headprune.compress.recover import check_identity
+    from fairseq_headprune.errors import UserError
+
+    old = {"distill": "logits", "criterion.distill_weight": 0.9}  # written before --distill-hidden-weight existed
+    (tmp_path / "recover-run.json").write_text(json.dumps(old))
+    check_identity(str(tmp_path), {**old, "criterion.distill_hidden_weight": 0.0})  # what every old run trained with
+    with pytest.raises(UserError, match="another criterion.distill_hidden_weight"):
+        check_identity(str(tmp_path), {**old, "criterion.distill_hidden_weight": 0.1})
+
+
 def test_a_run_folder_of_another_setting_is_refused(student, stock_checkpoint, tiny_data, tmp_path):
     out = tmp_path / "a.pt"
     _recover(tiny_data, student, stock_checkpoint, out, "--updates", "2", "--work-dir", tmp_path / "w")

@@ -235,6 +235,9 @@ IDENTITY_FIELDS = {
     "common": ("seed", "fp16", "bf16"),
 }
 UNSTABLE_KEYS = {"data", "teacher_path"}  # paths: the hashes below stand for them
+# settings added after run folders existed, with the value every older run trained with: an identity written
+# before a field existed still matches a rerun that leaves it at that value
+ADDED_LATER = {"criterion.distill_hidden_weight": 0.0}
 
 
 def run_identity(data: str, student: str, options: RecoverOptions, cfg) -> dict:
@@ -266,7 +269,7 @@ def check_identity(work_dir: str, identity: dict) -> None:
         write_json_atomic(path, identity)
         return
     for key in sorted(set(identity) | set(old)):
-        if old.get(key) != identity.get(key):
+        if old.get(key, ADDED_LATER.get(key)) != identity.get(key, ADDED_LATER.get(key)):
             raise UserError(f"{work_dir} holds a recover run with another {key} ({_short(old.get(key))} there, "
                             f"{_short(identity.get(key))} now): use another --work-dir, or remove that folder")
 
