@@ -7,10 +7,12 @@
 # the window fit (shrink --window-steps, calibrated on train so that val can choose its settings) with and without
 # recovery; the third extended the window-fitted 50% and 75% runs to 4 epochs, added 30%, `--distill both` (and its
 # control) and the per-stack shapes the deployment table times; the fourth took the decoder-only 8/4 shape to 4
-# epochs, added 8/3 (the decoder at 3 of 8 heads) and Voita's L0 heads recovered (`shrink --heads`). Then the table on test2016 (benchmarks/recover_study.py), decoded once per model.
+# epochs, added 8/3 (the decoder at 3 of 8 heads) and Voita's L0 heads recovered (`shrink --heads`); the fifth ran the
+# 8/3 shape at lr 3e-4 and with the layer distillation (lanes i, j). Then the table on test2016
+# (benchmarks/recover_study.py), decoded once per model.
 #
-# usage: recipes/recover_de_en.sh [WORK] [LANE]   (work/recover; LANE a-h runs one part, so that two cores run two:
-#        `recipes/recover_de_en.sh work/recover a & recipes/recover_de_en.sh work/recover b`, then c and d, e, f, g; h after the deployment table)
+# usage: recipes/recover_de_en.sh [WORK] [LANE]   (work/recover; LANE a-j runs one part, so that two cores run two:
+#        `recipes/recover_de_en.sh work/recover a & recipes/recover_de_en.sh work/recover b`, then c and d, e, f, g, i, j; h after the deployment table)
 # Resumable: rerun the same command (finished steps are skipped, a recover run resumes from its checkpoint_last.pt).
 # Budget (one core each): shrink 2-4 min (7-9 with the window fit); a recover epoch 10-11 CPU minutes (10-13 min of
 # wall time beside other work); the valid and test decodes of every model (beam 5) 20-45 s each.
