@@ -30,11 +30,17 @@ GEN=(-s en -t fr --max-len-a 1.5 --max-len-b 10 --bpe subword_nmt --bpe-codes "$
 RECOVER=${RECOVER:-work/recover-en-fr}
 source recipes/recovered_label.sh
 compare=("shrink-50=$WORK/shrink-50-free.pt")
+# the per-stack model the targets judge, named before the table: the recovered decoder-only shape where it exists
+# (the De-En choice carried over; no En-Fr set was left to choose on: newstest2013 calibrates), else deploy's shrink
+candidate=shrink-ps50
 for item in r50=r50 rdps50-w1000=rdps50-w1000; do
   path="$RECOVER/runs/${item#*=}.pt"
-  if [ -f "$path" ]; then compare+=("${item%%=*}$(recovered_label "$path")=$path")
+  if [ -f "$path" ]; then
+    compare+=("${item%%=*}$(recovered_label "$path")=$path")
+    [ "${item%%=*}" != rdps50-w1000 ] || candidate="${item%%=*}$(recovered_label "$path")"
   else echo "deploy_en_fr: skipping ${item%%=*}: no $path"; fi
 done
 ${FHP:-fairseq-headprune} deploy "$WORK/data" --path "$MODEL/model.pt" --gen-subset test \
   --references "$WORK/data/test.raw.fr" --results-dir "$OUT" --shrink-percent 50 --calibration-subset valid \
-  --calibration-sentences 1000 --compare "${compare[@]}" --runs "${RUNS:-3}" --beam 5 --batch-size 64 "${GEN[@]}"
+  --calibration-sentences 1000 --compare "${compare[@]}" --candidate "$candidate" --runs "${RUNS:-3}" --beam 5 \
+  --batch-size 64 "${GEN[@]}"
