@@ -67,6 +67,8 @@ RUNS = {
     "rtdps62-h01": ("the same 8/3 shape + recover with the layer distillation (β 0.1)", "shrink-tdps62-w1000-3e-4",
                     42),
 }
+# recipes whose control was not run (compared with the default recipe's run from the same shrink instead)
+NO_CONTROL = {"rtdps62-lr3e-4", "rtdps62-h01"}
 FIRST_RECIPE = {"ctl-logits", "r25-logits", "r50-logits", "r75-logits", "rih50-logits", "rps50-logits", "r50-none"}
 SHRINKS = {"shrink-25": 25, "shrink-50": 50, "shrink-75": 75, "shrink-ih50": 50, "shrink-ps50": 50,
            "shrink-t50-ridge": 50, "shrink-t50-w300-3e-5": 50, "shrink-t50-w300-1e-4": 50,
@@ -94,8 +96,10 @@ CHOICE_ONLY = {"shrink-t50-w300-3e-5", "shrink-t50-w300-1e-4", "shrink-t50-w300-
                "shrink-t50-w300-1e-3"}
 
 
-def control_of(run: Optional[str]) -> str:
-    """The control run of a run's recipe: the unpruned model put through the same recovery."""
+def control_of(run: Optional[str]) -> Optional[str]:
+    """The control run of a run's recipe: the unpruned model put through the same recovery (None: not run)."""
+    if run in NO_CONTROL:
+        return None
     if run in FIRST_RECIPE:
         return "ctl-logits"
     if run and run.startswith("ctl-"):  # a control is its own
@@ -115,7 +119,7 @@ class Pair:
     runs: Dict[str, tuple]
     shrinks: Dict[str, int]
     shrink_labels: Dict[str, str]
-    control_of: Callable[[Optional[str]], str]
+    control_of: Callable[[Optional[str]], Optional[str]]
     subsets: Tuple[str, ...]
     scored: Tuple[str, ...]  # the subsets of the table (the others only chose)
     generation: Tuple[str, ...] = ()
