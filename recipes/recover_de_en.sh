@@ -103,7 +103,7 @@ main() {
   if [ "$lane" = h ]; then  # after recipes/deploy_de_en.sh timed the 4-epoch 8/3 model: the same run to 6 epochs
     recover rtdps62-w1000-3e-4 "$work/shrink-tdps62-w1000-3e-4.pt" 6   # (OUT.pt becomes its lowest-valid-loss epoch)
   fi
-  if [ "$lane" = i ] || [ "$lane" = all ]; then  # the fifth session: the 8/3 shape at 3x the lr (4 epochs, chosen on val)
+  if [ "$lane" = i ] || [ "$lane" = all ]; then  # the fifth session: the 8/3 shape at 3x the lr (4 epochs; compared on val)
     recover rtdps62-lr3e-4 "$work/shrink-tdps62-w1000-3e-4.pt" 4 --lr 3e-4
   fi
   if [ "$lane" = j ] || [ "$lane" = all ]; then  # the same with the decoder layers pulled towards the teacher's (β 0.1:
