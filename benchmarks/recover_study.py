@@ -64,11 +64,12 @@ RUNS = {
     "rtdps62-w1000-3e-4": ("shrink per-stack, decoder only (3 of 8 heads), calibrated on train + window fit + "
                            "recover (default recipe)", "shrink-tdps62-w1000-3e-4", 42),
     "rtdps62-lr3e-4": ("the same 8/3 shape + recover at lr 3e-4", "shrink-tdps62-w1000-3e-4", 42),
+    "ctl-lr3e-4": ("control: unpruned + recover at lr 3e-4", None, 0),
     "rtdps62-h01": ("the same 8/3 shape + recover with the layer distillation (β 0.1)", "shrink-tdps62-w1000-3e-4",
                     42),
 }
 # recipes whose control was not run (compared with the default recipe's run from the same shrink instead)
-NO_CONTROL = {"rtdps62-lr3e-4", "rtdps62-h01"}
+NO_CONTROL = {"rtdps62-h01"}
 FIRST_RECIPE = {"ctl-logits", "r25-logits", "r50-logits", "r75-logits", "rih50-logits", "rps50-logits", "r50-none"}
 SHRINKS = {"shrink-25": 25, "shrink-50": 50, "shrink-75": 75, "shrink-ih50": 50, "shrink-ps50": 50,
            "shrink-t50-ridge": 50, "shrink-t50-w300-3e-5": 50, "shrink-t50-w300-1e-4": 50,
@@ -102,6 +103,8 @@ def control_of(run: Optional[str]) -> Optional[str]:
         return None
     if run in FIRST_RECIPE:
         return "ctl-logits"
+    if run == "rtdps62-lr3e-4":
+        return "ctl-lr3e-4"
     if run and run.startswith("ctl-"):  # a control is its own
         return run
     if run == "rt50-both":

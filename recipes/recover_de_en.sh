@@ -8,11 +8,11 @@
 # recovery; the third extended the window-fitted 50% and 75% runs to 4 epochs, added 30%, `--distill both` (and its
 # control) and the per-stack shapes the deployment table times; the fourth took the decoder-only 8/4 shape to 4
 # epochs, added 8/3 (the decoder at 3 of 8 heads) and Voita's L0 heads recovered (`shrink --heads`); the fifth ran the
-# 8/3 shape at lr 3e-4 and with the layer distillation (lanes i, j). Then the table on test2016
-# (benchmarks/recover_study.py), decoded once per model.
+# 8/3 shape at lr 3e-4 (and its control) and with the layer distillation (lanes i, l, j; k after the choice). Then
+# the table on test2016 (benchmarks/recover_study.py), decoded once per model.
 #
-# usage: recipes/recover_de_en.sh [WORK] [LANE]   (work/recover; LANE a-j runs one part, so that two cores run two:
-#        `recipes/recover_de_en.sh work/recover a & recipes/recover_de_en.sh work/recover b`, then c and d, e, f, g, i, j; h after the deployment table)
+# usage: recipes/recover_de_en.sh [WORK] [LANE]   (work/recover; LANE a-l runs one part, so that two cores run two:
+#        `recipes/recover_de_en.sh work/recover a & recipes/recover_de_en.sh work/recover b`, then c and d, e, f, g, i, j, l; h and k after the deployment table)
 # Resumable: rerun the same command (finished steps are skipped, a recover run resumes from its checkpoint_last.pt).
 # Budget (one core each): shrink 2-4 min (7-9 with the window fit); a recover epoch 10-11 CPU minutes (10-13 min of
 # wall time beside other work); the valid and test decodes of every model (beam 5) 20-45 s each.
@@ -105,6 +105,12 @@ main() {
   fi
   if [ "$lane" = i ] || [ "$lane" = all ]; then  # the fifth session: the 8/3 shape at 3x the lr (4 epochs; compared on val)
     recover rtdps62-lr3e-4 "$work/shrink-tdps62-w1000-3e-4.pt" 4 --lr 3e-4
+  fi
+  if [ "$lane" = k ]; then  # after the choice: the lr 3e-4 run on to 6 epochs (its valid loss was still falling)
+    recover rtdps62-lr3e-4 "$work/shrink-tdps62-w1000-3e-4.pt" 6 --lr 3e-4
+  fi
+  if [ "$lane" = l ] || [ "$lane" = all ]; then  # the control of lane i's recipe: the unpruned model at lr 3e-4
+    recover ctl-lr3e-4 "$model" 4 --lr 3e-4
   fi
   if [ "$lane" = j ] || [ "$lane" = all ]; then  # the same with the decoder layers pulled towards the teacher's (β 0.1:
     # the layer term starts at 0.56 a token against the KL's 0.83 on train batches; control: the 8/3 run, lane f)
