@@ -268,10 +268,13 @@ def pareto_frontier(points: Sequence[Tuple[float, float]]) -> List[Tuple[float, 
     return front[::-1]
 
 
-def deploy_frontier(rows: Sequence[Dict], path: str, speed_key: str = "x_unpruned_fairseq_natural-batch") -> str:
-    """BLEU against speed (relative to the unpruned model in fairseq) of every model x engine, the frontier drawn."""
+def deploy_frontier(rows: Sequence[Dict], path: str, speed_key: str = "x_unpruned_fairseq_natural-batch",
+                    ceilings: Sequence[Dict] = (), target: Optional[Tuple[float, float]] = None) -> str:
+    """Left: BLEU against speed (relative to the unpruned model in fairseq) of every model x engine, the frontier
+    drawn. Right: the CTranslate2 int8 models at equal work over the unpruned int8, the `target` (speed-up, BLEU
+    loss to the unpruned fairseq model) shaded and each ceiling (a shape's speed) as a vertical line."""
     markers = {"fairseq": "o", "ct2-float32": "s", "ct2-int8": "^"}
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, (ax, right) = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [7, 5]})
     for engine, marker in markers.items():
         mine = [r for r in rows if r["engine"] == engine]
         ax.scatter([r[speed_key] for r in mine], [r["bleu"] for r in mine], marker=marker, label=engine, zorder=3)
@@ -286,4 +289,31 @@ def deploy_frontier(rows: Sequence[Dict], path: str, speed_key: str = "x_unprune
     ax.set_ylabel("BLEU")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
+    key = "x_unpruned_same_engine_forced-batch"
+    int8 = [r for r in rows if r["engine"] == "ct2-int8"]
+    right.scatter([r[key] for r in int8], [r["bleu"] for r in int8], marker="^", color="C2", zorder=3)
+    for r in int8:
+        right.annotate(r["model"], (r[key], r["bleu"]), fontsize=7, xytext=(4, 3), textcoords="offset points")
+    front = pareto_frontier([(r[key], r["bleu"]) for r in int8])
+    right.plot([p[0] for p in front], [p[1] for p in front], "k--", lw=1, zorder=2)
+    for i, c in enumerate(sorted(ceilings, key=lambda c: c[key])):  # labels at three heights: neighbours overlap
+        right.axvline(c[key], color="0.6", lw=0.8, ls=":")
+        right.annotate(c["shape"], (c[key], 1.0 - 0.17 * (i % 3)), xycoords=("data", "axes fraction"), fontsize=6,
+                       rotation=90, ha="right", va="top", color="0.35")
+    unpruned = next((r["bleu"] for r in rows if r["shape"] == "unpruned" and r["engine"] == "fairseq"), None)
+    if target is not None and unpruned is not None:  # the quadrant that meets both targets, shaded
+        right.axvline(target[0], color="C2", lw=0.8, ls="--")
+        right.axhline(unpruned - target[1], color="C2", lw=0.8, ls="--")
+        xlim, ylim = right.get_xlim(), right.get_ylim()
+        xlim, ylim = (xlim[0], max(xlim[1], target[0] * 1.1)), (ylim[0], max(ylim[1], unpruned - target[1] + 0.2))
+        right.fill_between([target[0], xlim[1]], unpruned - target[1], ylim[1], color="C2", alpha=0.08, lw=0)
+        right.set_xlim(*xlim)
+        right.set_ylim(*ylim)
+        right.annotate(f"target: >= {target[0]:g}x and within {target[1]:g} BLEU of unpruned fairseq",
+                       (0.01, 0.01), xycoords="axes fraction", fontsize=7, color="C2")
+    right.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%gx"))
+    right.set_xlabel("CTranslate2 int8: x the unpruned int8 at equal work (batched); dotted: ceilings")
+    right.set_ylabel("BLEU")
+    right.grid(alpha=0.3)
+    fig.tight_layout()
     return _save(fig, path)

@@ -29,8 +29,8 @@ def test_deploy_on_a_tiny_model(tiny_data, stock_checkpoint, tmp_path):
     pruned = tmp_path / "ps.pt"
     run(["fairseq-headprune", "remove", tiny_data, "--path", stock_checkpoint, "--heads", PER_STACK, "--out", pruned])
     out = tmp_path / "table"
-    printed = run(deploy_argv(tiny_data, stock_checkpoint, out, "--compare", f"ps={pruned}",
-                              "--candidate", "ps")).stdout
+    printed = run(deploy_argv(tiny_data, stock_checkpoint, out, "--compare", f"ps={pruned}", "--candidate", "ps",
+                              "--ceilings", "4/2", "4/2:ffn=50%,vocab=50%")).stdout
     assert "judged: ps, named before this table (--candidate)" in printed
     table = json.loads((out / "deploy.json").read_text())
     rows = {(r["model"], r["engine"]): r for r in table["rows"]}
@@ -51,6 +51,15 @@ def test_deploy_on_a_tiny_model(tiny_data, stock_checkpoint, tmp_path):
     assert "paired bootstrap" in (out / "deploy.md").read_text() and "(p 0." in printed
     assert [m["model"] for m in table["targets"]["per_stack_int8"]["models"]] == ["shrink-ps50", "ps"]
     assert (out / "deploy.png").stat().st_size > 0 and "Targets:" in (out / "deploy.md").read_text()
+    # ceilings: timed in int8 at equal work in the same rounds; the ceiling of ps's shape has ps's FLOP ratio
+    ceilings = {c["shape"]: c for c in table["ceilings"]}
+    assert set(ceilings) == {"4/2", "4/2 (ffn 50%, vocab 50%)"}
+    assert ceilings["4/2"]["ct2_heads_per_stack"] == [4, 2]
+    assert ceilings["4/2"]["flop_ratio"] == rows[("ps", "ct2-int8")]["flop_ratio"]
+    assert ceilings["4/2 (ffn 50%, vocab 50%)"]["flop_ratio"] > ceilings["4/2"]["flop_ratio"]
+    forced_tokens = rows[("unpruned", "ct2-int8")]["tokens_forced-batch"]
+    assert {c["tokens_forced-batch"] for c in ceilings.values()} == {forced_tokens}
+    assert "## Ceilings" in (out / "deploy.md").read_text()
     # a rerun with the same options reuses its shrink; another budget makes its own
     assert "reusing" in run(deploy_argv(tiny_data, stock_checkpoint, out)).stdout
     again = run(deploy_argv(tiny_data, stock_checkpoint, out, "--calibration-sentences", "32")).stdout
@@ -71,6 +80,11 @@ def test_bad_input_is_refused_in_one_line(tiny_data, stock_checkpoint, tmp_path)
                             "--shape sets deploy's own shrink"),
                            (["--shrink-percent", "100"], "--shrink-percent"),
                            (["--candidate", "nosuch"], "--candidate nosuch: not a model of this table"),
+                           (["--ceilings", "4-2"], "is not ENC/DEC"),
+                           (["--ceilings", "4/2:ffn=0%"], "keeps a share in (0, 100]%"),
+                           (["--ceilings", "4/2:heads=50%"], "is not ffn=P% or vocab=P%"),
+                           (["--ceilings", "4/2", "4/2"], "given twice"),
+                           (["--ceilings", "9/2"], "the encoder keeps 1 to 8 heads per layer in this model, not 9"),
                            (["--unkpen", "1"], "CTranslate2 cannot decode")):
         proc = run(deploy_argv(tiny_data, stock_checkpoint, out, *extra), check=False)
         assert proc.returncode == 2 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, (

@@ -3,7 +3,7 @@ unpruned model, its own per-stack shrink and any --compare checkpoints in fairse
 
   fairseq-headprune deploy DATA --path CKPT --results-dir DIR --gen-subset test --beam 5 --batch-size 64 \\
       [--shrink-percent 50 --shape per-stack --calibration-subset valid] [--compare NAME=CKPT ...] [--runs 3] \\
-      [--candidate NAME] [--references REF] [fairseq decoding options]
+      [--candidate NAME] [--ceilings 8/4 8/3 8/4:ffn=75% ...] [--references REF] [fairseq decoding options]
 
 Writes DIR/deploy.json, DIR/deploy.md, DIR/deploy.png (BLEU against speed, the frontier drawn) and, with
 --shrink-percent, DIR/models/shrink-ps50.pt (its record beside it; reused by a rerun with the same options).
@@ -33,6 +33,9 @@ def add_args(parser) -> None:
                         "best of the table on this set, which flatters it when several are compared)")
     g.add_argument("--batch1-sentences", type=int, default=deploy.DeployOptions.batch1_sentences,
                    help="sentences timed one at a time (latency)")
+    g.add_argument("--ceilings", nargs="+", default=(), metavar="ENC/DEC[:ffn=P%,vocab=P%]",
+                   help="shapes timed in CTranslate2 int8 at equal work as crude slices of the unpruned model (the "
+                        "first heads per layer, FFN units, target words): what each shape would run at")
 
 
 def run(cfg, args) -> None:
@@ -46,7 +49,7 @@ def run(cfg, args) -> None:
         raise UserError(f"--{given[0].replace('_', '-')} sets deploy's own shrink, which --shrink-percent 0 turns off")
     defaults = {name: getattr(deploy.DeployOptions, name) for name in shrink_options if name not in given}
     options = options_from(deploy.DeployOptions, args, subset=cfg.dataset.gen_subset, compare=tuple(args.compare),
-                           **defaults)
+                           ceilings=tuple(args.ceilings), **defaults)
     options.check()
     ct2_decoding(cfg.generation)  # decoding options CTranslate2 cannot apply: refused before loading
     with results_folder(args.results_dir):

@@ -589,11 +589,17 @@ def deploy(doc: Document, files: Files, part, state) -> None:
     doc.table(study.HEADERS, study.cells(table))
     figure = files.figure(study.FILES[2])
     if os.path.exists(figure):
-        doc.image(figure, "BLEU against sentences/s relative to the unpruned model in fairseq; the frontier dashed")
+        doc.image(figure, "Left: BLEU against sentences/s relative to the unpruned model in fairseq, the frontier "
+                          "dashed. Right: the CTranslate2 int8 models at equal work over the unpruned int8, the "
+                          "targets' quadrant shaded, ceilings dotted")
     doc.paragraph("Targets (issue 29: a per-stack model in CTranslate2 int8 at least "
                   f"{study.SPEEDUP_TARGET}x the unpruned int8 at equal work, within {study.BLEU_TARGET} BLEU of the "
                   "unpruned fairseq model):")
     doc.bullets(study.target_lines(table["targets"]))
+    if table.get("ceilings"):
+        doc.paragraph(study.CEILINGS_TEXT)
+        doc.table(study.CEILING_HEADERS, study.ceiling_cells(table["ceilings"]))
+        doc.paragraph(study.ceiling_verdict(table["ceilings"]))
     _provenance(doc, part, state)
 
 

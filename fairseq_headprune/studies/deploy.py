@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import datetime
 import os
+import re
 import statistics
 import tempfile
 import time
@@ -53,6 +54,7 @@ class DeployOptions:
     runs: int = 3
     batch1_sentences: int = 100
     candidate: Optional[str] = None  # the per-stack model the targets judge, chosen before on held-out data
+    ceilings: Tuple[str, ...] = ()  # shapes timed as crude slices of the unpruned model (studies.ceilings)
 
     def named_checkpoints(self) -> List[Tuple[str, str]]:
         """--compare as (name, path), refused in one line when malformed, repeated or missing."""
@@ -85,6 +87,15 @@ class DeployOptions:
         names = [name for name, _ in self.named_checkpoints()] + ([self.shrunk_name()] if self.shrink_percent else [])
         if self.candidate is not None and self.candidate not in names:
             raise UserError(f"--candidate {self.candidate}: not a model of this table ({', '.join(names)})")
+        self.ceiling_shapes()
+
+    def ceiling_shapes(self):
+        from fairseq_headprune.studies.ceilings import CeilingShape
+
+        shapes = [CeilingShape.parse(text) for text in self.ceilings]
+        if len(set(shapes)) != len(shapes):
+            raise UserError("--ceilings: a shape is given twice")
+        return shapes
 
 
 # --------------------------------------------------------------------------------------------- one model, three engines
@@ -138,28 +149,7 @@ class Contender:
         return {"seconds": seconds, "hypotheses": {sid: h[:-1] if h and h[-1] == eos else h for sid, h in out.items()}}
 
     def _ct2(self, translator_, samples, forced: int) -> Dict:
-        from fairseq_headprune.compress.export import max_length
-
-        src_dict, tgt_dict = self.loaded.task.source_dictionary, self.loaded.task.target_dictionary
-        decoding = dict(self.decoding)
-        if forced:  # the same L + 1 steps as fairseq's L tokens and EOS
-            decoding["min_decoding_length"] = forced + 1
-        positions = self.loaded.model.decoder.max_positions()
-        batches = []
-        for sample in samples:  # prepared before the clock starts: fairseq's batches are ready-made too
-            tokens = sample["net_input"]["src_tokens"]
-            sources = [[src_dict[t] for t in row if t not in (src_dict.pad(), src_dict.eos())]
-                       for row in tokens.tolist()]
-            cap = forced + 1 if forced else max_length(self.loaded.cfg.generation, tokens.size(1), positions)
-            batches.append((sample["id"].tolist(), sources, cap))
-        out = {}
-        start = time.perf_counter()
-        for ids, sources, cap in batches:
-            results = translator_.translate_batch(sources, max_decoding_length=cap, **decoding)
-            for sid, result in zip(ids, results):
-                out[sid] = result.hypotheses[0]
-        seconds = time.perf_counter() - start
-        return {"seconds": seconds, "hypotheses": {sid: [tgt_dict.index(t) for t in h] for sid, h in out.items()}}
+        return ct2_run(translator_, self.loaded, self.decoding, samples, forced)
 
     def texts(self, hypotheses: Dict[int, List[int]]) -> List[str]:
         """The hypotheses as fairseq-generate's D- lines, in sentence order (what sacreBLEU scores)."""
@@ -170,6 +160,57 @@ class Contender:
 
     def bleu(self, texts: List[str]) -> float:
         return round(float(self.evaluator.bleu(texts).score), 2)
+
+
+def ct2_run(translator_, loaded, decoding: Dict, samples, forced: int = 0, target_dictionary=None) -> Dict:
+    """Decode fairseq's batches with CTranslate2 once: seconds and each sentence's hypothesis (target ids)."""
+    from fairseq_headprune.compress.export import max_length
+
+    src_dict = loaded.task.source_dictionary
+    tgt_dict = target_dictionary or loaded.task.target_dictionary
+    decoding = dict(decoding)
+    if forced:  # the same L + 1 steps as fairseq's L tokens and EOS
+        decoding["min_decoding_length"] = forced + 1
+    positions = loaded.model.decoder.max_positions()
+    batches = []
+    for sample in samples:  # prepared before the clock starts: fairseq's batches are ready-made too
+        tokens = sample["net_input"]["src_tokens"]
+        sources = [[src_dict[t] for t in row if t not in (src_dict.pad(), src_dict.eos())] for row in tokens.tolist()]
+        cap = forced + 1 if forced else max_length(loaded.cfg.generation, tokens.size(1), positions)
+        batches.append((sample["id"].tolist(), sources, cap))
+    out = {}
+    start = time.perf_counter()
+    for ids, sources, cap in batches:
+        results = translator_.translate_batch(sources, max_decoding_length=cap, **decoding)
+        for sid, result in zip(ids, results):
+            out[sid] = result.hypotheses[0]
+    seconds = time.perf_counter() - start
+    return {"seconds": seconds, "hypotheses": {sid: [tgt_dict.index(t) for t in h] for sid, h in out.items()}}
+
+
+class Ceiling:
+    """A crude slice of the unpruned model to a shape (studies.ceilings), exported to CTranslate2 int8 and timed at
+    equal work only: the speed any model of that shape runs at."""
+
+    engine = "ct2-int8"
+
+    def __init__(self, shape, base: Contender, tmp: str):
+        from fairseq_headprune.compress.export import build_spec, stack_heads, write_model
+        from fairseq_headprune.studies.ceilings import crude_model
+        from fairseq_headprune.studies.speed_ct2 import ct2_shape, translator
+
+        loaded = base.loaded
+        self.shape, self.name, self.base = shape, f"ceiling {shape.label}", base
+        model, self.target_dictionary = crude_model(loaded.model, loaded.task.target_dictionary, shape)
+        self.ct2_heads, self.cost_shape = stack_heads(model), ct2_shape(model)  # the model itself is not kept
+        activation = getattr(loaded.saved_cfg.model, "activation_fn", None) or "relu"
+        folder = os.path.join(tmp, "ceiling-" + re.sub(r"[^0-9a-z]+", "-", shape.label))
+        write_model(build_spec(model, loaded.task.source_dictionary, self.target_dictionary, activation),
+                    folder, "int8")
+        self.translator = translator(folder, "int8", 1)
+
+    def run(self, samples, forced: int) -> Dict:
+        return ct2_run(self.translator, self.base.loaded, self.base.decoding, samples, forced, self.target_dictionary)
 
 
 def _attention(model):
@@ -196,30 +237,40 @@ def batch1_samples(contender: Contender, n: int):
 # --------------------------------------------------------------------------------------------- the table
 
 
-def measure(contenders: Sequence[Contender], runs: int, batch1_sentences: int, log=print) -> Dict:
+def measure(contenders: Sequence[Contender], runs: int, batch1_sentences: int, log=print,
+            ceilings: Sequence[Ceiling] = ()) -> Dict:
     """All rounds, interleaved; the raw seconds and the first round's hypotheses per cell. A cell that translates
-    differently in a later round is an error (the timing would not be of the same work)."""
+    differently in a later round is an error (the timing would not be of the same work). Ceilings are timed in the
+    same rounds, at equal work only, in their one engine."""
     base = contenders[0]
     samples = {"batch": base.evaluator.samples, 1: batch1_samples(base, batch1_sentences)}
     natural = base.run("fairseq", samples["batch"])
     length = round(statistics.mean(len(h) for h in natural["hypotheses"].values()))
     log(f"equal work: every hypothesis forced to {length} tokens (+1 step), the unpruned model's mean")
     cells = {(c.name, e): {f"{m}-{b}": [] for m, b in MODES} for c in contenders for e in ENGINES}
+    cells.update({(c.name, c.engine): {f"forced-{b}": [] for m, b in MODES if m == "forced"} for c in ceilings})
     hypotheses = {}
     for c in contenders:  # warm-up: every engine meets its shapes once
         for e in ENGINES:
             c.run(e, samples["batch"][:1])
+    for c in ceilings:
+        c.run(samples["batch"][:1], length)
+
+    def record(key, got, r):  # key: (model, engine, mode, batch)
+        cells[key[:2]][f"{key[2]}-{key[3]}"].append(got["seconds"])
+        if r == 0:
+            hypotheses[key] = got["hypotheses"]
+        elif got["hypotheses"] != hypotheses[key]:
+            raise RuntimeError(f"{key}: round {r + 1} translated differently from round 1")
+
     for r in range(runs):
         for mode, bs in MODES:
+            forced = length if mode == "forced" else 0
             for c in contenders:
                 for e in ENGINES:
-                    got = c.run(e, samples[bs], length if mode == "forced" else 0)
-                    cells[(c.name, e)][f"{mode}-{bs}"].append(got["seconds"])
-                    key = (c.name, e, mode, bs)
-                    if r == 0:
-                        hypotheses[key] = got["hypotheses"]
-                    elif got["hypotheses"] != hypotheses[key]:
-                        raise RuntimeError(f"{key}: round {r + 1} translated differently from round 1")
+                    record((c.name, e, mode, bs), c.run(e, samples[bs], forced), r)
+            for c in ceilings if forced else ():
+                record((c.name, c.engine, mode, bs), c.run(samples[bs], forced), r)
             log(f"round {r + 1}/{runs}: {mode}, {'batched' if bs == 'batch' else 'batch 1'}, done")
     return {"seconds": cells, "hypotheses": hypotheses, "length": length,
             "sentences": {"batch": base.evaluator.size, 1: len(samples[1])}}
@@ -230,7 +281,8 @@ def paired_ratio(base: List[float], other: List[float]) -> float:
     return statistics.mean(b / o for b, o in zip(base, other))
 
 
-def build_table(contenders: Sequence[Contender], measured: Dict, options: DeployOptions) -> Dict:
+def build_table(contenders: Sequence[Contender], measured: Dict, options: DeployOptions,
+                ceilings: Sequence[Ceiling] = ()) -> Dict:
     import ctranslate2
 
     from fairseq_headprune import flops
@@ -272,14 +324,25 @@ def build_table(contenders: Sequence[Contender], measured: Dict, options: Deploy
                 ours, theirs = hyps[(c.name, e, "natural", "batch")], hyps[(c.name, "fairseq", "natural", "batch")]
                 row["differing_from_fairseq"] = sum(ours[i] != theirs[i] for i in theirs)
             rows.append(row)
-    for e in ENGINES:  # equal work: every model of an engine wrote as many tokens when forced
+    base_int8 = seconds[(base.name, "ct2-int8")]
+    ceiling_rows = [{"shape": c.shape.label, "ct2_heads_per_stack": list(c.ct2_heads),
+                     "ffn_percent": c.shape.ffn_percent, "vocab_percent": c.shape.vocab_percent,
+                     "flop_ratio": flops.flop_ratio(ct2_shape(base.loaded.model), c.cost_shape, src_lens,
+                                                    forced_lens, beam, batch),
+                     "engine": c.engine, **{f"x_unpruned_same_engine_forced-{bs}": round(paired_ratio(
+                         base_int8[f"forced-{bs}"], seconds[(c.name, c.engine)][f"forced-{bs}"]), 3)
+                         for bs in ("batch", 1)},
+                     **{f"tokens_forced-{bs}": sum(len(h) for h in hyps[(c.name, c.engine, "forced", bs)].values())
+                        for bs in ("batch", 1)}} for c in ceilings]
+    for e in ENGINES:  # equal work: every model of an engine (and every ceiling) wrote as many tokens when forced
         for mode, bs in MODES:
-            if mode == "forced" and len({r[f"tokens_forced-{bs}"] for r in rows if r["engine"] == e}) != 1:
+            counts = {r[f"tokens_forced-{bs}"] for r in rows + ceiling_rows if r["engine"] == e}
+            if mode == "forced" and len(counts) != 1:
                 raise RuntimeError(f"{e}, batch {bs}: forced lengths gave different token counts: not equal work")
     for row in rows:
         row["bleu_delta"] = round(row["bleu"] - rows[0]["bleu"], 2)
     dataset = base.loaded.cfg.dataset
-    return {"rows": rows, "targets": targets(rows, options.candidate),
+    return {"rows": rows, "targets": targets(rows, options.candidate), "ceilings": ceiling_rows,
             "meta": {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
                      "checkpoint_sha256": file_sha256(base.path),
                      "ctranslate2": ctranslate2.__version__, "threads": 1, "beam": beam,
@@ -361,7 +424,31 @@ def markdown(table: Dict) -> str:
              "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
     lines += ["| " + " | ".join(row) + " |" for row in cells(table)]
     lines += ["", "Targets:", ""] + [f"- {line}" for line in target_lines(table["targets"])]
+    if table.get("ceilings"):
+        lines += ["", "## Ceilings", "", CEILINGS_TEXT, "", "| " + " | ".join(CEILING_HEADERS) + " |",
+                  "|" + "---|" * len(CEILING_HEADERS)]
+        lines += ["| " + " | ".join(row) + " |" for row in ceiling_cells(table["ceilings"])]
+        lines += ["", ceiling_verdict(table["ceilings"])]
     return "\n".join(lines) + "\n"
+
+
+CEILINGS_TEXT = ("Speed only: the unpruned model cut to a shape (the first heads of every layer, FFN hidden units and "
+                 "target words), exported to CTranslate2 int8 and timed in the same rounds at equal work: the speed "
+                 "any model of that shape runs at. Its BLEU means nothing and is not measured.")
+CEILING_HEADERS = ("shape (heads enc/dec)", "FFN kept", "vocabulary kept", "x unpruned int8, equal work",
+                   "same, batch 1", "FLOP ratio")
+
+
+def ceiling_cells(ceilings: List[Dict]) -> List[List[str]]:
+    return [[c["shape"], f"{c['ffn_percent']:g}%", f"{c['vocab_percent']:g}%",
+             f"{c['x_unpruned_same_engine_forced-batch']:.2f}", f"{c['x_unpruned_same_engine_forced-1']:.2f}",
+             f"{c['flop_ratio']:.2f}"] for c in ceilings]
+
+
+def ceiling_verdict(ceilings: List[Dict]) -> str:
+    reach = [c["shape"] for c in ceilings if c["x_unpruned_same_engine_forced-batch"] >= SPEEDUP_TARGET]
+    return (f"Ceilings at or above the {SPEEDUP_TARGET}x target (batched): "
+            + (", ".join(reach) if reach else "none") + ".")
 
 
 def _p_clause(value: Optional[float]) -> str:
@@ -398,7 +485,8 @@ def write_all(table: Dict, out: str) -> List[str]:
     write_json_atomic(paths[0], table)
     with atomic_output(paths[1]) as f:
         f.write(markdown(table))
-    deploy_frontier(table["rows"], paths[2])
+    deploy_frontier(table["rows"], paths[2], ceilings=table.get("ceilings", ()),
+                    target=(SPEEDUP_TARGET, BLEU_TARGET))
     return paths
 
 
@@ -486,11 +574,13 @@ def run(loaded, options: DeployOptions, out: str, log=print) -> Tuple[Dict, List
             # every given model loaded and batched first: bad batching or a bad checkpoint is refused before the
             # minutes of the shrink
             contenders = [Contender("unpruned", loaded, options, tmp)]
+            ceilings = [Ceiling(shape, contenders[0], tmp) for shape in options.ceiling_shapes()]
             contenders += [Contender(name, load_other(loaded, path), options, tmp) for name, path in named]
             if options.shrink_percent:
                 path = shrunk_checkpoint(loaded, options, out, log)
                 contenders.insert(1, Contender(options.shrunk_name(), load_other(loaded, path), options, tmp))
-            table = build_table(contenders, measure(contenders, options.runs, options.batch1_sentences, log), options)
+            measured = measure(contenders, options.runs, options.batch1_sentences, log, ceilings)
+            table = build_table(contenders, measured, options, ceilings)
     finally:
         torch.set_num_threads(threads)
     return table, write_all(table, out)

@@ -1,0 +1,100 @@
+"""Speed ceilings: how fast CTranslate2 runs a shape, measured on a crude slice of the unpruned model.
+
+A ceiling keeps the first k heads of every attention layer of each stack (encoder / decoder, CTranslate2's one
+head count per stack), and optionally the first share of every FFN's hidden units and of the target vocabulary
+(the output layer). Its translations mean nothing; its speed at equal work (every hypothesis forced to the same
+length) is the speed of any trained model of that shape. Timed beside the deployment table's models (`deploy
+--ceilings`), they say what each lever would buy where a target is missed: more heads removed, the FFN, the
+output layer. Pure functions on a model; the timing is deploy's.
+"""
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass
+from typing import List
+
+from fairseq_headprune.errors import UserError
+
+_SPEC = re.compile(r"^(\d+)/(\d+)(?::(.+))?$")
+_LEVERS = ("ffn", "vocab")
+
+
+@dataclass(frozen=True)
+class CeilingShape:
+    """Heads kept per stack, and the share (percent) of FFN hidden units and target vocabulary kept."""
+
+    enc_heads: int
+    dec_heads: int
+    ffn_percent: float = 100.0
+    vocab_percent: float = 100.0
+
+    @classmethod
+    def parse(cls, text: str) -> "CeilingShape":
+        """`ENC/DEC[:ffn=P%][,vocab=P%]`: `8/4`, `8/3:ffn=75%`, `8/8:vocab=50%,ffn=50%`."""
+        match = _SPEC.match(text.strip())
+        if not match:
+            raise UserError(f"--ceilings: {text!r} is not ENC/DEC[:ffn=P%,vocab=P%] (heads kept per stack, e.g. 8/4)")
+        shares = {}
+        for item in (match.group(3) or "").split(",") if match.group(3) else []:
+            key, sep, value = item.partition("=")
+            if key not in _LEVERS or not sep:
+                raise UserError(f"--ceilings {text}: {item!r} is not ffn=P% or vocab=P%")
+            try:
+                percent = float(value.rstrip("%"))
+            except ValueError:
+                raise UserError(f"--ceilings {text}: {key} takes a percentage, not {value!r}") from None
+            if not 0 < percent <= 100:
+                raise UserError(f"--ceilings {text}: {key} keeps a share in (0, 100]%, not {value}")
+            shares[f"{key}_percent"] = percent
+        return cls(int(match.group(1)), int(match.group(2)), **shares)
+
+    @property
+    def label(self) -> str:
+        levers = [f"{k} {p:g}%" for k, p in (("ffn", self.ffn_percent), ("vocab", self.vocab_percent)) if p < 100]
+        return f"{self.enc_heads}/{self.dec_heads}" + (f" ({', '.join(levers)})" if levers else "")
+
+    def check(self, model) -> None:
+        """Refused in one line: more heads than a layer of the stack holds, or none."""
+        from fairseq_headprune.heads import attention_modules
+
+        held = {"encoder": [], "decoder": []}
+        for (attn_type, _), attn in attention_modules(model).items():
+            held["encoder" if attn_type == "enc-self" else "decoder"].append(int(attn.num_heads))
+        for stack, kept in (("encoder", self.enc_heads), ("decoder", self.dec_heads)):
+            if not 1 <= kept <= min(held[stack]):
+                raise UserError(f"--ceilings {self.label}: the {stack} keeps 1 to {min(held[stack])} heads per "
+                                f"layer in this model, not {kept}")
+
+
+def kept_count(total: int, percent: float, least: int = 1) -> int:
+    """The first round(total x percent) units, at least `least`."""
+    return max(least, min(total, round(total * percent / 100)))
+
+
+def crude_model(model, target_dictionary, shape: CeilingShape):
+    """A copy of `model` cut to `shape` (the first heads, FFN units and target words kept) and its target
+    dictionary, cut alike. Only its speed means anything."""
+    from fairseq_headprune.heads import Head, attention_modules, head_ids
+    from fairseq_headprune.surgery import prune_model, select_linear
+
+    shape.check(model)
+    model = copy.deepcopy(model)
+    removed: List[Head] = []
+    for (attn_type, layer), attn in attention_modules(model).items():
+        kept = shape.enc_heads if attn_type == "enc-self" else shape.dec_heads
+        removed += [Head(attn_type, layer, h) for h in head_ids(attn)[kept:]]
+    prune_model(model, removed)
+    for layer in list(model.encoder.layers) + list(model.decoder.layers):
+        units = list(range(kept_count(layer.fc1.out_features, shape.ffn_percent)))
+        layer.fc1, layer.fc2 = select_linear(layer.fc1, units, 0), select_linear(layer.fc2, units, 1)
+    words = kept_count(len(target_dictionary), shape.vocab_percent, least=target_dictionary.nspecial + 1)
+    dictionary = copy.copy(target_dictionary)
+    dictionary.symbols = list(target_dictionary.symbols[:words])
+    decoder = model.decoder
+    decoder.output_projection = select_linear(decoder.output_projection, list(range(words)), 0)
+    embed = copy.deepcopy(decoder.embed_tokens)
+    embed.weight = type(embed.weight)(embed.weight.detach()[:words].clone(), requires_grad=False)
+    embed.num_embeddings = words
+    decoder.embed_tokens = embed
+    return model, dictionary

@@ -1,0 +1,53 @@
+"""Speed ceilings (studies/ceilings.py): the shape grammar, and a crude slice of a tiny model that holds exactly the
+heads, FFN units and target words asked for, exports to CTranslate2 and decodes as the slice does in fairseq."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import load_stock, sample_batch
+
+from fairseq_headprune.errors import UserError
+from fairseq_headprune.heads import attention_modules
+from fairseq_headprune.studies.ceilings import CeilingShape, crude_model, kept_count
+
+
+def test_shape_grammar():
+    assert CeilingShape.parse("8/4") == CeilingShape(8, 4)
+    assert CeilingShape.parse(" 8/3:ffn=75% ") == CeilingShape(8, 3, ffn_percent=75)
+    assert CeilingShape.parse("8/8:vocab=50,ffn=50%") == CeilingShape(8, 8, 50, 50)
+    assert CeilingShape.parse("8/3:ffn=75%").label == "8/3 (ffn 75%)"
+    assert CeilingShape.parse("8/8:vocab=50,ffn=50%").label == "8/8 (ffn 50%, vocab 50%)"
+    for bad in ("8", "8/4/2", "a/b", "8/4:ffn", "8/4:ffn=x", "8/4:ffn=101", "8/4:layers=2", "8/4:"):
+        with pytest.raises(UserError, match="--ceilings"):
+            CeilingShape.parse(bad)
+    assert kept_count(1024, 75) == 768 and kept_count(10, 1) == 1 and kept_count(6044, 50, least=5) == 3022
+
+
+def test_crude_model_has_the_shape_and_keeps_the_slice(tiny_data, stock_checkpoint):
+    model, task = load_stock(stock_checkpoint, tiny_data)
+    tgt = task.target_dictionary
+    heads_before = {k: a.num_heads for k, a in attention_modules(model).items()}
+    shape = CeilingShape(4, 2, ffn_percent=50, vocab_percent=50)
+    crude, dictionary = crude_model(model, tgt, shape)
+    for (attn_type, _), attn in attention_modules(crude).items():
+        assert attn.num_heads == (4 if attn_type == "enc-self" else 2)
+        assert list(attn.head_ids) == list(range(1, attn.num_heads + 1))  # the first heads
+    layers = list(crude.encoder.layers) + list(crude.decoder.layers)
+    originals = list(model.encoder.layers) + list(model.decoder.layers)
+    for layer, original in zip(layers, originals):
+        assert layer.fc1.out_features == layer.fc2.in_features == original.fc1.out_features // 2
+        assert torch.equal(layer.fc1.weight, original.fc1.weight[: layer.fc1.out_features])
+    words = len(tgt) // 2
+    assert len(dictionary) == words and dictionary.symbols == tgt.symbols[:words] and len(tgt) == 2 * words
+    assert crude.decoder.output_projection.out_features == crude.decoder.embed_tokens.num_embeddings == words
+    # the original is untouched, and the slice is a model fairseq runs
+    assert {k: a.num_heads for k, a in attention_modules(model).items()} == heads_before
+    assert model.decoder.output_projection.out_features == len(tgt)
+    sample = sample_batch(task, 3)
+    sample["net_input"]["prev_output_tokens"].clamp_(max=words - 1)  # targets within the cut vocabulary
+    with torch.no_grad():
+        logits = crude.eval()(**sample["net_input"])[0]
+    assert logits.shape[-1] == words and torch.isfinite(logits).all()
+    with pytest.raises(UserError, match="the decoder keeps 1 to"):
+        crude_model(model, tgt, CeilingShape(4, 99))
