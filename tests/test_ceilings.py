@@ -51,3 +51,27 @@ def test_crude_model_has_the_shape_and_keeps_the_slice(tiny_data, stock_checkpoi
     assert logits.shape[-1] == words and torch.isfinite(logits).all()
     with pytest.raises(UserError, match="the decoder keeps 1 to"):
         crude_model(model, tgt, CeilingShape(4, 99))
+
+
+def test_cut_target_vocabulary_scores_the_kept_words_as_before(tiny_data, stock_checkpoint):
+    """Any subset of words (here every third, not a prefix): the cut model gives each kept word the score the full
+    model gives it, for the same previous words; the specials are always kept."""
+    import copy
+
+    from fairseq_headprune.studies.ceilings import cut_target_vocabulary
+
+    model, task = load_stock(stock_checkpoint, tiny_data)
+    tgt = task.target_dictionary
+    sample = sample_batch(task, 3)
+    prev = sample["net_input"]["prev_output_tokens"]
+    words = set(range(tgt.nspecial, len(tgt), 3)) | set(prev.flatten().tolist())
+    cut = copy.deepcopy(model)
+    dictionary = cut_target_vocabulary(cut, tgt, words)
+    keep = sorted(words | set(range(tgt.nspecial)))
+    assert dictionary.symbols == [tgt[i] for i in keep] and dictionary.index(tgt[keep[-1]]) == len(keep) - 1
+    new_id = {old: new for new, old in enumerate(keep)}
+    net_input = dict(sample["net_input"], prev_output_tokens=prev.clone().apply_(new_id.__getitem__))
+    with torch.no_grad():
+        full = model(**sample["net_input"])[0]
+        ours = cut.eval()(**net_input)[0]
+    assert torch.allclose(ours, full[..., keep], atol=1e-5)

@@ -12,7 +12,9 @@ from __future__ import annotations
 import copy
 import re
 from dataclasses import dataclass
-from typing import List
+from typing import Iterable, List
+
+import torch
 
 from fairseq_headprune.errors import UserError
 
@@ -89,12 +91,24 @@ def crude_model(model, target_dictionary, shape: CeilingShape):
         units = list(range(kept_count(layer.fc1.out_features, shape.ffn_percent)))
         layer.fc1, layer.fc2 = select_linear(layer.fc1, units, 0), select_linear(layer.fc2, units, 1)
     words = kept_count(len(target_dictionary), shape.vocab_percent, least=target_dictionary.nspecial + 1)
+    return model, cut_target_vocabulary(model, target_dictionary, range(words))
+
+
+def cut_target_vocabulary(model, target_dictionary, words: Iterable[int]):
+    """Keep only these target words (ids; the special symbols always) in the decoder's input embeddings and output
+    layer, in place, and return the dictionary cut alike (same order). CTranslate2 addresses words by their text, so
+    its output maps back to the full dictionary's ids."""
+    from fairseq_headprune.surgery import select_linear
+
+    keep = sorted(set(range(target_dictionary.nspecial)) | set(words))
     dictionary = copy.copy(target_dictionary)
-    dictionary.symbols = list(target_dictionary.symbols[:words])
+    dictionary.symbols = [target_dictionary.symbols[i] for i in keep]
+    dictionary.indices = {s: i for i, s in enumerate(dictionary.symbols)}
     decoder = model.decoder
-    decoder.output_projection = select_linear(decoder.output_projection, list(range(words)), 0)
+    decoder.output_projection = select_linear(decoder.output_projection, keep, 0)
     embed = copy.deepcopy(decoder.embed_tokens)
-    embed.weight = type(embed.weight)(embed.weight.detach()[:words].clone(), requires_grad=False)
-    embed.num_embeddings = words
+    index = torch.tensor(keep, dtype=torch.long, device=embed.weight.device)
+    embed.weight = torch.nn.Parameter(embed.weight.detach().index_select(0, index).clone(), requires_grad=False)
+    embed.num_embeddings = len(keep)
     decoder.embed_tokens = embed
-    return model, dictionary
+    return dictionary

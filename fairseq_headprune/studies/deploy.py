@@ -162,12 +162,12 @@ class Contender:
         return round(float(self.evaluator.bleu(texts).score), 2)
 
 
-def ct2_run(translator_, loaded, decoding: Dict, samples, forced: int = 0, target_dictionary=None) -> Dict:
-    """Decode fairseq's batches with CTranslate2 once: seconds and each sentence's hypothesis (target ids)."""
+def ct2_run(translator_, loaded, decoding: Dict, samples, forced: int = 0) -> Dict:
+    """Decode fairseq's batches with CTranslate2 once: seconds and each sentence's hypothesis (the ids of `loaded`'s
+    target dictionary: CTranslate2 writes words, so a model with a cut vocabulary maps back as well)."""
     from fairseq_headprune.compress.export import max_length
 
-    src_dict = loaded.task.source_dictionary
-    tgt_dict = target_dictionary or loaded.task.target_dictionary
+    src_dict, tgt_dict = loaded.task.source_dictionary, loaded.task.target_dictionary
     decoding = dict(decoding)
     if forced:  # the same L + 1 steps as fairseq's L tokens and EOS
         decoding["min_decoding_length"] = forced + 1
@@ -201,16 +201,15 @@ class Ceiling:
 
         loaded = base.loaded
         self.shape, self.name, self.base = shape, f"ceiling {shape.label}", base
-        model, self.target_dictionary = crude_model(loaded.model, loaded.task.target_dictionary, shape)
+        model, target_dictionary = crude_model(loaded.model, loaded.task.target_dictionary, shape)
         self.ct2_heads, self.cost_shape = stack_heads(model), ct2_shape(model)  # the model itself is not kept
         activation = getattr(loaded.saved_cfg.model, "activation_fn", None) or "relu"
         folder = os.path.join(tmp, "ceiling-" + re.sub(r"[^0-9a-z]+", "-", shape.label))
-        write_model(build_spec(model, loaded.task.source_dictionary, self.target_dictionary, activation),
-                    folder, "int8")
+        write_model(build_spec(model, loaded.task.source_dictionary, target_dictionary, activation), folder, "int8")
         self.translator = translator(folder, "int8", 1)
 
     def run(self, samples, forced: int) -> Dict:
-        return ct2_run(self.translator, self.base.loaded, self.base.decoding, samples, forced, self.target_dictionary)
+        return ct2_run(self.translator, self.base.loaded, self.base.decoding, samples, forced)
 
 
 def _attention(model):
