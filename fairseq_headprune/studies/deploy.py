@@ -5,8 +5,9 @@ the `deploy` part of `report`).
 Optionally the study first shrinks the model itself (`shrink_percent`, per-stack shape by default: the shape
 CTranslate2 runs without padding), so one command answers "what does pruning buy where I deploy?".
 
-Every cell is timed in the same rounds: each round decodes with every model in every engine in turn (interleaved,
-so drift in machine load hits all alike), and speed is a ratio of seconds within a round, averaged over rounds.
+Every cell is timed in the same rounds, interleaved batch by batch (each batch decoded by every model in every
+engine in turn, in a seeded random order drawn for every batch), so drift in machine load hits all alike; speed is a
+ratio of seconds within a round, averaged over rounds.
 Two kinds of speed:
 - as decoded (`natural`): the subset in fairseq-generate's batches (--batch-size/--max-tokens, sorted by length),
   the same batches for CTranslate2, each model writing its own translations (the ones BLEU scores);
@@ -19,7 +20,9 @@ from __future__ import annotations
 
 import copy
 import datetime
+import functools
 import os
+import random
 import re
 import statistics
 import tempfile
@@ -38,6 +41,7 @@ BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED = 1000, 1
 SIGNIFICANCE = (f"p: paired bootstrap of sacreBLEU against the unpruned model in fairseq (compare-mt's test, "
                 f"{BOOTSTRAP_SAMPLES} full-size resamples, seed {BOOTSTRAP_SEED}, one-sided in the observed direction)")
 MODELS = "models"  # the study's own shrunk checkpoint and its record, in a folder of its own
+INTERLEAVED = "batch by batch (every cell decodes each batch in turn, in an order drawn anew for every batch)"
 
 
 @dataclass
@@ -238,38 +242,44 @@ def batch1_samples(contender: Contender, n: int):
 
 def measure(contenders: Sequence[Contender], runs: int, batch1_sentences: int, log=print,
             ceilings: Sequence[Ceiling] = ()) -> Dict:
-    """All rounds, interleaved; the raw seconds and the first round's hypotheses per cell. A cell that translates
-    differently in a later round is an error (the timing would not be of the same work). Ceilings are timed in the
-    same rounds, at equal work only, in their one engine."""
+    """All rounds; the seconds of every cell per round and the first round's hypotheses. Interleaved batch by batch:
+    each batch is decoded by every cell in turn, in an order drawn anew for every batch, so a drift in the machine's
+    speed (another tenant, the clock) hits every cell alike, and no cell owes its time to its place in the order or
+    to the cell before it (a fixed rotation left one model 3.5% ahead of its identical twin here). A cell that
+    translates differently in a later round is an error (the timing would not be of the same work). Ceilings are
+    timed in the same rounds, at equal work only, in their one engine."""
     base = contenders[0]
     samples = {"batch": base.evaluator.samples, 1: batch1_samples(base, batch1_sentences)}
     natural = base.run("fairseq", samples["batch"])
     length = round(statistics.mean(len(h) for h in natural["hypotheses"].values()))
     log(f"equal work: every hypothesis forced to {length} tokens (+1 step), the unpruned model's mean")
-    cells = {(c.name, e): {f"{m}-{b}": [] for m, b in MODES} for c in contenders for e in ENGINES}
-    cells.update({(c.name, c.engine): {f"forced-{b}": [] for m, b in MODES if m == "forced"} for c in ceilings})
+    decoders = {(c.name, e): functools.partial(c.run, e) for c in contenders for e in ENGINES}
+    ceiling_decoders = {(c.name, c.engine): c.run for c in ceilings}
+    cells = {key: {f"{m}-{b}": [] for m, b in MODES} for key in decoders}
+    cells.update({key: {f"forced-{b}": [] for m, b in MODES if m == "forced"} for key in ceiling_decoders})
+    for decode in decoders.values():  # warm-up: every engine meets its shapes once
+        decode(samples["batch"][:1])
+    for decode in ceiling_decoders.values():
+        decode(samples["batch"][:1], length)
     hypotheses = {}
-    for c in contenders:  # warm-up: every engine meets its shapes once
-        for e in ENGINES:
-            c.run(e, samples["batch"][:1])
-    for c in ceilings:
-        c.run(samples["batch"][:1], length)
-
-    def record(key, got, r):  # key: (model, engine, mode, batch)
-        cells[key[:2]][f"{key[2]}-{key[3]}"].append(got["seconds"])
-        if r == 0:
-            hypotheses[key] = got["hypotheses"]
-        elif got["hypotheses"] != hypotheses[key]:
-            raise RuntimeError(f"{key}: round {r + 1} translated differently from round 1")
-
     for r in range(runs):
         for mode, bs in MODES:
             forced = length if mode == "forced" else 0
-            for c in contenders:
-                for e in ENGINES:
-                    record((c.name, e, mode, bs), c.run(e, samples[bs], forced), r)
-            for c in ceilings if forced else ():
-                record((c.name, c.engine, mode, bs), c.run(samples[bs], forced), r)
+            timed = list(decoders.items()) + (list(ceiling_decoders.items()) if forced else [])
+            spent = {key: 0.0 for key, _ in timed}
+            written: Dict = {key: {} for key, _ in timed}
+            order = random.Random(f"{r}-{mode}-{bs}")  # seeded: a rerun times in the same orders
+            for batch in samples[bs]:
+                for key, decode in order.sample(timed, len(timed)):
+                    got = decode([batch], forced)
+                    spent[key] += got["seconds"]
+                    written[key].update(got["hypotheses"])
+            for key, _ in timed:
+                cells[key][f"{mode}-{bs}"].append(spent[key])
+                if r == 0:
+                    hypotheses[(*key, mode, bs)] = written[key]
+                elif written[key] != hypotheses[(*key, mode, bs)]:
+                    raise RuntimeError(f"{(*key, mode, bs)}: round {r + 1} translated differently from round 1")
             log(f"round {r + 1}/{runs}: {mode}, {'batched' if bs == 'batch' else 'batch 1'}, done")
     return {"seconds": cells, "hypotheses": hypotheses, "length": length,
             "sentences": {"batch": base.evaluator.size, 1: len(samples[1])}}
@@ -348,6 +358,7 @@ def build_table(contenders: Sequence[Contender], measured: Dict, options: Deploy
                      "batch_size": dataset.batch_size, "max_tokens": dataset.max_tokens, "largest_batch": batch,
                      "subset": options.subset, "references": options.references or "binarised targets, decoded",
                      "runs": options.runs, "forced_length": measured["length"], "significance": SIGNIFICANCE,
+                     "interleaved": INTERLEAVED,
                      "sentences_batched": measured["sentences"]["batch"], "sentences_batch1": measured["sentences"][1],
                      "options": asdict(options)}}
 
@@ -398,7 +409,8 @@ def description(meta: Dict) -> str:
                             + ([f"--max-tokens {meta['max_tokens']}"] if meta["max_tokens"] else []))
     return (f"BLEU: sacreBLEU on detokenised output of '{meta['subset']}' ({meta['sentences_batched']} sentences), "
             f"beam {meta['beam']}, as decoded. Speed: one thread, CTranslate2 {meta['ctranslate2']}, {meta['runs']} "
-            "interleaved rounds, as a ratio of seconds within each round (averaged): absolute sentences/s depend on "
+            f"rounds interleaved {meta.get('interleaved', 'model by model')}, as a ratio of seconds within each round "
+            "(averaged): absolute sentences/s depend on "
             f"the machine's load, the ratios much less. Batched: fairseq's batches ({batching}; the largest holds "
             f"{meta['largest_batch']} sentences), the same for every engine. *as decoded*: each model's own "
             f"translations; *equal work*: every hypothesis forced to {meta['forced_length']} tokens + 1 step. "
