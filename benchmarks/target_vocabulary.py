@@ -1,10 +1,11 @@
 """The output layer as a lever where the deployment target is missed: CTranslate2 models whose target vocabulary
-keeps only the words that occur in the training references (in a joint dictionary the other words are source-side
-words a translation never needs), against the same models with the full vocabulary, in CTranslate2 int8.
+keeps only the words that occur in the training references (in a joint dictionary most others are source-side words),
+against the same models with the full vocabulary, in CTranslate2 int8.
 
 BLEU and the hypotheses that change are measured on held-out data (Multi30k val for the bundled model, never the
 test set of the tables); speed at equal work (every hypothesis forced to the full unpruned model's mean length),
-interleaved rounds, as ratios of seconds within a round to the first model's full vocabulary. FLOP ratios beside.
+rounds timed batch by batch in a random order (deploy's timing), as ratios of seconds within a round to the first
+model's full vocabulary. FLOP ratios beside.
 
   python benchmarks/target_vocabulary.py DATA --path UNPRUNED.pt [--compare NAME=CKPT ...] --words-from train \\
       --gen-subset valid --references REF --out DIR [--runs 3] [fairseq decoding options]
@@ -12,6 +13,7 @@ interleaved rounds, as ratios of seconds within a round to the first model's ful
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -63,7 +65,8 @@ def main() -> None:
     from fairseq_headprune.cli import shrink as command
     from fairseq_headprune.loading import load, trust_fairseq_checkpoints
     from fairseq_headprune.results.log import atomic_output, write_json_atomic
-    from fairseq_headprune.studies.deploy import Contender, DeployOptions, ct2_run, load_other, paired_ratio
+    from fairseq_headprune.studies.deploy import (Contender, DeployOptions, ct2_run, interleaved, load_other,
+                                                  paired_ratio)
     from fairseq_headprune.studies.speed_ct2 import ct2_shape
 
     trust_fairseq_checkpoints()
@@ -87,12 +90,15 @@ def main() -> None:
         natural = {key: ct2_run(t, first.loaded, first.decoding, samples)["hypotheses"]
                    for key, (t, _) in cells.items()}
         length = round(statistics.mean(len(h) for h in natural[("unpruned", "full")].values()))
+        decoders = {key: functools.partial(ct2_run, t, first.loaded, first.decoding, forced=length)
+                    for key, (t, _) in cells.items()}
+        for decode in decoders.values():  # warm-up
+            decode(samples[:1])
         seconds = {key: [] for key in cells}
-        for t, _ in cells.values():  # warm-up
-            ct2_run(t, first.loaded, first.decoding, samples[:1], length)
-        for _ in range(args.runs):
-            for key, (t, _) in cells.items():
-                seconds[key].append(ct2_run(t, first.loaded, first.decoding, samples, length)["seconds"])
+        for r in range(args.runs):  # batch by batch, in a seeded random order (deploy's timing)
+            spent, _ = interleaved(decoders, samples, f"target-vocabulary-{r}")
+            for key, value in spent.items():
+                seconds[key].append(value)
         src_lens = [int(n) for s in samples for n in s["net_input"]["src_lengths"].tolist()]
         batch = max(s["id"].numel() for s in samples)
         for (name, vocab), (_, shape) in cells.items():
@@ -118,7 +124,7 @@ def main() -> None:
     lines = [f"# The output layer: target words of '{args.words_from}' only ({size} of {result['words_total']})", "",
              f"CTranslate2 int8, one thread, beam {result['beam']}; BLEU on '{args.gen_subset}' ({result['sentences']} "
              f"sentences, as decoded); speed at equal work (every hypothesis forced to {length} tokens + 1 step), "
-             f"{args.runs} interleaved rounds, ratios of seconds within a round.", "",
+             f"{args.runs} rounds interleaved batch by batch, ratios of seconds within a round.", "",
              "| model | vocabulary | words | BLEU | hypotheses changed | x unpruned full int8 | x same model full | "
              "FLOP ratio |", "|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['model']} | {r['vocabulary']} | {r['words']} | {r['bleu']:.2f} | "

@@ -265,16 +265,10 @@ def measure(contenders: Sequence[Contender], runs: int, batch1_sentences: int, l
     for r in range(runs):
         for mode, bs in MODES:
             forced = length if mode == "forced" else 0
-            timed = list(decoders.items()) + (list(ceiling_decoders.items()) if forced else [])
-            spent = {key: 0.0 for key, _ in timed}
-            written: Dict = {key: {} for key, _ in timed}
-            order = random.Random(f"{r}-{mode}-{bs}")  # seeded: a rerun times in the same orders
-            for batch in samples[bs]:
-                for key, decode in order.sample(timed, len(timed)):
-                    got = decode([batch], forced)
-                    spent[key] += got["seconds"]
-                    written[key].update(got["hypotheses"])
-            for key, _ in timed:
+            timed = {**decoders, **(ceiling_decoders if forced else {})}
+            spent, written = interleaved({key: functools.partial(decode, forced=forced)
+                                          for key, decode in timed.items()}, samples[bs], f"{r}-{mode}-{bs}")
+            for key in timed:
                 cells[key][f"{mode}-{bs}"].append(spent[key])
                 if r == 0:
                     hypotheses[(*key, mode, bs)] = written[key]
@@ -283,6 +277,20 @@ def measure(contenders: Sequence[Contender], runs: int, batch1_sentences: int, l
             log(f"round {r + 1}/{runs}: {mode}, {'batched' if bs == 'batch' else 'batch 1'}, done")
     return {"seconds": cells, "hypotheses": hypotheses, "length": length,
             "sentences": {"batch": base.evaluator.size, 1: len(samples[1])}}
+
+
+def interleaved(decoders: Dict, batches, seed: str) -> Tuple[Dict, Dict]:
+    """Decode every batch with every decoder (a function of a list of batches, as Contender.run) in turn, in a
+    seeded random order drawn for each batch: each decoder's seconds, summed, and its hypotheses."""
+    order = random.Random(seed)
+    spent = {key: 0.0 for key in decoders}
+    written: Dict = {key: {} for key in decoders}
+    for batch in batches:
+        for key in order.sample(list(decoders), len(decoders)):
+            got = decoders[key]([batch])
+            spent[key] += got["seconds"]
+            written[key].update(got["hypotheses"])
+    return spent, written
 
 
 def paired_ratio(base: List[float], other: List[float]) -> float:
