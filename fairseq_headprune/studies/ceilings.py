@@ -38,7 +38,7 @@ class CeilingShape:
         if not match:
             raise UserError(f"--ceilings: {text!r} is not ENC/DEC[:ffn=P%,vocab=P%] (heads kept per stack, e.g. 8/4)")
         shares = {}
-        for item in (match.group(3) or "").split(",") if match.group(3) else []:
+        for item in match.group(3).split(",") if match.group(3) else []:
             key, sep, value = item.partition("=")
             if key not in _LEVERS or not sep:
                 raise UserError(f"--ceilings {text}: {item!r} is not ffn=P% or vocab=P%")
@@ -106,9 +106,8 @@ def cut_target_vocabulary(model, target_dictionary, words: Iterable[int]):
     dictionary.indices = {s: i for i, s in enumerate(dictionary.symbols)}
     decoder = model.decoder
     decoder.output_projection = select_linear(decoder.output_projection, keep, 0)
-    embed = copy.deepcopy(decoder.embed_tokens)
+    embed = decoder.embed_tokens
     index = torch.tensor(keep, dtype=torch.long, device=embed.weight.device)
-    embed.weight = torch.nn.Parameter(embed.weight.detach().index_select(0, index).clone(), requires_grad=False)
-    embed.num_embeddings = len(keep)
-    decoder.embed_tokens = embed
+    decoder.embed_tokens = torch.nn.Embedding.from_pretrained(  # the specials keep their ids, padding included
+        embed.weight.detach().index_select(0, index), freeze=True, padding_idx=embed.padding_idx)
     return dictionary
