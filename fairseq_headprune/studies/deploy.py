@@ -341,16 +341,18 @@ def build_table(contenders: Sequence[Contender], measured: Dict, options: Deploy
                 ours, theirs = hyps[(c.name, e, "natural", "batch")], hyps[(c.name, "fairseq", "natural", "batch")]
                 row["differing_from_fairseq"] = sum(ours[i] != theirs[i] for i in theirs)
             rows.append(row)
-    base_int8 = seconds[(base.name, "ct2-int8")]
-    ceiling_rows = [{"shape": c.shape.label, "ct2_heads_per_stack": list(c.ct2_heads),
-                     "ffn_percent": c.shape.ffn_percent, "vocab_percent": c.shape.vocab_percent,
-                     "flop_ratio": flops.flop_ratio(ct2_shape(base.loaded.model), c.cost_shape, src_lens,
-                                                    forced_lens, beam, batch),
-                     "engine": c.engine, **{f"x_unpruned_same_engine_forced-{bs}": round(paired_ratio(
-                         base_int8[f"forced-{bs}"], seconds[(c.name, c.engine)][f"forced-{bs}"]), 3)
-                         for bs in ("batch", 1)},
-                     **{f"tokens_forced-{bs}": sum(len(h) for h in hyps[(c.name, c.engine, "forced", bs)].values())
-                        for bs in ("batch", 1)}} for c in ceilings]
+    ceiling_rows = []
+    for c in ceilings:  # speed at equal work over the unpruned model in the same engine, and its FLOP ratio
+        row = {"shape": c.shape.label, "ct2_heads_per_stack": list(c.ct2_heads), "engine": c.engine,
+               "ffn_percent": c.shape.ffn_percent, "vocab_percent": c.shape.vocab_percent,
+               "flop_ratio": flops.flop_ratio(ct2_shape(base.loaded.model), c.cost_shape, src_lens, forced_lens,
+                                              beam, batch)}
+        for bs in ("batch", 1):
+            key = f"forced-{bs}"
+            row[f"x_unpruned_same_engine_{key}"] = round(
+                paired_ratio(seconds[(base.name, c.engine)][key], seconds[(c.name, c.engine)][key]), 3)
+            row[f"tokens_{key}"] = sum(len(h) for h in hyps[(c.name, c.engine, "forced", bs)].values())
+        ceiling_rows.append(row)
     for e in ENGINES:  # equal work: every model of an engine (and every ceiling) wrote as many tokens when forced
         for mode, bs in MODES:
             counts = {r[f"tokens_forced-{bs}"] for r in rows + ceiling_rows if r["engine"] == e}
