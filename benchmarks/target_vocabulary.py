@@ -35,17 +35,16 @@ def target_words(loaded, subset: str) -> set:
 
 
 def trimmed_translator(loaded, words, folder: str):
+    """A CTranslate2 int8 translator of the model with only these target words, and the shape it runs."""
     import copy
 
-    from fairseq_headprune.compress.export import build_spec, write_model
     from fairseq_headprune.studies.ceilings import cut_target_vocabulary
-    from fairseq_headprune.studies.speed_ct2 import ct2_shape, translator
+    from fairseq_headprune.studies.deploy import ct2_translator
+    from fairseq_headprune.studies.speed_ct2 import ct2_shape
 
     model = copy.deepcopy(loaded.model)
     dictionary = cut_target_vocabulary(model, loaded.task.target_dictionary, words)
-    activation = getattr(loaded.saved_cfg.model, "activation_fn", None) or "relu"
-    write_model(build_spec(model, loaded.task.source_dictionary, dictionary, activation), folder, "int8")
-    return translator(folder, "int8", 1), ct2_shape(model), len(dictionary)
+    return ct2_translator(loaded, model, folder, "int8", dictionary), ct2_shape(model)
 
 
 def main() -> None:
@@ -82,7 +81,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="target-vocabulary-") as tmp:
         contenders = {name: Contender(name, loaded, options, tmp) for name, loaded in models}
         for name, loaded in models:
-            trimmed, shape, _ = trimmed_translator(loaded, words, os.path.join(tmp, f"{name}-trimmed"))
+            trimmed, shape = trimmed_translator(loaded, words, os.path.join(tmp, f"{name}-trimmed"))
             cells[(name, "full")] = (contenders[name].translators["ct2-int8"], ct2_shape(loaded.model))
             cells[(name, "trimmed")] = (trimmed, shape)
         first = contenders["unpruned"]

@@ -105,14 +105,26 @@ class DeployOptions:
 # --------------------------------------------------------------------------------------------- one model, three engines
 
 
+def ct2_translator(loaded, model, folder: str, quantization: Optional[str], target_dictionary=None):
+    """`model` (loaded's own, or a cut of it with its cut `target_dictionary`) written as a CTranslate2 model by
+    compress.export's functions into a new folder, and a one-thread translator of it."""
+    from fairseq_headprune.compress.export import build_spec, write_model
+    from fairseq_headprune.studies.speed_ct2 import translator
+
+    activation = getattr(loaded.saved_cfg.model, "activation_fn", None) or "relu"
+    spec = build_spec(model, loaded.task.source_dictionary, target_dictionary or loaded.task.target_dictionary,
+                      activation)
+    write_model(spec, folder, quantization)
+    return translator(folder, quantization or "float32", 1)
+
+
 class Contender:
     """One checkpoint loaded as fairseq-generate loads it, its evaluator (references, detokenisation) and its
     CTranslate2 exports (float32 and int8, written by compress.export's functions into a temporary folder)."""
 
     def __init__(self, name: str, loaded, options: DeployOptions, tmp: str):
         from fairseq_headprune.evaluate import SubsetEvaluator
-        from fairseq_headprune.compress.export import build_spec, ct2_decoding, stack_heads, write_model
-        from fairseq_headprune.studies.speed_ct2 import translator
+        from fairseq_headprune.compress.export import ct2_decoding, stack_heads
 
         self.name, self.path, self.loaded = name, loaded.checkpoint, loaded
         self.evaluator = SubsetEvaluator(loaded, options.subset, options.references)
@@ -120,13 +132,9 @@ class Contender:
         self.heads_kept = sum(int(m.num_heads) for m in _attention(loaded.model))
         self.ct2_heads = stack_heads(loaded.model)
         self.shape = shape_kind(loaded.model)
-        activation = getattr(loaded.saved_cfg.model, "activation_fn", None) or "relu"
-        self.translators = {}
-        for engine, quantization in (("ct2-float32", None), ("ct2-int8", "int8")):
-            folder = os.path.join(tmp, f"{name}-{engine}")
-            spec = build_spec(loaded.model, loaded.task.source_dictionary, loaded.task.target_dictionary, activation)
-            write_model(spec, folder, quantization)
-            self.translators[engine] = translator(folder, quantization or "float32", 1)
+        self.translators = {engine: ct2_translator(loaded, loaded.model, os.path.join(tmp, f"{name}-{engine}"),
+                                                   quantization)
+                            for engine, quantization in (("ct2-float32", None), ("ct2-int8", "int8"))}
 
     def run(self, engine: str, samples, forced: int = 0) -> Dict:
         """Decode the batches once; seconds and each sentence's hypothesis (fairseq token ids, no EOS)."""
@@ -199,18 +207,16 @@ class Ceiling:
     engine = "ct2-int8"
 
     def __init__(self, shape, base: Contender, tmp: str):
-        from fairseq_headprune.compress.export import build_spec, stack_heads, write_model
+        from fairseq_headprune.compress.export import stack_heads
         from fairseq_headprune.studies.ceilings import crude_model
-        from fairseq_headprune.studies.speed_ct2 import ct2_shape, translator
+        from fairseq_headprune.studies.speed_ct2 import ct2_shape
 
         loaded = base.loaded
         self.shape, self.name, self.base = shape, f"ceiling {shape.label}", base
         model, target_dictionary = crude_model(loaded.model, loaded.task.target_dictionary, shape)
         self.ct2_heads, self.cost_shape = stack_heads(model), ct2_shape(model)  # the model itself is not kept
-        activation = getattr(loaded.saved_cfg.model, "activation_fn", None) or "relu"
         folder = os.path.join(tmp, "ceiling-" + re.sub(r"[^0-9a-z]+", "-", shape.label))
-        write_model(build_spec(model, loaded.task.source_dictionary, target_dictionary, activation), folder, "int8")
-        self.translator = translator(folder, "int8", 1)
+        self.translator = ct2_translator(loaded, model, folder, "int8", target_dictionary)
 
     def run(self, samples, forced: int) -> Dict:
         return ct2_run(self.translator, self.base.loaded, self.base.decoding, samples, forced)
