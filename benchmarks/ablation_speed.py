@@ -53,11 +53,11 @@ def main():
            "--bpe-codes", os.path.join(a.model, "code")]
 
     from fairseq_headprune import cli
-    from fairseq_headprune.evaluate import SubsetEvaluator
+    from fairseq_headprune.decoding.evaluate import SubsetEvaluator
     from fairseq_headprune.cli import ablate as ablation
-    from fairseq_headprune.heads import HeadLayout
-    from fairseq_headprune.loading import load
-    from fairseq_headprune.masking import set_head_masks
+    from fairseq_headprune.core.heads import HeadLayout
+    from fairseq_headprune.fairseq_io.loading import load
+    from fairseq_headprune.core.masking import set_head_masks
     from fairseq_headprune.stats import BleuBootstrap
 
     cli._quiet_dependencies()

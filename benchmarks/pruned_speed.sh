@@ -44,7 +44,7 @@ fi
 python - "$WORK/iwslt8" <<'PY'
 import json, random, sys
 from fairseq_headprune.studies.ranking import heads_to_json
-from fairseq_headprune.heads import Head
+from fairseq_headprune.core.heads import Head
 heads = [Head(t, l, h) for t in ("enc-self", "enc-dec", "dec-self") for l in range(1, 7) for h in range(1, 9)]
 json.dump(heads_to_json(random.Random(1).sample(heads, len(heads) // 2)), open(f"{sys.argv[1]}/heads-50.json", "w"))
 PY

@@ -7,7 +7,7 @@
 
 WORK holds what recipes/recover_de_en.sh (or recover_en_fr.sh) made: data-bin/ (the sets encoded for the model),
 shrink-*.pt and runs/NAME.recover/checkpointN.pt. Every model is decoded with fairseq's generator (beam 5,
-sacreBLEU on detokenised output, fairseq_headprune.evaluate), hypotheses cached by checkpoint hash in
+sacreBLEU on detokenised output, fairseq_headprune.decoding.evaluate), hypotheses cached by checkpoint hash in
 OUT_DIR/hyps/, and compared with the unpruned model by paired bootstrap (fairseq_headprune.stats: 1000
 resamples, full size, seed 1). Writes OUT_DIR/recover-SUBSET.{md,json} and, for De-En's test, recover.png (BLEU
 against heads removed, with the L0 and from-scratch runs of results/voita/).
@@ -168,10 +168,10 @@ def translate(pair: Pair, checkpoint: str, work: str, subset: str, cache: str):
     from fairseq import options
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-    from fairseq_headprune.evaluate import SubsetEvaluator
-    from fairseq_headprune.loading import PACKAGE_DIR, load
-    from fairseq_headprune.results.identity import file_sha256
-    from fairseq_headprune.results.log import atomic_output
+    from fairseq_headprune.decoding.evaluate import SubsetEvaluator
+    from fairseq_headprune.fairseq_io.loading import PACKAGE_DIR, load
+    from fairseq_headprune.records.identity import file_sha256
+    from fairseq_headprune.records.log import atomic_output
 
     path = os.path.join(cache, f"{file_sha256(checkpoint, 16)}-{subset}.txt")
     if os.path.exists(path):
@@ -260,7 +260,7 @@ def main() -> None:
     for run, c in costs.items():  # the cost target is recover's, with its own defaults
         c["default_recipe"] = ((control_of(run) == "ctl-d01-t2" and run != "ctl-d01-t2" and run not in FIRST_RECIPE)
                                if args.pair == "de-en" else run != pair.control_of(run))
-    from fairseq_headprune.results.identity import file_sha256
+    from fairseq_headprune.records.identity import file_sha256
 
     settings = ("paired bootstrap: 1000 resamples of full size (sample ratio 1.0), seed 1, one-sided p in the "
                 "observed direction; beam 5; sacreBLEU " + sacrebleu.__version__ + " on detokenised output")
@@ -268,7 +268,7 @@ def main() -> None:
               "costs": costs, "figure": "recover.png" if (args.pair, args.subset) == ("de-en", "test") else None,
               "pair": args.pair,
               "peak_rss_gib_of_this_script": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)}
-    from fairseq_headprune.results.log import atomic_output, write_json_atomic
+    from fairseq_headprune.records.log import atomic_output, write_json_atomic
 
     write_json_atomic(os.path.join(args.out, f"recover-{args.subset}.json"), result)
     with atomic_output(os.path.join(args.out, f"recover-{args.subset}.md")) as f:

@@ -18,8 +18,8 @@ def hypotheses_of(checkpoint: str):
     """(references, hypotheses, BLEU) of a checkpoint on test2016, decoded as every command here decodes."""
     from fairseq_headprune.cli import _quiet_dependencies, parse
     from fairseq_headprune.cli import shrink as command
-    from fairseq_headprune.evaluate import SubsetEvaluator
-    from fairseq_headprune.loading import load, trust_fairseq_checkpoints
+    from fairseq_headprune.decoding.evaluate import SubsetEvaluator
+    from fairseq_headprune.fairseq_io.loading import load, trust_fairseq_checkpoints
 
     trust_fairseq_checkpoints()
     _quiet_dependencies()

@@ -48,8 +48,8 @@ def bleu_of(checkpoint: str) -> float:
     """BLEU of a checkpoint on test2016, loaded and decoded as every command here does (fairseq's loader)."""
     from fairseq_headprune.cli import _quiet_dependencies, parse
     from fairseq_headprune.cli import shrink as command
-    from fairseq_headprune.evaluate import SubsetEvaluator
-    from fairseq_headprune.loading import load, trust_fairseq_checkpoints
+    from fairseq_headprune.decoding.evaluate import SubsetEvaluator
+    from fairseq_headprune.fairseq_io.loading import load, trust_fairseq_checkpoints
 
     trust_fairseq_checkpoints()
     _quiet_dependencies()

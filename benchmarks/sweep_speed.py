@@ -38,7 +38,7 @@ FIXED = (1, 2, 4, 8, 16)
 
 def load_line() -> str:
     """The machine's load: load averages, CPUs busy over the last second, and the other busy processes."""
-    from fairseq_headprune.workers import free_cores
+    from fairseq_headprune.decoding.workers import free_cores
 
     free, why = free_cores(1.0)
     one, five, _ = os.getloadavg()
@@ -71,8 +71,8 @@ def evaluator_for(argv):
     from fairseq import options
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-    from fairseq_headprune.evaluate import SubsetEvaluator
-    from fairseq_headprune.loading import PACKAGE_DIR, load
+    from fairseq_headprune.decoding.evaluate import SubsetEvaluator
+    from fairseq_headprune.fairseq_io.loading import PACKAGE_DIR, load
 
     parser = options.get_generation_parser(default_task="translation_headprune")
     args = options.parse_args_and_arch(parser, input_args=["--user-dir", PACKAGE_DIR, *argv])
@@ -80,7 +80,7 @@ def evaluator_for(argv):
 
 
 def spread_masks(evaluator, n: int):
-    from fairseq_headprune.heads import HeadLayout
+    from fairseq_headprune.core.heads import HeadLayout
 
     heads = HeadLayout.of(evaluator.loaded.model).all_heads()
     return [[heads[i * len(heads) // n]] for i in range(n)]
@@ -92,7 +92,7 @@ def interleaved(evaluator, masks, options, chunk, sizes=None):
     options alike. Each option keeps its own MaskBatching for the whole sweep (auto: its ramp, then its choice), as a
     sweep does. sizes[option]: decode only the first N masks under that option. Returns per option: seconds per
     mask, hypotheses, batching."""
-    from fairseq_headprune.mask_batching import MaskBatching, output_units, rows_per_search
+    from fairseq_headprune.decoding.mask_batching import MaskBatching, output_units, rows_per_search
 
     sizes = sizes or {}
     rows = rows_per_search(evaluator)  # as the sweeps give it to auto
@@ -232,8 +232,8 @@ def section_scaling(work: str) -> None:
 def section_encoder(work: str) -> None:
     """Masks of encoder self-attention: the encoder run from its lowest masked layer (the unmasked inputs of that
     layer reused, as the sweeps do) against the whole encoder, alternating, CPU time of this process."""
-    from fairseq_headprune.heads import Head
-    from fairseq_headprune.layer_inputs import LayerInputCache
+    from fairseq_headprune.core.heads import Head
+    from fairseq_headprune.decoding.layer_inputs import LayerInputCache
 
     ev = evaluator_for(generation_args(encode(64, work), 1, capped=True))
     masks = [[Head("enc-self", layer, h)] for layer in range(1, 7) for h in range(1, 9)]
@@ -276,7 +276,7 @@ def main():
     a = p.parse_args()
     os.environ["PATH"] = os.path.join(ROOT, ".venv/bin") + os.pathsep + os.environ["PATH"]
     from fairseq_headprune import cli
-    from fairseq_headprune.loading import trust_fairseq_checkpoints
+    from fairseq_headprune.fairseq_io.loading import trust_fairseq_checkpoints
 
     trust_fairseq_checkpoints()
     cli._quiet_dependencies()

@@ -59,11 +59,11 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     args, decoding = parser.parse_known_args()
 
-    from fairseq_headprune import flops
+    from fairseq_headprune.core import flops
     from fairseq_headprune.cli import _quiet_dependencies, parse
     from fairseq_headprune.cli import shrink as command
-    from fairseq_headprune.loading import load, trust_fairseq_checkpoints
-    from fairseq_headprune.results.log import atomic_output, write_json_atomic
+    from fairseq_headprune.fairseq_io.loading import load, trust_fairseq_checkpoints
+    from fairseq_headprune.records.log import atomic_output, write_json_atomic
     from fairseq_headprune.studies.deploy import (Contender, DeployOptions, ct2_run, interleaved, load_other,
                                                   paired_ratio)
     from fairseq_headprune.studies.speed_ct2 import ct2_shape

@@ -9,7 +9,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from fairseq_headprune.results.log import atomic_output  # noqa: E402
+from fairseq_headprune.records.log import atomic_output  # noqa: E402
 
 
 def _save(fig, path: str) -> str:

@@ -108,7 +108,7 @@ EOF
       # and the pruned model's speed at forced equal lengths (as benchmarks/pruned_speed.sh)
       local ipp=results/de-en/importance-per-position
       if [ "$(cat "$ipp/.model-sha256" 2>/dev/null)" != "$sha" ]; then
-        python "$ipp/measure.py" > work/rerun-de-en/importance-per-position.log 2>&1 && echo "$sha" > "$ipp/.model-sha256"
+        python benchmarks/importance_per_position.py > work/rerun-de-en/importance-per-position.log 2>&1 && echo "$sha" > "$ipp/.model-sha256"
       fi
       if [ "$(cat results/de-en/speed-same-work/.model-sha256 2>/dev/null)" != "$sha" ]; then
         supersede results/de-en/speed-same-work

@@ -14,7 +14,7 @@
 #
 # What each stage costs for M2M-100 418M (12+12 layers, d=1024, 16 heads: 576 heads, FFN 4096, 128k vocabulary),
 # N=500 test sentences of ~30 tokens. Not measured on M2M itself (nothing downloads here): FLOPs are counted
-# with fairseq_headprune/flops.py (29 GFLOPs per sentence decoded greedily, 109 at beam 5: 6,700-6,900x the tiny
+# with fairseq_headprune/core/flops.py (29 GFLOPs per sentence decoded greedily, 109 at beam 5: 6,700-6,900x the tiny
 # multilingual test model), and turned into time with this machine's measured float32 matrix-product rate on one
 # core (86 GFLOP/s); that is a lower bound, fairseq's per-step overhead comes on top. On a GPU divide the FLOPs by
 # its own rate (not measured here).

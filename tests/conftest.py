@@ -325,6 +325,6 @@ def no_worker_left_behind():
     """Worker pools a test left open (a module's shared pool, a sweep interrupted in this process) are stopped when
     the run ends; and each worker dies with this process however it ends (workers._die_with_parent)."""
     yield
-    from fairseq_headprune import workers
+    from fairseq_headprune.decoding import workers
 
     workers.close_all()

@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 
 from conftest import SLICE, _cached_data, build_key, cached_build, package_key, run, stock_key, train
-from fairseq_headprune.loading import PACKAGE_DIR
+from fairseq_headprune.fairseq_io.loading import PACKAGE_DIR
 
 SMALL = ["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
          "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",

@@ -11,7 +11,7 @@ def load_stock(checkpoint: Path, data: Path):
     """The checkpoint as stock fairseq loads it (its own task, no head masks); eval mode."""
     from fairseq import checkpoint_utils
 
-    from fairseq_headprune.loading import trust_fairseq_checkpoints
+    from fairseq_headprune.fairseq_io.loading import trust_fairseq_checkpoints
 
     trust_fairseq_checkpoints()
     models, _cfg, task = checkpoint_utils.load_model_ensemble_and_task(
@@ -28,7 +28,7 @@ def sample_batch(task, n: int = 6, subset: str = "test"):
 
 def zero_head_columns(model, attn_type: str, layer: int, head: int):
     """A copy of a stock model whose out_proj columns for one head are zero: the reference for a masked head."""
-    from fairseq_headprune.heads import attention_modules
+    from fairseq_headprune.core.heads import attention_modules
 
     ref = copy.deepcopy(model)
     attn = attention_modules(ref)[(attn_type, layer)]

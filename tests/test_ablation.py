@@ -9,7 +9,7 @@ import time
 import pytest
 
 from conftest import BIN, ENV, run
-from fairseq_headprune.results.log import ResultsLog
+from fairseq_headprune.records.log import ResultsLog
 
 SWEEP = ["--gen-subset", "test", "--beam", "1", "--max-tokens", "3000", "--types", "enc-dec", "--masks-per-batch", "3"]
 
@@ -161,11 +161,11 @@ def test_loss_preview_and_correlate(tiny_data, stock_checkpoint, uninterrupted, 
 def test_shared_decode_equals_one_decode_per_mask(tiny_data, stock_checkpoint):
     """Several masks in one beam search (rows repeated per mask, encoder reused) give each mask's own output."""
     from fairseq_headprune import cli
-    from fairseq_headprune.evaluate import SubsetEvaluator
+    from fairseq_headprune.decoding.evaluate import SubsetEvaluator
     from fairseq_headprune.cli import ablate as ablation
-    from fairseq_headprune.heads import Head
-    from fairseq_headprune.loading import load
-    from fairseq_headprune.masking import set_head_masks
+    from fairseq_headprune.core.heads import Head
+    from fairseq_headprune.fairseq_io.loading import load
+    from fairseq_headprune.core.masking import set_head_masks
 
     cfg, _ = cli.parse("ablate", ablation, [str(tiny_data), "--path", str(stock_checkpoint), "--results-dir", "unused",
                                             "--gen-subset", "test", "--beam", "4", "--max-tokens", "1200"])

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from conftest import SLICE, run
-from fairseq_headprune import head_functions as hf
-from fairseq_headprune.attention_capture import capture_attention
+from fairseq_headprune.analysis import head_functions as hf
+from fairseq_headprune.analysis.attention_capture import capture_attention
 from fairseq_headprune.studies import analysis
-from fairseq_headprune.lrp import (conservation_terms, conservative_propagation, layer_shares, relevance_inputs,
+from fairseq_headprune.analysis.lrp import (conservation_terms, conservative_propagation, layer_shares, relevance_inputs,
                                    step_head_relevances)
-from fairseq_headprune.masking import install_head_masks, row_head_masks
+from fairseq_headprune.core.masking import install_head_masks, row_head_masks
 from helpers import load_stock, sample_batch
 
 # Hand-made UD parses (ID FORM HEAD DEPREL) of the first five German sentences of tests/data/multi30k/test.de.
@@ -84,7 +84,7 @@ def relevance_pass(model, batch, conservative=True):
     net_input = batch["net_input"]
     head_outputs = {}
     hooks = []
-    from fairseq_headprune.heads import attention_modules
+    from fairseq_headprune.core.heads import attention_modules
 
     for key, attn in attention_modules(model).items():
         def pre_hook(_m, inputs, key=key):

@@ -8,7 +8,7 @@ import torch
 from helpers import load_stock, sample_batch
 
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.heads import attention_modules
+from fairseq_headprune.core.heads import attention_modules
 from fairseq_headprune.studies.ceilings import CeilingShape, crude_model, kept_count
 
 

@@ -9,16 +9,16 @@ import sys
 import pytest
 
 from conftest import ENV
-from fairseq_headprune.checkpoint_io import finish_pending, output_lock, write_checkpoint_pair
+from fairseq_headprune.fairseq_io.checkpoint_io import finish_pending, output_lock, write_checkpoint_pair
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.results.identity import file_sha256
+from fairseq_headprune.records.identity import file_sha256
 
 # a writer in another process, this package's checkpoint_io alone (its __init__ would import fairseq and torch)
 WRITER = """
 import os, signal, sys, types
 package = types.ModuleType('fairseq_headprune'); package.__path__ = [sys.argv[1]]
 sys.modules['fairseq_headprune'] = package
-from fairseq_headprune import checkpoint_io
+from fairseq_headprune.fairseq_io import checkpoint_io
 out, content, die_at = sys.argv[2], sys.argv[3], sys.argv[4]
 real_replace, renames = os.replace, []
 def replace(a, b):

@@ -3,7 +3,7 @@ and the nearest value on the other side each get the verdict the rule states. A 
 tolerance or a shifted window flips one of these."""
 import pytest
 
-from fairseq_headprune import claims as cl
+from fairseq_headprune.report import claims as cl
 
 ALL = ["enc-self", "enc-dec", "dec-self"]
 

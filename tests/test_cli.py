@@ -104,7 +104,7 @@ def test_score_writes_normalised_importance(tiny_data, stock_checkpoint, tmp_pat
     cfg, _ = cli.parse("score", __import__("fairseq_headprune.cli.score", fromlist=["x"]),
                        [str(tiny_data), "--path", str(stock_checkpoint), "--results-dir", str(tmp_path),
                         "--gen-subset", "valid", "--max-tokens", "2000"])
-    from fairseq_headprune.loading import load
+    from fairseq_headprune.fairseq_io.loading import load
 
     raw, _ = compute_importance(load(cfg), "valid")
     assert meta["unnormalized"]["enc-dec"][2] == pytest.approx(raw[("enc-dec", 3)].tolist(), rel=1e-6)

@@ -4,8 +4,8 @@ hashed the padded batches resumes under its own batching and from then on under 
 import json
 
 from conftest import run
-from fairseq_headprune.evaluate import SubsetEvaluator
-from fairseq_headprune.loading import load
+from fairseq_headprune.decoding.evaluate import SubsetEvaluator
+from fairseq_headprune.fairseq_io.loading import load
 
 
 def _evaluator(data, checkpoint, *batching):

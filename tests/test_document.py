@@ -7,7 +7,7 @@ import pytest
 from PIL import Image
 
 from browser import embedded_images, pil_decode
-from fairseq_headprune.document import Document, data_uri, inline_html, to_html, to_markdown
+from fairseq_headprune.report.document import Document, data_uri, inline_html, to_html, to_markdown
 
 
 @pytest.fixture

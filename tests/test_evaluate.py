@@ -7,8 +7,8 @@ import sacrebleu
 
 from conftest import SLICE, stock_run
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.evaluate import SubsetEvaluator
-from fairseq_headprune.loading import load
+from fairseq_headprune.decoding.evaluate import SubsetEvaluator
+from fairseq_headprune.fairseq_io.loading import load
 
 # several batches (the last one smaller): a lost batch would lose sentences
 DECODE = ["--gen-subset", "test", "--beam", "2", "--max-tokens", "600", "--max-len-b", "40"]

@@ -41,7 +41,7 @@ def _load_pruned(checkpoint, data):
     from fairseq import checkpoint_utils, utils
     from argparse import Namespace
 
-    from fairseq_headprune.loading import PACKAGE_DIR, trust_fairseq_checkpoints
+    from fairseq_headprune.fairseq_io.loading import PACKAGE_DIR, trust_fairseq_checkpoints
 
     trust_fairseq_checkpoints()
     utils.import_user_module(Namespace(user_dir=PACKAGE_DIR))
@@ -52,9 +52,9 @@ def _load_pruned(checkpoint, data):
 
 
 def _pruned(stock_checkpoint, data, path, heads):
-    from fairseq_headprune.heads import parse_head_spec
-    from fairseq_headprune.masking import install_head_masks
-    from fairseq_headprune.surgery import prune_model, save_pruned_checkpoint
+    from fairseq_headprune.core.heads import parse_head_spec
+    from fairseq_headprune.core.masking import install_head_masks
+    from fairseq_headprune.core.surgery import prune_model, save_pruned_checkpoint
 
     model, _ = load_stock(stock_checkpoint, data)
     install_head_masks(model)
@@ -155,7 +155,7 @@ def test_shrink_per_stack_keeps_the_promised_counts_under_every_budget(stock_che
     promised number of heads (or FLOPs), and the CTranslate2 export has nothing to pad."""
     import json
 
-    from fairseq_headprune.heads import HeadLayout
+    from fairseq_headprune.core.heads import HeadLayout
 
     for name, budget, removed in (("remove", ["--remove", "50%"], 28), ("keep", ["--keep", "30"], 26),
                                   ("flops", ["--flops", "75%"], None)):

@@ -1,12 +1,12 @@
 """Every fairseq option that reaches a study is applied as fairseq-generate applies it or refused in one line
-(fairseq_headprune/fairseq_options.py): the table classifies every field of fairseq's configs, each refused option
+(fairseq_headprune/fairseq_io/fairseq_options.py): the table classifies every field of fairseq's configs, each refused option
 is refused before any work, and each option that changes hypotheses gives fairseq-generate's own hypotheses."""
 import dataclasses
 
 import pytest
 
 from conftest import run, stock_run
-from fairseq_headprune import fairseq_options as fo
+from fairseq_headprune.fairseq_io import fairseq_options as fo
 
 # one command line per refused option (the test fails on a refused option without one)
 REFUSED_CASES = {
@@ -90,8 +90,8 @@ def _generate(data, checkpoint, extra):
 def _ours(data, checkpoint, extra):
     from fairseq_headprune import cli
     from fairseq_headprune.cli import ablate
-    from fairseq_headprune.evaluate import SubsetEvaluator
-    from fairseq_headprune.loading import load
+    from fairseq_headprune.decoding.evaluate import SubsetEvaluator
+    from fairseq_headprune.fairseq_io.loading import load
 
     cfg, _ = cli.parse("ablate", ablate, [str(data), "--path", str(checkpoint), "--results-dir", "unused", *BASE,
                                           *extra])

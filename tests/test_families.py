@@ -7,7 +7,7 @@ import pytest
 
 import families as fam
 from conftest import run, run_fairseq
-from fairseq_headprune.loading import PACKAGE_DIR
+from fairseq_headprune.fairseq_io.loading import PACKAGE_DIR
 
 SPM = ["--bpe", "sentencepiece"]
 

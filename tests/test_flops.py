@@ -1,11 +1,11 @@
-"""fairseq_headprune.flops on an asymmetric shape priced by hand (no model): every length term (source squared,
+"""fairseq_headprune.core.flops on an asymmetric shape priced by hand (no model): every length term (source squared,
 the steps attended so far, the source attended at each step), the beam, the padding of a batch, and the cache
 reorder. (tests/test_science_fixes.py prices a uniform shape; this one gives every term its own size.)"""
 from types import SimpleNamespace
 
 import pytest
 
-from fairseq_headprune import flops
+from fairseq_headprune.core import flops
 
 # d = 2, vocabulary 5; encoder: 1 layer, 1 head of dim 2 (width 2), FFN 3; decoder: 1 layer, self-attention
 # 2 heads of dim 1 (width 2), encoder-decoder 1 head of dim 2 (width 2), FFN 4

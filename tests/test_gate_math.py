@@ -10,7 +10,7 @@ from fairseq.modules.multihead_attention import MultiheadAttention
 from torch import nn
 
 from fairseq_headprune.criterions.label_smoothed_cross_entropy_l0 import LabelSmoothedCrossEntropyL0Criterion
-from fairseq_headprune.gates import (
+from fairseq_headprune.core.gates import (
     STRETCH,
     TEMPERATURE,
     HeadGate,

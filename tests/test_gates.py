@@ -8,7 +8,7 @@ import torch
 
 from conftest import TINY_ARCH, build_key, cached_build, copy_cached, package_key, run, run_fairseq, stock_key
 from fairseq_headprune import cli
-from fairseq_headprune.gates import (
+from fairseq_headprune.core.gates import (
     HeadGate,
     deterministic_gates,
     fold_gates_into_state_dict,
@@ -16,8 +16,8 @@ from fairseq_headprune.gates import (
     prob_open,
     sample_gates,
 )
-from fairseq_headprune.heads import Head, parse_head_spec
-from fairseq_headprune.masking import head_gates, install_head_gates, install_head_masks, set_head_masks
+from fairseq_headprune.core.heads import Head, parse_head_spec
+from fairseq_headprune.core.masking import head_gates, install_head_gates, install_head_masks, set_head_masks
 from helpers import load_stock, sample_batch, teacher_forced_logits
 
 LOG11 = math.log(11)

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from fairseq_headprune.heads import Head, HeadLayout, HeadSpecError, format_head_spec, parse_head_spec
+from fairseq_headprune.core.heads import Head, HeadLayout, HeadSpecError, format_head_spec, parse_head_spec
 
 LAYOUT = HeadLayout(
     heads={**{("enc-self", i): tuple(range(1, 9)) for i in range(1, 5)},

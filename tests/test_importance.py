@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from fairseq_headprune.criterions.head_importance import HeadImportanceCriterion
-from fairseq_headprune.heads import Head
-from fairseq_headprune.importance import ImportanceAccumulator, normalize_by_layer
-from fairseq_headprune.masking import install_head_masks, row_head_masks
+from fairseq_headprune.core.heads import Head
+from fairseq_headprune.core.importance import ImportanceAccumulator, normalize_by_layer
+from fairseq_headprune.core.masking import install_head_masks, row_head_masks
 from helpers import load_stock, sample_batch, zero_head_columns
 
 

@@ -3,7 +3,7 @@ give what a full forward or a fresh decode gives."""
 import pytest
 import torch
 
-from fairseq_headprune.heads import Head
+from fairseq_headprune.core.heads import Head
 
 MASKS = [
     [],
@@ -20,9 +20,9 @@ MASKS = [
 @pytest.fixture(scope="module")
 def evaluator(tiny_data, stock_checkpoint):
     from fairseq_headprune import cli
-    from fairseq_headprune.evaluate import SubsetEvaluator
+    from fairseq_headprune.decoding.evaluate import SubsetEvaluator
     from fairseq_headprune.cli import ablate as ablation
-    from fairseq_headprune.loading import load
+    from fairseq_headprune.fairseq_io.loading import load
 
     cfg, _ = cli.parse("ablate", ablation, [str(tiny_data), "--path", str(stock_checkpoint), "--results-dir", "unused",
                                             "--gen-subset", "test", "--beam", "4", "--max-tokens", "1200"])
@@ -46,7 +46,7 @@ def full_forward_nll(evaluator) -> float:
 
 
 def test_nll_from_cached_layer_inputs_equals_the_full_forward(evaluator):
-    from fairseq_headprune.masking import set_head_masks
+    from fairseq_headprune.core.masking import set_head_masks
 
     model = evaluator.loaded.model
     values = []
@@ -62,7 +62,7 @@ def test_nll_from_cached_layer_inputs_equals_the_full_forward(evaluator):
 
 
 def test_cache_follows_new_weights(evaluator):
-    from fairseq_headprune.masking import set_head_masks
+    from fairseq_headprune.core.masking import set_head_masks
 
     model = evaluator.loaded.model
     saved = {k: v.clone() for k, v in model.state_dict().items()}
@@ -82,7 +82,7 @@ def test_cache_follows_new_weights(evaluator):
 def test_decoding_with_the_reused_encoder_equals_a_fresh_decode(evaluator):
     """translate() reuses the unmasked encoder output under decoder-side masks; a generator of fairseq's own,
     running the encoder every time, gives the same hypotheses."""
-    from fairseq_headprune.masking import set_head_masks
+    from fairseq_headprune.core.masking import set_head_masks
 
     loaded = evaluator.loaded
     generator = loaded.task.build_generator([loaded.model], loaded.cfg.generation)

@@ -4,8 +4,8 @@ import copy
 import pytest
 import torch
 
-from fairseq_headprune.heads import Head, HeadLayout, attention_modules
-from fairseq_headprune.masking import (
+from fairseq_headprune.core.heads import Head, HeadLayout, attention_modules
+from fairseq_headprune.core.masking import (
     HeadMaskedMultiheadAttention,
     current_masked_heads,
     install_head_masks,

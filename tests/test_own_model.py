@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.fairseq_errors import user_message
+from fairseq_headprune.fairseq_io.fairseq_errors import user_message
 from fairseq_headprune.report import pipeline, sections
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,7 +60,7 @@ def test_fairseqs_failures_on_user_input_are_one_line_and_others_are_not():
 def test_a_min_len_the_shortest_source_cannot_reach_is_refused_before_any_decode():
     from types import SimpleNamespace
 
-    from fairseq_headprune.loading import refuse_unreachable_min_len
+    from fairseq_headprune.fairseq_io.loading import refuse_unreachable_min_len
 
     gen = SimpleNamespace(min_len=8, max_len_a=0, max_len_b=7, match_source_len=False)
     with pytest.raises(UserError, match=r"--min-len 8 .* shortest source of 'test' \(7 tokens"):

@@ -6,8 +6,8 @@ from conftest import run
 from fairseq_headprune.studies import pruning
 from fairseq_headprune.studies.pruning import evaluate_steps
 from fairseq_headprune.studies.ranking import rank_by_scores, steps
-from fairseq_headprune.heads import Head, format_head_spec, parse_head_spec
-from fairseq_headprune.results.log import ResultsLog
+from fairseq_headprune.core.heads import Head, format_head_spec, parse_head_spec
+from fairseq_headprune.records.log import ResultsLog
 
 # on the first 48 sentences (conftest.tiny_slice) in two batches, hypotheses capped as the demo caps them (heavily
 # masked models would otherwise write to fairseq's default of 200 tokens)
@@ -138,8 +138,8 @@ def test_prune_reestimate_rescores_remaining_heads(tiny_slice, stock_checkpoint,
 
 
 def test_heads_file_names_keep_the_whole_model_and_each_type_apart():
-    from fairseq_headprune.results.layout import heads_file_name
-    from fairseq_headprune.heads import ATTENTION_TYPES
+    from fairseq_headprune.records.layout import heads_file_name
+    from fairseq_headprune.core.heads import ATTENTION_TYPES
 
     assert heads_file_name("importance", ATTENTION_TYPES, 50.0) == "heads-importance-50.json"
     assert heads_file_name("importance", ["dec-self"], 50.0) == "heads-importance-dec-self-50.json"

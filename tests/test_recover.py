@@ -13,7 +13,7 @@ import torch
 
 from conftest import BIN, ENV, run, run_fairseq
 from fairseq_headprune.criterions.label_smoothed_cross_entropy_distill import distillation_kl
-from fairseq_headprune.results.identity import file_sha256
+from fairseq_headprune.records.identity import file_sha256
 
 REMOVED = "enc-self:1:1-7,enc-self:2:2+3,dec-self:1:1-3,enc-dec:3:2"  # one layer left with a single head
 
@@ -111,7 +111,7 @@ def _recover(tiny_data, student, teacher, out, *extra, check=True):
 
 def test_recovered_checkpoint_keeps_the_students_heads_and_decodes_with_fairseq_generate(
         student, stock_checkpoint, tiny_data, tmp_path):
-    from fairseq_headprune.heads import HeadLayout
+    from fairseq_headprune.core.heads import HeadLayout
     from helpers import load_stock
 
     teacher_hash = file_sha256(stock_checkpoint)

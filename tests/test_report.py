@@ -13,10 +13,10 @@ import pytest
 
 from browser import browser_probe, browser_problems, embedded_images, pil_problems
 from conftest import BIN, ENV, ROOT, run, run_fairseq
-from fairseq_headprune import claims as cl
+from fairseq_headprune.report import claims as cl
 from fairseq_headprune.cli.report import fairseq_argv
 from fairseq_headprune.report.pipeline import set_option
-from fairseq_headprune.results.log import read_json
+from fairseq_headprune.records.log import read_json
 
 REPORT = ["--gen-subset", "test", "--beam", "1", "--max-tokens", "3000", "--masks-per-batch", "8",
           "--prune-step", "0.25", "--speed-batch-sizes", "1,8", "--speed-runs", "1", "--speed-sentences", "8",
@@ -521,7 +521,7 @@ def test_prune_progress_counts_only_the_whole_model_curves(tmp_path):
     """pruning.jsonl also holds the per-type curves (and rows merged from elsewhere): the prune part's progress
     counts the rows of its own orders over all types."""
     from fairseq_headprune.report.pipeline import Part, ReportOptions, Ticker, expected_rows
-    from fairseq_headprune.heads import HeadLayout
+    from fairseq_headprune.core.heads import HeadLayout
 
     layout = HeadLayout({(t, layer): tuple(range(1, 5)) for t in ("enc-self", "enc-dec", "dec-self")
                          for layer in (1, 2)}, {})
@@ -577,7 +577,7 @@ def test_recover_section_shows_a_given_study_and_judges_its_targets(full_report,
                                                                      tmp_path):
     import shutil
 
-    from fairseq_headprune.results.identity import file_sha256
+    from fairseq_headprune.records.identity import file_sha256
 
     out = tmp_path / "report"
     shutil.copytree(full_report[0], out)

@@ -13,8 +13,8 @@ import pytest
 
 from conftest import ENV, ROOT, run, run_fairseq
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.results.identity import NEUTRAL, decoding_identity, describe_differences
-from fairseq_headprune.results.log import FolderLock, ResultsLog
+from fairseq_headprune.records.identity import NEUTRAL, decoding_identity, describe_differences
+from fairseq_headprune.records.log import FolderLock, ResultsLog
 
 FAST = ["--gen-subset", "test", "--beam", "1", "--max-tokens", "3000"]
 
@@ -22,7 +22,7 @@ FAST = ["--gen-subset", "test", "--beam", "1", "--max-tokens", "3000"]
 # Another process taking a folder's lock: this package's results/log.py alone (the copy under test), without the
 # package's __init__, which imports fairseq and torch (4 CPU s per process) for nothing a lock needs.
 LOCKER = ("import sys, types; package = types.ModuleType('fairseq_headprune'); package.__path__ = [sys.argv[1]]; "
-          "sys.modules['fairseq_headprune'] = package; from fairseq_headprune.results.log import FolderLock; ")
+          "sys.modules['fairseq_headprune'] = package; from fairseq_headprune.records.log import FolderLock; ")
 
 
 def locker(code: str):
@@ -337,7 +337,7 @@ def test_a_shared_embedding_model_with_separate_dictionaries_is_one_line(tiny_da
 # ---------------------------------------------------------------- the report
 
 def test_report_loads_the_model_once(slice_data, stock_checkpoint, tmp_path, monkeypatch):
-    from fairseq_headprune import loading
+    from fairseq_headprune.fairseq_io import loading
 
     calls = []
     real = loading.load

@@ -2,7 +2,7 @@
 importance, masks that cannot be honoured, bootstrap resample size, per-position importance, claims)."""
 import pytest
 
-from fairseq_headprune import flops
+from fairseq_headprune.core import flops
 
 # ---------------------------------------------------------------------------------------------- FLOP count
 # A model small enough to price by hand: d=4, 2 heads of dim 2 everywhere (width 4), 1+1 layers, FFN 8, vocab 10.
@@ -105,9 +105,9 @@ def test_flops_without_predicts_the_physically_pruned_model(stock):
     surgery actually prunes, a layer emptied entirely included; so their FLOPs are equal."""
     import copy
 
-    from fairseq_headprune.heads import Head
-    from fairseq_headprune.masking import install_head_masks
-    from fairseq_headprune.surgery import prune_model
+    from fairseq_headprune.core.heads import Head
+    from fairseq_headprune.core.masking import install_head_masks
+    from fairseq_headprune.core.surgery import prune_model
 
     model, _task = stock
     model = copy.deepcopy(model)
@@ -128,7 +128,7 @@ def test_positional_argmax_leaves_eos_out():
     before: its maximum over keys other than EOS is -1, not +1 (confidence already leaves EOS out)."""
     import torch
 
-    from fairseq_headprune import head_functions as hf
+    from fairseq_headprune.analysis import head_functions as hf
 
     pad, eos = 1, 2
     src = torch.tensor([[pad, 10, 11, 12, eos]])  # left-padded, EOS last, as fairseq batches
@@ -168,7 +168,7 @@ def _importance(model, task, batch, backward=lambda loss: loss.backward(), per_p
 def _maskable_frozen(model):
     import copy
 
-    from fairseq_headprune.masking import install_head_masks
+    from fairseq_headprune.core.masking import install_head_masks
 
     model = copy.deepcopy(model)
     install_head_masks(model)
@@ -204,7 +204,7 @@ def test_per_position_importance_is_the_mean_of_per_token_absolute_gradients(sto
     are at least the per-sentence ones, and larger wherever a head helps one token and hurts another."""
     import torch
 
-    from fairseq_headprune.masking import row_head_masks
+    from fairseq_headprune.core.masking import row_head_masks
     from helpers import sample_batch
 
     model, task = stock
@@ -247,7 +247,7 @@ def _masked_attention(self_attention=True, xformers=False):
     import torch
     from fairseq.modules.multihead_attention import MultiheadAttention
 
-    from fairseq_headprune.masking import HeadMaskedMultiheadAttention
+    from fairseq_headprune.core.masking import HeadMaskedMultiheadAttention
 
     torch.manual_seed(0)
     attn = MultiheadAttention(8, 2, self_attention=self_attention, encoder_decoder_attention=not self_attention)
@@ -264,7 +264,7 @@ def test_mask_with_before_softmax_raises_instead_of_being_ignored():
     from fairseq.modules.multihead_attention import MultiheadAttention
 
     from fairseq_headprune.errors import UserError
-    from fairseq_headprune.masking import UnsupportedMaskError
+    from fairseq_headprune.core.masking import UnsupportedMaskError
 
     attn, x = _masked_attention()
     stock = MultiheadAttention(8, 2, self_attention=True).eval()
@@ -287,7 +287,7 @@ def test_mask_on_an_xformers_module_is_not_rerouted(monkeypatch):
     on the Python path (incremental decoding) are masked as usual."""
     from fairseq.modules.multihead_attention import MultiheadAttention
 
-    from fairseq_headprune.masking import UnsupportedMaskError
+    from fairseq_headprune.core.masking import UnsupportedMaskError
 
     attn, x = _masked_attention(xformers=True)
     calls = []
@@ -338,7 +338,7 @@ def _single(types_drops, n=8):
 
 
 def test_c1_verdict_follows_encoder_self_attention_with_the_pooled_share_beside():
-    from fairseq_headprune import claims as cl
+    from fairseq_headprune.report import claims as cl
 
     # enc-self 5 of 8 removable (62%), all 16 heads: 5 of 16 (31%): the paper's scope decides
     claim = cl.claim_single_heads(_single({"enc-self": 3, "enc-dec": 8}), 16)
@@ -352,7 +352,7 @@ def test_c1_verdict_follows_encoder_self_attention_with_the_pooled_share_beside(
 
 
 def test_c3_quotes_the_papers_numbers_exactly():
-    from fairseq_headprune import claims as cl
+    from fairseq_headprune.report import claims as cl
 
     assert "20% (WMT)" in cl.CLAIM_TEXT["C3"] and "40% (BERT)" in cl.CLAIM_TEXT["C3"]
     assert "60" not in cl.CLAIM_TEXT["C3"] and "20-" not in cl.CLAIM_TEXT["C3"]
@@ -373,7 +373,7 @@ def _speed(unpruned, masked, pruned, std=1.0, same=True, equal_work=True):
 def test_c6_is_judged_at_equal_work_only():
     """Pruned vs masked (same function, same hypotheses); a free-length speed-up over the unpruned model does not
     count, and a speed.json without the equal-work figure is incomplete, never judged on the free-length one."""
-    from fairseq_headprune import claims as cl
+    from fairseq_headprune.report import claims as cl
 
     # 111 - 1 > 100 + 1 against the unpruned model, but not against the masked model (110 + 1)
     claim = cl.claim_speed(_speed(100.0, 110.0, 111.0))
@@ -406,7 +406,7 @@ FULL = {"method": "unpruned", "lambda": None, "updates": None, "types": None, "h
 
 def test_v_compares_with_the_lambda_0_control_of_the_same_updates():
     """The λ = 0 control fine-tuned as long gains 1.7 BLEU: against it λ = 0.008 loses 1.9, not 0.2."""
-    from fairseq_headprune import claims as cl
+    from fairseq_headprune.report import claims as cl
 
     points = [FULL, _l0(0.0, 144, 31.7), _l0(0.008, 68, 29.8)]
     claim = cl.claim_voita(points)
@@ -423,7 +423,7 @@ def test_v_compares_with_the_lambda_0_control_of_the_same_updates():
 def test_v_judges_encoder_heads_and_reports_all_types_separately():
     """Voita's 38 of 48 is encoder heads: 80 of 144 closed (56%) with 20 of 48 encoder heads (42%) is not
     support; 25 of 48 encoder heads is."""
-    from fairseq_headprune import claims as cl
+    from fairseq_headprune.report import claims as cl
 
     claim = cl.claim_voita([FULL, _l0(0.0, 144, 30.0), _l0(0.01, 64, 29.9, enc_closed=20)])
     assert claim.verdict == cl.NOT_SUPPORTED
@@ -436,7 +436,7 @@ def test_v_judges_encoder_heads_and_reports_all_types_separately():
 def test_l0_points_carry_updates_types_and_per_type_counts(tmp_path):
     import json
 
-    from fairseq_headprune import claims as cl
+    from fairseq_headprune.report import claims as cl
 
     rows = [{"header": {"command": "compare", "total_heads": 144}},
             {"key": "baseline", "method": "unpruned", "heads_kept": 144, "bleu": 36.7},

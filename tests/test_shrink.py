@@ -7,10 +7,11 @@ import torch
 
 from conftest import run, run_fairseq
 from fairseq_headprune.compress import select
-from fairseq_headprune.heads import Head, HeadLayout
-from fairseq_headprune.masking import install_head_masks, row_head_masks, set_head_masks
-from fairseq_headprune.compress.reconstruct import ReconstructionOptions, capture, reconstruct, token_mask
-from fairseq_headprune.results.identity import file_sha256
+from fairseq_headprune.core.heads import Head, HeadLayout
+from fairseq_headprune.core.masking import install_head_masks, row_head_masks, set_head_masks
+from fairseq_headprune.compress.reconstruct import ReconstructionOptions, reconstruct
+from fairseq_headprune.compress.sublayers import capture, token_mask
+from fairseq_headprune.records.identity import file_sha256
 from fairseq_headprune.compress.shrink import (
     Budget,
     ShrinkOptions,
@@ -357,8 +358,8 @@ def _cmd(data, ckpt, *extra):
 def test_pruned_checkpoint_decodes_as_the_in_memory_model(stock_checkpoint, tiny_data, tmp_path):
     from fairseq_headprune import cli
     from fairseq_headprune.cli import shrink as command
-    from fairseq_headprune.loading import load
-    from fairseq_headprune.compress.shrink import export, shrink
+    from fairseq_headprune.fairseq_io.loading import load
+    from fairseq_headprune.compress.shrink import shrink, write_checkpoint
 
     out = tmp_path / "small.pt"
     argv = _cmd(tiny_data, stock_checkpoint, "--remove", "40%", "--refit-inputs", "--out", out)[2:]
@@ -366,7 +367,7 @@ def test_pruned_checkpoint_decodes_as_the_in_memory_model(stock_checkpoint, tiny
     loaded = load(cfg)
     options = command.options_from(args)
     result, calibration = shrink(loaded, options, log=lambda *_: None)
-    record = export(loaded, result, calibration, options, str(out), str(tmp_path / "small.json"), log=lambda *_: None)
+    record = write_checkpoint(loaded, result, calibration, options, str(out), str(tmp_path / "small.json"), log=lambda *_: None)
     assert record["check"]["identical_hypotheses"]
     assert record["heads_kept"] == 56 - 22  # 4 x 8 encoder heads, 3 x 4 x 2 decoder heads; 40% of 56
     reloaded, task = load_stock(out, tiny_data)
@@ -390,8 +391,8 @@ def test_given_heads_are_removed_and_reconstructed_without_a_search(stock_checkp
     from fairseq_headprune import cli
     from fairseq_headprune.cli import shrink as command
     from fairseq_headprune.compress.shrink import shrink
-    from fairseq_headprune.heads import attention_modules, parse_head_spec
-    from fairseq_headprune.loading import load
+    from fairseq_headprune.core.heads import attention_modules, parse_head_spec
+    from fairseq_headprune.fairseq_io.loading import load
 
     spec = tmp_path / "closed.json"  # the shape of `gates`' closed-heads.json: a selection made elsewhere
     spec.write_text(json.dumps({"enc-self": {"1": [1, 2, 3]}, "dec-self": {"2": [2, 4]}, "enc-dec": {"3": "1-3"}}))
@@ -409,7 +410,7 @@ def test_given_heads_are_removed_and_reconstructed_without_a_search(stock_checkp
 
 
 def _gated(stock_checkpoint, tiny_data, path):
-    from fairseq_headprune.masking import install_head_gates
+    from fairseq_headprune.core.masking import install_head_gates
 
     model, _ = load_stock(stock_checkpoint, tiny_data)
     install_head_gates(model, ["enc-self"])

@@ -12,11 +12,11 @@ from torch import nn
 
 from conftest import run_fairseq
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.heads import Head, HeadLayout, HeadSpecError, attention_modules
-from fairseq_headprune.loading import PACKAGE_DIR
-from fairseq_headprune.masking import HeadMaskedMultiheadAttention, install_head_masks, set_head_masks
+from fairseq_headprune.core.heads import Head, HeadLayout, HeadSpecError, attention_modules
+from fairseq_headprune.fairseq_io.loading import PACKAGE_DIR
+from fairseq_headprune.core.masking import HeadMaskedMultiheadAttention, install_head_masks, set_head_masks
 from fairseq_headprune.models.headprune_transformer import HeadpruneTransformerModel
-from fairseq_headprune.surgery import (
+from fairseq_headprune.core.surgery import (
     HeadlessAttention,
     apply_kept_heads,
     head_rows,

@@ -10,7 +10,7 @@ import json
 import torch
 
 from conftest import cached_build, copy_cached, run, run_fairseq, stock_key, stock_run, train
-from fairseq_headprune.loading import PACKAGE_DIR
+from fairseq_headprune.fairseq_io.loading import PACKAGE_DIR
 
 
 def test_old_format_transformer_big_checkpoint(tiny_data, tmp_path):

@@ -2,8 +2,8 @@
 import pytest
 
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.mask_batching import MaskBatching, parse_masks_per_batch, sized_groups, translate_masks
-from fairseq_headprune.workers import Workers, map_tasks, parse_workers, resolve_workers
+from fairseq_headprune.decoding.mask_batching import MaskBatching, parse_masks_per_batch, sized_groups, translate_masks
+from fairseq_headprune.decoding.workers import Workers, map_tasks, parse_workers, resolve_workers
 
 # ---------------------------------------------------------------- the choice, on made-up timings
 
@@ -104,7 +104,7 @@ def _power_setup(config):
 
 
 def test_a_kept_pool_serves_several_handlers_and_is_closed_at_the_end():
-    from fairseq_headprune import workers
+    from fairseq_headprune.decoding import workers
 
     got = []
     with workers.kept_pools():
@@ -163,7 +163,7 @@ def two_workers():
     """The module's later tests share one pool of two worker processes, kept as the report keeps its pool for all
     its parts (workers.kept_pools; the test above checks that mechanism): each process starts once (about 5 CPU s
     of imports) and builds every handler sent to it. A test that breaks the pool runs last."""
-    from fairseq_headprune import workers
+    from fairseq_headprune.decoding import workers
 
     with workers.kept_pools():
         with workers.pool_for(2, 2, _power_setup, 2, min_tasks=1) as (pool, why):
@@ -180,8 +180,8 @@ def evaluator(tiny_data, stock_checkpoint):
     from fairseq import options
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-    from fairseq_headprune.evaluate import SubsetEvaluator
-    from fairseq_headprune.loading import PACKAGE_DIR, load
+    from fairseq_headprune.decoding.evaluate import SubsetEvaluator
+    from fairseq_headprune.fairseq_io.loading import PACKAGE_DIR, load
 
     parser = options.get_generation_parser(default_task="translation_headprune")
     args = options.parse_args_and_arch(parser, input_args=[
@@ -193,7 +193,7 @@ def evaluator(tiny_data, stock_checkpoint):
 
 
 def _masks():
-    from fairseq_headprune.heads import Head
+    from fairseq_headprune.core.heads import Head
 
     heads = [Head("enc-self", 2, 3), Head("enc-dec", 3, 2), Head("dec-self", 1, 4), Head("enc-dec", 1, 1),
              Head("dec-self", 3, 2), Head("enc-self", 4, 8), Head("enc-dec", 2, 4)]
@@ -203,7 +203,7 @@ def _masks():
 def test_auto_and_two_workers_give_the_hypotheses_of_one_decode_per_mask(evaluator, two_workers):
     """The auto choice and the split over two local workers change nothing: the same hypotheses, every mask
     once, in order, and so the same BLEU and p-values."""
-    from fairseq_headprune.evaluate import translate_worker
+    from fairseq_headprune.decoding.evaluate import translate_worker
     from fairseq_headprune.stats import BleuBootstrap
 
     masks = _masks()
@@ -216,7 +216,7 @@ def test_auto_and_two_workers_give_the_hypotheses_of_one_decode_per_mask(evaluat
     auto = []
     batching = translate_masks(evaluator, masks, collect(auto), MaskBatching("auto", probe_span=1))
     assert batching.chosen in (1, 2, 4, 8, 16) and len(batching.measurements) >= 2
-    from fairseq_headprune.workers import pool_for
+    from fairseq_headprune.decoding.workers import pool_for
 
     with pool_for(2, len(masks), translate_worker, evaluator.spec) as (pool, why):
         assert pool is two_workers and "reused" in why
@@ -237,7 +237,7 @@ def test_auto_and_two_workers_give_the_hypotheses_of_one_decode_per_mask(evaluat
 def _sweep_rows(data, checkpoint, out, *extra):
     from conftest import run
 
-    from fairseq_headprune.results.log import read_log
+    from fairseq_headprune.records.log import read_log
 
     run(["fairseq-headprune", "ablate", data, "--path", checkpoint, "--results-dir", out, "--gen-subset", "test",
          "--beam", "2", "--max-tokens", "400", "--types", "enc-dec", *extra])

@@ -192,7 +192,7 @@ def _shrink_json(p: Probe) -> str:
 
 @case("two shrink processes writing the same --out")
 def _shrink_locked(p: Probe) -> str:
-    from fairseq_headprune.checkpoint_io import output_lock
+    from fairseq_headprune.fairseq_io.checkpoint_io import output_lock
 
     out = p.folder("shrink-lock")
     out.mkdir()
@@ -204,7 +204,7 @@ def _shrink_locked(p: Probe) -> str:
 
 @case("shrink writes the model and its record as one pair, and says it needs --user-dir")
 def _shrink_pair(p: Probe) -> str:
-    from fairseq_headprune.results.identity import file_sha256
+    from fairseq_headprune.records.identity import file_sha256
 
     out = p.folder("shrink")
     out.mkdir()
@@ -347,7 +347,7 @@ def main() -> int:
     parser.add_argument("--skip-generate", action="store_true",
                         help="skip the comparisons with fairseq-generate (the slowest cases)")
     args = parser.parse_args()
-    from fairseq_headprune.loading import trust_fairseq_checkpoints
+    from fairseq_headprune.fairseq_io.loading import trust_fairseq_checkpoints
 
     trust_fairseq_checkpoints()
     _option_cases()

@@ -16,9 +16,10 @@ import sys
 import warnings
 from typing import List, Optional
 
-from fairseq_headprune import fairseq_errors, fairseq_options
+from fairseq_headprune.fairseq_io import fairseq_errors
+from fairseq_headprune.fairseq_io import fairseq_options
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.loading import PACKAGE_DIR, trust_fairseq_checkpoints
+from fairseq_headprune.fairseq_io.loading import PACKAGE_DIR, trust_fairseq_checkpoints
 
 COMMANDS = {
     "score": ("fairseq_headprune.cli.score", "head importance I_h = E|dL/dxi_h| (Michel et al.)"),

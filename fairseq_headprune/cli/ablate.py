@@ -6,8 +6,8 @@ score). Under torchrun, RANK and WORLD_SIZE set them and rank 0 gathers one file
 from __future__ import annotations
 
 from fairseq_headprune.cli.common import add_sweep_options, options_from, readable_file, results_folder
-from fairseq_headprune.heads import ATTENTION_TYPES
-from fairseq_headprune.loading import load, progress_for
+from fairseq_headprune.core.heads import ATTENTION_TYPES
+from fairseq_headprune.fairseq_io.loading import load, progress_for
 from fairseq_headprune.studies import ablation
 
 

@@ -1,9 +1,9 @@
 """`fairseq-headprune analyze`: confidence, LRP relevance and function of each head (Voita et al.)."""
 from __future__ import annotations
 
-from fairseq_headprune import head_functions as hf
+from fairseq_headprune.analysis import head_functions as hf
 from fairseq_headprune.cli.common import options_from, results_folder
-from fairseq_headprune.loading import load, progress_for
+from fairseq_headprune.fairseq_io.loading import load, progress_for
 from fairseq_headprune.studies import analysis
 
 

@@ -6,7 +6,7 @@ import os
 from typing import Any, Optional, Tuple, Type, TypeVar
 
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.results.log import FolderLock
+from fairseq_headprune.records.log import FolderLock
 
 T = TypeVar("T")
 

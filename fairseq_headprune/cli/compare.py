@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from fairseq_headprune.cli.common import add_sweep_options, options_from, results_folder
-from fairseq_headprune.loading import load
+from fairseq_headprune.fairseq_io.loading import load
 from fairseq_headprune.studies import compare
 
 

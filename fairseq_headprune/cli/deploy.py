@@ -39,7 +39,7 @@ def add_args(parser) -> None:
 
 
 def run(cfg, args) -> None:
-    from fairseq_headprune.loading import load
+    from fairseq_headprune.fairseq_io.loading import load
 
     from fairseq_headprune.compress.export import ct2_decoding
 

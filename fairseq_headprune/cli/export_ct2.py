@@ -33,8 +33,8 @@ def run(cfg, args) -> None:
     options.check()
     ct2_decoding(cfg.generation)  # refuses decoding options CTranslate2 cannot apply, before any loading
     readable_file("--references", args.references)
-    from fairseq_headprune.evaluate import SubsetEvaluator
-    from fairseq_headprune.loading import load
+    from fairseq_headprune.decoding.evaluate import SubsetEvaluator
+    from fairseq_headprune.fairseq_io.loading import load
 
     loaded = load(cfg)
     evaluator = SubsetEvaluator(loaded, cfg.dataset.gen_subset, args.references)

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 from fairseq_headprune.cli.common import add_sweep_options, options_from, output_checkpoint, results_folder
-from fairseq_headprune.heads import ATTENTION_TYPES
-from fairseq_headprune.loading import load
+from fairseq_headprune.core.heads import ATTENTION_TYPES
+from fairseq_headprune.fairseq_io.loading import load
 from fairseq_headprune.studies import pruning
 
 

@@ -54,7 +54,7 @@ def parse_argv(argv):
 
 
 def run(cfg, args) -> None:
-    from fairseq_headprune.checkpoint_io import check_pair_paths
+    from fairseq_headprune.fairseq_io.checkpoint_io import check_pair_paths
     from fairseq_headprune.cli.common import output_checkpoint, readable_file
     from fairseq_headprune.compress.recover import RecoverOptions, recover, record_path
 

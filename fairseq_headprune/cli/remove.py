@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from fairseq_headprune.cli.common import output_checkpoint
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.heads import parse_head_spec
-from fairseq_headprune.loading import batches, load
+from fairseq_headprune.core.heads import parse_head_spec
+from fairseq_headprune.fairseq_io.loading import batches, load
 from fairseq_headprune.studies.removal import remove_and_save
 
 

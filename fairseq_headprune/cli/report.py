@@ -5,7 +5,7 @@ import argparse
 from typing import List, Sequence
 
 from fairseq_headprune.cli.common import add_sweep_options, options_from, results_folder
-from fairseq_headprune.loading import PACKAGE_DIR
+from fairseq_headprune.fairseq_io.loading import PACKAGE_DIR
 from fairseq_headprune.report import pipeline
 
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from fairseq_headprune.cli.common import options_from, results_folder
-from fairseq_headprune.loading import load, progress_for
+from fairseq_headprune.fairseq_io.loading import load, progress_for
 from fairseq_headprune.studies import scoring
 
 

@@ -6,7 +6,7 @@
 
 The first form writes OUT.pt (physically pruned, loads with `fairseq-generate --user-dir fairseq_headprune`) and
 OUT.json (kept heads, scales, budget, calibration provenance, the checkpoint's sha256; in --results-dir when
-given) as one pair: written once, atomically, under a lock on OUT (fairseq_headprune.checkpoint_io). The second runs the
+given) as one pair: written once, atomically, under a lock on OUT (fairseq_headprune.fairseq_io.checkpoint_io). The second runs the
 study over budgets (fairseq_headprune.studies.shrink_sweep) and writes shrink-sweep.jsonl, .md and .png.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ import glob
 import os
 import time
 
-from fairseq_headprune.checkpoint_io import check_pair_paths, record_path_for
+from fairseq_headprune.fairseq_io.checkpoint_io import check_pair_paths, record_path_for
 from fairseq_headprune.cli.common import output_checkpoint, results_folder
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.compress.shrink import ShrinkOptions, parse_types, validate
@@ -99,7 +99,7 @@ def options_from(args) -> ShrinkOptions:
 
 
 def run(cfg, args) -> None:
-    from fairseq_headprune.loading import load
+    from fairseq_headprune.fairseq_io.loading import load
 
     if args.sweep:
         return _run_sweep(cfg, args)
@@ -125,10 +125,10 @@ def run(cfg, args) -> None:
     start = time.perf_counter()
     loaded = load(cfg)
     validate(options, loaded.model)
-    from fairseq_headprune.compress.shrink import export, shrink
+    from fairseq_headprune.compress.shrink import shrink, write_checkpoint
 
     result, calibration = shrink(loaded, options)
-    record = export(loaded, result, calibration, options, args.out, json_path)
+    record = write_checkpoint(loaded, result, calibration, options, args.out, json_path)
     seconds = time.perf_counter() - start
     print(f"removed {len(result.selection.removed)} heads ({record['heads_kept']} of {record['heads_total']} kept): "
           f"{record['params_before']:,} -> {record['params_after']:,} parameters; {seconds:.0f}s in all\n"
@@ -142,7 +142,7 @@ def run(cfg, args) -> None:
 
 
 def _run_sweep(cfg, args) -> None:
-    from fairseq_headprune.loading import load
+    from fairseq_headprune.fairseq_io.loading import load
     from fairseq_headprune.studies import shrink_sweep as sweep
 
     if not args.results_dir:

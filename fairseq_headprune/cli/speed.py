@@ -3,7 +3,7 @@ and pruned models (Table 4), in fairseq or in CTranslate2."""
 from __future__ import annotations
 
 from fairseq_headprune.cli.common import options_from, results_folder
-from fairseq_headprune.loading import load
+from fairseq_headprune.fairseq_io.loading import load
 from fairseq_headprune.studies import speed, speed_ct2
 
 

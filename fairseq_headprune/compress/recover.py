@@ -28,11 +28,11 @@ from typing import Dict, List, Optional
 
 import torch
 
-from fairseq_headprune.checkpoint_io import record_path_for, write_checkpoint_pair
+from fairseq_headprune.fairseq_io.checkpoint_io import record_path_for, write_checkpoint_pair
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.loading import PACKAGE_DIR
-from fairseq_headprune.results.identity import file_sha256
-from fairseq_headprune.results.log import FolderLock, atomic_output, read_json, write_json_atomic
+from fairseq_headprune.fairseq_io.loading import PACKAGE_DIR
+from fairseq_headprune.records.identity import file_sha256
+from fairseq_headprune.records.log import FolderLock, atomic_output, read_json, write_json_atomic
 
 DISTILL = ("logits", "sequences", "both", "none")
 CRITERION = "label_smoothed_cross_entropy_distill"

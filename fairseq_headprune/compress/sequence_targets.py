@@ -16,7 +16,7 @@ import os
 from typing import Dict, List
 
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.results.identity import file_sha256
+from fairseq_headprune.records.identity import file_sha256
 
 
 def _pair_files(data: str, subset: str):
@@ -78,7 +78,7 @@ def translate_missing(data, options, subset, src, tgt, done, hyp_path, log) -> N
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from fairseq import options as fairseq_options
 
-    from fairseq_headprune.loading import PACKAGE_DIR
+    from fairseq_headprune.fairseq_io.loading import PACKAGE_DIR
 
     parser = fairseq_options.get_generation_parser(default_task="translation")
     args = fairseq_options.parse_args_and_arch(parser, input_args=[

@@ -20,13 +20,14 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from fairseq_headprune import flops as flop_model
+from fairseq_headprune.core import flops as flop_model
 from fairseq_headprune.compress import select
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.evaluate import decoder_start
-from fairseq_headprune.heads import ATTENTION_TYPES, Head, HeadLayout, format_head_spec, parse_head_spec
-from fairseq_headprune.masking import head_gates, set_head_masks
-from fairseq_headprune.compress.reconstruct import METHODS, ReconstructionOptions, SublayerFit, reconstruct
+from fairseq_headprune.decoding.evaluate import decoder_start
+from fairseq_headprune.core.heads import ATTENTION_TYPES, Head, HeadLayout, format_head_spec, parse_head_spec
+from fairseq_headprune.core.masking import head_gates, set_head_masks
+from fairseq_headprune.compress.reconstruct import METHODS, ReconstructionOptions, reconstruct
+from fairseq_headprune.compress.sublayers import SublayerFit
 
 Key = Tuple[str, int]
 TARGETS = ("references", "self")
@@ -246,7 +247,7 @@ class Calibration:
 
 def calibration_samples(loaded, subset: str, n: int, max_tokens: Optional[int] = None) -> Tuple[List[dict], str]:
     """The first n sentences (by id) of a subset, in batches of similar length; the ids' hash."""
-    from fairseq_headprune.loading import load_subset
+    from fairseq_headprune.fairseq_io.loading import load_subset
 
     try:
         dataset = load_subset(loaded, subset)
@@ -548,7 +549,7 @@ def hypotheses(task, generator, model, samples) -> Dict[int, List[int]]:
 def check_pruned(loaded, student, pruned, samples: List[dict]) -> dict:
     """The physically pruned model against the in-memory reconstructed one: largest logit difference on the first
     batch and identical best hypotheses (the command's beam) on the given samples; raises UserError otherwise."""
-    from fairseq_headprune.surgery import PRUNED_ARCH  # noqa: F401  (the pruned model's architecture)
+    from fairseq_headprune.core.surgery import PRUNED_ARCH  # noqa: F401  (the pruned model's architecture)
 
     with torch.no_grad():
         a = student(**samples[0]["net_input"])[0]
@@ -600,13 +601,13 @@ def output_path_ok(source: str, out: str) -> None:
         raise UserError("--out must not overwrite the checkpoint being shrunk")
 
 
-def export(loaded, result: ShrinkResult, calibration: Calibration, options: ShrinkOptions, out: str,
+def write_checkpoint(loaded, result: ShrinkResult, calibration: Calibration, options: ShrinkOptions, out: str,
            json_path: Optional[str] = None, log: Callable = print) -> dict:
     """Physically prune the reconstructed model, check it, write the checkpoint (in its source's dtypes) and the JSON
-    record as one pair (fairseq_headprune.checkpoint_io: written once, atomically, under a lock on `out`)."""
-    from fairseq_headprune.checkpoint_io import write_checkpoint_pair
-    from fairseq_headprune.results.identity import file_sha256
-    from fairseq_headprune.surgery import kept_heads, prune_model, pruned_checkpoint_state
+    record as one pair (fairseq_headprune.fairseq_io.checkpoint_io: written once, atomically, under a lock on `out`)."""
+    from fairseq_headprune.fairseq_io.checkpoint_io import write_checkpoint_pair
+    from fairseq_headprune.records.identity import file_sha256
+    from fairseq_headprune.core.surgery import kept_heads, prune_model, pruned_checkpoint_state
 
     output_path_ok(loaded.checkpoint, out)
     start = time.perf_counter()

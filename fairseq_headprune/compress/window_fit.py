@@ -26,8 +26,8 @@ from typing import Callable, List, Sequence
 
 import torch
 
-from fairseq_headprune.heads import attention_modules
-from fairseq_headprune.compress.reconstruct import Key, SublayerFit, StopForward, capture, token_mask
+from fairseq_headprune.core.heads import attention_modules
+from fairseq_headprune.compress.sublayers import Key, StopForward, SublayerFit, capture, token_mask
 
 
 @dataclass

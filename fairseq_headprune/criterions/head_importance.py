@@ -1,7 +1,7 @@
 """`head_importance`: cross-entropy that also yields Michel et al.'s head importance.
 
 Its forward gives every batch row its own ξ leaf on every head; after the caller's backward, `accumulate()`
-adds the rows' |∂L(x)/∂ξ_h| (see fairseq_headprune.importance). Under fairseq-train the previous batch's
+adds the rows' |∂L(x)/∂ξ_h| (see fairseq_headprune.core.importance). Under fairseq-train the previous batch's
 gradients are picked up at the next forward, so the statistics follow training too. The gradient that reaches
 the returned loss is recorded: it is the loss scale of fp16 training (the optimizer backpropagates scale x loss),
 and ξ's gradients are divided by it.
@@ -17,8 +17,8 @@ import torch
 from fairseq.criterions import register_criterion
 from fairseq.criterions.cross_entropy import CrossEntropyCriterion, CrossEntropyCriterionConfig
 
-from fairseq_headprune.importance import ImportanceAccumulator
-from fairseq_headprune.masking import row_head_masks
+from fairseq_headprune.core.importance import ImportanceAccumulator
+from fairseq_headprune.core.masking import row_head_masks
 
 
 @dataclass

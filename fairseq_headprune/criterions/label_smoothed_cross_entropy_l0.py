@@ -1,6 +1,6 @@
 """`label_smoothed_cross_entropy_l0`: label-smoothed cross-entropy + λ · Σ_h P(gate_h ≠ 0) (Voita et al. 2019).
 
-The penalty is the expected L0 norm of the model's Hard Concrete head gates (fairseq_headprune.gates; install
+The penalty is the expected L0 norm of the model's Hard Concrete head gates (fairseq_headprune.core.gates; install
 them with the task's --gated-types). Scale: fairseq sums the loss over the batch's target tokens and divides the
 gradient by sample_size, so the penalty is added as λ · L0 · sample_size: λ is the weight of the penalty
 against the *per-token* cross-entropy, as in Voita et al.'s loss (L = L_xent + λ L_C with a per-token mean
@@ -18,8 +18,8 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
     LabelSmoothedCrossEntropyCriterionConfig,
 )
 
-from fairseq_headprune.gates import deterministic_gates
-from fairseq_headprune.masking import head_gates
+from fairseq_headprune.core.gates import deterministic_gates
+from fairseq_headprune.core.masking import head_gates
 
 
 @dataclass

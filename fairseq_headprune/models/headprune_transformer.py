@@ -13,8 +13,8 @@ from fairseq.models.transformer.transformer_legacy import (
     transformer_vaswani_wmt_en_fr_big,
 )
 
-from fairseq_headprune.masking import install_head_masks
-from fairseq_headprune.surgery import apply_kept_heads
+from fairseq_headprune.core.masking import install_head_masks
+from fairseq_headprune.core.surgery import apply_kept_heads
 
 
 @register_model("headprune_transformer")

@@ -4,7 +4,7 @@ The model and task are loaded once; every part is a study called as a function o
 `score` (I_h), `ablate --mode single` and `--mode keep-one`, `prune` (whole model by --prune-orders; each attention
 type alone by importance), `speed` (the heads the importance order prunes at --speed-percent), `analyze`, and
 `shrink` (retraining-free pruning to a budget, over budgets: studies.shrink_sweep).
-Then it checks the papers' claims against the result files (fairseq_headprune.claims) and writes DIR/report.md and
+Then it checks the papers' claims against the result files (fairseq_headprune.report.claims) and writes DIR/report.md and
 a self-contained DIR/report.html (figures embedded) with every table and figure, the sacreBLEU signatures and, for
 each part, the command line that produces or resumes it on its own (rendered from the part's options);
 DIR/claims.json holds the claim rows with the files they were computed from.
@@ -26,16 +26,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
-from fairseq_headprune.document import Document, to_html, to_markdown
+from fairseq_headprune.report.document import Document, to_html, to_markdown
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.heads import ATTENTION_TYPES, HeadLayout
-from fairseq_headprune.mask_batching import parse_masks_per_batch
-from fairseq_headprune.results import layout as names
-from fairseq_headprune.results.identity import file_sha256, upgrade_fingerprints
-from fairseq_headprune.results.log import atomic_output, read_json, write_json_atomic
+from fairseq_headprune.core.heads import ATTENTION_TYPES, HeadLayout
+from fairseq_headprune.decoding.mask_batching import parse_masks_per_batch
+from fairseq_headprune.records import layout as names
+from fairseq_headprune.records.identity import file_sha256, upgrade_fingerprints
+from fairseq_headprune.records.log import atomic_output, read_json, write_json_atomic
 from fairseq_headprune.studies import ablation, analysis, deploy, pruning, scoring, shrink_sweep, speed
 from fairseq_headprune.studies.ranking import heads_to_json, importance_scores, rank_by_scores, steps
-from fairseq_headprune.workers import kept_pools, parse_workers
+from fairseq_headprune.decoding.workers import kept_pools, parse_workers
 
 PARTS = ("score", "single", "keep-one", "prune", "prune-types", "speed", "analyze", "shrink", "deploy")
 STATE = names.REPORT_STATE
@@ -252,7 +252,7 @@ def write_speed_heads(out: str, percent: float, layout, checkpoint_sha: str) -> 
 
 def run_study(command: str, options: Any, loaded, out: str) -> None:
     """One part's study, in this process, on the report's loaded model."""
-    from fairseq_headprune.loading import progress_for
+    from fairseq_headprune.fairseq_io.loading import progress_for
 
     cfg = loaded.cfg
     if command == "score":
@@ -536,8 +536,8 @@ def check(options: ReportOptions, parts: Dict[str, Part]) -> None:
 def run(cfg, options: ReportOptions, base: Sequence[str], out: str) -> List[str]:
     """Run the parts not finished yet on one loaded model, then write the report; returns the files written.
     `base`: the user's fairseq options as given (for the command lines the report prints)."""
-    from fairseq_headprune.evaluate import SubsetEvaluator
-    from fairseq_headprune.loading import load
+    from fairseq_headprune.decoding.evaluate import SubsetEvaluator
+    from fairseq_headprune.fairseq_io.loading import load
 
     all_parts = plan(options, base, out)
     check(options, all_parts)

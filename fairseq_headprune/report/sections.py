@@ -11,13 +11,13 @@ from dataclasses import dataclass
 from statistics import mean
 from typing import Dict, List, Optional, Sequence
 
-from fairseq_headprune import claims as cl
-from fairseq_headprune.document import Document
+from fairseq_headprune.report import claims as cl
+from fairseq_headprune.report.document import Document
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.heads import ATTENTION_TYPES, TYPE_DESCRIPTIONS
-from fairseq_headprune.results import layout as names
-from fairseq_headprune.results.identity import file_sha256
-from fairseq_headprune.results.log import read_json
+from fairseq_headprune.core.heads import ATTENTION_TYPES, TYPE_DESCRIPTIONS
+from fairseq_headprune.records import layout as names
+from fairseq_headprune.records.identity import file_sha256
+from fairseq_headprune.records.log import read_json
 
 VERDICT_CLASS = {cl.SUPPORTED: "verdict-supported", cl.NOT_SUPPORTED: "verdict-not-supported",
                  cl.NOT_RUN: "verdict-not-run", cl.INCOMPLETE: "verdict-incomplete"}

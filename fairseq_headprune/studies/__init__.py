@@ -1,0 +1,1 @@
+"""One module per study: typed functions with an options dataclass that take a loaded model, never argv."""

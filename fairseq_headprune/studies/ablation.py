@@ -20,24 +20,24 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.evaluate import SubsetEvaluator
-from fairseq_headprune.heads import ATTENTION_TYPES, Head, HeadLayout
-from fairseq_headprune.mask_batching import (
+from fairseq_headprune.decoding.evaluate import SubsetEvaluator
+from fairseq_headprune.core.heads import ATTENTION_TYPES, Head, HeadLayout
+from fairseq_headprune.decoding.mask_batching import (
     MaskBatching,
     output_units,
     parse_masks_per_batch,
     rows_per_search,
     sized_groups,
 )
-from fairseq_headprune.masking import set_head_masks
-from fairseq_headprune.results import layout as names
-from fairseq_headprune.results.identity import run_identity
-from fairseq_headprune.results.log import ResultsLog
-from fairseq_headprune.results.rows import best_per_layer
+from fairseq_headprune.core.masking import set_head_masks
+from fairseq_headprune.records import layout as names
+from fairseq_headprune.records.identity import run_identity
+from fairseq_headprune.records.log import ResultsLog
+from fairseq_headprune.records.rows import best_per_layer
 from fairseq_headprune.stats import BleuBootstrap
 from fairseq_headprune.studies import ablation_tables as tables
 from fairseq_headprune.studies.ranking import parse_types
-from fairseq_headprune.workers import map_tasks, parse_workers, pool_for
+from fairseq_headprune.decoding.workers import map_tasks, parse_workers, pool_for
 
 
 @dataclass(frozen=True)
@@ -69,8 +69,8 @@ class Sweep:
     """Runs jobs on one subset, appending a row per job to a resumable results log.
 
     BLEU sweeps decode masks in groups sharing beam searches (`masks_per_batch`: a number, or `auto`, measured on
-    the first groups: fairseq_headprune.mask_batching); the groups run on `workers` local processes
-    (fairseq_headprune.workers: each loads the model once and computes whole rows, bootstrap included; this
+    the first groups: fairseq_headprune.decoding.mask_batching); the groups run on `workers` local processes
+    (fairseq_headprune.decoding.workers: each loads the model once and computes whole rows, bootstrap included; this
     process alone writes them, in job order). Neither changes a row."""
 
     evaluator: SubsetEvaluator

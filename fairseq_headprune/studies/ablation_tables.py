@@ -4,10 +4,10 @@ from __future__ import annotations
 import os
 from typing import Dict, List, Optional
 
-from fairseq_headprune.heads import HeadLayout
+from fairseq_headprune.core.heads import HeadLayout
 from fairseq_headprune.plots import head_heatmap
-from fairseq_headprune.results.log import ResultsLog, read_log
-from fairseq_headprune.results.rows import best_per_layer
+from fairseq_headprune.records.log import ResultsLog, read_log
+from fairseq_headprune.records.rows import best_per_layer
 
 
 def _value(row: Dict, metric: str) -> float:

@@ -23,16 +23,16 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from fairseq_headprune import head_functions as hf
-from fairseq_headprune.attention_capture import capture_attention
+from fairseq_headprune.analysis import head_functions as hf
+from fairseq_headprune.analysis.attention_capture import capture_attention
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.evaluate import SubsetEvaluator, decoder_start
-from fairseq_headprune.heads import ATTENTION_TYPES, Head, HeadLayout, format_head_spec
-from fairseq_headprune.lrp import RULE, conservative_propagation, layer_shares, relevance_inputs, step_head_relevances
-from fairseq_headprune.masking import row_head_masks
-from fairseq_headprune.results import layout as names
-from fairseq_headprune.results.identity import file_sha256, run_identity
-from fairseq_headprune.results.log import ResultsLog, write_json_atomic
+from fairseq_headprune.decoding.evaluate import SubsetEvaluator, decoder_start
+from fairseq_headprune.core.heads import ATTENTION_TYPES, Head, HeadLayout, format_head_spec
+from fairseq_headprune.analysis.lrp import RULE, conservative_propagation, layer_shares, relevance_inputs, step_head_relevances
+from fairseq_headprune.core.masking import row_head_masks
+from fairseq_headprune.records import layout as names
+from fairseq_headprune.records.identity import file_sha256, run_identity
+from fairseq_headprune.records.log import ResultsLog, write_json_atomic
 from fairseq_headprune.studies.ranking import importance_scores
 from fairseq_headprune.studies.scoring import frozen_weights
 

@@ -58,7 +58,7 @@ class CeilingShape:
 
     def check(self, model) -> None:
         """Refused in one line: more heads than a layer of the stack holds, or none."""
-        from fairseq_headprune.heads import attention_modules
+        from fairseq_headprune.core.heads import attention_modules
 
         held = {"encoder": [], "decoder": []}
         for (attn_type, _), attn in attention_modules(model).items():
@@ -77,8 +77,8 @@ def kept_count(total: int, percent: float, least: int = 1) -> int:
 def crude_model(model, target_dictionary, shape: CeilingShape):
     """A copy of `model` cut to `shape` (the first heads, FFN units and target words kept) and its target
     dictionary, cut alike. Only its speed means anything."""
-    from fairseq_headprune.heads import Head, attention_modules, head_ids
-    from fairseq_headprune.surgery import prune_model, select_linear
+    from fairseq_headprune.core.heads import Head, attention_modules, head_ids
+    from fairseq_headprune.core.surgery import prune_model, select_linear
 
     shape.check(model)
     model = copy.deepcopy(model)
@@ -98,7 +98,7 @@ def cut_target_vocabulary(model, target_dictionary, words: Iterable[int]):
     """Keep only these target words (ids; the special symbols always) in the decoder's input embeddings and output
     layer, in place, and return the dictionary cut alike (same order). CTranslate2 addresses words by their text, so
     its output maps back to the full dictionary's ids."""
-    from fairseq_headprune.surgery import select_linear
+    from fairseq_headprune.core.surgery import select_linear
 
     keep = sorted(set(range(target_dictionary.nspecial)) | set(words))
     dictionary = copy.copy(target_dictionary)

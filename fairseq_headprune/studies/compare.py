@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple, Union
 
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.evaluate import SubsetEvaluator, translate_worker
-from fairseq_headprune.heads import (
+from fairseq_headprune.decoding.evaluate import SubsetEvaluator, translate_worker
+from fairseq_headprune.core.heads import (
     ATTENTION_TYPES,
     Head,
     HeadLayout,
@@ -34,16 +34,16 @@ from fairseq_headprune.heads import (
     format_head_spec,
     parse_head_spec,
 )
-from fairseq_headprune.loading import load
-from fairseq_headprune.mask_batching import MaskBatching, parse_masks_per_batch, rows_per_search, translate_masks
-from fairseq_headprune.masking import set_head_masks
+from fairseq_headprune.fairseq_io.loading import load
+from fairseq_headprune.decoding.mask_batching import MaskBatching, parse_masks_per_batch, rows_per_search, translate_masks
+from fairseq_headprune.core.masking import set_head_masks
 from fairseq_headprune.plots import l0_vs_importance
-from fairseq_headprune.results import layout as names
-from fairseq_headprune.results.identity import file_sha256, input_file, run_identity
-from fairseq_headprune.results.log import ResultsLog, atomic_output
+from fairseq_headprune.records import layout as names
+from fairseq_headprune.records.identity import file_sha256, input_file, run_identity
+from fairseq_headprune.records.log import ResultsLog, atomic_output
 from fairseq_headprune.studies.gating import gate_summary, read_checkpoint
 from fairseq_headprune.studies.ranking import importance_scores, rank_by_scores
-from fairseq_headprune.workers import parse_workers, pool_for
+from fairseq_headprune.decoding.workers import parse_workers, pool_for
 
 TOLERANCE = 0.25  # "more than half of the heads pruned for <= 0.25 BLEU" (the question)
 

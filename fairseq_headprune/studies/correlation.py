@@ -12,8 +12,8 @@ from typing import Dict, List, Optional, Tuple
 
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.plots import scatter_with_fit
-from fairseq_headprune.results import layout as names
-from fairseq_headprune.results.log import read_log, write_json_atomic
+from fairseq_headprune.records import layout as names
+from fairseq_headprune.records.log import read_log, write_json_atomic
 from fairseq_headprune.stats import correlations
 
 

@@ -123,7 +123,7 @@ class Contender:
     CTranslate2 exports (float32 and int8, written by compress.export's functions into a temporary folder)."""
 
     def __init__(self, name: str, loaded, options: DeployOptions, tmp: str):
-        from fairseq_headprune.evaluate import SubsetEvaluator
+        from fairseq_headprune.decoding.evaluate import SubsetEvaluator
         from fairseq_headprune.compress.export import ct2_decoding, stack_heads
 
         self.name, self.path, self.loaded = name, loaded.checkpoint, loaded
@@ -223,14 +223,14 @@ class Ceiling:
 
 
 def _attention(model):
-    from fairseq_headprune.heads import attention_modules
+    from fairseq_headprune.core.heads import attention_modules
 
     return list(attention_modules(model).values())
 
 
 def shape_kind(model) -> str:
     """per-stack: one head count in the encoder and one in the decoder (what CTranslate2 runs unpadded)."""
-    from fairseq_headprune.heads import attention_modules
+    from fairseq_headprune.core.heads import attention_modules
 
     counts = {"enc": set(), "dec": set()}
     for (attn_type, _), m in attention_modules(model).items():
@@ -308,8 +308,8 @@ def build_table(contenders: Sequence[Contender], measured: Dict, options: Deploy
                 ceilings: Sequence[Ceiling] = ()) -> Dict:
     import ctranslate2
 
-    from fairseq_headprune import flops
-    from fairseq_headprune.results.identity import file_sha256
+    from fairseq_headprune.core import flops
+    from fairseq_headprune.records.identity import file_sha256
     from fairseq_headprune.stats import BleuBootstrap
     from fairseq_headprune.studies.speed_ct2 import ct2_shape
 
@@ -506,7 +506,7 @@ def target_lines(t: Dict) -> List[str]:
 
 def write_all(table: Dict, out: str) -> List[str]:
     from fairseq_headprune.plots import deploy_frontier
-    from fairseq_headprune.results.log import atomic_output, write_json_atomic
+    from fairseq_headprune.records.log import atomic_output, write_json_atomic
 
     paths = [os.path.join(out, name) for name in FILES]
     write_json_atomic(paths[0], table)
@@ -537,7 +537,7 @@ def calibration_files_sha256(loaded, subset: str) -> str:
     import glob
     import hashlib
 
-    from fairseq_headprune.results.identity import file_sha256
+    from fairseq_headprune.records.identity import file_sha256
 
     folder = loaded.cfg.task.data.split(os.pathsep)[0]
     files = sorted(glob.glob(os.path.join(folder, subset + ".*")))
@@ -547,10 +547,10 @@ def calibration_files_sha256(loaded, subset: str) -> str:
 def shrunk_checkpoint(loaded, options: DeployOptions, out: str, log=print) -> str:
     """The study's own shrink of the model (OUT/models/NAME.pt), reused when its identity (OUT/models/NAME.deploy.json:
     the model, the shrink's options and its calibration data, by content) is this run's."""
-    from fairseq_headprune.results.identity import file_sha256
-    from fairseq_headprune.masking import set_head_masks
-    from fairseq_headprune.results.log import read_json, write_json_atomic
-    from fairseq_headprune.compress.shrink import ShrinkOptions, export, shrink
+    from fairseq_headprune.records.identity import file_sha256
+    from fairseq_headprune.core.masking import set_head_masks
+    from fairseq_headprune.records.log import read_json, write_json_atomic
+    from fairseq_headprune.compress.shrink import ShrinkOptions, shrink, write_checkpoint
 
     shrink_options = ShrinkOptions(remove=f"{options.shrink_percent:g}%", shape=options.shape,
                                    calibration_subset=options.calibration_subset,
@@ -567,7 +567,7 @@ def shrunk_checkpoint(loaded, options: DeployOptions, out: str, log=print) -> st
     if os.path.exists(identity_path):  # the old identity must never vouch for the checkpoint about to replace it
         os.remove(identity_path)
     result, calibration = shrink(loaded, shrink_options, log)
-    export(loaded, result, calibration, shrink_options, path, os.path.splitext(path)[0] + ".json", log)
+    write_checkpoint(loaded, result, calibration, shrink_options, path, os.path.splitext(path)[0] + ".json", log)
     write_json_atomic(identity_path, identity)  # after the pair: a killed shrink is never taken for a finished one
     set_head_masks(loaded.model, [])
     return path
@@ -575,7 +575,7 @@ def shrunk_checkpoint(loaded, options: DeployOptions, out: str, log=print) -> st
 
 def load_other(loaded, path: str):
     """Another checkpoint loaded with the same options as `loaded` (task, data, generation)."""
-    from fairseq_headprune.loading import load
+    from fairseq_headprune.fairseq_io.loading import load
 
     cfg = copy.deepcopy(loaded.cfg)
     cfg.common_eval.path = path
@@ -587,7 +587,7 @@ def run(loaded, options: DeployOptions, out: str, log=print) -> Tuple[Dict, List
     import torch
 
     from fairseq_headprune.compress.export import ct2_decoding
-    from fairseq_headprune.masking import set_head_masks
+    from fairseq_headprune.core.masking import set_head_masks
 
     options.check()
     check_task(loaded.cfg.task)

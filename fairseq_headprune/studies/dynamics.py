@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.evaluate import SubsetEvaluator
-from fairseq_headprune.heads import HeadLayout, format_head_spec
-from fairseq_headprune.loading import load
-from fairseq_headprune.masking import set_head_masks
-from fairseq_headprune.results import layout as names
-from fairseq_headprune.results.identity import file_sha256, run_identity
-from fairseq_headprune.results.log import ResultsLog
+from fairseq_headprune.decoding.evaluate import SubsetEvaluator
+from fairseq_headprune.core.heads import HeadLayout, format_head_spec
+from fairseq_headprune.fairseq_io.loading import load
+from fairseq_headprune.core.masking import set_head_masks
+from fairseq_headprune.records import layout as names
+from fairseq_headprune.records.identity import file_sha256, run_identity
+from fairseq_headprune.records.log import ResultsLog
 from fairseq_headprune.studies.ranking import rank_by_scores, steps
 from fairseq_headprune.studies.scoring import estimate_importance
 

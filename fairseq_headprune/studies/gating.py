@@ -21,17 +21,17 @@ from typing import Dict, List, Mapping, Optional, Tuple
 import torch
 
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.gates import (
+from fairseq_headprune.core.gates import (
     deterministic_gates,
     fold_gates_into_state_dict,
     log_alphas_from_state_dict,
     prob_open,
 )
-from fairseq_headprune.heads import ATTENTION_TYPES, Head
-from fairseq_headprune.loading import trust_fairseq_checkpoints
-from fairseq_headprune.results import layout as names
-from fairseq_headprune.results.identity import file_sha256
-from fairseq_headprune.results.log import atomic_output, write_json_atomic
+from fairseq_headprune.core.heads import ATTENTION_TYPES, Head
+from fairseq_headprune.fairseq_io.loading import trust_fairseq_checkpoints
+from fairseq_headprune.records import layout as names
+from fairseq_headprune.records.identity import file_sha256
+from fairseq_headprune.records.log import atomic_output, write_json_atomic
 from fairseq_headprune.studies.ranking import heads_to_json
 
 def read_checkpoint(path: str) -> dict:
@@ -137,7 +137,7 @@ def run(checkpoint: str, results_dir: str, fold_out: Optional[str] = None) -> Li
     print(f"{summary['kept']} of {summary['total']} gated heads kept (lambda {summary['l0_lambda']}, "
           f"{summary['updates']} updates); {summary['fractional']} open gates fractional\n{kept_table(summary)}")
     if fold_out:
-        from fairseq_headprune.checkpoint_io import write_checkpoint_pair
+        from fairseq_headprune.fairseq_io.checkpoint_io import write_checkpoint_pair
 
         folded = fold_checkpoint(state)
         write_checkpoint_pair(fold_out, lambda path: torch.save(folded, path), option="--fold-out")

@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Union
 
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.evaluate import SubsetEvaluator, translate_worker
-from fairseq_headprune.heads import ATTENTION_TYPES, Head, HeadLayout, format_head_spec
-from fairseq_headprune.mask_batching import MaskBatching, parse_masks_per_batch, rows_per_search, translate_masks
-from fairseq_headprune.masking import set_head_masks
-from fairseq_headprune.results import layout as names
-from fairseq_headprune.results.identity import file_sha256, input_file, run_identity
-from fairseq_headprune.results.log import ResultsLog, write_json_atomic
+from fairseq_headprune.decoding.evaluate import SubsetEvaluator, translate_worker
+from fairseq_headprune.core.heads import ATTENTION_TYPES, Head, HeadLayout, format_head_spec
+from fairseq_headprune.decoding.mask_batching import MaskBatching, parse_masks_per_batch, rows_per_search, translate_masks
+from fairseq_headprune.core.masking import set_head_masks
+from fairseq_headprune.records import layout as names
+from fairseq_headprune.records.identity import file_sha256, input_file, run_identity
+from fairseq_headprune.records.log import ResultsLog, write_json_atomic
 from fairseq_headprune.studies.ranking import (
     heads_to_json,
     importance_scores,
@@ -31,7 +31,7 @@ from fairseq_headprune.studies.ranking import (
     steps,
 )
 from fairseq_headprune.studies.scoring import estimate_importance
-from fairseq_headprune.workers import parse_workers, pool_for
+from fairseq_headprune.decoding.workers import parse_workers, pool_for
 
 ORDERS = ("importance", "oracle", "random")
 

@@ -12,9 +12,9 @@ import random
 from typing import Dict, List, Mapping, Optional, Sequence
 
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.heads import ATTENTION_TYPES, Head
-from fairseq_headprune.importance import from_nested_lists
-from fairseq_headprune.results.log import read_json, read_log
+from fairseq_headprune.core.heads import ATTENTION_TYPES, Head
+from fairseq_headprune.core.importance import from_nested_lists
+from fairseq_headprune.records.log import read_json, read_log
 
 
 def parse_types(text: str) -> List[str]:

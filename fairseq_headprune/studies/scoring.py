@@ -13,12 +13,12 @@ from typing import Dict, Mapping, Tuple
 import torch
 
 from fairseq_headprune.criterions.head_importance import HeadImportanceCriterion
-from fairseq_headprune.heads import ATTENTION_TYPES, Head, HeadLayout
-from fairseq_headprune.importance import normalize_by_layer, to_nested_lists
-from fairseq_headprune.loading import batches
-from fairseq_headprune.results import layout as layout_names
-from fairseq_headprune.results.identity import file_sha256
-from fairseq_headprune.results.log import write_json_atomic
+from fairseq_headprune.core.heads import ATTENTION_TYPES, Head, HeadLayout
+from fairseq_headprune.core.importance import normalize_by_layer, to_nested_lists
+from fairseq_headprune.fairseq_io.loading import batches
+from fairseq_headprune.records import layout as layout_names
+from fairseq_headprune.records.identity import file_sha256
+from fairseq_headprune.records.log import write_json_atomic
 
 DEFINITION = (
     "I_h = mean over sentences x of |dL(x)/dxi_h|, L(x) = summed token NLL of x (teacher forcing, no label "

@@ -27,8 +27,8 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from fairseq_headprune.compress import select
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.heads import HeadLayout
-from fairseq_headprune.masking import set_head_masks
+from fairseq_headprune.core.heads import HeadLayout
+from fairseq_headprune.core.masking import set_head_masks
 from fairseq_headprune.compress.shrink import (
     Budget,
     Calibration,
@@ -229,7 +229,7 @@ def l0_rows(path: Optional[str], sweep_header: Optional[dict] = None) -> List[di
     header, only when they were scored like the sweep (same checkpoint, data, subset and beam): else none."""
     if not path or not os.path.exists(path):
         return []
-    from fairseq_headprune.results.log import read_log
+    from fairseq_headprune.records.log import read_log
 
     header, rows = read_log(path)
     if sweep_header is not None and _scoring(header) != _scoring(sweep_header):
@@ -240,7 +240,7 @@ def l0_rows(path: Optional[str], sweep_header: Optional[dict] = None) -> List[di
 def _scoring(header: dict) -> tuple:
     decoding = header.get("decoding") or {}
     beam = decoding.get("beam", (decoding.get("generation") or {}).get("beam"))
-    from fairseq_headprune.results.identity import canonical_fingerprint
+    from fairseq_headprune.records.identity import canonical_fingerprint
 
     return (header.get("checkpoint_sha256"), canonical_fingerprint(header.get("data_fingerprint")),
             header.get("subset"), beam)
@@ -361,9 +361,9 @@ def run(loaded, options: SweepOptions, results_dir: str, subset: str, references
     shrink-sweep.md and shrink-sweep.png; returns the files written. `command` and `report` both call this."""
     from dataclasses import replace as with_fields
 
-    from fairseq_headprune.evaluate import SubsetEvaluator
-    from fairseq_headprune.results.identity import run_identity
-    from fairseq_headprune.results.log import ResultsLog, atomic_output
+    from fairseq_headprune.decoding.evaluate import SubsetEvaluator
+    from fairseq_headprune.records.identity import run_identity
+    from fairseq_headprune.records.log import ResultsLog, atomic_output
     from fairseq_headprune.compress.shrink import validate
 
     for method in options.methods:  # unknown methods and budgets a method cannot meet fail here, before decoding

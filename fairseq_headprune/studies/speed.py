@@ -5,7 +5,7 @@ several batch sizes, over several interleaved runs (mean and standard deviation)
 compute the same function, so they write identical hypotheses: **pruned over masked is the equal-work speed-up**
 (the one the claims use; each batch size records whether the two wrote the same number of tokens). Pruned over
 unpruned is shown beside it, but it includes the effect of different (often shorter) translations. Beside the
-measurement: the FLOP ratio on the same sentences and lengths (fairseq_headprune.flops: what the speed-up would be
+measurement: the FLOP ratio on the same sentences and lengths (fairseq_headprune.core.flops: what the speed-up would be
 if time followed the arithmetic) and the incremental state the decoder keeps.
 """
 from __future__ import annotations
@@ -19,15 +19,15 @@ from typing import Dict, List, Optional
 
 import torch
 
-from fairseq_headprune import flops
+from fairseq_headprune.core import flops
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.heads import HeadLayout, parse_head_spec
-from fairseq_headprune.loading import load_subset
-from fairseq_headprune.masking import set_head_masks
-from fairseq_headprune.results import layout as names
-from fairseq_headprune.results.identity import file_sha256
-from fairseq_headprune.results.log import write_json_atomic
-from fairseq_headprune.surgery import prune_model
+from fairseq_headprune.core.heads import HeadLayout, parse_head_spec
+from fairseq_headprune.fairseq_io.loading import load_subset
+from fairseq_headprune.core.masking import set_head_masks
+from fairseq_headprune.records import layout as names
+from fairseq_headprune.records.identity import file_sha256
+from fairseq_headprune.records.log import write_json_atomic
+from fairseq_headprune.core.surgery import prune_model
 
 
 @dataclass

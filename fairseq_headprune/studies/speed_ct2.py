@@ -16,16 +16,16 @@ import time
 from dataclasses import replace
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from fairseq_headprune import flops
+from fairseq_headprune.core import flops
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.compress.export import build_spec, ct2_decoding, max_length, stack_heads, write_model
-from fairseq_headprune.heads import HeadLayout, parse_head_spec
-from fairseq_headprune.loading import load_subset
-from fairseq_headprune.results import layout as names
+from fairseq_headprune.core.heads import HeadLayout, parse_head_spec
+from fairseq_headprune.fairseq_io.loading import load_subset
+from fairseq_headprune.records import layout as names
 from fairseq_headprune.studies import speed
-from fairseq_headprune.results.identity import file_sha256
-from fairseq_headprune.results.log import write_json_atomic
-from fairseq_headprune.surgery import prune_model
+from fairseq_headprune.records.identity import file_sha256
+from fairseq_headprune.records.log import write_json_atomic
+from fairseq_headprune.core.surgery import prune_model
 
 MODELS = ("unpruned", "masked", "pruned")
 

@@ -15,9 +15,9 @@ import os
 from typing import Dict, List, Mapping, Optional, Sequence
 
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.heads import ATTENTION_TYPES
-from fairseq_headprune.results import layout as names
-from fairseq_headprune.results.log import atomic_output, read_json
+from fairseq_headprune.core.heads import ATTENTION_TYPES
+from fairseq_headprune.records import layout as names
+from fairseq_headprune.records.log import atomic_output, read_json
 
 FUNCTIONS = ("positional", "syntactic", "rare", "none")  # a head with several labels counts under the first
 

@@ -22,9 +22,9 @@ from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.tasks import TASK_REGISTRY, FairseqTask, register_task
 
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.gates import INIT_LOG_ALPHA, TEMPERATURE
-from fairseq_headprune.heads import ATTENTION_TYPES, HeadSpecError, parse_head_spec
-from fairseq_headprune.masking import install_head_gates, install_head_masks, set_head_masks
+from fairseq_headprune.core.gates import INIT_LOG_ALPHA, TEMPERATURE
+from fairseq_headprune.core.heads import ATTENTION_TYPES, HeadSpecError, parse_head_spec
+from fairseq_headprune.core.masking import install_head_gates, install_head_masks, set_head_masks
 
 SUFFIX = "_headprune"
 

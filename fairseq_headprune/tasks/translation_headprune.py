@@ -2,7 +2,7 @@
 
 Any transformer-family model it builds, stock or ours, gets the masks before its checkpoint's weights load
 (masks are non-persistent buffers, so stock state dicts load unchanged); `--mask-heads` then sets ξ_h = 0.
-`--gated-types` adds Voita et al.'s Hard Concrete gate on every head of those types (fairseq_headprune.gates;
+`--gated-types` adds Voita et al.'s Hard Concrete gate on every head of those types (fairseq_headprune.core.gates;
 train them with the label_smoothed_cross_entropy_l0 criterion). A stock checkpoint loads into a gated model
 (the gates start at their initial value), and a gated checkpoint loads with or without the flag.
 Bad flags raise UserError, as fairseq's own classes raise; `fairseq-headprune` and, through the hook this package

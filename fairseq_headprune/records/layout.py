@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from fairseq_headprune.heads import ATTENTION_TYPES
+from fairseq_headprune.core.heads import ATTENTION_TYPES
 
 IMPORTANCE = "importance.json"
 PRUNING = "pruning.jsonl"

@@ -16,7 +16,7 @@ import torch
 
 from fairseq_headprune.errors import UserError
 
-PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the user module fairseq imports
 
 
 def trust_fairseq_checkpoints() -> None:

@@ -233,7 +233,7 @@ def translate_masks(evaluator, mask_sets: Sequence[Sequence], on_group: Callable
     searches, sized by `batching` (default auto); on a `workers.Workers` pool built with
     `evaluate.translate_worker` and this evaluator's spec, or in this process. on_group(indices, hypotheses) runs
     here, in order, as each group finishes. Returns the batching, settled, to record its `reason()`."""
-    from fairseq_headprune.workers import map_tasks
+    from fairseq_headprune.decoding.workers import map_tasks
 
     batching = batching or MaskBatching()
 

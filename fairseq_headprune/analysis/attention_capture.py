@@ -14,7 +14,7 @@ from typing import Dict, Iterator, List, Tuple
 
 import torch
 
-from fairseq_headprune.heads import attention_modules
+from fairseq_headprune.core.heads import attention_modules
 
 Key = Tuple[str, int]
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The restructure's equivalence check: the same small study (the demo's command on 8 sentences) with the code
-# before the restructure (commit 7bf874c, checked out at /tmp/old) and after; rows compared by work/compare_eq.py.
+# before the restructure (commit 7bf874c, checked out at /tmp/old) and after; rows compared by benchmarks/restructure_compare_rows.py.
 set -euo pipefail
 cd /work/main
 export OMP_NUM_THREADS=1

@@ -27,7 +27,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
 
-from fairseq_headprune.heads import attention_modules
+from fairseq_headprune.core.heads import attention_modules
 
 Key = Tuple[str, int]
 RULE = ("conservative LRP (Ali et al. 2022, AH+LN rules): attention probabilities and LayerNorm's 1/std "

@@ -16,7 +16,7 @@ from typing import Dict, List, Mapping, Tuple
 
 import torch
 
-from fairseq_headprune.heads import ATTENTION_TYPES
+from fairseq_headprune.core.heads import ATTENTION_TYPES
 
 Key = Tuple[str, int]
 

@@ -26,9 +26,9 @@ from typing import Dict, Iterable, List, Mapping, Sequence, Tuple, Union
 import torch
 from torch import nn
 
-from fairseq_headprune.heads import ATTENTION_TYPES, Head, HeadLayout, HeadSpecError, attention_modules, head_ids
+from fairseq_headprune.core.heads import ATTENTION_TYPES, Head, HeadLayout, HeadSpecError, attention_modules, head_ids
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.masking import HeadMaskedMultiheadAttention, head_gates
+from fairseq_headprune.core.masking import HeadMaskedMultiheadAttention, head_gates
 
 PRUNED_ARCH = "headprune_transformer"
 
@@ -283,8 +283,8 @@ def pruned_checkpoint_state(model, source_checkpoint) -> dict:
 
 def save_pruned_checkpoint(model, source_checkpoint, out_path) -> Path:
     """Write pruned_checkpoint_state(model, source_checkpoint) to `out_path`, whole or not at all, under a lock on
-    the path (fairseq_headprune.checkpoint_io)."""
-    from fairseq_headprune.checkpoint_io import write_checkpoint_pair
+    the path (fairseq_headprune.fairseq_io.checkpoint_io)."""
+    from fairseq_headprune.fairseq_io.checkpoint_io import write_checkpoint_pair
 
     state = pruned_checkpoint_state(model, source_checkpoint)
     write_checkpoint_pair(str(out_path), lambda path: torch.save(state, path))

@@ -16,8 +16,8 @@ from typing import Dict, Iterator, List, Optional, Tuple
 import torch
 from torch import nn
 
-from fairseq_headprune.heads import attention_modules
-from fairseq_headprune.masking import current_masked_heads, set_head_masks
+from fairseq_headprune.core.heads import attention_modules
+from fairseq_headprune.core.masking import current_masked_heads, set_head_masks
 
 
 class LayerInputCache:

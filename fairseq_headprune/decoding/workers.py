@@ -94,7 +94,7 @@ def run_tasks(tasks: Iterable, handler: Callable[[Any, Any], Any], on_result: Ca
 
 
 def _describe(error: BaseException) -> Tuple[bool, str]:
-    from fairseq_headprune.fairseq_errors import user_message
+    from fairseq_headprune.fairseq_io.fairseq_errors import user_message
 
     message = user_message(error)  # a UserError, or fairseq's own failure on the user's input
     if message is not None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Sequence
 
-from fairseq_headprune.heads import ATTENTION_TYPES
+from fairseq_headprune.core.heads import ATTENTION_TYPES
 
 
 def best_per_layer(rows: Sequence[Dict], metric: str = "bleu") -> List[Dict]:

@@ -11,7 +11,7 @@ Two masks multiply: `head_mask`, a (num_heads,) buffer that is the model's own Î
 so state dicts stay stock), and `row_head_mask`, an optional (batch, num_heads) tensor giving every batch row
 its own Î¾: per-sentence gradient leaves for importance scoring, or several masks sharing one decode.
 
-A third factor is optional: `head_gate`, Voita et al.'s Hard Concrete gate per head (fairseq_headprune.gates),
+A third factor is optional: `head_gate`, Voita et al.'s Hard Concrete gate per head (fairseq_headprune.core.gates),
 a submodule that exists only on gated models (`install_head_gates`, or loading a gated checkpoint: a load
 pre-hook creates the gates that a state dict holds). A gated module always takes the Python path.
 
@@ -30,8 +30,8 @@ import torch
 from fairseq.modules.multihead_attention import MultiheadAttention
 
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.gates import INIT_LOG_ALPHA, TEMPERATURE, HeadGate
-from fairseq_headprune.heads import ATTENTION_TYPES, Head, HeadLayout, attention_modules, head_ids
+from fairseq_headprune.core.gates import INIT_LOG_ALPHA, TEMPERATURE, HeadGate
+from fairseq_headprune.core.heads import ATTENTION_TYPES, Head, HeadLayout, attention_modules, head_ids
 
 
 class UnsupportedMaskError(UserError, ValueError):

@@ -37,9 +37,9 @@ from dataclasses import asdict, dataclass, replace
 from statistics import mean
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from fairseq_headprune.heads import ATTENTION_TYPES
-from fairseq_headprune.results.log import read_log
-from fairseq_headprune.results.rows import best_per_layer as rows_best_per_layer
+from fairseq_headprune.core.heads import ATTENTION_TYPES
+from fairseq_headprune.records.log import read_log
+from fairseq_headprune.records.rows import best_per_layer as rows_best_per_layer
 
 SUPPORTED, NOT_SUPPORTED, NOT_RUN, INCOMPLETE = "supported", "not supported", "not run", "incomplete"
 TYPES = ATTENTION_TYPES
@@ -433,7 +433,7 @@ def l0_points(path: str) -> List[Dict]:
 
     Each point: method, lambda, updates, types, heads_kept, heads_total, kept_per_type, closed_per_type (from
     `masked`; None without it), bleu."""
-    from fairseq_headprune.heads import parse_head_spec
+    from fairseq_headprune.core.heads import parse_head_spec
 
     header, rows = read_jsonl(path)
     total = header.get("total_heads")

@@ -2,7 +2,7 @@
 process per folder.
 
 A results log is an append-only JSONL file whose first line is a header: the run identity the rows were computed
-under (fairseq_headprune.results.identity). `read_log` is the only reader; `ResultsLog` the only writer;
+under (fairseq_headprune.records.identity). `read_log` is the only reader; `ResultsLog` the only writer;
 `FolderLock` makes a second process writing into the same folder stop with one line.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ import tempfile
 from typing import IO, Any, Dict, Iterator, List, Optional, Tuple
 
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.results.identity import describe_differences, upgrade_fingerprints
+from fairseq_headprune.records.identity import describe_differences, upgrade_fingerprints
 
 
 @contextlib.contextmanager

@@ -11,10 +11,10 @@ import torch
 from fairseq.sequence_generator import EnsembleModel
 
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.heads import Head, attention_modules, head_ids
-from fairseq_headprune.layer_inputs import LayerInputCache, lowest_masked_layers
-from fairseq_headprune.loading import Loaded, batches
-from fairseq_headprune.masking import set_head_masks
+from fairseq_headprune.core.heads import Head, attention_modules, head_ids
+from fairseq_headprune.decoding.layer_inputs import LayerInputCache, lowest_masked_layers
+from fairseq_headprune.fairseq_io.loading import Loaded, batches
+from fairseq_headprune.core.masking import set_head_masks
 
 
 class _ReusableEncoderEnsemble(EnsembleModel):
@@ -43,7 +43,7 @@ class EvaluatorSpec:
         local worker serving several sweeps of one report), and the same loaded model for the same config."""
         import pickle
 
-        from fairseq_headprune.loading import load
+        from fairseq_headprune.fairseq_io.loading import load
 
         if not reuse:
             return SubsetEvaluator(load(self.cfg), self.subset, self.references)
@@ -117,7 +117,7 @@ class SubsetEvaluator:
         in id order; never their batching, so a resume with another --max-tokens or --batch-size is the same run.
         Files written before (whose fingerprint hashed the padded batches) are recognised by
         results.identity.same_data while the batching they were written with is the current one."""
-        from fairseq_headprune.results.identity import remember_legacy_fingerprint
+        from fairseq_headprune.records.identity import remember_legacy_fingerprint
 
         pad = self.loaded.task.source_dictionary.pad()
         sources = {}
@@ -165,7 +165,7 @@ class SubsetEvaluator:
         masks_per_batch 1 decodes one mask at a time. Above 1, several masks share one beam search: each
         sentence is repeated once per mask and every row carries its own ξ, which pays fairseq's per-step Python
         overhead once: faster for small batches (and on GPUs), slower where a beam search of a few thousand rows is
-        compute-bound on a CPU. fairseq_headprune.mask_batching chooses the number by measuring (`auto`). Either
+        compute-bound on a CPU. fairseq_headprune.decoding.mask_batching chooses the number by measuring (`auto`). Either
         way, masks that leave the encoder alone reuse one encoder pass per batch, and the hypotheses are the same.
         The model's own masks must be off (all ξ = 1) meanwhile.
         """
@@ -302,10 +302,10 @@ def _repeat(sample, times: int) -> dict:
 
 
 def translate_worker(spec: EvaluatorSpec) -> Callable[[Sequence, Any], Any]:
-    """A local worker's handler (fairseq_headprune.workers): the evaluator built once from `spec`, then for each
+    """A local worker's handler (fairseq_headprune.decoding.workers): the evaluator built once from `spec`, then for each
     task, a group of (index, heads) pairs, the hypotheses of each (the group sharing beam searches) and the CPU
     seconds they took (mask_batching.timed_translation)."""
-    from fairseq_headprune.mask_batching import timed_translation
+    from fairseq_headprune.decoding.mask_batching import timed_translation
 
     evaluator = spec.open(reuse=True)
 

@@ -2,7 +2,7 @@
 model, Multi30k valid: both rankings over the 144 heads and their Spearman correlation (scipy).
 
 Run from the repository root:
-    OMP_NUM_THREADS=1 .venv/bin/python results/de-en/importance-per-position/measure.py
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/importance_per_position.py
 (--max-tokens 4000; weights frozen, eval mode, fp32; about 20 minutes of one core, 55 s of it per sentence.)
 """
 import json
@@ -13,7 +13,7 @@ import time
 import torch
 from scipy.stats import kendalltau, spearmanr
 
-OUT = os.path.dirname(os.path.abspath(__file__))
+OUT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results", "de-en", "importance-per-position")
 ARGV = ["work/de-en/data-bin", "--path", "checkpoints/de-en/model.pt", "--gen-subset", "valid",
         "--max-tokens", "4000", "--task", "translation_headprune", "--user-dir", "fairseq_headprune"]
 
@@ -23,9 +23,9 @@ def main():
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
     from fairseq_headprune.criterions.head_importance import HeadImportanceCriterion
-    from fairseq_headprune.importance import normalize_by_layer, to_nested_lists
-    from fairseq_headprune.loading import batches, load
-    from fairseq_headprune.results.identity import file_sha256
+    from fairseq_headprune.core.importance import normalize_by_layer, to_nested_lists
+    from fairseq_headprune.fairseq_io.loading import batches, load
+    from fairseq_headprune.records.identity import file_sha256
     from fairseq_headprune.studies.scoring import compute_importance, frozen_weights
 
     torch.manual_seed(1)
@@ -60,7 +60,7 @@ def main():
                    "and on the per-layer l2-normalised scores that `score` writes and pruning orders use",
         "bottom_overlap": "heads among the k least important by both definitions, k = 10%..50% of 144",
     },
-        "command": "OMP_NUM_THREADS=1 .venv/bin/python results/de-en/importance-per-position/measure.py",
+        "command": "OMP_NUM_THREADS=1 .venv/bin/python benchmarks/importance_per_position.py",
         "checkpoint": "checkpoints/de-en/model.pt",
         "checkpoint_sha256": file_sha256("checkpoints/de-en/model.pt"),
         "data": "work/de-en/data-bin", "subset": "valid",

@@ -1,0 +1,1 @@
+"""Voita et al.'s head analysis: attention capture, layer-wise relevance propagation, each head's function."""

@@ -1,0 +1,1 @@
+"""The `report` command: one loaded model through every study, its claims checked, rendered as markdown and HTML."""
