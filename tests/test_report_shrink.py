@@ -51,7 +51,7 @@ def test_bad_study_options_are_refused(field, value):
 
 def test_the_default_sweep_shows_the_shrink_commands_default_pipeline():
     """The shrink command's defaults are the method `full+out-proj+ffn+min1`: the sweep's last default method."""
-    from fairseq_headprune.compress.shrink import ShrinkOptions
+    from fairseq_headprune.compress.shrink import ShrinkOptions, with_fit
 
     default = ShrinkOptions()
     method = sweep.method_options(sweep.DEFAULT_METHODS[-1], default)
@@ -60,8 +60,8 @@ def test_the_default_sweep_shows_the_shrink_commands_default_pipeline():
     # a method without the minimum step lets sublayers empty, and changes nothing else
     assert sweep.method_options("full+out-proj+ffn", default) == replace(method, min_heads=0)
     # the input maps are a step of their own, off unless named (whatever the base options say)
-    assert sweep.method_options("full+out-proj+ffn+in+min1", default) == replace(method, refit_inputs=True)
-    assert not sweep.method_options("full+out-proj+ffn+min1", replace(default, refit_inputs=True)).refit_inputs
+    assert sweep.method_options("full+out-proj+ffn+in+min1", default) == with_fit(method, refit_inputs=True)
+    assert not sweep.method_options("full+out-proj+ffn+min1", with_fit(default, refit_inputs=True)).reconstruction.refit_inputs
 
 
 def test_tables_split_curves_candidates_and_l0():

@@ -10,6 +10,7 @@ from fairseq_headprune.compress import select
 from fairseq_headprune.core.heads import Head, HeadLayout
 from fairseq_headprune.core.masking import install_head_masks, row_head_masks, set_head_masks
 from fairseq_headprune.compress.reconstruct import ReconstructionOptions, reconstruct
+from fairseq_headprune.compress.window_fit import WindowOptions
 from fairseq_headprune.compress.sublayers import capture, token_mask
 from fairseq_headprune.records.identity import file_sha256
 from fairseq_headprune.compress.shrink import (
@@ -136,7 +137,8 @@ def test_nothing_removed_reconstruction_is_the_identity(tiny, method, norm):
     set_head_masks(model, [])
     student = copy.deepcopy(model)
     before = {k: v.clone() for k, v in student.state_dict().items()}
-    fits = reconstruct(model, student, samples, pad, ReconstructionOptions(method=method, refit_unpruned=True))
+    fits = reconstruct(model, student, samples, pad, ReconstructionOptions(method=method, refit_unpruned=True,
+                                                                           refit_ffn=False))
     assert len(fits) == len(HeadLayout.of(model).heads)
     assert not reconstruct(model, student, samples, pad,
                            ReconstructionOptions(method=method, refit_ffn=True, refit_inputs=True))
@@ -172,7 +174,7 @@ def test_reconstruction_lowers_the_error_on_the_calibration_tokens(tiny, method,
     student = copy.deepcopy(model)
     set_head_masks(student, removed)
     ffn_student = copy.deepcopy(student)
-    fits = reconstruct(model, student, samples, pad, ReconstructionOptions(method=method))
+    fits = reconstruct(model, student, samples, pad, ReconstructionOptions(method=method, refit_ffn=False))
     assert [f.key for f in fits] == [("enc-self", 2), ("dec-self", 1), ("enc-dec", 2)]
     # with the FFN refit: every FFN above the first pruned sublayer, none below it
     ffn_fits = reconstruct(model, ffn_student, samples, pad, ReconstructionOptions(method=method, refit_ffn=True))
@@ -204,7 +206,8 @@ def test_window_fit_lowers_the_held_out_error_and_keeps_removed_heads_removed(ti
     student = copy.deepcopy(model)
     set_head_masks(student, removed)
     teacher_before = {k: v.clone() for k, v in model.state_dict().items()}
-    fits = reconstruct(model, student, samples, pad, ReconstructionOptions(window_steps=30, window_lr=1e-3))
+    fits = reconstruct(model, student, samples, pad, ReconstructionOptions(refit_ffn=False,
+                       window=WindowOptions(steps=30, lr=1e-3)))
     windows = [f for f in fits if f.part == "window"]
     assert [f.key for f in windows] == [("enc-self", 2), ("dec-self", 1), ("enc-dec", 2)]
     closed = {f.key: f for f in fits if f.part == "output"}
@@ -228,8 +231,9 @@ def test_window_fit_lowers_the_held_out_error_and_keeps_removed_heads_removed(ti
     wild = copy.deepcopy(model)
     set_head_masks(wild, removed)
     plain = copy.deepcopy(wild)
-    reconstruct(model, plain, samples, pad, ReconstructionOptions())
-    wild_fits = reconstruct(model, wild, samples, pad, ReconstructionOptions(window_steps=5, window_lr=10.0))
+    reconstruct(model, plain, samples, pad, ReconstructionOptions(refit_ffn=False))
+    wild_fits = reconstruct(model, wild, samples, pad, ReconstructionOptions(refit_ffn=False,
+                       window=WindowOptions(steps=5, lr=10.0)))
     assert all(f.method == "none" and f.steps == 0 for f in wild_fits if f.part == "window")
     for k, v in plain.state_dict().items():
         assert torch.equal(v, wild.state_dict()[k]), k
@@ -365,7 +369,7 @@ def test_pruned_checkpoint_decodes_as_the_in_memory_model(stock_checkpoint, tiny
     argv = _cmd(tiny_data, stock_checkpoint, "--remove", "40%", "--refit-inputs", "--out", out)[2:]
     cfg, args = cli.parse("shrink", command, [str(a) for a in argv])
     loaded = load(cfg)
-    options = command.options_from(args)
+    options = command.shrink_options(args)
     result, calibration = shrink(loaded, options, log=lambda *_: None)
     record = write_checkpoint(loaded, result, calibration, options, str(out), str(tmp_path / "small.json"), log=lambda *_: None)
     assert record["check"]["identical_hypotheses"]
@@ -399,7 +403,7 @@ def test_given_heads_are_removed_and_reconstructed_without_a_search(stock_checkp
     argv = _cmd(tiny_data, stock_checkpoint, "--heads", f"@{spec}", "--out", tmp_path / "g.pt")[2:]
     cfg, args = cli.parse("shrink", command, [str(a) for a in argv])
     loaded = load(cfg)
-    result, _ = shrink(loaded, command.options_from(args), log=lambda *_: None)
+    result, _ = shrink(loaded, command.shrink_options(args), log=lambda *_: None)
     assert result.selection.removed == parse_head_spec(f"@{spec}") and len(result.selection.removed) == 8
     assert result.selection.order == "given (--heads)"
     fitted = {f.key for f in result.fits if f.method != "none"}

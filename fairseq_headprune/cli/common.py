@@ -1,21 +1,19 @@
 """What every command checks before it starts work, and how options reach a study."""
 from __future__ import annotations
 
-import dataclasses
 import os
 from typing import Any, Optional, Tuple, Type, TypeVar
 
 from fairseq_headprune.errors import UserError
+from fairseq_headprune.options import from_arguments
 from fairseq_headprune.records.log import FolderLock
 
 T = TypeVar("T")
 
 
 def options_from(cls: Type[T], args, **overrides: Any) -> T:
-    """A study's options dataclass filled from argparse's namespace (same field names), then `overrides`."""
-    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls)
-              if f.name not in overrides and hasattr(args, f.name)}
-    return cls(**values, **overrides)
+    """A study's options dataclass filled from argparse's namespace (options.from_arguments), then `overrides`."""
+    return from_arguments(cls, args, **overrides)
 
 
 def results_folder(folder: str, shard: Optional[Tuple[int, int]] = None) -> FolderLock:

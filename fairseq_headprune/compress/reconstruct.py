@@ -26,7 +26,7 @@ to the teacher's is fitted by ridge least squares towards the identity on the ca
 the linear layers that read it (q/k/v, fc1: W' = W M, b' = b + W c) before the sublayer's own output is fitted.
 M is unconstrained, so the map that is best in the input space is also best for any of those layers' outputs.
 
-With `window_steps`, each refit attention sublayer is then fitted whole, softmax included, by Adam steps towards
+With `window.steps`, each refit attention sublayer is then fitted whole, softmax included, by Adam steps towards
 the same target (`window_fit`): the closed-form fit is its starting point.
 
 Guards: a singular or ill-conditioned system (condition > max_condition), a non-finite solution, a scale with
@@ -46,22 +46,30 @@ from fairseq_headprune.compress.sublayers import (ENCODER_OUT, ENCODER_TYPES, FF
                                                   SublayerFit, _input_consumers, capture, capture_inputs,
                                                   sublayer_keys, token_mask)
 from fairseq_headprune.compress.window_fit import WindowOptions, fit_window
+from fairseq_headprune.options import nested, option
 
 METHODS = ("none", "scales", "out-proj")
 
 
 @dataclass
 class ReconstructionOptions:
-    method: str = "out-proj"  # none | scales | out-proj
-    ridge: float = 1e-3
-    max_scale: float = 10.0
+    method: str = option("out-proj", flag="--refit", choices=METHODS,
+                         help="reconstruction: none, one scale per kept head (Kwon), or a ridge refit of out_proj")
+    ridge: float = option(1e-3, flag="--ridge", help="ridge of the out_proj refit (times the mean diagonal)")
+    max_scale: float = option(10.0, flag="--max-scale",
+                              help="a fit whose scale or weight norm grows past this factor is not applied (the "
+                                   "sublayer is left as it was)")
     max_condition: float = 1e12
-    refit_unpruned: bool = False  # also refit sublayers that lost no head (they see the drift from below too)
-    empty_bias: bool = True
-    refit_ffn: bool = False  # also refit every FFN's fc2 (ridge, same drift-corrected targets): beyond Kwon
-    refit_inputs: bool = False  # also map each drifted sublayer input back onto the teacher's (q/k/v, fc1): beyond Kwon
-    window_steps: int = 0  # then fit each refit attention's whole nonlinear window by this many Adam steps (window_fit)
-    window_lr: float = 3e-4
+    refit_unpruned: bool = option(False, flag="--refit-unpruned", help="also refit sublayers that lost no head")
+    empty_bias: bool = option(True, flag="--no-empty-bias", negate=True,
+                              help="leave the bias of emptied sublayers as it is")
+    refit_ffn: bool = option(True, flag="--no-refit-ffn", negate=True,
+                             help="leave the FFNs alone (by default every fc2 is refit towards the same "
+                                  "drift-corrected targets)")
+    refit_inputs: bool = option(False, flag="--refit-inputs",
+                                help="also map every drifted sublayer input back onto the unpruned model's, folded "
+                                     "into q/k/v and fc1 (beyond Kwon)")
+    window: WindowOptions = nested(WindowOptions)
 
 
 @torch.no_grad()
@@ -188,7 +196,7 @@ def reconstruct(teacher, student, samples: Sequence[dict], pad: int, options: Re
             what = "input map" if fit.part == "input" else \
                 f"{fit.kept} {'units' if fit.key[0] in FFN_TYPES else 'heads'} kept, {fit.method}"
             if fit.part == "window":
-                what += f" (step {fit.steps} of {options.window_steps} kept)"
+                what += f" (step {fit.steps} of {options.window.steps} kept)"
             log(f"{fit.key[0]}:{fit.key[1]} {what}: relative error "
                 f"{fit.error_before / energy:.4f} -> {fit.error_after / energy:.4f}{note}")
 
@@ -206,9 +214,9 @@ def reconstruct(teacher, student, samples: Sequence[dict], pad: int, options: Re
                 record(_fit_ffn(runner, key, target, pad, options))
             else:
                 record(_fit_sublayer(runner, key, modules[key], target, pad, options))
-            if options.window_steps > 0 and key[0] not in FFN_TYPES:
+            if options.window.steps > 0 and key[0] not in FFN_TYPES:
 
-                record(fit_window(runner, key, target, pad, WindowOptions(options.window_steps, options.window_lr)))
+                record(fit_window(runner, key, target, pad, options.window))
     return fits
 
 

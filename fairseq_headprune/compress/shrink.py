@@ -15,7 +15,7 @@ import os
 import re
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -27,6 +27,8 @@ from fairseq_headprune.decoding.evaluate import decoder_start
 from fairseq_headprune.core.heads import ATTENTION_TYPES, Head, HeadLayout, format_head_spec, parse_head_spec
 from fairseq_headprune.core.masking import head_gates, set_head_masks
 from fairseq_headprune.compress.reconstruct import METHODS, ReconstructionOptions, reconstruct
+from fairseq_headprune.compress.window_fit import WindowOptions
+from fairseq_headprune.options import nested, option
 from fairseq_headprune.compress.sublayers import SublayerFit
 
 Key = Tuple[str, int]
@@ -37,34 +39,63 @@ SHAPES = ("free", "per-stack")
 
 @dataclass
 class ShrinkOptions:
-    """What `fairseq-headprune shrink` does; every field has the command's default."""
+    """What `fairseq-headprune shrink` does: each field declares its option, default and help once (options.py)."""
 
-    remove: Optional[str] = None  # "50%" or "72": heads to remove (of the allowed types)
-    keep: Optional[str] = None  # the same, counted as heads kept
-    flops: Optional[str] = None  # "60%": the pruned model's decoding FLOPs at most this share of the unpruned's
-    types: Tuple[str, ...] = ATTENTION_TYPES
-    calibration_subset: str = "valid"
-    calibration_sentences: int = 1000
-    calibration_targets: str = "references"  # references (teacher forcing) | self (the model's own translations)
-    calibration_beam: int = 1  # beam for self targets (1 = greedy)
-    search: str = "full"  # full | block (greedy fills, compress.select) | fisher (diagonal, Kwon) | importance (Michel)
-    rearrange: bool = True  # Kwon's in-layer swaps after a diagonal (fisher) or block fill; the full fill has none
-    refit: str = "out-proj"  # none | scales | out-proj
-    ridge: float = 1e-3
-    max_scale: float = 10.0
-    refit_unpruned: bool = False
-    empty_bias: bool = True
-    refit_ffn: bool = True  # also refit every FFN's fc2 towards the same targets (beyond Kwon)
-    refit_inputs: bool = False  # also map every drifted sublayer input back onto the teacher's (q/k/v, fc1)
-    window_steps: int = 0  # then fit each refit attention sublayer whole, softmax included, by Adam (window_fit)
-    window_lr: float = 3e-4
-    search_steps: int = 1  # > 1: remove the budget in this many steps, reconstructing and re-scoring between them
-    min_heads: int = 1  # every attention sublayer keeps at least this many heads (1: none emptied; 0: no limit)
-    teacher_mildness: float = 0.0  # > 0: the teacher has this share of the removed heads masked (a milder mask)
-    check: bool = True
-    check_sentences: Optional[int] = None  # sentences decoded by both models before saving (all calibration)
-    shape: str = "free"  # free (any head count per layer) | per-stack (one per encoder, one per decoder: CTranslate2)
-    heads: Optional[str] = None  # TYPE:LAYER:HEADS,... or @file.json: remove and reconstruct these (no search)
+    remove: Optional[str] = option(None, flag="--remove", group="budget",
+                                   help="heads to remove: a number (72) or a share of the allowed heads (50%)")
+    keep: Optional[str] = option(None, flag="--keep", group="budget",
+                                 help="heads to keep: a number or a share of the allowed heads")
+    flops: Optional[str] = option(None, flag="--flops", group="budget",
+                                  help="the pruned model's decoding FLOPs at most this share of the unpruned's (60%)")
+    heads: Optional[str] = option(None, flag="--heads", metavar="SPEC", group="budget",
+                                  help="no search: remove and reconstruct these heads (TYPE:LAYER:HEADS,... or "
+                                       "@file.json, e.g. an L0 run's closed heads from `gates`)")
+    types: Tuple[str, ...] = option(ATTENTION_TYPES, flag="--types", parse=lambda text: parse_types(text),
+                                    shown=",".join(ATTENTION_TYPES), help="attention types that may lose heads")
+    calibration_subset: str = option("valid", flag="--calibration-subset",
+                                     help="the subset whose sentences the search and the fits read")
+    calibration_sentences: int = option(1000, flag="--calibration-sentences", help="how many of them (the first)")
+    calibration_targets: str = option("references", flag="--calibration-targets", choices=TARGETS,
+                                      help="teacher-force the references, or the unpruned model's own translations "
+                                           "(no references needed)")
+    calibration_beam: int = option(1, flag="--calibration-beam", help="beam for --calibration-targets self")
+    search: str = option("full", flag="--search", choices=SEARCHES,
+                         help="head selection: a greedy fill on the full or block-diagonal empirical Fisher, Kwon's "
+                              "diagonal Fisher score, or Michel's I_h")
+    search_steps: int = option(1, flag="--search-steps",
+                               help="remove the budget in N steps, reconstructing and re-scoring the heads between "
+                                    "steps")
+    rearrange: bool = option(True, flag="--no-rearrange", negate=True,
+                             help="skip Kwon's in-layer mask rearrangement (after --search fisher or block)")
+    shape: str = option("free", flag="--shape", choices=SHAPES,
+                        help="free: any number of heads per layer; per-stack: every encoder layer keeps the same "
+                             "number, every decoder self- and cross-attention layer another (the shape CTranslate2 "
+                             "runs faster: one head count per stack)")
+    min_heads: int = option(1, flag="--min-heads-per-layer", metavar="N",
+                            help="every attention sublayer keeps at least N heads (1: none is emptied; 0: no limit)")
+    teacher_mildness: float = option(0.0, flag="--teacher-mildness",
+                                     help="reconstruct towards a teacher with this share of the removed heads masked "
+                                          "(0: the unpruned model)")
+    check: bool = option(True, flag="--no-check", negate=True,
+                         help="skip decoding the calibration slice with both models")
+    check_sentences: Optional[int] = option(None, flag="--check-sentences",
+                                            help="calibration sentences decoded by the check (default all)")
+    reconstruction: ReconstructionOptions = nested(ReconstructionOptions)
+
+
+def flat_fields(options: ShrinkOptions) -> dict:
+    """The options as one flat dict under the names records and sweep logs have always used (refit, window_steps,
+    ...): nested in code, flat in files, so that older results folders still compare equal."""
+    fit = options.reconstruction
+    out = {k: v for k, v in asdict(options).items() if k != "reconstruction"}
+    out.update({k: v for k, v in asdict(fit).items() if k not in ("method", "window", "max_condition")})
+    out.update(refit=fit.method, window_steps=fit.window.steps, window_lr=fit.window.lr)
+    return out
+
+
+def with_fit(options: ShrinkOptions, **changes) -> ShrinkOptions:
+    """A copy whose reconstruction options have these fields changed."""
+    return replace(options, reconstruction=replace(options.reconstruction, **changes))
 
 
 @dataclass(frozen=True)
@@ -173,7 +204,8 @@ def validate(options: ShrinkOptions, model) -> Budget:
         raise UserError(f"--calibration-targets must be one of {', '.join(TARGETS)}")
     if options.search not in SEARCHES:
         raise UserError(f"--search must be one of {', '.join(SEARCHES)}")
-    if options.refit not in METHODS:
+    fit = options.reconstruction
+    if fit.method not in METHODS:
         raise UserError(f"--refit must be one of {', '.join(METHODS)}")
     if options.calibration_sentences < 1:
         raise UserError("--calibration-sentences must be at least 1")
@@ -185,11 +217,11 @@ def validate(options: ShrinkOptions, model) -> Budget:
         raise UserError(f"--min-heads-per-layer must be at least 0, not {options.min_heads}")
     if not 0 <= options.teacher_mildness < 1:
         raise UserError("--teacher-mildness must be in [0, 1)")
-    if options.ridge < 0 or options.max_scale <= 0:
+    if fit.ridge < 0 or fit.max_scale <= 0:
         raise UserError("--ridge must be >= 0 and --max-scale > 0")
-    if options.window_steps < 0 or options.window_lr <= 0:
+    if fit.window.steps < 0 or fit.window.lr <= 0:
         raise UserError("--window-steps must be >= 0 and --window-lr > 0")
-    if options.window_steps and options.refit == "none":
+    if fit.window.steps and fit.method == "none":
         raise UserError("--window-steps fits the sublayers --refit fits: it needs --refit scales or out-proj")
     layout = HeadLayout.of(model)
     if given:
@@ -204,6 +236,20 @@ def validate(options: ShrinkOptions, model) -> Budget:
             raise UserError(f"cannot remove {n} heads keeping at least {options.min_heads} in every attention "
                             f"sublayer: at most {removable} can go ({layout.describe()})")
     return budget
+
+
+def inert_options(options: ShrinkOptions) -> Optional[str]:
+    """An option given in a combination where it does nothing (it would be recorded and ignored), said in one
+    line; None when every option given acts."""
+    fit = options.reconstruction
+    if fit.window.lr != WindowOptions.lr and not fit.window.steps:
+        return "--window-lr sets the window fit's learning rate: it needs --window-steps N"
+    if options.calibration_beam != 1 and options.calibration_targets != "self":
+        return "--calibration-beam is the beam of --calibration-targets self: the references need none"
+    if not options.rearrange and options.search not in ("fisher", "block"):
+        return (f"--no-rearrange skips the rearrangement after --search fisher or block; --search {options.search} "
+                "has none")
+    return None
 
 
 def _validate_per_stack(options: ShrinkOptions, budget: Budget, layout: HeadLayout) -> None:
@@ -447,21 +493,17 @@ class ShrinkResult:
 
 def build_student(model, selection: Selection, calibration: Calibration, options: ShrinkOptions, pad: int,
                   grads: Optional[Dict[Key, torch.Tensor]] = None, log: Optional[Callable] = None) -> ShrinkResult:
-    """A copy of `model` with the selected heads masked and reconstructed as options.refit says."""
+    """A copy of `model` with the selected heads masked and reconstructed as options.reconstruction says."""
     start = time.perf_counter()
     student = copy.deepcopy(model)
     set_head_masks(student, selection.removed)
     teacher = model
-    if options.teacher_mildness > 0 and (options.refit != "none" or options.refit_ffn):
+    fit = options.reconstruction
+    if options.teacher_mildness > 0 and (fit.method != "none" or fit.refit_ffn):
         teacher = copy.deepcopy(model)
         milder = _milder(selection, grads, int(round(options.teacher_mildness * len(selection.removed))))
         set_head_masks(teacher, milder)
-    fits = reconstruct(teacher, student, calibration.samples, pad,
-                       ReconstructionOptions(method=options.refit, ridge=options.ridge, max_scale=options.max_scale,
-                                             refit_unpruned=options.refit_unpruned, empty_bias=options.empty_bias,
-                                             refit_ffn=options.refit_ffn, refit_inputs=options.refit_inputs,
-                                             window_steps=options.window_steps, window_lr=options.window_lr),
-                       log=log)
+    fits = reconstruct(teacher, student, calibration.samples, pad, options.reconstruction, log=log)
     return ShrinkResult(student, selection, fits, {"reconstruction": time.perf_counter() - start})
 
 
@@ -498,7 +540,7 @@ def search_with_reconstruction(model, grads, budget: Budget, options: ShrinkOpti
 
 
 def shrink(loaded, options: ShrinkOptions, log: Callable = print) -> Tuple[ShrinkResult, Calibration]:
-    """Calibrate, search and reconstruct: the in-memory result (export() writes it)."""
+    """Calibrate, search and reconstruct: the in-memory result (write_checkpoint() writes it)."""
     budget = validate(options, loaded.model)
     set_head_masks(loaded.model, [])
     calibration = calibrate(loaded, options)
@@ -605,7 +647,7 @@ def write_checkpoint(loaded, result: ShrinkResult, calibration: Calibration, opt
            json_path: Optional[str] = None, log: Callable = print) -> dict:
     """Physically prune the reconstructed model, check it, write the checkpoint (in its source's dtypes) and the JSON
     record as one pair (fairseq_headprune.fairseq_io.checkpoint_io: written once, atomically, under a lock on `out`)."""
-    from fairseq_headprune.fairseq_io.checkpoint_io import write_checkpoint_pair
+    from fairseq_headprune.fairseq_io.checkpoint_io import save_state, write_checkpoint_pair
     from fairseq_headprune.records.identity import file_sha256
     from fairseq_headprune.core.surgery import kept_heads, prune_model, pruned_checkpoint_state
 
@@ -632,6 +674,7 @@ def write_checkpoint(loaded, result: ShrinkResult, calibration: Calibration, opt
     result.seconds["export"] = time.perf_counter() - start
     params = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
     layout = HeadLayout.of(loaded.model)
+    flat = flat_fields(options)
     record = {
         "checkpoint": os.path.abspath(out),
         "source_checkpoint": os.path.abspath(loaded.checkpoint),
@@ -640,7 +683,7 @@ def write_checkpoint(loaded, result: ShrinkResult, calibration: Calibration, opt
         "heads_kept": len(layout.all_heads()) - len(result.selection.removed),
         "kept_heads": kept_heads(pruned),
         "selection": result.selection.summary(),
-        "reconstruction": {"options": {k: getattr(options, k) for k in (
+        "reconstruction": {"options": {k: flat[k] for k in (
             "refit", "ridge", "max_scale", "refit_unpruned", "empty_bias", "refit_ffn", "refit_inputs",
             "teacher_mildness")},
             "sublayers": result.fits_json(),
@@ -650,7 +693,7 @@ def write_checkpoint(loaded, result: ShrinkResult, calibration: Calibration, opt
         "stored_dtypes": sorted({str(dt) for dt in dtypes.values()}), "rounded_tensors": rounded,
         "params_before": params(loaded.model), "params_after": params(pruned),
         "seconds": result.seconds,
-        "options": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(options).items()},
+        "options": {k: (list(v) if isinstance(v, tuple) else v) for k, v in flat.items()},
     }
-    write_checkpoint_pair(out, lambda path: torch.save(state, path), record if json_path else None, json_path)
+    write_checkpoint_pair(out, lambda path: save_state(state, path), record if json_path else None, json_path)
     return record

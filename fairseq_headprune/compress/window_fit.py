@@ -27,13 +27,16 @@ from typing import Callable, List, Sequence
 import torch
 
 from fairseq_headprune.core.heads import attention_modules
+from fairseq_headprune.options import option
 from fairseq_headprune.compress.sublayers import Key, StopForward, SublayerFit, capture, token_mask
 
 
 @dataclass
 class WindowOptions:
-    steps: int = 0  # Adam steps per fitted sublayer (0: no window fit)
-    lr: float = 3e-4
+    steps: int = option(0, flag="--window-steps", metavar="N",
+                        help="after each closed-form refit, fit each refit attention sublayer whole, softmax included "
+                             "(q/k/v, out_proj), by N Adam steps of at most 1000 calibration tokens each (0: none)")
+    lr: float = option(3e-4, flag="--window-lr", help="Adam's learning rate of --window-steps")
     check_every: int = 25  # held-out error checked this often; the best step is kept
     seed: int = 1  # order of the calibration batches and of the sentences a step takes from a larger batch
     step_tokens: int = 1000  # a step takes the sentences of one batch, a random share of them above this many tokens

@@ -4,7 +4,7 @@ The model and task are loaded once; every part is a study called as a function o
 `score` (I_h), `ablate --mode single` and `--mode keep-one`, `prune` (whole model by --prune-orders; each attention
 type alone by importance), `speed` (the heads the importance order prunes at --speed-percent), `analyze`, and
 `shrink` (retraining-free pruning to a budget, over budgets: studies.shrink_sweep).
-Then it checks the papers' claims against the result files (fairseq_headprune.report.claims) and writes DIR/report.md and
+Then it checks the papers' claims against the result files (report.claims) and writes DIR/report.md and
 a self-contained DIR/report.html (figures embedded) with every table and figure, the sacreBLEU signatures and, for
 each part, the command line that produces or resumes it on its own (rendered from the part's options);
 DIR/claims.json holds the claim rows with the files they were computed from.
@@ -28,6 +28,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from fairseq_headprune.report.document import Document, to_html, to_markdown
 from fairseq_headprune.errors import UserError
+from fairseq_headprune.options import option
 from fairseq_headprune.core.heads import ATTENTION_TYPES, HeadLayout
 from fairseq_headprune.decoding.mask_batching import parse_masks_per_batch
 from fairseq_headprune.records import layout as names
@@ -52,33 +53,66 @@ class ReportOptions:
     """What the report runs and how; field names are the command's options."""
 
     subset: str = field(metadata={"flag": "--gen-subset"})
-    parts: str = ",".join(PARTS)
-    references: Optional[str] = None
-    importance_subset: Optional[str] = None
-    masks_per_batch: Union[int, str] = "auto"
+    parts: str = option(",".join(PARTS), flag="--parts",
+                        help=f"parts to run, comma-separated, from {', '.join(PARTS)}")
+    references: Optional[str] = option(None, flag="--references",
+                                       help="raw reference file of --gen-subset (default: its decoded targets)")
+    importance_subset: Optional[str] = option(None, flag="--importance-subset",
+                                              help="subset I_h is computed on (default: --gen-subset)")
+    masks_per_batch: Union[int, str] = "auto"  # cli.common.add_sweep_options, shared with ablate and prune
     workers: Union[int, str] = "auto"
-    keep_one_select: str = "bleu"
-    bootstrap_sample_ratio: float = 0.5  # compare-mt's default, as Michel et al. presumably ran it
-    prune_orders: str = "importance,oracle,random"
-    prune_step: float = 0.1
-    speed_percent: float = 50.0
-    speed_batch_sizes: str = "1,4,16,64"
-    speed_runs: int = 3
-    speed_sentences: int = 128
-    analyze_sentences: Optional[int] = None
-    shrink_percents: str = ",".join(f"{p:g}" for p in shrink_sweep.DEFAULT_PERCENTS)
-    shrink_methods: str = ",".join(shrink_sweep.DEFAULT_METHODS)
-    shrink_calibration_subset: str = "valid"
-    shrink_calibration_sentences: int = 1000
-    deploy_percent: float = 50.0
-    deploy_runs: int = 3
-    deploy_batch1_sentences: int = 100
-    dynamics: Optional[str] = None  # None: the bundled model's training run for the bundled model, else none
-    l0_sweep: Optional[str] = None
-    l0_encoder_sweep: Optional[str] = None  # the L0 sweep with encoder self-attention gated alone (claim V)
-    recover_study: Optional[str] = None  # None: the bundled model's recover study for the bundled model, else none
-    note: str = ""
-    render_only: bool = False
+    keep_one_select: str = option("bleu", flag="--keep-one-select", choices=("bleu", "loss"),
+                                  help="keep-one: choose each layer's head by BLEU on --gen-subset (every head "
+                                       "decoded), or by teacher-forced NLL on --importance-subset (or --gen-subset) "
+                                       "and decode only the chosen heads on --gen-subset (BLEU, significance): about "
+                                       "20x faster")
+    bootstrap_sample_ratio: float = option(0.5, flag="--bootstrap-sample-ratio",
+                                           help="single, keep-one: size of each bootstrap resample as a share of the "
+                                                "set (compare-mt's 0.5, so the verdicts compare with Michel et al.'s; "
+                                                "`ablate` defaults to 1)")
+    prune_orders: str = option("importance,oracle,random", flag="--prune-orders",
+                               help="prune: orders of the whole-model curves")
+    prune_step: float = option(0.1, flag="--prune-step", help="prune: share of heads masked at each step")
+    speed_percent: float = option(50.0, flag="--speed-percent",
+                                  help="speed: prune the heads the importance order prunes at this percent")
+    speed_batch_sizes: str = option("1,4,16,64", flag="--speed-batch-sizes", help="speed: batch sizes timed")
+    speed_runs: int = option(3, flag="--speed-runs", help="speed: interleaved timing rounds")
+    speed_sentences: int = option(128, flag="--speed-sentences", help="speed: sentences timed")
+    analyze_sentences: Optional[int] = option(None, flag="--analyze-sentences",
+                                              help="analyze: only the first N sentences (default: all)")
+    shrink_percents: str = option(",".join(f"{p:g}" for p in shrink_sweep.DEFAULT_PERCENTS), flag="--shrink-percents",
+                                  help="shrink: shares of the heads removed without retraining, one budget each")
+    shrink_methods: str = option(",".join(shrink_sweep.DEFAULT_METHODS), flag="--shrink-methods",
+                                 help="shrink: the methods compared at every budget (see `fairseq-headprune shrink "
+                                      "--help`)")
+    shrink_calibration_subset: str = option("valid", flag="--shrink-calibration-subset",
+                                            help="shrink: subset of DATA the pruning is fitted on (another than "
+                                                 "--gen-subset, which scores it)")
+    shrink_calibration_sentences: int = option(1000, flag="--shrink-calibration-sentences",
+                                               help="shrink: calibration sentences (the first N of that subset)")
+    deploy_percent: float = option(50.0, flag="--deploy-percent",
+                                   help="deploy: the share of heads its per-stack shrink removes (fitted on the "
+                                        "shrink part's calibration sentences), timed beside the unpruned model in "
+                                        "fairseq and CTranslate2")
+    deploy_runs: int = option(3, flag="--deploy-runs", help="deploy: interleaved timing rounds")
+    deploy_batch1_sentences: int = option(100, flag="--deploy-batch1-sentences",
+                                          help="deploy: sentences timed one at a time (latency)")
+    dynamics: Optional[str] = option(None, flag="--dynamics",
+                                     help="dynamics.jsonl of `dynamics` for claim C5: this model's training run "
+                                          "(default: the bundled model's run for the bundled model, none for any "
+                                          "other; a file of another model is judged and the report says whose it is)")
+    l0_sweep: Optional[str] = option(None, flag="--l0-sweep", metavar="FILE",
+                                     help="result file of Voita's L0 λ sweep (`compare`) for the Voita claim")
+    l0_encoder_sweep: Optional[str] = option(None, flag="--l0-encoder-sweep", metavar="FILE",
+                                             help="the same with encoder self-attention gated alone (Voita's main "
+                                                  "experiment): when given, the Voita claim's verdict is this sweep's")
+    recover_study: Optional[str] = option(None, flag="--recover-study", metavar="FILE",
+                                          help="recover-test.json of benchmarks/recover_study.py, shown as the "
+                                               "report's recover section (default: the bundled model's study, for "
+                                               "the bundled model only)")
+    note: str = option("", flag="--note", help="a sentence for the report's header (e.g. how the data was sliced)")
+    render_only: bool = option(False, flag="--render-only",
+                               help="run nothing: write the report from the result files already in --results-dir")
 
     def part_names(self) -> List[str]:
         parts = [p.strip() for p in self.parts.split(",") if p.strip()]
@@ -506,10 +540,10 @@ def check(options: ReportOptions, parts: Dict[str, Part]) -> None:
         raise UserError(f"--keep-one-select must be bleu or loss, not {options.keep_one_select!r}")
     if options.references and not os.path.isfile(options.references):
         raise UserError(f"references not found: {options.references}")
-    for option, path in (("--l0-sweep", options.l0_sweep), ("--l0-encoder-sweep", options.l0_encoder_sweep),
-                         ("--recover-study", options.recover_study)):
+    for flag, path in (("--l0-sweep", options.l0_sweep), ("--l0-encoder-sweep", options.l0_encoder_sweep),
+                       ("--recover-study", options.recover_study)):
         if path and not os.path.isfile(path):
-            raise UserError(f"{option}: no such file: {path}")
+            raise UserError(f"{flag}: no such file: {path}")
     if not 0 < options.speed_percent < 100:
         raise UserError(f"--speed-percent must be in (0, 100), not {options.speed_percent}")
     pruning.PruneOptions(subset=options.subset, order=options.prune_orders, step=options.prune_step).orders()
@@ -608,11 +642,11 @@ def snapshot_inputs(out: str, dynamics: Optional[str], l0_sweep: Optional[str],
     import shutil
 
     copies = []
-    for path, name, option in ((dynamics, "dynamics.jsonl", None), (l0_sweep, "l0-sweep.jsonl", "--l0-sweep"),
-                               (l0_encoder_sweep, "l0-encoder-sweep.jsonl", "--l0-encoder-sweep")):
+    for path, name, flag in ((dynamics, "dynamics.jsonl", None), (l0_sweep, "l0-sweep.jsonl", "--l0-sweep"),
+                             (l0_encoder_sweep, "l0-encoder-sweep.jsonl", "--l0-encoder-sweep")):
         if not path or not os.path.exists(path):
-            if path and option:
-                raise UserError(f"{option}: no such file: {path}")
+            if path and flag:
+                raise UserError(f"{flag}: no such file: {path}")
             copies.append(path)
             continue
         target = os.path.join(out, names.INPUTS, name)
@@ -620,7 +654,7 @@ def snapshot_inputs(out: str, dynamics: Optional[str], l0_sweep: Optional[str],
         if os.path.abspath(path) != os.path.abspath(target):
             shutil.copyfile(path, target)
             figure = os.path.splitext(path)[0] + ".png"
-            if option and os.path.exists(figure):
+            if flag and os.path.exists(figure):
                 shutil.copyfile(figure, os.path.splitext(target)[0] + ".png")
         copies.append(target)
     return tuple(copies)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from fairseq_headprune.compress import select
@@ -35,9 +35,11 @@ from fairseq_headprune.compress.shrink import (
     ShrinkOptions,
     build_student,
     calibrate,
+    flat_fields,
     parse_types,
     search_with_reconstruction,
     select_heads,
+    with_fit,
 )
 
 # ShrinkOptions fields a sweep method name sets (method_options); the others are the sweep's fixed settings
@@ -103,29 +105,29 @@ def method_options(method: str, base: ShrinkOptions) -> ShrinkOptions:
     order = {"michel": "importance", "fisher": "fisher", "block": "block", "full": "full"}.get(parts[0])
     if order is None:
         raise UserError(f"unknown sweep method {method!r}: it starts with michel, fisher, block or full")
-    opts = replace(base, search=order, rearrange=False, refit="none", teacher_mildness=0.0, refit_unpruned=False,
-                   empty_bias=True, refit_ffn=False, refit_inputs=False, search_steps=1, min_heads=0)
+    opts = replace(base, search=order, rearrange=False, teacher_mildness=0.0, search_steps=1, min_heads=0)
+    opts = with_fit(opts, method="none", refit_unpruned=False, empty_bias=True, refit_ffn=False, refit_inputs=False)
     for step in parts[1:]:
         if step == "rearrange":
             opts = replace(opts, rearrange=True)
         elif step in ("scales", "out-proj"):
-            opts = replace(opts, refit=step)
+            opts = with_fit(opts, method=step)
         elif step.startswith("mild") and step[4:].isdigit():
             opts = replace(opts, teacher_mildness=int(step[4:]) / 100)
         elif step == "all":
-            opts = replace(opts, refit_unpruned=True)
+            opts = with_fit(opts, refit_unpruned=True)
         elif step.startswith("steps") and step[5:].isdigit():
             opts = replace(opts, search_steps=int(step[5:]))
         elif step == "ffn":
-            opts = replace(opts, refit_ffn=True)
+            opts = with_fit(opts, refit_ffn=True)
         elif step == "in":
-            opts = replace(opts, refit_inputs=True)
+            opts = with_fit(opts, refit_inputs=True)
         elif step.startswith("ridge"):
-            opts = replace(opts, ridge=float(step[5:]))
+            opts = with_fit(opts, ridge=float(step[5:]))
         elif step.startswith("min") and step[3:].isdigit():
             opts = replace(opts, min_heads=int(step[3:]))
         elif step == "nobias":
-            opts = replace(opts, empty_bias=False)
+            opts = with_fit(opts, empty_bias=False)
         else:
             raise UserError(f"unknown step {step!r} in sweep method {method!r}")
     return opts
@@ -171,7 +173,7 @@ def run_sweep(loaded, evaluator, options: SweepOptions, log, say: Callable = pri
         selection = select_heads(model, grads, budget, opts)
         t0 = time.perf_counter()
         fits = []
-        if opts.refit == "none" and not opts.refit_ffn:
+        if opts.reconstruction.method == "none" and not opts.reconstruction.refit_ffn:
             set_head_masks(model, selection.removed)
             try:
                 hyps = evaluator.translate()
@@ -376,7 +378,7 @@ def run(loaded, options: SweepOptions, results_dir: str, subset: str, references
     log = ResultsLog(os.path.join(results_dir, SWEEP_LOG), identity)
     # the settings the methods do not set (calibration, ridge, guards) are fixed per tag: a rerun with others under
     # the same tag is refused instead of resuming its rows; another tag is another variant and joins the file
-    fixed = {k: v for k, v in asdict(options.shrink).items() if k not in METHOD_FIELDS}
+    fixed = {k: v for k, v in flat_fields(options.shrink).items() if k not in METHOD_FIELDS}
     log.confirm({f"inputs.settings[{options.tag or 'default'}]": fixed})
     rows = run_sweep(loaded, evaluator, options, log, say)
     l0 = l0_rows(l0_compare, log.header)

@@ -1,0 +1,116 @@
+"""Options declared once, on the dataclasses the library takes (fairseq's pattern, `gen_parser_from_dataclass`).
+
+A field made with `option(...)` carries its command-line flag, help and choices in its metadata; its default is the
+dataclass's own. `add_arguments` builds the parser's arguments from them (nested dataclasses included) and
+`from_arguments` builds the options back from the parsed namespace, so a default, a help text and a check are each
+written in one place and nothing is copied field by field between layers. The library itself never sees argparse.
+"""
+from __future__ import annotations
+
+import dataclasses
+import typing
+from typing import Any, Callable, Dict, Optional, Sequence
+
+
+def option(default: Any = dataclasses.MISSING, *, flag: str, help: str, choices: Optional[Sequence[str]] = None,
+           metavar: Optional[str] = None, negate: bool = False, parse: Optional[Callable[[str], Any]] = None,
+           shown: Optional[str] = None, group: Optional[str] = None):
+    """A dataclass field with its command-line form: `negate` makes a True default a `--no-...` switch, `parse`
+    turns the given text into the field's value (shown: the default as the user would type it), and fields of one
+    `group` are mutually exclusive on the command line."""
+    metadata = {"flag": flag, "help": help, "choices": choices, "metavar": metavar, "negate": negate, "parse": parse,
+                "shown": shown, "group": group}
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def nested(cls):
+    """A field holding another options dataclass, whose own fields become arguments of the same parser."""
+    return dataclasses.field(default_factory=cls, metadata={"nested": True})
+
+
+def _fields(cls):
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        yield f, hints[f.name]
+
+
+def _scalar_type(hint) -> Optional[type]:
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    base = args[0] if typing.get_origin(hint) is typing.Union and len(args) == 1 else hint
+    return base if base in (int, float) else None
+
+
+def _is_option(meta) -> bool:
+    """A field made by option(): other fields (set by the code, or read from fairseq's own arguments) are skipped."""
+    return "flag" in meta and "help" in meta
+
+
+def _dest(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")
+
+
+def add_arguments(parser, cls, groups: Optional[Dict[str, Any]] = None) -> None:
+    """Every `option` field of cls (and of its nested dataclasses) as an argument of parser (or an argument group)."""
+    groups = {} if groups is None else groups
+    for f, hint in _fields(cls):
+        meta = f.metadata
+        if meta.get("nested"):
+            add_arguments(parser, hint, groups)
+            continue
+        if not _is_option(meta):
+            continue
+        target = parser
+        if meta["group"]:
+            if meta["group"] not in groups:
+                groups[meta["group"]] = parser.add_mutually_exclusive_group()
+            target = groups[meta["group"]]
+        text = meta["help"].replace("%", "%%")  # argparse formats help with %
+        if meta["negate"] or hint is bool:  # a switch: --no-X turns a True default off, --X a False one on
+            target.add_argument(meta["flag"], action="store_true", help=text)
+            continue
+        default = meta["shown"] if meta["shown"] is not None else f.default
+        kwargs = {"help": text, "metavar": meta["metavar"], "choices": meta["choices"]}
+        if meta["parse"] is None and _scalar_type(hint):
+            kwargs["type"] = _scalar_type(hint)
+        if default is not None:
+            kwargs["help"] = f"{text} (default {str(default).replace('%', '%%')})"
+        target.add_argument(meta["flag"], default=None, **{k: v for k, v in kwargs.items() if v is not None})
+
+
+def from_arguments(cls, args, **overrides):
+    """The options dataclass as the parsed arguments give it: a field whose argument was not given keeps the
+    dataclass default; a field not made by option() takes the argument of its own name when the parser has one
+    (fairseq's options, or arguments a command declares itself); overrides set fields that no argument holds."""
+    values = {}
+    for f, hint in _fields(cls):
+        meta = f.metadata
+        if f.name in overrides:
+            continue
+        if meta.get("nested"):
+            values[f.name] = from_arguments(hint, args)
+        elif _is_option(meta):
+            given = getattr(args, _dest(meta["flag"]))
+            if meta["negate"] or hint is bool:
+                if given:
+                    values[f.name] = not f.default
+            elif given is not None:
+                values[f.name] = meta["parse"](given) if meta["parse"] else given
+        elif hasattr(args, f.name):
+            values[f.name] = getattr(args, f.name)
+    values.update(overrides)
+    return cls(**values)
+
+
+def given_flags(cls, options) -> Dict[str, Any]:
+    """flag -> value for every option field (nested too) whose value differs from its default: what a user chose,
+    in the words they chose it with (for refusals and records)."""
+    out = {}
+    for f, hint in _fields(cls):
+        value = getattr(options, f.name)
+        if f.metadata.get("nested"):
+            out.update(given_flags(hint, value))
+        elif _is_option(f.metadata):
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            if value != default:
+                out[f.metadata["flag"]] = value
+    return out
