@@ -69,11 +69,25 @@ def test_a_record_that_would_overwrite_its_checkpoint_is_refused(tmp_path):
 
 
 def test_a_second_writer_of_the_same_path_is_refused(tmp_path):
+    import subprocess
+    import sys
+
     out = tmp_path / "model.pt"
-    with output_lock(str(out)):  # flock locks are per open file: a second open in this process conflicts too
+    holder = subprocess.Popen([sys.executable, "-c", (  # another process writing OUT
+        "import sys, time\nfrom fairseq_headprune.fairseq_io.checkpoint_io import output_lock\n"
+        f"with output_lock({str(out)!r}):\n    print('held', flush=True)\n    time.sleep(60)\n")],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
         with pytest.raises(UserError, match="being written by another fairseq-headprune process"):
             write_checkpoint_pair(str(out), lambda p: open(p, "w").write("x"), {"content": "x"})
+    finally:
+        holder.kill()
+        holder.wait()
     assert not out.exists()
+    with output_lock(str(out)):  # the process holding OUT's lock (recover, for its whole run) writes it
+        write_checkpoint_pair(str(out), lambda p: open(p, "w").write("x"), {"content": "x"})
+    assert out.read_text() == "x"
 
 
 @pytest.mark.parametrize("die_at, expected", [("writing", "old"), ("between-renames", "new")])

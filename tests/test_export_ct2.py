@@ -139,9 +139,10 @@ def test_bad_input_is_one_line_and_exit_code_2(stock_checkpoint, tiny_data, tmp_
         assert len(lines) == 1 and lines[0].startswith("fairseq-headprune export-ct2: error:"), (extra, proc.stderr)
         assert message in lines[0], (extra, lines[0])
     assert not (tmp_path / "a").exists() and (existing / "keep").exists()
-    # --force replaces the folder whole
-    _export(tiny_data, stock_checkpoint, existing, "--force")
-    assert not (existing / "keep").exists() and (existing / "model.bin").exists()
+    # --force never replaces a folder of other files (tests/test_reliability.py: what it does replace)
+    proc = _export(tiny_data, stock_checkpoint, existing, "--force", check=False)
+    assert proc.returncode == 2 and "not a CTranslate2 model folder" in proc.stderr
+    assert (existing / "keep").read_text() == "x" and not (existing / "model.bin").exists()
 
 
 def _shrink(data, ckpt, out, *budget):

@@ -213,6 +213,7 @@ def test_a_run_folder_written_before_a_setting_existed_matches_its_old_value(tmp
 
     old = {"distill": "logits", "criterion.distill_weight": 0.9}  # written before --distill-hidden-weight existed
     (tmp_path / "recover-run.json").write_text(json.dumps(old))
+    (tmp_path / "checkpoint_last.pt").write_bytes(b"")  # a run with checkpoints (one without any is taken over)
     check_identity(str(tmp_path), {**old, "criterion.distill_hidden_weight": 0.0})  # what every old run trained with
     with pytest.raises(UserError, match="another criterion.distill_hidden_weight"):
         check_identity(str(tmp_path), {**old, "criterion.distill_hidden_weight": 0.1})

@@ -192,14 +192,20 @@ def _shrink_json(p: Probe) -> str:
 
 @case("two shrink processes writing the same --out")
 def _shrink_locked(p: Probe) -> str:
-    from fairseq_headprune.fairseq_io.checkpoint_io import output_lock
-
     out = p.folder("shrink-lock")
     out.mkdir()
-    with output_lock(str(out / "m.pt")):  # the other writer, still running
-        message = p.refused("shrink", *SHRINK, "--out", out / "m.pt", names="another fairseq-headprune process",
-                            results=False, written=out / "m.pt")
-    return message
+    holder = subprocess.Popen([sys.executable, "-c", (  # the other writer, still running (another process: the
+        # lock is re-entrant within one)
+        "import time\nfrom fairseq_headprune.fairseq_io.checkpoint_io import output_lock\n"
+        f"with output_lock({str(out / 'm.pt')!r}):\n    print('held', flush=True)\n    time.sleep(60)\n")],
+        stdout=subprocess.PIPE, text=True, cwd=str(ROOT))
+    try:
+        expect(holder.stdout.readline().strip() == "held", "the other writer did not start")
+        return p.refused("shrink", *SHRINK, "--out", out / "m.pt", names="another fairseq-headprune process",
+                         results=False, written=out / "m.pt")
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 @case("shrink writes the model and its record as one pair, and says it needs --user-dir")

@@ -38,6 +38,46 @@ def add_args(parser) -> None:
                         "first heads per layer, FFN units, target words): what each shape would run at")
 
 
+def heads_per_layer(model_cfg) -> dict:
+    """{stack: {heads per attention sublayer}} of a checkpoint's model config (its kept_heads over the
+    architecture's counts), read without building the model."""
+    import json
+
+    get = (lambda k: model_cfg.get(k)) if hasattr(model_cfg, "get") else (lambda k: getattr(model_cfg, k, None))
+    kept = json.loads(get("kept_heads") or "{}")
+    counts = {"encoder": set(), "decoder": set()}
+    for attn_type, stack, layers, heads in (
+            ("enc-self", "encoder", get("encoder_layers"), get("encoder_attention_heads")),
+            ("dec-self", "decoder", get("decoder_layers"), get("decoder_attention_heads")),
+            ("enc-dec", "decoder", get("decoder_layers"), get("decoder_attention_heads"))):
+        for layer in range(1, int(layers or 0) + 1):
+            ids = kept.get(attn_type, {}).get(str(layer))
+            counts[stack].add(len(ids) if ids is not None else int(heads or 0))
+    return counts
+
+
+def check_candidate(options) -> None:
+    """--candidate names the per-stack model the targets judge: a free-shape one is refused before any timing
+    (the table would time every model, then give it no verdict)."""
+    import torch
+
+    if options.candidate is None:
+        return
+    if options.candidate == options.shrunk_name():
+        if options.shape != "per-stack":
+            raise UserError(f"--candidate {options.candidate} is deploy's own --shape {options.shape} shrink: the "
+                            "targets judge a per-stack model")
+        return
+    path = dict(options.named_checkpoints())[options.candidate]
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    model_cfg = (state.get("cfg") or {}).get("model") or state.get("args")
+    counts = heads_per_layer(model_cfg) if model_cfg is not None else {}
+    if any(len(c) > 1 for c in counts.values()):
+        shown = ", ".join(f"{stack} {sorted(c)}" for stack, c in counts.items())
+        raise UserError(f"--candidate {options.candidate} has a free shape (heads per layer: {shown}): the targets "
+                        "judge a per-stack model (shrink --shape per-stack)")
+
+
 def run(cfg, args) -> None:
     from fairseq_headprune.fairseq_io.loading import load
 
@@ -51,6 +91,7 @@ def run(cfg, args) -> None:
     options = options_from(deploy.DeployOptions, args, subset=cfg.dataset.gen_subset, compare=tuple(args.compare),
                            ceilings=tuple(args.ceilings), **defaults)
     options.check()
+    check_candidate(options)
     ct2_decoding(cfg.generation)  # decoding options CTranslate2 cannot apply: refused before loading
     with results_folder(args.results_dir):
         table, paths = deploy.run(load(cfg), options, args.results_dir)

@@ -6,11 +6,15 @@ reads or writes (stock, `remove`d, `shrink`ed, folded-out gates), checked agains
 
 The check decodes the first --check-sentences sentences of --gen-subset with fairseq and with the exported model
 under the same decoding options (beam, lenpen, max/min length): float32 hypotheses are compared token by token;
-with --quantization, the BLEU of both is printed. DIR is written whole or not at all.
+with --quantization, the BLEU of both is printed. DIR is written whole or not at all; --force replaces only an empty
+folder or a CTranslate2 model folder (never DATA, the folder holding --path, or a folder holding other files).
 """
 from __future__ import annotations
 
+import os
+
 from fairseq_headprune.cli.common import options_from, readable_file
+from fairseq_headprune.errors import UserError
 from fairseq_headprune.compress.export import QUANTIZATIONS, ExportOptions, ct2_decoding, export
 
 
@@ -19,7 +23,8 @@ def add_args(parser) -> None:
     g.add_argument("--out", required=True, metavar="DIR", help="the CTranslate2 model folder to write")
     g.add_argument("--quantization", metavar="TYPE",
                    help=f"weight type of the written model: {', '.join(QUANTIZATIONS)} (default: float32)")
-    g.add_argument("--force", action="store_true", help="replace an existing --out folder")
+    g.add_argument("--force", action="store_true",
+                   help="replace an existing --out folder: an empty one or a CTranslate2 model folder only")
     g.add_argument("--check-sentences", type=int, default=100,
                    help="sentences of --gen-subset (the first ones) both engines translate before writing")
     g.add_argument("--max-differing", type=float, default=0.05,
@@ -28,10 +33,20 @@ def add_args(parser) -> None:
     g.add_argument("--references", help="raw reference file of --gen-subset for BLEU (default: the binarised targets)")
 
 
+def command_inputs(cfg, args) -> tuple:
+    """Every path the command reads (DATA folders, checkpoints, references): --out may be none of them."""
+    paths = (getattr(cfg.task, "data", None) or "").split(os.pathsep) + (cfg.common_eval.path or "").split(os.pathsep)
+    return tuple(p for p in paths + [args.references] if p)
+
+
 def run(cfg, args) -> None:
-    options = options_from(ExportOptions, args)
+    options = options_from(ExportOptions, args, inputs=command_inputs(cfg, args))
     options.check()
     ct2_decoding(cfg.generation)  # refuses decoding options CTranslate2 cannot apply, before any loading
+    task_name = str(getattr(cfg.task, "_name", "") or "")
+    if task_name.startswith("translation_from_pretrained_bart"):  # compress.export.target_prefix, before loading
+        raise UserError("CTranslate2 cannot decode as translation_from_pretrained_bart (mBART) does: it starts and "
+                        "ends every hypothesis with the target language token instead of EOS")
     readable_file("--references", args.references)
     from fairseq_headprune.decoding.evaluate import SubsetEvaluator
     from fairseq_headprune.fairseq_io.loading import load

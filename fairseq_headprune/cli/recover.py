@@ -40,7 +40,8 @@ def add_args(parser) -> None:
     parser.add_argument("--train-subset", default="train")
     parser.add_argument("--valid-subset", default="valid", help="validation loss for early stopping (--patience)")
     parser.add_argument("--work-dir", help="fairseq's checkpoints of this run (default OUT.recover/)")
-    parser.add_argument("--sequence-beam", type=int, default=5, help="beam of the teacher's translations")
+    parser.add_argument("--sequence-beam", type=int, default=None,
+                        help="beam of the teacher's translations (--distill sequences or both; default 5)")
     parser.add_argument("--force", action="store_true", help="replace an existing OUT.pt")
 
 
@@ -65,14 +66,15 @@ def run(cfg, args) -> None:
     output_checkpoint("--out", args.out, args.path)
     if args.teacher and os.path.exists(args.out) and os.path.realpath(args.out) == os.path.realpath(args.teacher):
         raise UserError(f"--out {args.out} is the teacher; write elsewhere")
-    if os.path.exists(args.out) and not args.force:
-        raise UserError(f"--out {args.out} exists (--force to replace it)")
     check_pair_paths("--out", args.out, record_path(args.out))
     given = [o for o, v in (("--distill-weight", args.distill_weight), ("--distill-temperature",
                                                                         args.distill_temperature),
                             ("--distill-hidden-weight", args.distill_hidden_weight)) if v is not None]
     if given and args.distill in ("none", "sequences"):  # no teacher in the loss: recorded and ignored otherwise
         raise UserError(f"{given[0]} weighs a distance to the teacher's forward pass, which --distill "
+                        f"{args.distill} does not use")
+    if args.sequence_beam is not None and args.distill not in ("sequences", "both"):
+        raise UserError(f"--sequence-beam sets the beam of the teacher's translations, which --distill "
                         f"{args.distill} does not use")
     defaults = RecoverOptions()
     options = RecoverOptions(
@@ -83,11 +85,19 @@ def run(cfg, args) -> None:
         distill_hidden_weight=defaults.distill_hidden_weight if args.distill_hidden_weight is None
         else args.distill_hidden_weight, epochs=args.epochs, updates=args.updates,
         train_subset=args.train_subset, valid_subset=args.valid_subset, work_dir=args.work_dir,
-        sequence_beam=args.sequence_beam, train_args=list(args.train_args))
-    options.budget_args()  # a bad budget is refused before anything loads
+        sequence_beam=defaults.sequence_beam if args.sequence_beam is None else args.sequence_beam,
+        train_args=list(args.train_args), force=args.force)
+    options.check()  # bad settings are refused before anything loads or is written
     start = time.perf_counter()
     record = recover(args.data, args.path, options)
-    last = record["epochs"][-1] if record["epochs"] else {}
-    print(f"recovered {args.path} in {time.perf_counter() - start:.0f}s: best valid loss at "
-          f"{record['updates_at_best']} updates ({len(record['epochs'])} epochs, last valid loss "
-          f"{last.get('valid_loss')})\nwrote {args.out}\nwrote {record_path(args.out)}")
+    print(summary(record, args.path, time.perf_counter() - start))
+    print(f"wrote {args.out}\nwrote {record_path(args.out)}")
+
+
+def summary(record: dict, student: str, seconds: float) -> str:
+    """What the run did, as its record says: the losses fairseq validated, and why it stopped."""
+    loss = lambda v: "none (no validation ran)" if v is None else f"{v:.4f}"  # noqa: E731
+    stop = f"stopped early: {record['early_stop']}" if record.get("early_stop") else "ran its whole budget"
+    return (f"recovered {student} in {seconds:.0f}s: {record['updates']} updates, {stop}; best valid loss "
+            f"{loss(record.get('best_valid_loss'))} at {record['updates_at_best']} updates (epoch "
+            f"{record.get('epoch_at_best')}), last valid loss {loss(record.get('last_valid_loss'))}")

@@ -21,6 +21,18 @@ def add_args(parser) -> None:
                                           "int8_float32, ...; default float32)")
 
 
+def check_ct2_task(task_cfg) -> None:
+    """--engine ct2 decodes from the source tokens alone: under a task that puts language tokens in the decoder
+    (multilingual, mBART) it would time other translations than the model's, so it is refused in one line."""
+    from fairseq_headprune.errors import UserError
+    from fairseq_headprune.studies.deploy import PLAIN_TASKS
+
+    name = task_cfg.get("_name") if hasattr(task_cfg, "get") else getattr(task_cfg, "_name", None)
+    if name not in PLAIN_TASKS:
+        raise UserError(f"--engine ct2 times CTranslate2 on the translation task only, not {name}: its language "
+                        "tokens are not passed to CTranslate2 (time it with --engine fairseq)")
+
+
 def run(cfg, args) -> None:
     options = options_from(speed.SpeedOptions, args, subset=cfg.dataset.gen_subset)
     options.check()
@@ -28,6 +40,7 @@ def run(cfg, args) -> None:
     if options.engine == "ct2":  # refused before the model is loaded
         speed_ct2.check_compute_type(options.compute_type)
         speed_ct2.ct2_decoding(cfg.generation)
+        check_ct2_task(cfg.task)
     with results_folder(args.results_dir):
         out = study.run(load(cfg), options, args.results_dir)
     print(f"wrote {out}")

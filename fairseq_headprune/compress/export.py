@@ -14,17 +14,20 @@ computes what the pruned one does but costs what its largest layer per stack cos
 gives shapes with nothing to pad.
 
 Before anything is written the exported model translates a slice with CTranslate2 and fairseq alike: float32
-token ids are compared one by one, and with quantization the BLEU of both is given.
+token ids are compared one by one, and with quantization the BLEU of both is given. Under the multilingual task the
+target language token fairseq forces first is CTranslate2's target prefix (target_prefix); mBART's task, which ends
+hypotheses on the language token, is refused.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shutil
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -41,13 +44,14 @@ ACTIVATIONS = {"relu": "RELU", "gelu": "GELU", "gelu_accurate": "GELUTanh", "gel
 
 @dataclass
 class ExportOptions:
-    """What `export-ct2` does; field names are the command's options."""
+    """What `export-ct2` does; field names are the command's options (`inputs`: the paths the command reads)."""
 
     out: str
     quantization: Optional[str] = None
     force: bool = False
     check_sentences: int = 100
     max_differing: float = 0.05
+    inputs: Tuple[str, ...] = ()
 
     def check(self) -> None:
         if self.quantization is not None and self.quantization not in QUANTIZATIONS:
@@ -57,15 +61,47 @@ class ExportOptions:
             raise UserError(f"--check-sentences must be at least 1, not {self.check_sentences}")
         if not 0 <= self.max_differing <= 1:
             raise UserError(f"--max-differing is a share between 0 and 1, not {self.max_differing}")
-        check_output_folder(self.out, self.force)
+        check_output_folder(self.out, self.force, self.inputs)
 
 
-def check_output_folder(out: str, force: bool) -> None:
-    """The model folder to write: new, or replaced whole with --force; its parent must exist and be writable."""
-    if os.path.exists(out) and not force:
-        raise UserError(f"--out {out} exists; pass --force to replace it")
+# the files CTranslate2's spec.save writes (vocabularies: .json since 3.0, .txt before): a folder holding anything
+# else is not one export-ct2 wrote, and --force never replaces it
+CT2_REQUIRED = ("config.json", "model.bin")
+CT2_VOCABULARY = re.compile(r"((shared|source|target)_)?vocabulary\.(json|txt)")
+
+
+def foreign_entries(folder: str) -> List[str]:
+    """What in `folder` a CTranslate2 model folder would not hold, so --force leaves it alone (empty: replaceable)."""
+    names = sorted(os.listdir(folder))
+    if not names:
+        return []
+    foreign = [n for n in names if (n not in CT2_REQUIRED and not CT2_VOCABULARY.fullmatch(n))
+               or os.path.islink(os.path.join(folder, n)) or not os.path.isfile(os.path.join(folder, n))]
+    return foreign + [f"no {n}" for n in CT2_REQUIRED if n not in names]
+
+
+def _inside(path: str, folder: str) -> bool:
+    """Whether `path` is `folder` or lies under it, links resolved (an input inside --out would be replaced)."""
+    path, folder = os.path.realpath(path), os.path.realpath(folder)
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def check_output_folder(out: str, force: bool, inputs: Sequence[str] = ()) -> None:
+    """The model folder to write: new, or with --force an empty folder or a CTranslate2 model folder (recognised
+    by its files), never an input or a folder holding one; its parent must exist and be writable."""
+    for given in inputs:
+        if given and _inside(given, out):
+            raise UserError(f"--out {out} is or holds an input of this command ({given}); write elsewhere")
     if os.path.exists(out) and not os.path.isdir(out):
         raise UserError(f"--out {out} is a file, not a model folder")
+    if os.path.exists(out) and not force:
+        raise UserError(f"--out {out} exists; pass --force to replace it")
+    if os.path.isdir(out):
+        foreign = [] if os.path.islink(out) else foreign_entries(out)
+        if os.path.islink(out) or foreign:
+            why = "it is a link" if os.path.islink(out) else f"it holds {', '.join(foreign[:3])}"
+            raise UserError(f"--out {out} is not a CTranslate2 model folder ({why}): --force replaces only an "
+                            "empty folder or one export-ct2 wrote")
     parent = os.path.dirname(os.path.abspath(out))
     if not os.path.isdir(parent):
         raise UserError(f"--out: folder {parent} does not exist")
@@ -342,6 +378,27 @@ def max_length(generation_cfg, src_width: int, model_max_positions: int) -> int:
     return min(int(generation_cfg.max_len_a * src_width + generation_cfg.max_len_b), model_max_positions - 1)
 
 
+def target_prefix(task) -> List[str]:
+    """The tokens fairseq forces at the start of every hypothesis under this task, for CTranslate2's target_prefix:
+    the multilingual task's target language token (--decoder-langtok); a task whose decoding CTranslate2 cannot
+    reproduce (mBART's language token as EOS, a language token replacing BOS) is refused in one line."""
+    from fairseq.tasks.translation_from_pretrained_bart import TranslationFromPretrainedBARTTask
+
+    if isinstance(task, TranslationFromPretrainedBARTTask):
+        raise UserError("CTranslate2 cannot decode as translation_from_pretrained_bart (mBART) does: it starts and "
+                        "ends every hypothesis with the target language token instead of EOS")
+    args = getattr(task, "args", None)
+    langtoks = getattr(args, "langtoks", None)
+    if not langtoks or not hasattr(task, "data_manager"):
+        return []
+    _, spec = langtoks["main"]
+    if not spec:
+        return []
+    if getattr(args, "lang_tok_replacing_bos_eos", False):
+        raise UserError("CTranslate2 cannot decode with --lang-tok-replacing-bos-eos (the language token as BOS)")
+    return [task.target_dictionary[task.data_manager.get_decoder_langtok(args.target_lang, spec)]]
+
+
 def check_batches(loaded, subset: str, n: int):
     """The first n sentences of the subset (by id), batched as fairseq-generate batches (--max-tokens,
     --batch-size, sorted by length), without dropping any."""
@@ -351,8 +408,9 @@ def check_batches(loaded, subset: str, n: int):
 
     dataset = load_subset(loaded, subset)
     ids = np.arange(min(n, len(dataset)), dtype=np.int64)
-    tgt_sizes = dataset.tgt_sizes[ids] if dataset.tgt_sizes is not None else np.zeros_like(ids)
-    ids = ids[np.lexsort((ids, tgt_sizes, dataset.src_sizes[ids]))]  # by source length, then target, as fairseq
+    # (source, target) sizes through fairseq's size(): the multilingual task's ConcatDataset has no src_sizes
+    sizes = np.array([[int(s or 0) for s in dataset.size(int(i))] for i in ids], dtype=np.int64).reshape(-1, 2)
+    ids = ids[np.lexsort((ids, sizes[:, 1], sizes[:, 0]))]  # by source length, then target, as fairseq
     max_positions = utils.resolve_max_positions(loaded.task.max_positions(), loaded.model.max_positions())
     too_long = [int(i) for i in ids if not all(s <= m for s, m in zip(dataset.size(i), max_positions))]
     if too_long:
@@ -378,8 +436,9 @@ def fairseq_hypotheses(evaluator, samples) -> Dict[int, List[int]]:
 
 def ct2_hypotheses(translator, loaded, samples, decoding: Dict) -> Dict[int, List[int]]:
     """CTranslate2's best hypothesis per sentence id (token ids), decoding the same batches with fairseq's
-    per-batch length cap."""
+    per-batch length cap and the tokens the task forces first (target_prefix)."""
     src_dict, tgt_dict = loaded.task.source_dictionary, loaded.task.target_dictionary
+    prefix = target_prefix(loaded.task)
     max_positions = loaded.model.decoder.max_positions()
     out = {}
     for sample in samples:
@@ -391,10 +450,29 @@ def ct2_hypotheses(translator, loaded, samples, decoding: Dict) -> Dict[int, Lis
                 raise UserError("a source sentence does not end with EOS: CTranslate2 appends it itself")
             sources.append([src_dict[t] for t in row[:-1]])
         cap = max_length(loaded.cfg.generation, tokens.size(1), max_positions)
-        results = translator.translate_batch(sources, max_decoding_length=cap, **decoding)
+        results = translator.translate_batch(sources, max_decoding_length=cap, **decoding,
+                                             target_prefix=[list(prefix) for _ in sources] if prefix else None)
         for sid, result in zip(sample["id"].tolist(), results):
             out[sid] = [tgt_dict.index(t) for t in result.hypotheses[0]]
     return out
+
+
+def length_cause(loaded, samples, reference: Dict[int, List[int]], other: Dict[int, List[int]]) -> str:
+    """Why hypotheses differ when a binding length limit explains it: at beam > 1 fairseq and CTranslate2 end a
+    hypothesis cut at --max-len-a/--max-len-b differently (at beam 1 they agree); "" when no differing hypothesis
+    reaches the limit."""
+    gen = loaded.cfg.generation
+    max_positions = loaded.model.decoder.max_positions()
+    capped = 0
+    for sample in samples:
+        cap = max_length(gen, sample["net_input"]["src_tokens"].size(1), max_positions)
+        capped += sum(1 for sid in sample["id"].tolist() if reference[sid] != other[sid]
+                      and max(len(reference[sid]), len(other[sid])) >= cap)
+    if not capped or int(gen.beam) == 1:
+        return ""
+    return (f"; {capped} of them reach the length limit (--max-len-a {gen.max_len_a:g} --max-len-b "
+            f"{gen.max_len_b}), which the two engines apply differently at --beam {gen.beam} (they agree at beam 1): "
+            "raise --max-len-b")
 
 
 def compare(evaluator, reference: Dict[int, List[int]], other: Dict[int, List[int]]) -> Dict:
@@ -439,6 +517,7 @@ def export(loaded, evaluator, options: ExportOptions, subset: str) -> Dict:
     the model folder whole. Returns what the command prints (and the benchmark records)."""
     options.check()
     decoding = ct2_decoding(loaded.cfg.generation)
+    target_prefix(loaded.task)  # a task CTranslate2 cannot decode as fairseq does: refused before any work
     activation = getattr(loaded.saved_cfg.model, "activation_fn", None) or "relu"
     start = time.perf_counter()
     spec = build_spec(loaded.model, loaded.task.source_dictionary, loaded.task.target_dictionary, activation)
@@ -450,14 +529,15 @@ def export(loaded, evaluator, options: ExportOptions, subset: str) -> Dict:
         samples = check_batches(loaded, subset, options.check_sentences)
         reference = fairseq_hypotheses(evaluator, samples)
         enc_heads, dec_heads = stack_heads(loaded.model)
+        float_hyps = ct2_hypotheses(_translator(float_dir), loaded, samples, decoding)
         info = {"encoder_heads": enc_heads, "decoder_heads": dec_heads,
-                "float32": compare(evaluator, reference, ct2_hypotheses(_translator(float_dir), loaded, samples,
-                                                                        decoding))}
+                "float32": compare(evaluator, reference, float_hyps)}
         share = info["float32"]["differing"] / max(info["float32"]["sentences"], 1)
         if share > options.max_differing:
+            cause = length_cause(loaded, samples, reference, float_hyps)
             raise UserError(f"the exported model's float32 hypotheses differ from fairseq's on "
                             f"{info['float32']['differing']} of {info['float32']['sentences']} sentences (more than "
-                            f"--max-differing {options.max_differing}): nothing written")
+                            f"--max-differing {options.max_differing}){cause}: nothing written")
         final = float_dir
         if options.quantization not in (None, "float32"):
             final = os.path.join(staging, options.quantization)
@@ -465,6 +545,7 @@ def export(loaded, evaluator, options: ExportOptions, subset: str) -> Dict:
             write_model(spec, final, options.quantization)
             info[options.quantization] = compare(evaluator, reference, ct2_hypotheses(
                 _translator(final), loaded, samples, decoding))
+        check_output_folder(options.out, options.force, options.inputs)  # as checked before the work began
         _replace_folder(final, options.out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

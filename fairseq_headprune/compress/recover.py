@@ -28,7 +28,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from fairseq_headprune.fairseq_io.checkpoint_io import record_path_for, write_checkpoint_pair
+from fairseq_headprune.fairseq_io.checkpoint_io import record_path_for, save_state, write_checkpoint_pair
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.fairseq_io.loading import PACKAGE_DIR
 from fairseq_headprune.records.identity import file_sha256
@@ -72,6 +72,28 @@ class RecoverOptions:
     sequence_max_len_a: float = 1.2
     sequence_max_len_b: int = 10
     train_args: List[str] = field(default_factory=list)  # fairseq-train options as given, passed through
+    force: bool = False  # replace an existing OUT (written by another run)
+    command: str = "recover"  # the command running it (`shrink --recover-epochs`): its refusals name its options
+
+    def elsewhere(self) -> str:
+        """How a refused user writes elsewhere, in the options of the command that runs the recovery."""
+        return "another --work-dir" if self.command == "recover" else "another --out (its run folder is OUT.recover)"
+
+    def check(self) -> None:
+        """Every setting that can be refused before anything is read or written."""
+        if self.distill not in DISTILL:
+            raise UserError(f"--distill must be one of {', '.join(DISTILL)}, not {self.distill}")
+        if self.distill != "none" and not self.teacher:
+            raise UserError(f"--distill {self.distill} needs --teacher UNPRUNED.pt")
+        if not 0.0 <= self.distill_weight <= 1.0:
+            raise UserError(f"--distill-weight must be in [0, 1], not {self.distill_weight}")
+        if not self.distill_temperature > 0:
+            raise UserError(f"--distill-temperature must be > 0, not {self.distill_temperature}")
+        if self.distill_hidden_weight < 0:
+            raise UserError(f"--distill-hidden-weight must be >= 0, not {self.distill_hidden_weight}")
+        if self.sequence_beam < 1:
+            raise UserError(f"--sequence-beam must be at least 1, not {self.sequence_beam}")
+        self.budget_args()
 
     def budget_args(self) -> List[str]:
         if self.epochs is not None and self.updates is not None:
@@ -152,6 +174,33 @@ def training_argv(data: str, student: str, options: RecoverOptions, saved_task: 
 
 def _field(cfg, name):
     return cfg.get(name) if hasattr(cfg, "get") else getattr(cfg, name, None)
+
+
+def as_mapping(section) -> dict:
+    """A saved config section as a plain dict: fairseq keeps legacy tasks and models (multilingual, mBART) as
+    argparse Namespaces, hydra ones as dicts or DictConfigs."""
+    from omegaconf import OmegaConf
+
+    if section is None:
+        return {}
+    if isinstance(section, argparse.Namespace):
+        return dict(vars(section))
+    if OmegaConf.is_config(section):
+        return OmegaConf.to_container(section, resolve=True) or {}
+    return dict(section)
+
+
+def saved_task_name(student_cfg) -> str:
+    """The task the student was trained under (a legacy Namespace names it in `task` when `_name` is absent)."""
+    task = as_mapping(student_cfg.get("task"))
+    return task.get("_name") or task.get("task") or "translation"
+
+
+def _set(section, key, value) -> None:
+    if isinstance(section, argparse.Namespace):
+        setattr(section, key, value)
+    else:
+        section[key] = value
 
 
 def same_shape_except_heads(student_model_cfg, teacher_model_cfg) -> Optional[str]:
@@ -242,8 +291,6 @@ ADDED_LATER = {"criterion.distill_hidden_weight": 0.0}
 
 def run_identity(data: str, student: str, options: RecoverOptions, cfg) -> dict:
     """What makes two recover runs the same run: the student, teacher and data by content, the settings by value."""
-    from omegaconf import OmegaConf
-
     identity = {
         "student_sha256": file_sha256(student),
         "teacher_sha256": file_sha256(options.teacher) if options.teacher else None,
@@ -251,9 +298,12 @@ def run_identity(data: str, student: str, options: RecoverOptions, cfg) -> dict:
         "distill": options.distill,
     }
     for group, keys in IDENTITY_FIELDS.items():
-        values = OmegaConf.to_container(cfg[group], resolve=True) if cfg.get(group) is not None else {}
-        for key, value in (values or {}).items():
-            if (keys is None or key in keys) and key not in UNSTABLE_KEYS:
+        values = as_mapping(cfg.get(group))
+        if group == "task" and isinstance(cfg.get(group), argparse.Namespace):  # a legacy task holds every option
+            own = legacy_task_options(_field(cfg.task, "_name") or _field(cfg.task, "task"))
+            values = {k: v for k, v in values.items() if k in own}
+        for key, value in values.items():
+            if (keys is None or key in keys) and key not in UNSTABLE_KEYS and _jsonable(value):
                 identity[f"{group}.{key}"] = value
     model = cfg.model if isinstance(cfg.model, argparse.Namespace) else None
     for name in TUNABLE_MODEL_OPTIONS:
@@ -261,17 +311,45 @@ def run_identity(data: str, student: str, options: RecoverOptions, cfg) -> dict:
     return identity
 
 
-def check_identity(work_dir: str, identity: dict) -> None:
+def _jsonable(value) -> bool:
+    try:
+        json.dumps(value)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
+def trained_checkpoints(work_dir: str) -> List[str]:
+    """fairseq's checkpoints in a run folder: a folder without any has nothing to resume (nor to protect)."""
+    return sorted(glob.glob(os.path.join(work_dir, "checkpoint*.pt")))
+
+
+def legacy_task_options(name: str) -> set:
+    """The option names (dests) a legacy argparse task adds: its Namespace config carries every other option too
+    (budgets, paths), which must not make a resumed or extended run another run."""
+    from fairseq.tasks import TASK_REGISTRY
+
+    parser = argparse.ArgumentParser(add_help=False)
+    task = TASK_REGISTRY.get(name)
+    if task is not None and hasattr(task, "add_args"):
+        task.add_args(parser)
+    return {a.dest for a in parser._actions} - {"help"}
+
+
+def check_identity(work_dir: str, identity: dict, elsewhere: str = "another --work-dir") -> None:
+    """Write the run's identity, or refuse a folder holding another run's checkpoints (a folder a refused or
+    failed run left without checkpoints is taken over: it holds nothing to resume)."""
+    identity = json.loads(json.dumps(identity))  # as it is read back (tuples as lists)
     path = os.path.join(work_dir, "recover-run.json")
     old = read_json(path)
-    if old is None:
+    if old is None or not trained_checkpoints(work_dir):
         os.makedirs(work_dir, exist_ok=True)
         write_json_atomic(path, identity)
         return
     for key in sorted(set(identity) | set(old)):
         if old.get(key, ADDED_LATER.get(key)) != identity.get(key, ADDED_LATER.get(key)):
             raise UserError(f"{work_dir} holds a recover run with another {key} ({_short(old.get(key))} there, "
-                            f"{_short(identity.get(key))} now): use another --work-dir, or remove that folder")
+                            f"{_short(identity.get(key))} now): use {elsewhere}, or remove that folder")
 
 
 def _short(value) -> str:
@@ -307,27 +385,26 @@ def fairseq_train_cfg(argv: List[str], student_cfg, options: RecoverOptions):
                 setattr(model, name, value)
             else:
                 model[name] = value
-    saved_task = student_cfg.get("task") or {}
+    saved_task = as_mapping(student_cfg.get("task"))
     with open_dict(cfg), omegaconf_no_object_check():  # a legacy model config is a Namespace, as fairseq keeps it
         cfg.model = model
-        if saved_task.get("_name") == cfg.task._name:
+        if saved_task_name(student_cfg) == _field(cfg.task, "_name"):
             for key, value in saved_task.items():
-                if key in ("_name", "data", "train_subset") or key not in cfg.task:
+                if key in ("_name", "task", "data", "train_subset", "valid_subset") or key not in cfg.task:
                     continue
                 if "--" + key.replace("_", "-") not in given:
-                    cfg.task[key] = value
+                    _set(cfg.task, key, value)
     return cfg
 
 
 def recover(data: str, student: str, options: RecoverOptions, log=print) -> dict:
-    """Fine-tune `student` towards `options.teacher` with fairseq-train and write `options.out` and its record."""
+    """Fine-tune `student` towards `options.teacher` with fairseq-train and write `options.out` and its record.
+    Everything a user can get wrong is refused before anything is written (no run folder, teacher cache or
+    identity a corrected rerun would trip on); OUT is locked for the whole run, so two runs cannot both write it."""
+    from fairseq_headprune.fairseq_io.checkpoint_io import output_lock
+
     start = time.perf_counter()
-    if options.distill not in DISTILL:
-        raise UserError(f"--distill must be one of {', '.join(DISTILL)}, not {options.distill}")
-    if options.distill_hidden_weight < 0:
-        raise UserError(f"--distill-hidden-weight must be >= 0, not {options.distill_hidden_weight}")
-    if options.distill != "none" and not options.teacher:
-        raise UserError(f"--distill {options.distill} needs --teacher UNPRUNED.pt")
+    options.check()
     student_state = _load_state(student)
     student_cfg = _saved_cfg(student_state, student)
     arch = _field(student_cfg["model"], "arch") or _field(student_cfg["model"], "_name")
@@ -342,22 +419,129 @@ def recover(data: str, student: str, options: RecoverOptions, log=print) -> dict
             raise UserError(f"the teacher's dictionaries differ from the student's (embedding rows {b} and {a}): "
                             "distillation compares distributions over one vocabulary")
         del teacher_state
-    del student_state
     for subset in (options.train_subset, options.valid_subset):
         if not glob.glob(os.path.join(data.split(os.pathsep)[0], subset + ".*")):
             raise UserError(f"no '{subset}' subset in {data}")
-    train_data = data
-    if options.distill in ("sequences", "both"):
-        from fairseq_headprune.compress.sequence_targets import teacher_targets_data
+    task_name = saved_task_name(student_cfg)
+    if options.distill in ("sequences", "both") and task_name not in ("translation", "translation_headprune"):
+        raise UserError(f"--distill {options.distill} decodes the teacher under the translation task, which would "
+                        f"drop {task_name}'s language tokens: use --distill logits or none")
+    cfg = fairseq_train_cfg(training_argv(data, student, options, task_name, arch), student_cfg, options)
+    preflight(cfg, data, student_state["model"], options)
+    del student_state
+    with output_lock(options.out):  # held to the end: a second run of this OUT is refused, whatever its work dir
+        refuse_output_of_another_run(options, student)
+        train_data = data
+        if options.distill in ("sequences", "both"):
+            from fairseq_headprune.compress.sequence_targets import teacher_targets_data
 
-        train_data = teacher_targets_data(data, options, log=log)
-    work_dir = options.resolved_work_dir()
-    argv = training_argv(train_data, student, options, (student_cfg.get("task") or {}).get("_name", "translation"),
-                         arch)
-    cfg = fairseq_train_cfg(argv, student_cfg, options)
-    os.makedirs(work_dir, exist_ok=True)
-    with FolderLock(work_dir):  # one process per run folder: a second one would interleave fairseq's checkpoints
-        return _train_and_write(cfg, data, student, options, work_dir, start, log)
+            train_data = teacher_targets_data(data, options, log=log)
+            cfg = fairseq_train_cfg(training_argv(train_data, student, options, task_name, arch), student_cfg,
+                                    options)
+        work_dir = options.resolved_work_dir()
+        created = not os.path.exists(work_dir)
+        os.makedirs(work_dir, exist_ok=True)
+        try:
+            with FolderLock(work_dir):  # one process per run folder: another would interleave fairseq's checkpoints
+                return _train_and_write(cfg, data, student, options, work_dir, start, log)
+        except BaseException:
+            if created and not trained_checkpoints(work_dir):  # nothing to resume: leave nothing behind
+                shutil.rmtree(work_dir, ignore_errors=True)
+            raise
+
+
+def refuse_output_of_another_run(options: RecoverOptions, student: str) -> None:
+    """An existing OUT is replaced only by the run that wrote it (a rerun resuming or extending it: its record
+    names this run folder and student) or with --force."""
+    if not os.path.exists(options.out) or options.force:
+        return
+    record = read_json(record_path(options.out)) or {}
+    if record.get("work_dir") == os.path.abspath(options.resolved_work_dir()) and os.path.exists(student) and \
+            record.get("student_sha256") == file_sha256(student):
+        return
+    how = "--force to replace it" if options.command == "recover" else "use another --out or remove it"
+    raise UserError(f"--out {options.out} exists, written by another run ({how})")
+
+
+def reusable_student(path: str, record_file: str, source: str, data: str, options_record: dict) -> bool:
+    """`shrink --recover-epochs` rerun (after a kill, or to extend the recovery): True when `path` is the student
+    this shrink would write again (its record names the same source, data and options, and this very file), so
+    it is reused, never rewritten; False when there is none. Any other file there is refused: a finished
+    recovery's record may still point at it."""
+    if not os.path.exists(path):
+        return False
+    record = read_json(record_file)
+    why = None
+    if record is None:
+        why = f"it has no record {record_file}"
+    elif record.get("checkpoint_sha256") != file_sha256(path):
+        why = "its record describes another file"
+    elif record.get("source_sha256") != file_sha256(source):
+        why = "it was shrunk from another checkpoint"
+    elif (record.get("calibration") or {}).get("data") != os.path.abspath(data):
+        why = "it was calibrated on other data"
+    else:
+        saved = record.get("options") or {}
+        differs = sorted(k for k in set(saved) | set(options_record) if saved.get(k) != options_record.get(k))
+        if differs:
+            why = (f"it was shrunk with another {differs[0]} ({_short(saved.get(differs[0]))} there, "
+                   f"{_short(options_record.get(differs[0]))} now)")
+    if why:
+        raise UserError(f"{path} exists and {why}: a recovered model may point at it; use another --out or remove it")
+    return True
+
+
+def preflight(cfg, data: str, student_weights: Dict[str, torch.Tensor], options: RecoverOptions) -> None:
+    """What fairseq-train would fail on after its run folder exists, refused in one line before: fp16 without a
+    GPU, DATA's dictionaries against the student's embeddings, task options the student's model refuses
+    (--mask-heads naming a removed head), a --max-tokens below the longest sentence."""
+    from fairseq import tasks
+
+    common = cfg.common
+    if (_field(common, "fp16") or _field(common, "memory_efficient_fp16")) and (
+            _field(common, "cpu") or not torch.cuda.is_available()):
+        raise UserError("--fp16 trains on a GPU: none is available here (leave --fp16 out on CPU)")
+    try:  # as fairseq-train sets them up first (a UserError of this package's tasks passes unchanged)
+        task = tasks.setup_task(cfg.task)
+        model = task.build_model(cfg.model)
+    except OSError as e:  # a dictionary missing from DATA
+        raise UserError(f"cannot set up the task on {data}: {e}") from None
+    built = vocabulary_sizes(model.state_dict())
+    saved = vocabulary_sizes(student_weights)
+    differs = sorted(k for k in saved if built.get(k) != saved[k])
+    if differs:
+        raise UserError(f"the dictionaries of {data} do not fit the student: {differs[0]} has {built.get(differs[0])} "
+                        f"rows from DATA's dictionary but {saved[differs[0]]} in the checkpoint")
+    max_tokens = _field(cfg.dataset, "max_tokens")
+    if max_tokens:
+        positions = min(int(_field(cfg.model, "max_source_positions") or 1024),
+                        int(_field(cfg.model, "max_target_positions") or 1024))
+        for subset in (options.train_subset, options.valid_subset):
+            longest = longest_sentence(data, subset, positions)
+            if longest > max_tokens:
+                raise UserError(f"--max-tokens {max_tokens} is below the longest sentence of '{subset}' ({longest} "
+                                "tokens): fairseq would skip or refuse it")
+
+
+def longest_sentence(data: str, subset: str, positions: int) -> int:
+    """The longest side of any sentence of the subset's binarised files that fits the model's positions."""
+    import numpy as np
+    from fairseq.data import indexed_dataset
+
+    longest = 0
+    for folder in data.split(os.pathsep):
+        for idx in glob.glob(os.path.join(folder, glob.escape(subset) + ".*.idx")):
+            prefix = idx[:-4]
+            impl = indexed_dataset.infer_dataset_impl(prefix)
+            if impl is None:
+                continue
+            dataset = indexed_dataset.make_dataset(prefix, impl=impl)
+            sizes = np.array(dataset.sizes, copy=True)  # a view of the mmap, gone with the dataset
+            del dataset
+            sizes = sizes[sizes <= positions]
+            if sizes.size:
+                longest = max(longest, int(sizes.max()))
+    return longest
 
 
 def _train_and_write(cfg, data, student, options, work_dir, start, log) -> dict:
@@ -365,12 +549,15 @@ def _train_and_write(cfg, data, student, options, work_dir, start, log) -> dict:
     from fairseq.distributed import utils as distributed_utils
     from fairseq_cli import train as fairseq_train
 
-    check_identity(work_dir, run_identity(data, student, options, cfg))
+    check_identity(work_dir, run_identity(data, student, options, cfg), options.elsewhere())
     repaired = repair_last_checkpoint(work_dir)
     if repaired:
         log(f"checkpoint_last.pt was unreadable (killed while fairseq copied it): resuming from {repaired}")
     if hasattr(checkpoint_utils.save_checkpoint, "best"):  # fairseq keeps the best loss on the function
         del checkpoint_utils.save_checkpoint.best
+    for name in ("best", "num_runs"):  # and its early-stopping count on should_stop_early
+        if hasattr(fairseq_train.should_stop_early, name):
+            delattr(fairseq_train.should_stop_early, name)
     loggers = [logging.getLogger(name) for name in ("fairseq", "fairseq_cli")]
     levels = [logger.level for logger in loggers]
     for logger in loggers:  # fairseq-train's own progress (the command logs WARNING and above), for this run only
@@ -383,7 +570,21 @@ def _train_and_write(cfg, data, student, options, work_dir, start, log) -> dict:
     best = os.path.join(work_dir, "checkpoint_best.pt")
     if not os.path.exists(best):
         raise UserError(f"fairseq-train wrote no {best} (no validation ran?)")
-    return write_recovered(best, student, options, data, work_dir, cfg, time.perf_counter() - start)
+    patience = int(cfg.checkpoint.patience)
+    stopped = patience > 0 and getattr(fairseq_train.should_stop_early, "num_runs", 0) >= patience
+    return write_recovered(best, student, options, data, work_dir, cfg, time.perf_counter() - start,
+                           early_stop=(f"the valid loss did not improve for {patience} validations (--patience "
+                                       f"{patience})") if stopped else None)
+
+
+def last_valid_loss(state: dict):
+    """The loss of fairseq's last validation as a checkpoint records it (None: none ran)."""
+    return (state.get("extra_state") or {}).get("val_loss")
+
+
+def checkpoint_epoch(state: dict):
+    """The epoch a fairseq checkpoint was saved in (its train iterator's; None when it has none)."""
+    return ((state.get("extra_state") or {}).get("train_iterator") or {}).get("epoch")
 
 
 def epoch_history(work_dir: str) -> List[dict]:
@@ -399,11 +600,12 @@ def epoch_history(work_dir: str) -> List[dict]:
 
 
 def write_recovered(best: str, student: str, options: RecoverOptions, data: str, work_dir: str, cfg,
-                    seconds: float) -> dict:
+                    seconds: float, early_stop: Optional[str] = None) -> dict:
     """The best checkpoint as the student's kind of file (weights and config, no optimizer state) and its record,
     written as one pair (checkpoint_io: whole or not at all, one writer per output path)."""
     state = torch.load(best, map_location="cpu", weights_only=False)
     updates = (state.get("optimizer_history") or [{}])[-1].get("num_updates")
+    best_epoch = checkpoint_epoch(state)
     state.pop("last_optimizer_state", None)
     if isinstance(state.get("extra_state"), dict):
         state["extra_state"] = {k: v for k, v in state["extra_state"].items() if k in ("val_loss", "best")}
@@ -411,7 +613,8 @@ def write_recovered(best: str, student: str, options: RecoverOptions, data: str,
     if dtypes == {torch.float16}:  # stored as the student was (fairseq trains in fp32)
         state["model"] = {k: v.half() if v.is_floating_point() else v for k, v in state["model"].items()}
     last = os.path.join(work_dir, "checkpoint_last.pt")
-    trained = (torch.load(last, map_location="cpu", weights_only=False).get("optimizer_history") or [{}])[-1]
+    last_state = torch.load(last, map_location="cpu", weights_only=False)
+    trained = (last_state.get("optimizer_history") or [{}])[-1]
     record = {
         "checkpoint": os.path.abspath(options.out),
         "student": os.path.abspath(student), "student_sha256": file_sha256(student),
@@ -422,7 +625,9 @@ def write_recovered(best: str, student: str, options: RecoverOptions, data: str,
         "distill_weight": options.distill_weight if options.distill in ("logits", "both") else None,
         "distill_temperature": options.distill_temperature if options.distill in ("logits", "both") else None,
         "distill_hidden_weight": options.distill_hidden_weight if options.distill in ("logits", "both") else None,
-        "best_checkpoint": os.path.basename(best), "updates_at_best": updates,
+        "best_checkpoint": os.path.basename(best), "updates_at_best": updates, "epoch_at_best": best_epoch,
+        "last_valid_loss": last_valid_loss(last_state), "best_valid_loss": last_valid_loss(state),
+        "early_stop": early_stop,
         "updates": trained.get("num_updates"),  # fairseq's own count, carried across resumes
         "epochs": epoch_history(work_dir),
         "lr": list(cfg.optimization.lr), "lr_scheduler": cfg.lr_scheduler._name, "max_tokens": cfg.dataset.max_tokens,
@@ -431,7 +636,7 @@ def write_recovered(best: str, student: str, options: RecoverOptions, data: str,
         "work_dir": os.path.abspath(work_dir),
         "options": {k: v for k, v in asdict(options).items()},
     }
-    write_checkpoint_pair(options.out, lambda path: torch.save(state, path), record, record_path(options.out))
+    write_checkpoint_pair(options.out, lambda path: save_state(state, path), record, record_path(options.out))
     return {**record, "checkpoint_sha256": file_sha256(options.out)}
 
 

@@ -284,8 +284,8 @@ def pruned_checkpoint_state(model, source_checkpoint) -> dict:
 def save_pruned_checkpoint(model, source_checkpoint, out_path) -> Path:
     """Write pruned_checkpoint_state(model, source_checkpoint) to `out_path`, whole or not at all, under a lock on
     the path (fairseq_headprune.fairseq_io.checkpoint_io)."""
-    from fairseq_headprune.fairseq_io.checkpoint_io import write_checkpoint_pair
+    from fairseq_headprune.fairseq_io.checkpoint_io import save_state, write_checkpoint_pair
 
     state = pruned_checkpoint_state(model, source_checkpoint)
-    write_checkpoint_pair(str(out_path), lambda path: torch.save(state, path))
+    write_checkpoint_pair(str(out_path), lambda path: save_state(state, path))
     return Path(out_path)

@@ -2,13 +2,16 @@
 
     write_checkpoint_pair(out_path, write_fn, record=None, record_path=None) -> (out_path, record_path or None)
 
-`write_fn(path)` writes the checkpoint to the temporary file `path` (e.g. `lambda p: torch.save(state, p)`);
+`write_fn(path)` writes the checkpoint to the temporary file `path` (e.g. `lambda p: save_state(state, p)`);
 `record` (a JSON-able dict) is written beside it, at `record_path` (default: OUT with its extension replaced by
 .json; a record path that is the checkpoint itself is refused). Every writer of checkpoints here uses it (`shrink`,
-`remove`, `gates --fold-out`; `recover` and `export-ct2` should too):
+`remove`, `recover`, `gates --fold-out`):
 
+- `save_state` stores tied embeddings once and writes equal states as equal bytes (no temporary name inside the
+  zip), so a rerun's checkpoint has the hash its records name;
 - a lock on the output path (an flock on `.OUT.lock` beside it, released by the kernel when the process dies): a
-  second process writing the same OUT stops with one line;
+  second process writing the same OUT stops with one line; re-entrant within a process (`recover` holds it for
+  its whole run);
 - both files are written to temporaries in the same folder and fsync'ed, then a journal (`.OUT.pair`) naming the
   two renames is written atomically, then both are renamed over their targets and the journal removed. A kill -9
   before the journal leaves the old pair (and temporaries, removed by the next writer of OUT); after it, the next
@@ -46,10 +49,23 @@ def _hidden(path: str, suffix: str) -> str:
     return os.path.join(folder, f".{name}{suffix}")
 
 
+_HELD: dict = {}  # lock path -> (fd, depth): a process holding OUT's lock (recover's whole run) may write OUT
+
+
 @contextlib.contextmanager
 def output_lock(out_path: str, option: str = "--out") -> Iterator[None]:
-    """One process writing `out_path` at a time (the lock file stays: removing it would race another writer)."""
-    fd = os.open(_hidden(out_path, ".lock"), os.O_RDWR | os.O_CREAT, 0o666)
+    """One process writing `out_path` at a time, re-entrant within it (the lock file stays: removing it would race
+    another writer)."""
+    path = _hidden(out_path, ".lock")
+    if path in _HELD:
+        fd, depth = _HELD[path]
+        _HELD[path] = (fd, depth + 1)
+        try:
+            yield
+        finally:
+            _HELD[path] = (fd, _HELD[path][1] - 1)
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -58,7 +74,11 @@ def output_lock(out_path: str, option: str = "--out") -> Iterator[None]:
                 raise UserError(f"{option} {out_path} is being written by another fairseq-headprune process; wait "
                                 "for it or write elsewhere") from None
             raise
-        yield
+        _HELD[path] = (fd, 1)
+        try:
+            yield
+        finally:
+            del _HELD[path]
     finally:
         os.close(fd)
 
@@ -145,3 +165,41 @@ def write_checkpoint_pair(out_path: str, write_fn: Callable[[str], None], record
             raise
         finish_pending(out_path, record_path)
     return out_path, record_path
+
+
+# --------------------------------------------------------------------------------------------- what is written
+
+# fairseq ties these when the model shares embeddings (--share-all-embeddings, --share-decoder-input-output-embed)
+TIED_NAMES = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "decoder.output_projection.weight")
+
+
+def shared_once(weights: dict) -> dict:
+    """The state dict with equal tied embeddings as one tensor, so torch.save stores them once (a dtype cast or
+    a copy per name would store a 50% pruned model's vocabulary three times, larger than its unpruned parent)."""
+    import torch
+
+    out = dict(weights)
+    kept = []
+    for name in TIED_NAMES:
+        tensor = out.get(name)
+        if not torch.is_tensor(tensor):
+            continue
+        same = next((t for t in kept if t.shape == tensor.shape and t.dtype == tensor.dtype
+                     and (t.data_ptr() == tensor.data_ptr() or torch.equal(t, tensor))), None)
+        if same is None:
+            kept.append(tensor)
+        else:
+            out[name] = same
+    return out
+
+
+def save_state(state: dict, path: str) -> None:
+    """torch.save of a checkpoint state, tied embeddings stored once, through a file object: torch names the zip's
+    folder after the file otherwise, and a random temporary name would make equal states differ in bytes."""
+    import torch
+
+    if isinstance(state.get("model"), dict):
+        state = {**state, "model": shared_once(state["model"])}
+    with open(path, "wb") as f:
+        torch.save(state, f)
+

@@ -1,0 +1,339 @@
+"""Replay issue 39's probes of the compression commands (recover, shrink --recover-epochs, export-ct2, deploy,
+speed --engine ct2) on the tests' tiny models, so that a regression of any class shows.
+
+    .venv/bin/python tools/probe_compression.py [--only WORD] [--families]
+
+Each case ends as *held* (a one-line refusal, exit code 2, nothing written or changed; or the command working)
+or as a regression. One line per case; the exit code is the number of regressed cases. Classes: a folder deleted
+by --force, a refused run that blocks its correction, two writers of one OUT, shared embeddings stored three
+times, checkpoint bytes that depend on a temporary name, options accepted and ignored, misreports; with
+--families, recover and export-ct2 under the multilingual and mBART tasks (trains the tiny family models once).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, List, Tuple
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+
+import conftest  # noqa: E402  the tests' cached tiny models and their in-process runner
+
+CASES: List[Tuple[str, Callable[["Probe"], str]]] = []
+REMOVED = "enc-self:1:1-7,dec-self:1:1-3"  # a free-shape student
+
+
+def case(name: str, families: bool = False):
+    def register(fn):
+        CASES.append((name, fn) if not families else (f"[families] {name}", fn))
+        return fn
+    return register
+
+
+class Regression(Exception):
+    """A case that no longer holds."""
+
+
+def expect(condition, what: str) -> None:
+    if not condition:
+        raise Regression(what)
+
+
+def tree(folder: Path) -> dict:
+    """Every file under `folder` by its bytes."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+class Probe:
+    def __init__(self, data: Path, checkpoint: Path, work: Path):
+        self.data, self.checkpoint, self.work = data, checkpoint, work
+        self.n = 0
+        self._student = None
+
+    def folder(self, name: str) -> Path:
+        self.n += 1
+        out = self.work / f"{self.n:02d}-{name}"
+        out.mkdir()
+        return out
+
+    def cli(self, *argv):
+        return conftest._run_cli_in_process([str(a) for a in argv], check=False)
+
+    def refused(self, command: str, *argv, names: str) -> str:
+        proc = self.cli(command, *argv)
+        lines = proc.stderr.strip().splitlines()
+        last = lines[-1] if lines else ""
+        expect(proc.returncode == 2, f"exit {proc.returncode}, not 2: {last}")
+        expect("Traceback" not in proc.stderr, "a traceback: " + last)
+        expect(len(lines) == 1 and last.startswith(f"fairseq-headprune {command}: error: "), f"not one line: {last}")
+        expect(names in last, f"does not name {names!r}: {last}")
+        return "refused: " + last.split("error: ", 1)[1][:110]
+
+    def student(self) -> Path:
+        if self._student is None:
+            out = self.folder("student") / "pruned.pt"
+            proc = self.cli("remove", self.data, "--path", self.checkpoint, "--heads", REMOVED, "--out", out,
+                            "--gen-subset", "test")
+            expect(proc.returncode == 0, f"remove failed: {proc.stderr[-300:]}")
+            self._student = out
+        return self._student
+
+
+# ---------------------------------------------------------------- 1. a folder deleted by --force
+
+EXPORT = ["--gen-subset", "test", "--beam", "2", "--max-tokens", "800", "--check-sentences", "4", "--force"]
+
+
+def _export_force(p: Probe, folder: Path, names: str) -> str:
+    before = tree(folder)
+    line = p.refused("export-ct2", p.data, "--path", p.checkpoint, "--out", folder, *EXPORT, names=names)
+    expect(tree(folder) == before, f"{folder} changed")
+    return line
+
+
+@case("export-ct2 --force over a folder of the user's files")
+def _force_user_folder(p: Probe) -> str:
+    folder = p.folder("notes")
+    (folder / "notes.txt").write_text("mine")
+    return _export_force(p, folder, "notes.txt")
+
+
+@case("export-ct2 --force over a model folder with a user file beside it")
+def _force_mixed(p: Probe) -> str:
+    folder = p.folder("mixed")
+    for name in ("config.json", "model.bin", "shared_vocabulary.json", "README"):
+        (folder / name).write_text("x")
+    return _export_force(p, folder, "README")
+
+
+@case("export-ct2 --force over DATA")
+def _force_data(p: Probe) -> str:
+    return _export_force(p, p.data, "an input")
+
+
+@case("export-ct2 --force over the folder holding --path")
+def _force_path_folder(p: Probe) -> str:
+    return _export_force(p, p.checkpoint.parent, "an input")
+
+
+# ---------------------------------------------------------------- 2. a refused run blocks its correction
+
+RECOVER_REFUSALS = {
+    "--distill-temperature 0": (["--distill-temperature", "0"], "--distill-temperature"),
+    "--distill-weight 1.5": (["--distill-weight", "1.5"], "--distill-weight"),
+    "--mask-heads naming a removed head": (["--task", "translation_headprune", "--mask-heads", "enc-self:1:2"],
+                                           "was removed"),
+    "--max-tokens 5": (["--max-tokens", "5"], "--max-tokens 5"),
+    "--fp16 on CPU": (["--fp16"], "--fp16"),
+    "--sequence-beam 0": (["--distill", "sequences", "--sequence-beam", "0"], "--sequence-beam"),
+    "--sequence-beam with --distill logits": (["--sequence-beam", "3"], "does not use"),
+}
+
+
+def _recover_refused(p: Probe, argv, names: str) -> str:
+    student, out = p.student(), p.folder("recover") / "r.pt"
+    beside = sorted(os.listdir(p.data.parent))
+    line = p.refused("recover", p.data, "--path", student, "--teacher", p.checkpoint, "--out", out,
+                     "--updates", "2", "--max-tokens", "1500", *argv, names=names)
+    expect(not out.exists() and not out.with_suffix(".recover").exists(), "left a model or a run folder")
+    expect(sorted(os.listdir(p.data.parent)) == beside, "left a teacher cache beside DATA")
+    return line
+
+
+for _name, (_argv, _names) in RECOVER_REFUSALS.items():
+    case(f"recover {_name}")(lambda p, argv=_argv, names=_names: _recover_refused(p, argv, names))
+
+
+@case("recover with DATA whose dictionaries differ from the model's")
+def _recover_dictionaries(p: Probe) -> str:
+    other = p.folder("other-dicts")
+    for path in p.data.iterdir():
+        if path.is_file() and not path.name.startswith("dict."):
+            (other / path.name).symlink_to(path)
+    for lang in ("de", "en"):
+        text = (p.data / f"dict.{lang}.txt").read_text(encoding="utf-8")
+        (other / f"dict.{lang}.txt").write_text(text + "zzextra 1\n", encoding="utf-8")
+    out = p.folder("recover") / "r.pt"
+    line = p.refused("recover", other, "--path", p.student(), "--teacher", p.checkpoint, "--out", out,
+                     "--updates", "2", names="dictionaries of")
+    expect(not out.with_suffix(".recover").exists(), "left a run folder")
+    return line
+
+
+@case("two recover runs of one --out, different work folders")
+def _recover_two_writers(p: Probe) -> str:
+    folder = p.folder("two")
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, os, time\n"
+        f"fd = os.open({str(folder / '.same.pt.lock')!r}, os.O_RDWR | os.O_CREAT)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX)\nprint('held', flush=True)\ntime.sleep(60)\n")],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        expect(holder.stdout.readline().strip() == "held", "the lock holder did not start")
+        return p.refused("recover", p.data, "--path", p.student(), "--teacher", p.checkpoint, "--out",
+                         folder / "same.pt", "--updates", "2", "--work-dir", folder / "mine",
+                         names="being written by another")
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+# ---------------------------------------------------------------- 3. checkpoint bytes
+
+@case("shrink of an fp16 checkpoint stores the shared embeddings once (smaller than its parent)")
+def _shared_once(p: Probe) -> str:
+    import torch
+
+    folder = p.folder("fp16")
+    state = torch.load(p.checkpoint, map_location="cpu", weights_only=False)
+    halves = {}
+    state["model"] = {k: halves.setdefault(v.data_ptr(), v.half()) if v.is_floating_point() else v
+                      for k, v in state["model"].items()}
+    torch.save(state, folder / "half.pt")
+    out = folder / "small.pt"
+    proc = p.cli("shrink", p.data, "--path", folder / "half.pt", "--remove", "50%", "--out", out,
+                 "--calibration-subset", "test", "--calibration-sentences", "16", "--max-tokens", "1500",
+                 "--no-check")
+    expect(proc.returncode == 0, f"shrink failed: {proc.stderr.strip().splitlines()[-1:]}")
+    small, parent = out.stat().st_size, (folder / "half.pt").stat().st_size
+    expect(small < parent, f"{small} bytes, its parent {parent}")
+    return f"held: {small} bytes against its parent's {parent}"
+
+
+@case("equal checkpoint states written under two temporary names are equal bytes")
+def _deterministic(p: Probe) -> str:
+    import torch
+
+    from fairseq_headprune.fairseq_io.checkpoint_io import save_state
+
+    folder = p.folder("bytes")
+    state = torch.load(p.checkpoint, map_location="cpu", weights_only=False)
+    save_state(state, str(folder / ".a.pt.x1.tmp"))
+    save_state(state, str(folder / ".b.pt.y2.tmp"))
+    expect((folder / ".a.pt.x1.tmp").read_bytes() == (folder / ".b.pt.y2.tmp").read_bytes(), "bytes differ")
+    return "held: equal bytes"
+
+
+# ---------------------------------------------------------------- 4. options accepted and ignored, misreports
+
+@case("deploy --candidate naming a free-shape model")
+def _deploy_candidate(p: Probe) -> str:
+    out = p.folder("deploy")
+    return p.refused("deploy", p.data, "--path", p.checkpoint, "--results-dir", out, "--gen-subset", "test",
+                     "--shrink-percent", "0", "--compare", f"free={p.student()}", "--candidate", "free",
+                     names="free shape")
+
+
+@case("export-ct2 with a binding --max-len-b at beam 3 says the cause")
+def _export_length(p: Probe) -> str:
+    out = p.folder("length") / "ct2"
+    return p.refused("export-ct2", p.data, "--path", p.checkpoint, "--out", out, "--gen-subset", "test",
+                     "--beam", "3", "--max-len-b", "3", "--max-tokens", "800", "--check-sentences", "48",
+                     names="reach the length limit")
+
+
+# ---------------------------------------------------------------- 5. every family (--families)
+
+def _family(name: str):
+    import families as fam
+
+    if name == "multilingual":
+        return fam.multilingual(), fam.spm_data(), fam.spm_data() / "slice", [*fam.MULTI_TASK, "-s", "de", "-t", "en"]
+    return fam.mbart(), fam.spm_data() / "mbart", fam.spm_data() / "mbart-slice", fam.MBART_TASK
+
+
+def _family_recover(p: Probe, name: str) -> str:
+    checkpoint, data, _, _ = _family(name)
+    out = p.folder(f"{name}-recover") / "r.pt"
+    proc = p.cli("recover", data, "--path", checkpoint, "--teacher", checkpoint, "--out", out, "--updates", "2",
+                 "--max-tokens", "1500")
+    expect(proc.returncode == 0, f"exit {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}")
+    record = json.loads(out.with_suffix(".json").read_text())
+    expect(record["last_valid_loss"] is not None, "no last valid loss")
+    return f"held: recovered, last valid loss {record['last_valid_loss']:.3f}"
+
+
+for _fam in ("multilingual", "mbart"):
+    case(f"recover under {_fam}", families=True)(lambda p, name=_fam: _family_recover(p, name))
+
+
+@case("recover --distill sequences under multilingual (would drop its language tokens)", families=True)
+def _multi_sequences(p: Probe) -> str:
+    checkpoint, data, _, _ = _family("multilingual")
+    out = p.folder("multi-seq") / "s.pt"
+    return p.refused("recover", data, "--path", checkpoint, "--teacher", checkpoint, "--out", out, "--distill",
+                     "sequences", "--updates", "2", names="language tokens")
+
+
+@case("export-ct2 under multilingual (language tokens as target prefix)", families=True)
+def _multi_export(p: Probe) -> str:
+    checkpoint, _, slice_, task = _family("multilingual")
+    out = p.folder("multi-export") / "ct2"
+    proc = p.cli("export-ct2", slice_, "--path", checkpoint, "--out", out, *task, "--gen-subset", "test", "--beam",
+                 "4", "--max-tokens", "800", "--check-sentences", "16")
+    expect(proc.returncode == 0, f"exit {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}")
+    expect("0 hypotheses differ" in proc.stdout, proc.stdout.strip().splitlines()[-2:])
+    return "held: 0 of 16 hypotheses differ from fairseq's"
+
+
+@case("export-ct2 under mBART", families=True)
+def _mbart_export(p: Probe) -> str:
+    checkpoint, _, slice_, task = _family("mbart")
+    out = p.folder("mbart-export") / "ct2"
+    return p.refused("export-ct2", slice_, "--path", checkpoint, "--out", out, *task, "--gen-subset", "test",
+                     "--beam", "4", "--max-tokens", "800", names="translation_from_pretrained_bart")
+
+
+for _fam in ("multilingual", "mbart"):
+    case(f"speed --engine ct2 under {_fam}", families=True)(lambda p, name=_fam: p.refused(
+        "speed", _family(name)[2], "--path", _family(name)[0], *_family(name)[3], "--heads", "enc-self:1:1",
+        "--engine", "ct2", "--results-dir", p.folder("speed"), "--gen-subset", "test", names="language token"))
+
+
+# ---------------------------------------------------------------- main
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--only", help="run the cases whose name contains this word")
+    parser.add_argument("--families", action="store_true", help="also the multilingual and mBART cases")
+    args = parser.parse_args(argv)
+    from fairseq_headprune.fairseq_io.loading import trust_fairseq_checkpoints
+
+    trust_fairseq_checkpoints()
+    failures, ran, start = 0, 0, time.time()
+    with tempfile.TemporaryDirectory(prefix="probe-compression-") as tmp:
+        work = Path(tmp)
+        data = conftest.copy_cached(conftest._cached_data(), work / "data")
+        stock = conftest.cached_build("stock", conftest.stock_key(), lambda out: conftest.train(data, out))
+        checkpoint = conftest.copy_cached(stock, work / "stock") / "checkpoint_last.pt"
+        probe = Probe(data, checkpoint, work)
+        for name, fn in CASES:
+            if (args.only and args.only not in name) or (name.startswith("[families]") and not args.families):
+                continue
+            ran += 1
+            t = time.time()
+            try:
+                result, ok = fn(probe), True
+            except Regression as e:
+                result, ok = str(e), False
+            except Exception as e:  # noqa: BLE001 - a crash of the case is a regression too
+                result, ok = f"{type(e).__name__}: {str(e).strip().splitlines()[-1:] or ''}", False
+            failures += not ok
+            print(f"{'ok  ' if ok else 'FAIL'} {name}: {result} ({time.time() - t:.1f} s)", flush=True)
+    print(f"probe_compression: {ran} cases, {failures} regressed, {time.time() - start:.0f} s")
+    return min(failures, 100)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
