@@ -14,12 +14,12 @@ from typing import Any, Callable, Dict, Optional, Sequence
 
 def option(default: Any = dataclasses.MISSING, *, flag: str, help: str, choices: Optional[Sequence[str]] = None,
            metavar: Optional[str] = None, negate: bool = False, parse: Optional[Callable[[str], Any]] = None,
-           shown: Optional[str] = None, group: Optional[str] = None):
+           shown: Optional[str] = None, group: Optional[str] = None, nargs: Optional[str] = None):
     """A dataclass field with its command-line form: `negate` makes a True default a `--no-...` switch, `parse`
     turns the given text into the field's value (shown: the default as the user would type it), and fields of one
-    `group` are mutually exclusive on the command line."""
+    `group` are mutually exclusive on the command line; nargs as argparse's (parse then takes the list)."""
     metadata = {"flag": flag, "help": help, "choices": choices, "metavar": metavar, "negate": negate, "parse": parse,
-                "shown": shown, "group": group}
+                "shown": shown, "group": group, "nargs": nargs}
     return dataclasses.field(default=default, metadata=metadata)
 
 
@@ -69,10 +69,10 @@ def add_arguments(parser, cls, groups: Optional[Dict[str, Any]] = None) -> None:
             target.add_argument(meta["flag"], action="store_true", help=text)
             continue
         default = meta["shown"] if meta["shown"] is not None else f.default
-        kwargs = {"help": text, "metavar": meta["metavar"], "choices": meta["choices"]}
+        kwargs = {"help": text, "metavar": meta["metavar"], "choices": meta["choices"], "nargs": meta["nargs"]}
         if meta["parse"] is None and _scalar_type(hint):
             kwargs["type"] = _scalar_type(hint)
-        if default is not None:
+        if default not in (None, (), ""):
             kwargs["help"] = f"{text} (default {str(default).replace('%', '%%')})"
         target.add_argument(meta["flag"], default=None, **{k: v for k, v in kwargs.items() if v is not None})
 

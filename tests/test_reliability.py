@@ -331,7 +331,7 @@ def test_recover_says_an_early_stop_and_the_last_validated_loss(student, stock_c
 
 
 def test_deploy_refuses_a_free_shape_candidate_before_timing(student, stock_checkpoint, tiny_data, tmp_path):
-    from fairseq_headprune.cli.deploy import heads_per_layer
+    from fairseq_headprune.studies.deploy import heads_per_layer
 
     proc = run(["fairseq-headprune", "deploy", tiny_data, "--path", stock_checkpoint, "--results-dir", tmp_path / "d",
                 "--gen-subset", "test", "--shrink-percent", "0", "--compare", f"free={student}", "--candidate", "free"],

@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from fairseq_headprune.errors import UserError
+from fairseq_headprune.options import option
 
 ENGINES = ("fairseq", "ct2-float32", "ct2-int8")
 # (kind, batch): "batch" is the subset's own batches (--batch-size / --max-tokens), 1 the latency batches
@@ -49,16 +50,30 @@ class DeployOptions:
     """What `fairseq-headprune deploy` measures; every field has the command's default."""
 
     subset: str = field(default="test", metadata={"flag": "--gen-subset"})
-    references: Optional[str] = None
-    compare: Tuple[str, ...] = ()  # NAME=CHECKPOINT of pruned or recovered models to put beside the unpruned one
-    shrink_percent: float = 50.0  # 0: no shrink of its own
-    shape: str = "per-stack"
-    calibration_subset: str = "valid"
-    calibration_sentences: int = 1000
-    runs: int = 3
-    batch1_sentences: int = 100
-    candidate: Optional[str] = None  # the per-stack model the targets judge, chosen before on held-out data
-    ceilings: Tuple[str, ...] = ()  # shapes timed as crude slices of the unpruned model (studies.ceilings)
+    references: Optional[str] = option(None, flag="--references",
+                                       help="raw reference file of --gen-subset for BLEU (default: the binarised "
+                                            "targets)")
+    compare: Tuple[str, ...] = option((), flag="--compare", nargs="+", metavar="NAME=CKPT", parse=tuple,
+                                      help="pruned or recovered checkpoints to put beside the unpruned one")
+    shrink_percent: float = option(50.0, flag="--shrink-percent",
+                                   help="shrink the model itself, removing this share of its heads (0: no shrink of "
+                                        "its own)")
+    shape: str = option("per-stack", flag="--shape", choices=("free", "per-stack"),
+                        help="the shrink's shape (per-stack: what CTranslate2 runs without padding)")
+    calibration_subset: str = option("valid", flag="--calibration-subset", help="the shrink's calibration subset")
+    calibration_sentences: int = option(1000, flag="--calibration-sentences",
+                                        help="the shrink's calibration sentences")
+    runs: int = option(3, flag="--runs", help="interleaved timing rounds")
+    batch1_sentences: int = option(100, flag="--batch1-sentences", help="sentences timed one at a time (latency)")
+    candidate: Optional[str] = option(None, flag="--candidate", metavar="NAME",
+                                      help="the per-stack model the targets judge, chosen beforehand on held-out data "
+                                           "(default: the best of the table on this set, which flatters it when "
+                                           "several are compared)")
+    ceilings: Tuple[str, ...] = option((), flag="--ceilings", nargs="+", metavar="ENC/DEC[:ffn=P%,vocab=P%]",
+                                       parse=tuple,
+                                       help="shapes timed in CTranslate2 int8 at equal work as crude slices of the "
+                                            "unpruned model (the first heads per layer, FFN units, target words): "
+                                            "what each shape would run at")
 
     def named_checkpoints(self) -> List[Tuple[str, str]]:
         """--compare as (name, path), refused in one line when malformed, repeated or missing."""
@@ -103,6 +118,46 @@ class DeployOptions:
 
 
 # --------------------------------------------------------------------------------------------- one model, three engines
+
+
+def heads_per_layer(model_cfg) -> dict:
+    """{stack: {heads per attention sublayer}} of a checkpoint's model config (its kept_heads over the
+    architecture's counts), read without building the model."""
+    import json
+
+    get = (lambda k: model_cfg.get(k)) if hasattr(model_cfg, "get") else (lambda k: getattr(model_cfg, k, None))
+    kept = json.loads(get("kept_heads") or "{}")
+    counts = {"encoder": set(), "decoder": set()}
+    for attn_type, stack, layers, heads in (
+            ("enc-self", "encoder", get("encoder_layers"), get("encoder_attention_heads")),
+            ("dec-self", "decoder", get("decoder_layers"), get("decoder_attention_heads")),
+            ("enc-dec", "decoder", get("decoder_layers"), get("decoder_attention_heads"))):
+        for layer in range(1, int(layers or 0) + 1):
+            ids = kept.get(attn_type, {}).get(str(layer))
+            counts[stack].add(len(ids) if ids is not None else int(heads or 0))
+    return counts
+
+
+def check_candidate(options) -> None:
+    """--candidate names the per-stack model the targets judge: a free-shape one is refused before any timing
+    (the table would time every model, then give it no verdict)."""
+    import torch
+
+    if options.candidate is None:
+        return
+    if options.candidate == options.shrunk_name():
+        if options.shape != "per-stack":
+            raise UserError(f"--candidate {options.candidate} is deploy's own --shape {options.shape} shrink: the "
+                            "targets judge a per-stack model")
+        return
+    path = dict(options.named_checkpoints())[options.candidate]
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    model_cfg = (state.get("cfg") or {}).get("model") or state.get("args")
+    counts = heads_per_layer(model_cfg) if model_cfg is not None else {}
+    if any(len(c) > 1 for c in counts.values()):
+        shown = ", ".join(f"{stack} {sorted(c)}" for stack, c in counts.items())
+        raise UserError(f"--candidate {options.candidate} has a free shape (heads per layer: {shown}): the targets "
+                        "judge a per-stack model (shrink --shape per-stack)")
 
 
 def ct2_translator(loaded, model, folder: str, quantization: Optional[str], target_dictionary=None):

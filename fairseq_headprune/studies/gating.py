@@ -137,10 +137,10 @@ def run(checkpoint: str, results_dir: str, fold_out: Optional[str] = None) -> Li
     print(f"{summary['kept']} of {summary['total']} gated heads kept (lambda {summary['l0_lambda']}, "
           f"{summary['updates']} updates); {summary['fractional']} open gates fractional\n{kept_table(summary)}")
     if fold_out:
-        from fairseq_headprune.fairseq_io.checkpoint_io import write_checkpoint_pair
+        from fairseq_headprune.fairseq_io.checkpoint_io import save_state, write_checkpoint_pair
 
         folded = fold_checkpoint(state)
-        write_checkpoint_pair(fold_out, lambda path: torch.save(folded, path), option="--fold-out")
+        write_checkpoint_pair(fold_out, lambda path: save_state(folded, path), option="--fold-out")
         print(f"{fold_out}: a stock checkpoint, gates folded into out_proj")
         paths.append(fold_out)
     return paths
