@@ -39,6 +39,7 @@ COMMANDS = {
     "export-ct2": ("fairseq_headprune.cli.export_ct2",
                    "a CTranslate2 model of any checkpoint, checked against fairseq"),
     "deploy": ("fairseq_headprune.cli.deploy", "BLEU and speed in fairseq and CTranslate2, unpruned vs pruned"),
+    "compress": ("fairseq_headprune.cli.compress", "a deployable model at a stated speed, in one resumable run"),
 }
 
 

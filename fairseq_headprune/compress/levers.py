@@ -1,0 +1,437 @@
+"""The cost table: what each lever buys in speed on this model, on this machine, in the engine it is deployed in.
+
+A lever is a structure `compress` can take away, as data: a name, the values it can be set to (what a layer keeps),
+how a shape with that value is cut from the unpruned model (studies.ceilings.CeilingShape: the first heads of every
+layer, the first FFN units) and whether `shrink` can remove it from a trained model today. Heads per stack (encoder,
+decoder: CTranslate2's one head count per stack) are removable; FFN units are measured so that a missed target can
+say what they would buy, and plug into the same table and the same choice once `shrink` removes them.
+
+Each row of the table is one lever at one value, every other lever left whole: a crude slice of the unpruned model
+(its translations mean nothing, its speed is that of any model of its shape) timed at equal work (every hypothesis
+forced to the unpruned model's mean length) beside the unpruned model in the same engine, in the same rounds,
+interleaved batch by batch (studies.deploy.interleaved). A shape that moves several levers is predicted from the
+shares of time each lever's row leaves, multiplied: the conservative side of adding the shares each saves (which
+separate computations, as the encoder's and the decoder's, would justify), and never beyond what is possible when
+noisy rows add up past the whole. The shapes chosen are timed again, and the final model is measured, never
+predicted. The table is cached per model (sha256), engine, CPU model, timing data
+and decoding options in a JSON file, so a second `compress` of the same model on the same machine skips it.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+import os
+import platform
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from fairseq_headprune.errors import UserError
+
+ENGINES = ("ct2-int8", "ct2-float32", "fairseq")
+QUANTIZATION = {"ct2-int8": "int8", "ct2-float32": None, "fairseq": None}
+COMPUTE_TYPE = {"ct2-int8": "int8", "ct2-float32": "float32"}
+
+
+# --------------------------------------------------------------------------------------------- levers as data
+
+
+@dataclass(frozen=True)
+class Lever:
+    """One structure compress may take away. `field` is the CeilingShape field a value sets; `unit` what a value
+    counts; `removable`: shrink removes it from a trained model today (the choice moves only these)."""
+
+    name: str
+    field: str
+    unit: str
+    removable: bool
+    percents: Tuple[float, ...] = ()  # the values measured, as shares of the whole (heads: () measures every count)
+
+    def values(self, full: int) -> List[float]:
+        """The values below the whole this lever is measured at, deepest last."""
+        if self.field.endswith("_heads"):
+            if not self.percents:
+                return list(range(full - 1, 0, -1))
+            return sorted({max(1, round(full * p / 100)) for p in self.percents if p < 100} - {full}, reverse=True)
+        return [p for p in self.percents if p < 100]
+
+    def whole(self, full: int) -> float:
+        return full if self.field.endswith("_heads") else 100.0
+
+
+LEVERS: Tuple[Lever, ...] = (
+    Lever("encoder heads", "enc_heads", "heads kept in every encoder layer", True),
+    Lever("decoder heads", "dec_heads", "heads kept in every decoder self- and cross-attention layer", True),
+    Lever("FFN units", "ffn_percent", "% of every FFN's hidden units kept", False, (50.0,)),
+    Lever("output layer", "vocab_percent", "% of the target words kept", False, (50.0,)),
+)
+
+
+def stack_sizes(model) -> Dict[str, int]:
+    """The fewest heads any layer of each stack holds (what a per-stack shape can keep at most)."""
+    from fairseq_headprune.core.heads import attention_modules
+
+    held = {"enc_heads": [], "dec_heads": []}
+    for (attn_type, _), attn in attention_modules(model).items():
+        held["enc_heads" if attn_type == "enc-self" else "dec_heads"].append(int(attn.num_heads))
+    return {k: min(v) for k, v in held.items()}
+
+
+def lever_rows(model, levers: Sequence[Lever] = LEVERS) -> List[Tuple[Lever, float]]:
+    """(lever, value) of every row the table measures for this model."""
+    sizes = stack_sizes(model)
+    return [(lever, value) for lever in levers for value in lever.values(sizes.get(lever.field, 100))]
+
+
+def ceiling_shape(model, point: Mapping[str, float]):
+    """The CeilingShape of a point {field: value} (the fields not given left whole)."""
+    from fairseq_headprune.studies.ceilings import CeilingShape
+
+    sizes = stack_sizes(model)
+    return CeilingShape(int(point.get("enc_heads", sizes["enc_heads"])),
+                        int(point.get("dec_heads", sizes["dec_heads"])),
+                        float(point.get("ffn_percent", 100.0)), float(point.get("vocab_percent", 100.0)))
+
+
+# --------------------------------------------------------------------------------------------- engines
+
+
+class EngineModel:
+    """A model (the loaded one, or a cut or pruned one with its target dictionary) decoding fairseq's batches in one
+    engine, one thread: run(samples, forced) -> seconds and each sentence's hypothesis (ids of loaded's target
+    dictionary, no EOS)."""
+
+    def __init__(self, loaded, engine: str, model=None, target_dictionary=None, folder: Optional[str] = None,
+                 ct2_folder: Optional[str] = None):
+        from fairseq_headprune.compress.export import ct2_decoding
+
+        self.loaded, self.engine = loaded, engine
+        self.model = loaded.model if model is None else model
+        self.target_dictionary = target_dictionary
+        if engine == "fairseq":
+            self.translator = None
+            return
+        self.decoding = ct2_decoding(loaded.cfg.generation)
+        if ct2_folder:  # an exported model (compress's own export)
+            from fairseq_headprune.studies.speed_ct2 import translator
+
+            self.translator = translator(ct2_folder, COMPUTE_TYPE[engine], 1)
+        else:
+            from fairseq_headprune.studies.deploy import ct2_translator
+
+            self.translator = ct2_translator(loaded, self.model, folder, QUANTIZATION[engine], target_dictionary)
+
+    def run(self, samples, forced: int = 0) -> Dict:
+        if self.translator is not None:
+            from fairseq_headprune.studies.deploy import ct2_run
+
+            return ct2_run(self.translator, self.loaded, self.decoding, samples, forced)
+        return fairseq_run(self.loaded, self.model, samples, forced, self.target_dictionary)
+
+
+def fairseq_run(loaded, model, samples, forced: int = 0, target_dictionary=None) -> Dict:
+    """fairseq's beam search over the batches once (forced: L tokens, then EOS at step L). A model with a cut target
+    vocabulary decodes with its cut dictionary (its ids are then the cut dictionary's)."""
+    import torch
+
+    task = loaded.task
+    if target_dictionary is not None:
+        task = copy.copy(task)
+        task.tgt_dict = target_dictionary
+    generation = copy.deepcopy(loaded.cfg.generation)
+    if forced:
+        generation.min_len, generation.max_len_a, generation.max_len_b = forced, 0, forced
+    generator = task.build_generator([model], generation)
+    eos = task.target_dictionary.eos()
+    out = {}
+    with torch.no_grad():
+        start = time.perf_counter()
+        for sample in samples:
+            for sid, nbest in zip(sample["id"].tolist(), task.inference_step(generator, [model], sample)):
+                out[sid] = nbest[0]["tokens"].tolist()
+        seconds = time.perf_counter() - start
+    return {"seconds": seconds, "hypotheses": {s: h[:-1] if h and h[-1] == eos else h for s, h in out.items()}}
+
+
+def timed_rounds(decoders: Dict[str, Callable], samples, runs: int, forced: int, progress=None) -> Dict[str, List]:
+    """Seconds of every decoder on every batch of every round, in that order, after a warm-up. Interleaved batch by
+    batch as deploy times its table: each batch decoded by every decoder in turn, in an order drawn anew for each
+    batch, so that a change in the machine's load hits all of them alike."""
+    import random
+
+    for decode in decoders.values():
+        decode(samples[:1], forced)
+    seconds: Dict[str, List[float]] = {k: [] for k in decoders}
+    tokens: Dict[str, int] = {k: 0 for k in decoders}
+    for r in range(runs):
+        order = random.Random(f"cost-{r}-{forced}")
+        for batch in samples:
+            for k in order.sample(list(decoders), len(decoders)):
+                got = decoders[k]([batch], forced)
+                seconds[k].append(got["seconds"])
+                if r == 0:
+                    tokens[k] += sum(len(h) for h in got["hypotheses"].values())
+        if progress:
+            progress(r + 1, runs)
+    if forced and len(set(tokens.values())) > 1:
+        raise RuntimeError(f"forced lengths gave different token counts {sorted(set(tokens.values()))}: not equal work")
+    return seconds
+
+
+def sign_test(base: Sequence[float], other: Sequence[float]) -> Dict:
+    """In how many of the paired batches `other` was faster, and the one-sided sign test's p (exact binomial, ties
+    dropped): is it faster at all, beyond the machine's noise?"""
+    wins = sum(o < b for b, o in zip(base, other))
+    n = sum(o != b for b, o in zip(base, other))
+    p = sum(math.comb(n, k) for k in range(wins, n + 1)) / 2 ** n if n else 1.0
+    return {"faster_batches": wins, "batches": n, "p": round(p, 5)}
+
+
+def paired_speedup(base: Sequence[float], other: Sequence[float]) -> float:
+    """How many times faster `other` is than `base`: the median, over batches and rounds, of the ratio of the
+    seconds each took on the same batch one right after the other (a burst of load from another process moves a
+    few ratios, not the median)."""
+    return statistics.median(b / o for b, o in zip(base, other))
+
+
+# --------------------------------------------------------------------------------------------- the table
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def table_identity(loaded, engine: str, samples, runs: int, levers: Sequence[Lever] = LEVERS) -> Dict:
+    """What a cost table's numbers depend on: the model by content, the engine and its version, the CPU, the timing
+    sentences and their batching, the decoding options, the levers and values measured."""
+    import torch
+
+    from fairseq_headprune.records.identity import file_sha256
+
+    sentences = sorted(sid for s in samples for sid in s["id"].tolist())
+    tokens = hashlib.sha256(json.dumps([s["net_input"]["src_tokens"].tolist() for s in samples]).encode())
+    identity = {"model_sha256": file_sha256(loaded.checkpoint), "engine": engine, "cpu": cpu_model(), "threads": 1,
+                "sentences": len(sentences), "batches": len(samples), "sources_sha256": tokens.hexdigest()[:16],
+                "generation": generation_identity(loaded.cfg),
+                "runs": runs, "levers": [asdict(lv) for lv in levers], "torch": torch.__version__,
+                "estimator": "median of per-batch paired ratios, equal work; sign test p < 0.05"}
+    if engine != "fairseq":
+        import ctranslate2
+
+        identity["ctranslate2"] = ctranslate2.__version__
+    return json.loads(json.dumps(identity))  # as stored (tuples as lists)
+
+
+def generation_identity(cfg) -> Dict:
+    """The decoding options that can change a hypothesis (records.identity), or beam and length penalty alone for a
+    config that is not fairseq's own (the benchmark's random models)."""
+    try:
+        from fairseq_headprune.records.identity import decoding_identity
+
+        return decoding_identity(cfg)["generation"]
+    except Exception:  # noqa: BLE001 - a stand-in config without fairseq's sections
+        return {"beam": int(cfg.generation.beam), "lenpen": float(getattr(cfg.generation, "lenpen", 1.0))}
+
+
+def identity_key(identity: Mapping) -> str:
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def default_cache() -> str:
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(root, "fairseq-headprune", "cost-tables")
+
+
+def cached_table(cache_dir: Optional[str], identity: Mapping) -> Optional[Dict]:
+    from fairseq_headprune.records.log import read_json
+
+    if not cache_dir:
+        return None
+    table = read_json(os.path.join(cache_dir, f"cost-table-{identity_key(identity)}.json"))
+    return table if table and table.get("identity") == identity else None
+
+
+def store_table(cache_dir: Optional[str], table: Dict) -> Optional[str]:
+    from fairseq_headprune.records.log import write_json_atomic
+
+    if not cache_dir:
+        return None
+    try:
+        os.makedirs(cache_dir, exist_ok=True)
+        path = os.path.join(cache_dir, f"cost-table-{identity_key(table['identity'])}.json")
+        write_json_atomic(path, table)
+        return path
+    except OSError:  # a cache that cannot be written costs a re-measurement next time, nothing else
+        return None
+
+
+def time_shapes(loaded, engine: str, samples, runs: int, shapes: Mapping[str, object], log=print, progress=None,
+                decoder_factory=None) -> Dict:
+    """Time crude slices of the unpruned model (studies.ceilings.crude_model, one per CeilingShape) beside the
+    unpruned model at equal work, interleaved: each shape's speed-up (seconds paired per round) and FLOP ratio.
+    `decoder_factory(model, target_dictionary, folder)` -> run(samples, forced) replaces the engine (tests)."""
+    from fairseq_headprune.core import flops
+    from fairseq_headprune.studies.ceilings import crude_model
+    from fairseq_headprune.studies.speed_ct2 import ct2_shape
+
+    shape_of = flops.ModelShape.of if engine == "fairseq" else ct2_shape
+    with tempfile.TemporaryDirectory(prefix="cost-table-") as tmp:
+        def build(model, dictionary, name):
+            if decoder_factory:
+                return decoder_factory(model, dictionary, os.path.join(tmp, name))
+            return EngineModel(loaded, engine, model, dictionary, os.path.join(tmp, name)).run
+
+        decoders = {"unpruned": build(loaded.model, None, "unpruned")}
+        cost_shapes = {}
+        for i, (key, shape) in enumerate(shapes.items()):
+            model, dictionary = crude_model(loaded.model, loaded.task.target_dictionary, shape)
+            cost_shapes[key] = shape_of(model)  # the cost shape only: the model itself is not kept
+            decoders[key] = build(model, dictionary, f"shape{i}")
+            del model
+        natural = decoders["unpruned"](samples, 0)
+        length = max(1, round(statistics.mean(len(h) for h in natural["hypotheses"].values())))
+        log(f"timing {len(shapes)} shape(s) and the unpruned model in {engine}: {runs} rounds of "
+            f"{sum(s['id'].numel() for s in samples)} sentences at equal work ({length} tokens + 1 step)")
+        seconds = timed_rounds(decoders, samples, runs, length, progress)
+    src = [int(n) for s in samples for n in s["net_input"]["src_lengths"].tolist()]
+    beam, batch = int(loaded.cfg.generation.beam), max(s["id"].numel() for s in samples)
+    base = shape_of(loaded.model)
+    return {"forced_length": length, "unpruned_seconds": round(statistics.mean(seconds["unpruned"]), 4),
+            "speedup": {k: round(paired_speedup(seconds["unpruned"], seconds[k]), 4) for k in shapes},
+            "faster": {k: sign_test(seconds["unpruned"], seconds[k]) for k in shapes},
+            "flop_ratio": {k: round(flops.flop_ratio(base, cost_shapes[k], src, [length + 1] * len(src), beam, batch),
+                                    4) for k in shapes}}
+
+
+def measure(loaded, engine: str, samples, runs: int, levers: Sequence[Lever] = LEVERS, log=print,
+            progress=None, decoder_factory=None) -> Dict:
+    """The cost table: every lever's row timed beside the unpruned model (time_shapes), as JSON."""
+    start = time.perf_counter()
+    rows = lever_rows(loaded.model, levers)
+    shapes = {f"{lever.name}={value:g}": ceiling_shape(loaded.model, {lever.field: value}) for lever, value in rows}
+    timed = time_shapes(loaded, engine, samples, runs, shapes, log, progress, decoder_factory)
+    table_rows = []
+    for (lever, value), key in zip(rows, shapes):
+        speed = timed["speedup"][key]
+        table_rows.append({"lever": lever.name, "field": lever.field, "value": value, "unit": lever.unit,
+                           "removable": lever.removable, "speedup": speed, "time_saved": round(1 - 1 / speed, 4),
+                           "sign_test": timed["faster"][key], "flop_ratio": timed["flop_ratio"][key]})
+    smooth(table_rows)
+    return {"rows": table_rows, "forced_length": timed["forced_length"], "unpruned_seconds": timed["unpruned_seconds"],
+            "sentences": sum(s["id"].numel() for s in samples), "whole": stack_sizes(loaded.model),
+            "seconds": round(time.perf_counter() - start, 1)}
+
+
+SIGNIFICANCE = 0.05  # a row saves time only when its slice was faster in significantly more batches than not
+
+
+def smooth(rows: List[Dict], significance: float = SIGNIFICANCE) -> None:
+    """Each lever's `saved`: the time it saves, counted only when the sign test says the slice is faster at all
+    (p < significance: a lever that buys nothing measures a few percent either way from the machine's noise), then
+    made monotone (keeping less never costs more: pool-adjacent-violators, deepest value first) and never below
+    zero. The raw `time_saved` stays beside it."""
+    for field in {r["field"] for r in rows}:
+        own = sorted((r for r in rows if r["field"] == field), key=lambda r: r["value"])  # deepest first
+        blocks: List[List] = []  # [mean, weight, rows]
+        for r in own:  # non-increasing in value: the deepest saves the most
+            significant = r.get("sign_test", {"p": 0.0})["p"] < significance
+            blocks.append([r["time_saved"] if significant else 0.0, 1, [r]])
+            while len(blocks) > 1 and blocks[-2][0] < blocks[-1][0]:
+                b = blocks.pop()
+                a = blocks[-1]
+                a[0] = (a[0] * a[1] + b[0] * b[1]) / (a[1] + b[1])
+                a[1] += b[1]
+                a[2] += b[2]
+        for mean, _, members in blocks:
+            for r in members:
+                r["saved"] = round(max(mean, 0.0), 4)
+
+
+# --------------------------------------------------------------------------------------------- predictions
+
+
+def predict(table: Dict, point: Mapping[str, float]) -> float:
+    """Predicted speed-up of a shape {field: value}: the shares of time each lever's row leaves (smoothed: 1 -
+    `saved`), multiplied. A value the table did not measure (between rows) is read from the nearest measured values
+    (linear)."""
+    share = 1.0
+    for field, value in point.items():
+        share *= 1 - saved(table, field, value)
+    return 1 / max(share, 1e-6)
+
+
+def saved(table: Dict, field: str, value: float) -> float:
+    rows = sorted(((r["value"], r.get("saved", r["time_saved"])) for r in table["rows"] if r["field"] == field))
+    whole = table["whole"].get(field, 100.0)
+    points = sorted(rows + [(whole, 0.0)])
+    if value >= whole:
+        return 0.0
+    if not rows or value < points[0][0]:
+        raise ValueError(f"{field}={value:g} is outside the cost table")
+    for (a, sa), (b, sb) in zip(points, points[1:]):
+        if a <= value <= b:
+            return sa if b == a else sa + (sb - sa) * (value - a) / (b - a)
+    raise ValueError(f"{field}={value:g} is outside the cost table")
+
+
+def lever_order(table: Dict) -> List[Tuple[str, float]]:
+    """Levers by the speed-up half of each buys on its own (half the heads of every layer of a stack, half of every
+    FFN's units; read from the smoothed rows), fastest first: (lever, predicted speed-up)."""
+    out = {}
+    for r in table["rows"]:
+        if r["lever"] in out:
+            continue
+        half = table["whole"].get(r["field"], 100.0) / 2
+        try:
+            out[r["lever"]] = round(1 / (1 - saved(table, r["field"], half)), 4)
+        except (ValueError, ZeroDivisionError):
+            continue
+    return sorted(out.items(), key=lambda kv: -kv[1])
+
+
+def best_unremovable(table: Dict, removable_best: Mapping[str, float]) -> Optional[Tuple[str, float]]:
+    """The fastest shape the table predicts when the levers shrink cannot remove yet, at their deepest measured
+    values, join the given removable values: (what they add, predicted speed-up), or None when there is none."""
+    extra: Dict[str, Dict] = {}
+    for r in table["rows"]:
+        if not r["removable"] and (r["field"] not in extra or r["value"] < extra[r["field"]]["value"]):
+            extra[r["field"]] = r
+    if not extra:
+        return None
+    point = {**removable_best, **{k: r["value"] for k, r in extra.items()}}
+    words = ", ".join(f"{r['lever']} at {r['value']:g}{'%' if r['field'].endswith('_percent') else ''}"
+                      for r in extra.values())
+    return words, predict(table, point)
+
+
+def markdown(table: Dict) -> str:
+    lines = ["| lever | value | removable | x unpruned, equal work | faster in batches (p) | time saved | counted "
+             "| FLOPs, unpruned over it |", "|---|---|---|---|---|---|---|---|"]
+    for r in table["rows"]:
+        sign = r.get("sign_test") or {}
+        lines.append(f"| {r['lever']} | {r['value']:g} ({r['unit']}) | {'yes' if r['removable'] else 'not yet'} | "
+                     f"{r['speedup']:.2f} | {sign.get('faster_batches', '')}/{sign.get('batches', '')} "
+                     f"({sign.get('p', float('nan')):.3f}) | {100 * r['time_saved']:.1f}% | "
+                     f"{100 * r.get('saved', 0):.1f}% | {r['flop_ratio']:.2f} |")
+    return "\n".join(lines)
+
+
+def refuse_unreachable(target: float, best: Tuple[Dict, float], table: Dict, engine: str) -> None:
+    """One line: no removable shape reaches `target`; the best one and what the other levers would add."""
+    point, speed = best
+    label = "/".join(str(int(point[k])) for k in ("enc_heads", "dec_heads") if k in point)
+    extra = best_unremovable(table, point)
+    more = f"; with {extra[0]} (not removable yet) the table predicts {extra[1]:.2f}x" if extra else ""
+    raise UserError(f"--speedup {target:g}: no shape reaches it in {engine} on this machine: the fastest, "
+                    f"{label} heads per stack (encoder/decoder), is {speed:.2f}x the unpruned model{more}")

@@ -1,0 +1,106 @@
+"""OUT/MODEL_CARD.md of a `compress` run: what was removed, how fast the model runs and how well it translates against
+the unpruned model in the same engine, the data every choice was made on, and the commands that reproduce it. Pure
+text from compress.json's record (compress.pipeline)."""
+from __future__ import annotations
+
+import shlex
+from typing import Dict, List
+
+from fairseq_headprune.compress import levers
+
+
+def render(record: Dict) -> str:
+    st, o = record["stages"], record["options"]
+    choice, shrunk, recovered = st["choice"], st["shrink"], st["recover"]
+    measured, reported, table = st["measure"], st["report"], st["cost-table"]
+    chosen = choice["chosen"]
+    whole = table["whole"]
+    lines: List[str] = [
+        "# Model card: a compressed translation model", "",
+        f"Made by `fairseq-headprune compress` from `{record['source_checkpoint']}` for {record['engine']} "
+        f"({record['target']}).", "",
+        "## Result", "",
+        *[f"- {line}" for line in record["verdict"]["lines"]], "",
+        "| | unpruned | compressed |", "|---|---|---|",
+        f"| heads per layer, encoder / decoder | {whole['enc_heads']} / {whole['dec_heads']} | "
+        f"{chosen['enc_heads']} / {chosen['dec_heads']} |",
+        f"| heads in all | {shrunk['heads_total']} | {shrunk['heads_kept']} |",
+        f"| parameters | {shrunk['params_before']:,} | {shrunk['params_after']:,} |",
+        f"| BLEU, {reported['subset']} ({reported['sentences']} sentences, {reported['engine']}) | "
+        f"{reported['bleu_unpruned']:.2f} | {reported['bleu_compressed']:.2f} (p {reported['p']:.3f}) |",
+        f"| speed at equal work ({measured['subset']}, {measured['sentences']} sentences) | 1.00x | "
+        f"{measured['speedup_equal_work']:.2f}x |",
+        f"| speed as decoded | 1.00x ({measured['sentences_per_s']['unpruned']:.1f} sentences/s) | "
+        f"{measured['speedup_as_decoded']:.2f}x ({measured['sentences_per_s']['compressed']:.1f} sentences/s) |",
+        f"| decoding FLOPs, unpruned over this model's | 1.00 | {measured['flop_ratio']:.2f} |", "",
+        f"Speed: one thread, {measured['runs']} rounds interleaved batch by batch with the unpruned model in the same "
+        "engine, the median of the per-batch ratios (the ratio of total seconds at equal work: "
+        f"{measured.get('speedup_equal_work_total', float('nan')):.2f}x); "
+        f"*equal work*: every hypothesis forced to {measured['forced_length']} tokens + 1 step (the unpruned "
+        f"model's mean); *as decoded*: each model's own translations. BLEU: sacreBLEU ({reported['signature']}) "
+        f"against {reported['references']}; {reported['significance']}. The machine's load moves sentences/s; the "
+        "ratios much less.", "",
+        "## What was removed", "",
+        f"Every encoder layer keeps {chosen['enc_heads']} of {whole['enc_heads']} heads and every decoder self- and "
+        f"cross-attention layer {chosen['dec_heads']} of {whole['dec_heads']} ({chosen['heads_removed']} heads "
+        f"removed: `{chosen['heads']}`). The FFNs, embeddings and output layer are whole.", "",
+        "## How each choice was made, and on which data", "",
+        f"- The shape: {choice['chosen_by']}. Predicted {chosen['predicted_speedup']:.2f}x by the cost table below"
+        + (f", {chosen['measured_speedup']:.2f}x when its slice was timed again." if "measured_speedup" in chosen
+           else "."),
+        f"- The heads: per-sentence mask gradients on {choice['calibration']['sentences']} sentences of "
+        f"'{choice['calibration']['subset']}' (ids hash {choice['calibration']['ids_sha256']}), each layer's heads in "
+        "the greedy order of its Fisher block.",
+        f"- The reconstruction: {shrunk['calibration']['sentences']} sentences of "
+        f"'{shrunk['calibration']['subset']}', out_proj and FFN ridge refits, then a window fit of each pruned "
+        f"attention sublayer ({o['window_steps']} Adam steps, lr {o['window_lr']:g}).",
+        recover_line(recovered),
+        f"- Speed: sentences of '{measured['subset']}'. The reported set '{reported['subset']}' was decoded once, "
+        "after every choice, by both models.", "",
+        "## Cost table", "",
+        f"Each lever alone, cut crudely from the unpruned model and timed in {record['engine']} at equal work "
+        f"({table['sentences']} sentences of '{o['timing_subset']}', {o['runs']} rounds). A row's saving counts "
+        "only when its slice was faster in significantly more batches than not (sign test, p < 0.05), made "
+        "monotone over the values; a shape that moves several levers is predicted by multiplying the shares of "
+        "time each leaves. *Not yet* removable: measured so "
+        "that a missed target says what they would buy.", "",
+        levers.markdown(table), "",
+        *cost_lines(record),
+        "## Reproduce", "",
+        "```", record_command(record), "```", "",
+        "The run is staged in OUT/stages/ (each stage cached by its identity): the same command resumes an "
+        "interrupted run, and a larger --budget-epochs extends the recovery. The pruned fairseq checkpoint "
+        "(model.pt) loads with `fairseq-generate --user-dir fairseq_headprune`; ct2/ with "
+        "`ctranslate2.Translator`.", "",
+    ]
+    return "\n".join(line for line in lines if line is not None)
+
+
+def cost_lines(record: Dict) -> List[str]:
+    """CPU minutes of each stage against the estimate printed first (records before these fields: nothing)."""
+    spent, estimated = record.get("cpu_seconds"), record.get("estimated_cpu_seconds") or {}
+    if not spent:
+        return []
+    return ["## Cost of the run", "",
+            "CPU minutes of each stage as run (a stage resumed or extended counts its last call), against the "
+            "estimate the run printed first, from rates measured before it started:", "",
+            "| stage | CPU minutes | estimated |", "|---|---|---|",
+            *[f"| {name} | {_minutes(spent.get(name))} | {_minutes(estimated.get(name))} |" for name in spent],
+            "", f"Peak memory of the last call: {record.get('peak_rss_gib', float('nan')):.2f} GiB.", ""]
+
+
+def _minutes(seconds) -> str:
+    return "" if seconds is None else f"{seconds / 60:.1f}"
+
+
+def recover_line(recovered: Dict) -> str:
+    if not recovered.get("recovered"):
+        return "- No recovery (--budget-epochs 0)."
+    return (f"- The recovery: fairseq-train on 'train', distillation from the unpruned model, early stopping on "
+            f"'valid' (best valid loss at {recovered['updates_at_best']} of {recovered['updates']} updates, budget "
+            f"{recovered['budget_epochs']} epochs).")
+
+
+def record_command(record: Dict) -> str:
+    command = record["options"].get("command") or ""
+    return command if command else "fairseq-headprune compress " + shlex.join([record["data"]])

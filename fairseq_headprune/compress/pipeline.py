@@ -1,0 +1,1078 @@
+"""`compress`: from a user's checkpoint to a deployable model at a stated speed (or within a stated BLEU loss), in one
+staged, resumable run.
+
+Stages, each cached under OUT/stages/NAME/ by its identity (what it computes from, by content and value, and the
+digest of the stage before it), so a rerun after kill -9 resumes at the first stage not finished, a changed option
+reruns the stage it alters and every stage after it (never a mix), and a larger --budget-epochs extends recovery:
+
+  cost-table  what each lever buys in the engine (compress.levers: crude shapes at equal work, interleaved; also
+              cached per model, engine and CPU outside OUT), and which per-stack shapes reach the target. A target
+              no shape reaches is refused in one line here, before any long work.
+  choice      the shape and its heads. --speedup: of the shapes that reach it, the one with the lowest Fisher estimate
+              of the loss increase on calibration sentences of train (the per-stack Fisher fill of `shrink`); the
+              heads of each layer in the order of its Fisher block; the first few of them (and the fastest) timed
+              again as crude slices, the first that measures the target taken. --max-bleu-loss: the fastest shape of
+              the frontier (predicted speed against Fisher estimate) whose shrunk model, before recovery, loses at
+              most X BLEU in the engine on a held-out split of valid (its first --heldout-sentences by id, at most
+              half, as the subset `heldout` of OUT/stages/choice/data; recovery early-stops on the rest), found by
+              bisection. Before recovery is the conservative side: recovery lowers the loss further.
+  shrink      those heads removed and the model reconstructed (window fit 1000 steps, lr 3e-4, train calibration:
+              the recipe the recover study measured best).
+  recover     fairseq-train (compress.recover.recover): distillation from the unpruned model, early stopping on
+              valid, resumable from its own checkpoints.
+  export      CTranslate2 (ct2 engines): float32 parity against fairseq on valid, then the engine's compute type.
+  measure     speed over the unpruned model in the same engine on valid sentences, at equal work and as decoded,
+              interleaved in the same rounds; the FLOP ratio.
+  report      --gen-subset decoded once by both models in the engine: BLEU, paired-bootstrap p. No choice reads it.
+
+Then OUT/model.pt, OUT/ct2/, OUT/MODEL_CARD.md and OUT/compress.json, each written whole (compress.json last).
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import hashlib
+import json
+import os
+import resource
+import shlex
+import shutil
+import statistics
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Dict, List, Optional, Tuple
+
+from fairseq_headprune.compress import levers
+from fairseq_headprune.errors import UserError
+
+STAGES = ("cost-table", "choice", "shrink", "recover", "export", "measure", "report")
+HELDOUT = "heldout"  # the choice's split of valid (--max-bleu-loss)
+BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED = 1000, 1
+
+
+@dataclass
+class CompressOptions:
+    """What `fairseq-headprune compress` does; every field has the command's default."""
+
+    out: str
+    speedup: Optional[float] = None  # the model at least this many times the unpruned one's speed (equal work)
+    max_bleu_loss: Optional[float] = None  # or: the fastest model within this BLEU loss on held-out data
+    engine: str = "ct2-int8"
+    budget_epochs: int = 4
+    gen_subset: str = "test"
+    references: Optional[str] = None
+    calibration_subset: str = "train"
+    calibration_sentences: int = 1000
+    calibration_max_tokens: int = 1000
+    window_steps: int = 1000
+    window_lr: float = 3e-4
+    timing_subset: str = "valid"
+    timing_sentences: int = 300
+    runs: int = 3
+    heldout_sentences: int = 500  # --max-bleu-loss: the first this many of valid choose; the rest early-stop
+    check_sentences: int = 100
+    significance: float = levers.SIGNIFICANCE  # a cost-table row's saving counts when its sign test p is below this
+    recover_args: Tuple[str, ...] = ()
+    cost_cache: Optional[str] = field(default_factory=levers.default_cache)
+    stop_after: Optional[str] = None
+    command: str = ""  # the command line as given, for the model card
+
+    def check(self) -> None:
+        """Every option applied or refused in one line, before anything loads."""
+        if (self.speedup is None) == (self.max_bleu_loss is None):
+            raise UserError("give exactly one target: --speedup X (times the unpruned model's speed) or "
+                            "--max-bleu-loss X (BLEU points on held-out data)")
+        if self.speedup is not None and not self.speedup > 1:
+            raise UserError(f"--speedup must be above 1, not {self.speedup:g}")
+        if self.max_bleu_loss is not None and self.max_bleu_loss < 0:
+            raise UserError(f"--max-bleu-loss must be at least 0, not {self.max_bleu_loss:g}")
+        if self.engine not in levers.ENGINES:
+            raise UserError(f"--engine must be one of {', '.join(levers.ENGINES)}, not {self.engine!r}")
+        for name in ("calibration_sentences", "calibration_max_tokens", "timing_sentences", "runs",
+                     "check_sentences", "heldout_sentences"):
+            if getattr(self, name) < 1:
+                raise UserError(f"--{name.replace('_', '-')} must be at least 1, not {getattr(self, name)}")
+        for name in ("budget_epochs", "window_steps"):
+            if getattr(self, name) < 0:
+                raise UserError(f"--{name.replace('_', '-')} must be at least 0, not {getattr(self, name)}")
+        if not 0 < self.significance <= 1:
+            raise UserError(f"--significance must be in (0, 1], not {self.significance:g}")
+        if self.window_lr <= 0:
+            raise UserError(f"--window-lr must be above 0, not {self.window_lr:g}")
+        if not self.window_steps and self.window_lr != CompressOptions.window_lr:
+            raise UserError("--window-lr sets the window fit's learning rate: it needs --window-steps N (above 0)")
+        if self.budget_epochs == 0 and self.recover_args:
+            raise UserError("--recover-args: --budget-epochs 0 runs no recovery")
+        for name in ("calibration_subset", "timing_subset"):
+            if getattr(self, name) == self.gen_subset:
+                raise UserError(f"--{name.replace('_', '-')} {self.gen_subset} is --gen-subset: the reported set "
+                                "must take part in no choice")
+        if self.stop_after is not None and self.stop_after not in STAGES:
+            raise UserError(f"--stop-after must be one of {', '.join(STAGES)}, not {self.stop_after!r}")
+        if self.references and not os.path.isfile(self.references):
+            raise UserError(f"--references: no such file: {self.references}")
+        if os.path.exists(self.out) and not os.path.isdir(self.out):
+            raise UserError(f"--out {self.out} is a file; name a folder")
+        parent = os.path.dirname(os.path.abspath(self.out))
+        if not os.path.isdir(parent):
+            raise UserError(f"--out: folder {parent} does not exist")
+
+    @property
+    def target(self) -> str:
+        return (f"--speedup {self.speedup:g}" if self.speedup is not None
+                else f"--max-bleu-loss {self.max_bleu_loss:g}")
+
+
+def shrink_options(options: CompressOptions, heads: str):
+    """The one place compress builds shrink's options (the removed heads given: the choice made them)."""
+    from fairseq_headprune.compress.reconstruct import ReconstructionOptions
+    from fairseq_headprune.compress.shrink import ShrinkOptions
+    from fairseq_headprune.compress.window_fit import WindowOptions
+
+    return ShrinkOptions(heads=heads, calibration_subset=options.calibration_subset,
+                         calibration_sentences=options.calibration_sentences, check_sentences=options.check_sentences,
+                         reconstruction=ReconstructionOptions(window=WindowOptions(steps=options.window_steps,
+                                                                                   lr=options.window_lr)))
+
+
+def calibration_only_options(options: CompressOptions):
+    """shrink's options for the choice's calibration (the same sentences and batches as the shrink's)."""
+    from fairseq_headprune.compress.shrink import ShrinkOptions
+
+    return ShrinkOptions(remove="1", calibration_subset=options.calibration_subset,
+                         calibration_sentences=options.calibration_sentences)
+
+
+# --------------------------------------------------------------------------------------------- stages on disk
+
+
+def digest(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+class StageStore:
+    """OUT/stages/NAME/: a stage is done when its stage.json (identity and result, written atomically after
+    everything else) holds this run's identity. Anything else found there is removed before the stage runs, except
+    a resumable stage's own work (resume.json equal to this run's resume key)."""
+
+    def __init__(self, out: str):
+        self.root = os.path.join(out, "stages")
+
+    def folder(self, name: str) -> str:
+        return os.path.join(self.root, name)
+
+    def record(self, name: str) -> Optional[Dict]:
+        from fairseq_headprune.records.log import read_json
+
+        return read_json(os.path.join(self.folder(name), "stage.json"))
+
+    def done(self, name: str, identity: Dict) -> Optional[Dict]:
+        record = self.record(name)
+        return record if record and record.get("identity") == identity else None
+
+    def begin(self, name: str, resume_key: Optional[Dict] = None) -> str:
+        from fairseq_headprune.records.log import read_json, write_json_atomic
+
+        folder = self.folder(name)
+        keep = resume_key is not None and read_json(os.path.join(folder, "resume.json")) == resume_key
+        if os.path.exists(os.path.join(folder, "stage.json")):
+            os.remove(os.path.join(folder, "stage.json"))  # never vouches for what is about to replace it
+        if not keep and os.path.exists(folder):
+            shutil.rmtree(folder)
+        os.makedirs(folder, exist_ok=True)
+        if resume_key is not None:
+            write_json_atomic(os.path.join(folder, "resume.json"), resume_key)
+        return folder
+
+    def finish(self, name: str, identity: Dict, result: Dict) -> Dict:
+        from fairseq_headprune.records.log import write_json_atomic
+
+        record = {"identity": identity, "result": result}
+        write_json_atomic(os.path.join(self.folder(name), "stage.json"), record)
+        return record
+
+
+class StageBar:
+    """A progress bar per stage, its total the stage's estimate in seconds (so tqdm's ETA is the estimate's), moved
+    by the clock from a thread and closed at the stage's real time."""
+
+    def __init__(self, name: str, estimate: float, enabled: bool = True):
+        self.name, self.estimate, self.enabled = name, max(estimate, 1.0), enabled
+
+    def __enter__(self):
+        if not self.enabled:
+            return self
+        from tqdm import tqdm
+
+        import sys
+
+        self.bar = tqdm(total=round(self.estimate), desc=f"{self.name:<10}", unit="s", leave=True,
+                        mininterval=1 if sys.stderr.isatty() else 60,  # a log file gets a line a minute
+                        bar_format="{desc} {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} s [{elapsed}<{remaining}]")
+        self.stop = threading.Event()
+        self.start = time.time()
+
+        def tick():
+            while not self.stop.wait(1.0):
+                n = min(int(time.time() - self.start), self.bar.total - 1)
+                if n > self.bar.n:
+                    self.bar.update(n - self.bar.n)
+
+        self.thread = threading.Thread(target=tick, daemon=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        if not self.enabled:
+            return
+        self.stop.set()
+        self.thread.join()
+        spent = int(time.time() - self.start)
+        self.bar.total = max(spent, 1)
+        self.bar.update(self.bar.total - self.bar.n)
+        self.bar.close()
+
+
+# --------------------------------------------------------------------------------------------- measured rates
+
+
+@contextlib.contextmanager
+def max_tokens(loaded, value: Optional[int]):
+    """Batches of at most `value` tokens while calibrating (the recipe's --max-tokens 1000), restored after."""
+    from omegaconf import open_dict
+
+    saved = loaded.cfg.dataset.max_tokens
+    with open_dict(loaded.cfg):
+        loaded.cfg.dataset.max_tokens = value
+    try:
+        yield
+    finally:
+        with open_dict(loaded.cfg):
+            loaded.cfg.dataset.max_tokens = saved
+
+
+def cpu_seconds(fn, repeat: int = 2) -> float:
+    """CPU seconds of this process (every thread) for one call of fn, the least of `repeat` calls (the first pays
+    for allocations and caches): what a stage costs whatever else the machine runs meanwhile."""
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.process_time()
+        fn()
+        best = min(best, time.process_time() - start)
+    return max(best, 1e-6)
+
+
+def probe(loaded, options: CompressOptions, timing, calibration) -> Dict[str, float]:
+    """Rates measured on this machine now, in CPU time, a few seconds: decoding (sentences/s) in the engine and in
+    fairseq, the export of the model, a forward and a forward+backward of a training batch (target tokens/s), one
+    window-fit step."""
+    import torch
+
+    from fairseq_headprune.core.heads import attention_modules
+
+    rates = {}
+    few = timing[:2]
+    n = sum(s["id"].numel() for s in few)
+    with tempfile.TemporaryDirectory(prefix="compress-probe-") as tmp:
+        holder = {}
+
+        def build():
+            shutil.rmtree(os.path.join(tmp, "m"), ignore_errors=True)
+            holder["m"] = levers.EngineModel(loaded, options.engine, folder=os.path.join(tmp, "m"))
+
+        rates["export_s"] = cpu_seconds(build, 1) if options.engine != "fairseq" else 0.0
+        if "m" not in holder:
+            build()
+        rates["engine_sent_s"] = n / cpu_seconds(lambda: holder["m"].run(few))
+    rates["fairseq_sent_s"] = (rates["engine_sent_s"] if options.engine == "fairseq" else
+                               n / cpu_seconds(lambda: levers.fairseq_run(loaded, loaded.model, few)))
+    sample = calibration[len(calibration) // 2]  # a full training batch of middling sentences
+    pad = loaded.task.target_dictionary.pad()
+    tokens = int(sample["target"].ne(pad).sum())
+    model = loaded.model
+
+    def forward():
+        with torch.no_grad():
+            model(**sample["net_input"])
+
+    def train_step():
+        out = model(**sample["net_input"])[0]
+        out.float().logsumexp(-1).sum().backward()
+        model.zero_grad(set_to_none=True)
+
+    rates["forward_tok_s"] = tokens / cpu_seconds(forward)
+    rates["train_tok_s"] = tokens / cpu_seconds(train_step)
+    attn = next(iter(attention_modules(model).values()))
+    x = torch.randn(25, 40, attn.embed_dim)  # one window-fit step: at most 1000 tokens
+
+    def window_step():
+        y, _ = attn(query=x, key=x, value=x, need_weights=False)
+        y.pow(2).sum().backward()
+
+    rates["window_step_s"] = cpu_seconds(window_step, 3)
+    for p in attn.parameters():
+        p.grad = None
+    return rates
+
+
+def subset_tokens(loaded, subset: str, n: Optional[int] = None) -> Tuple[int, int]:
+    """(sentences, target tokens) of the first n sentences of a subset (all when n is None)."""
+    from fairseq_headprune.fairseq_io.loading import load_subset
+
+    dataset = load_subset(loaded, subset)
+    count = len(dataset) if n is None else min(n, len(dataset))
+    sizes = getattr(dataset, "tgt_sizes", None)
+    tokens = int(sizes[:count].sum()) if sizes is not None else count * 20
+    return count, tokens
+
+
+def estimates(loaded, options: CompressOptions, rates: Dict[str, float], rows: int) -> Dict[str, float]:
+    """Seconds each stage will take, from the measured rates (not guesses of them)."""
+    from fairseq_headprune.core.heads import attention_modules
+
+    timing_n = options.timing_sentences
+    engine = rates["engine_sent_s"]
+    calib_n, calib_tok = subset_tokens(loaded, options.calibration_subset, options.calibration_sentences)
+    train_n, train_tok = subset_tokens(loaded, "train")
+    valid_n, valid_tok = subset_tokens(loaded, "valid")
+    gen_n, _ = subset_tokens(loaded, options.gen_subset)
+    sublayers = len(attention_modules(loaded.model))
+    out = {"cost-table": (rows + 1) * ((options.runs + 2) * timing_n / engine + rates["export_s"])}
+    out["choice"] = calib_tok / rates["train_tok_s"]
+    if options.speedup is not None:  # up to five shapes timed again beside the unpruned model
+        out["choice"] += 6 * ((options.runs + 2) * timing_n / engine + rates["export_s"])
+    shrink = (options.window_steps * sublayers * rates["window_step_s"] + 3 * calib_tok / rates["forward_tok_s"]
+              + 2 * min(options.check_sentences, calib_n) / rates["fairseq_sent_s"])
+    if options.max_bleu_loss is not None:  # a few shrinks and held-out decodes (bisection over the shapes)
+        held = min(options.heldout_sentences, valid_n)
+        out["choice"] += 3 * (shrink + held / rates["fairseq_sent_s"]) + held / rates["fairseq_sent_s"]
+    out["shrink"] = shrink
+    out["recover"] = options.budget_epochs * (train_tok / rates["train_tok_s"] + train_tok / rates["forward_tok_s"]
+                                              + valid_tok / rates["forward_tok_s"])
+    out["export"] = (2 * options.check_sentences / rates["fairseq_sent_s"] + 2 * rates["export_s"]
+                     if options.engine != "fairseq" else 0.0)
+    out["measure"] = 2 * (2 * options.runs + 2) * timing_n / engine + rates["export_s"]
+    out["report"] = 2 * gen_n / engine
+    return out
+
+
+# --------------------------------------------------------------------------------------------- the choice
+
+
+def per_stack_points(model) -> List[Dict[str, int]]:
+    """Every per-stack shape with at least one head removed, as cost-table points {enc_heads, dec_heads}."""
+    from fairseq_headprune.compress import select
+    from fairseq_headprune.core.heads import HeadLayout
+
+    layout = HeadLayout.of(model)
+    points = []
+    for shape in select.per_stack_shapes(layout.heads):
+        if select.removed_count(layout.heads, shape):
+            points.append({"enc_heads": shape["encoder"], "dec_heads": shape["decoder"]})
+    return points
+
+
+def fisher_choice(model, grads, points: List[Dict[str, int]]) -> List[Dict]:
+    """Each point's heads (every layer's, in the greedy order of its Fisher block, as shrink's per-stack fill) and
+    the Fisher estimate of the loss increase of removing them all: Σ_x (Σ_removed g_x,h)²."""
+    import torch
+
+    from fairseq_headprune.compress import select
+    from fairseq_headprune.core.heads import Head, HeadLayout, format_head_spec
+
+    layout = HeadLayout.of(model)
+    orders = {k: select._layer_removal_order(g) for k, g in grads.items()}
+    out = []
+    for point in points:
+        kept = {"encoder": point["enc_heads"], "decoder": point["dec_heads"]}
+        columns = [(k, i) for k in grads for i in orders[k][:len(layout.heads[k]) - kept[select._stack_of(k)]]]
+        estimate = float((torch.stack([grads[k][:, i] for k, i in columns], 1).sum(1) ** 2).sum()) if columns else 0.
+        heads = sorted(Head(k[0], k[1], layout.heads[k][i]) for k, i in columns)
+        out.append({**point, "fisher_estimate": estimate, "heads_removed": len(heads),
+                    "heads": format_head_spec(heads)})
+    return out
+
+
+def pareto_frontier(points: List[Dict]) -> List[Dict]:
+    """The shapes no other beats on both predicted speed and Fisher estimate, fastest first."""
+    frontier: List[Dict] = []
+    for p in sorted(points, key=lambda p: (-p["predicted_speedup"], p["fisher_estimate"])):
+        if not frontier or p["fisher_estimate"] < frontier[-1]["fisher_estimate"]:
+            frontier.append(p)
+    return frontier
+
+
+def split_valid(loaded, out: str, heldout: int) -> Tuple[str, Dict]:
+    """A data folder beside the user's: every file linked, except valid, whose binarised sentences are split by id:
+    the first `heldout` (at most half) become the subset HELDOUT, the rest the subset valid. Returns the folder and
+    the split (id ranges, half-open)."""
+    import glob
+
+    from fairseq.data import data_utils, indexed_dataset
+
+    source = loaded.cfg.task.data.split(os.pathsep)[0]
+    prefixes = sorted({p[:-4] for p in glob.glob(os.path.join(source, "valid.*.bin"))})
+    if not prefixes:
+        raise UserError(f"--max-bleu-loss splits valid, and {source} has no binarised valid subset")
+    staged = out + ".partial"
+    shutil.rmtree(staged, ignore_errors=True)
+    os.makedirs(staged)
+    for path in glob.glob(os.path.join(source, "*")):
+        if os.path.isfile(path) and not os.path.basename(path).startswith("valid."):
+            os.symlink(os.path.abspath(path), os.path.join(staged, os.path.basename(path)))
+    vocab = max(len(loaded.task.source_dictionary), len(loaded.task.target_dictionary))
+    sizes = set()
+    split = {}
+    for prefix in prefixes:
+        dataset = data_utils.load_indexed_dataset(prefix, None)
+        n = len(dataset)
+        sizes.add(n)
+        cut = min(heldout, n // 2)
+        if cut < 1:
+            raise UserError(f"--max-bleu-loss: valid has {n} sentence(s), too few to hold any out")
+        split = {"heldout": [0, cut], "valid": [cut, n]}
+        rest = os.path.basename(prefix)[len("valid"):]
+        for name, (a, b) in (("heldout", (0, cut)), ("valid", (cut, n))):
+            target = os.path.join(staged, name + rest)
+            builder = indexed_dataset.make_builder(target + ".bin", impl="mmap", vocab_size=vocab)
+            for i in range(a, b):
+                builder.add_item(dataset[i])
+            builder.finalize(target + ".idx")
+    if len(sizes) != 1:
+        raise UserError(f"valid's files in {source} hold different numbers of sentences ({sorted(sizes)})")
+    shutil.rmtree(out, ignore_errors=True)
+    os.rename(staged, out)
+    return out, split
+
+
+def label(point: Dict) -> str:
+    return f"{point['enc_heads']}/{point['dec_heads']}"
+
+
+# --------------------------------------------------------------------------------------------- the run
+
+
+class Run:
+    """One compress run over a loaded (unpruned) model."""
+
+    def __init__(self, loaded, options: CompressOptions, log: Callable = print, progress: bool = True):
+        self.loaded, self.options, self.log, self.progress = loaded, options, log, progress
+        self.store = StageStore(options.out)
+        self.results: Dict[str, Dict] = {}
+        self.previous = ""  # digest of the last stage's record
+        self.spent: Dict[str, float] = {}
+
+    # -- the stage machinery
+
+    def stage(self, name: str, identity: Dict, build: Callable[[str], Dict], estimate: float = 0.0,
+              resume_key: Optional[Dict] = None) -> Dict:
+        identity = json.loads(json.dumps({"after": self.previous, **identity}, default=str))  # as stored
+        record = self.store.done(name, identity)
+        if record is None:
+            folder = self.store.begin(name, resume_key)
+            start, cpu = time.perf_counter(), time.process_time()
+            with StageBar(name, estimate, self.progress):
+                result = build(folder)
+            result["seconds"] = round(time.perf_counter() - start, 1)
+            result["cpu_seconds"] = round(time.process_time() - cpu, 1)  # this call's (a resumed stage: its rest)
+            result["estimated_cpu_seconds"] = round(estimate, 1)
+            record = self.store.finish(name, identity, result)
+            self.log(f"{name}: done in {result['seconds']:.0f}s ({result['cpu_seconds'] / 60:.1f} CPU minutes; "
+                     f"estimated {estimate / 60:.1f})")
+        else:
+            self.log(f"{name}: cached ({self.store.folder(name)})")
+        self.previous = digest(record)
+        self.results[name] = record["result"]
+        return record["result"]
+
+    def stop_here(self, name: str) -> bool:
+        if self.options.stop_after == name:
+            self.log(f"stopped after {name} (--stop-after); the same command without it goes on from here")
+            return True
+        return False
+
+    # -- the stages
+
+    def run(self) -> Optional[Dict]:
+        import torch
+
+        from fairseq_headprune.core.masking import set_head_masks
+        from fairseq_headprune.studies.deploy import check_task
+
+        options, loaded = self.options, self.loaded
+        check_task(loaded.cfg.task)
+        if options.engine != "fairseq":
+            from fairseq_headprune.compress.export import ct2_decoding, unsupported_parts
+
+            ct2_decoding(loaded.cfg.generation)
+            activation = getattr(loaded.saved_cfg.model, "activation_fn", None) or "relu"
+            problems = unsupported_parts(loaded.model, activation)
+            if problems:
+                raise UserError(f"--engine {options.engine}: CTranslate2 cannot express {problems[0]}")
+        self.check_recover_args()
+        set_head_masks(loaded.model, [])
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return self._run()
+        finally:
+            torch.set_num_threads(threads)
+
+    def _run(self) -> Optional[Dict]:
+        from fairseq_headprune.compress.export import check_batches
+        from fairseq_headprune.compress.shrink import calibration_samples
+
+        options, loaded = self.options, self.loaded
+        for subset in ("train", "valid", options.gen_subset, options.calibration_subset, options.timing_subset):
+            subset_tokens(loaded, subset, 1)  # a missing subset is one line, before any work
+        timing = self.timing = check_batches(loaded, options.timing_subset, options.timing_sentences)
+        from fairseq_headprune.compress.recover import TRAIN_DEFAULTS
+
+        train_tokens = int(TRAIN_DEFAULTS["--max-tokens"])  # a batch as recovery trains on (the probe's rates)
+        with max_tokens(loaded, train_tokens):
+            calibration, _ = calibration_samples(loaded, "train", 200, train_tokens)
+        table_identity = levers.table_identity(loaded, options.engine, timing, options.runs)
+        rows = len(levers.lever_rows(loaded.model))
+        rates = probe(loaded, options, timing, calibration)
+        plan = estimates(loaded, options, rates, rows)
+        cached = self._cached_stages(table_identity)
+        todo = {name: (0.0 if name in cached else s) for name, s in plan.items()}
+        done_epochs = self._recovered_epochs(cached)
+        if done_epochs and options.budget_epochs:  # an extension trains the epochs not yet trained
+            todo["recover"] *= max(options.budget_epochs - done_epochs, 0) / options.budget_epochs
+        self.log(f"compress ({options.target}, {options.engine}): this run will cost about "
+                 f"{sum(todo.values()) / 60:.1f} CPU minutes on this machine ("
+                 + ", ".join(f"{n} {'cached' if n in cached else f'{s / 60:.1f}'}" for n, s in todo.items())
+                 + f"; from rates measured just now in CPU time: {rates['engine_sent_s']:.0f} sentences/s in "
+                 f"{options.engine}, {rates['train_tok_s']:.0f} training tokens/s)")
+        self.rates, self.plan, self.todo = rates, plan, todo
+        plan = todo  # each stage's bar: what is left of it
+
+        table = self.stage("cost-table", table_identity, lambda folder: self._cost_table(folder, table_identity),
+                           plan["cost-table"])
+        points = self._reachable(table)
+        if self.stop_here("cost-table"):
+            return None
+        choice = self.stage("choice", self._choice_identity(points), lambda folder: self._choice(folder, points),
+                            plan["choice"])
+        if self.stop_here("choice"):
+            return None
+        shrunk = self.stage("shrink", {"options": self._shrink_identity(choice)},
+                            lambda folder: self._shrink(folder, choice), plan["shrink"])
+        if self.stop_here("shrink"):
+            return None
+        recovered = self._recover_stage(shrunk)
+        if self.stop_here("recover"):
+            return None
+        exported = self.stage("export", {"engine": options.engine, "check_sentences": options.check_sentences},
+                              lambda folder: self._export(folder, recovered), plan["export"])
+        if self.stop_here("export"):
+            return None
+        measured = self.stage("measure", {"timing": table_identity, "engine": options.engine},
+                              lambda folder: self._measure(folder, recovered, exported, timing), plan["measure"])
+        if self.stop_here("measure"):
+            return None
+        from fairseq_headprune.records.identity import decoding_identity
+
+        reported = self.stage("report", {"gen_subset": options.gen_subset, "references": self._references_sha(),
+                                         "decoding": decoding_identity(loaded.cfg)},
+                              lambda folder: self._report(folder, recovered, exported), plan["report"])
+        if self.stop_here("report"):
+            return None
+        return self._write_outputs(table, points, choice, shrunk, recovered, exported, measured, reported)
+
+    def _recovered_epochs(self, cached: set) -> int:
+        """Epochs a recovery of this run's shrink already trained (its record, of another budget)."""
+        record = self.store.record("recover")
+        if "shrink" not in cached or "recover" in cached or not record:
+            return 0
+        shrink = self.store.record("shrink")
+        if record["identity"].get("after") != digest(shrink):
+            return 0
+        return int(record["result"].get("budget_epochs") or 0)
+
+    def check_recover_args(self) -> None:
+        """fairseq-train's options of the recovery, refused in one line before any work (as recover refuses them)."""
+        from fairseq_headprune.compress import recover
+
+        if not self.options.budget_epochs:
+            if self.options.recover_args:
+                raise UserError("--recover-args: --budget-epochs 0 runs no recovery")
+            return
+        model_cfg = self.loaded.saved_cfg.model
+        arch = model_cfg.get("arch") if hasattr(model_cfg, "get") else getattr(model_cfg, "arch", None)
+        recover.refuse_foreign_options(list(self.options.recover_args), arch or "transformer")
+        options = self._recover_options(os.path.join(self.options.out, "model.pt"), None)
+        argv = recover.training_argv(self.loaded.cfg.task.data, self.loaded.checkpoint, options,
+                                     self.loaded.cfg.task._name, arch or "transformer")
+        recover.fairseq_train_cfg(argv, self.loaded.saved_cfg, options)
+
+    def _cached_stages(self, table_identity: Dict) -> set:
+        """The stages a rerun will find done: the cost table by its identity (here or in the cache); each later one
+        when its record follows the record before it (an option changed since may still rerun it)."""
+        cached = set()
+        record = self.store.done("cost-table", {"after": "", **table_identity})
+        if record is None and not levers.cached_table(self.options.cost_cache, table_identity):
+            return cached
+        cached.add("cost-table")
+        for name in STAGES[1:]:
+            if record is None:
+                break
+            following = self.store.record(name)
+            if not following or following["identity"].get("after") != digest(record):
+                break
+            if name == "recover" and following["identity"].get("budget_epochs") != self.options.budget_epochs:
+                break
+            cached.add(name)
+            record = following
+        return cached
+
+    # cost table
+
+    def _cost_table(self, folder: str, identity: Dict) -> Dict:
+        cached = levers.cached_table(self.options.cost_cache, identity)
+        if cached:
+            self.log(f"cost table: measured before on this machine ({self.options.cost_cache})")
+            return {**cached, "from_cache": True}
+        table = levers.measure(self.loaded, self.options.engine, self.timing, self.options.runs, log=self.log)
+        table["identity"] = identity
+        stored = levers.store_table(self.options.cost_cache, table)
+        return {**table, "from_cache": False, "cache_file": stored}
+
+    def _reachable(self, table: Dict) -> List[Dict]:
+        """Every per-stack shape with its predicted speed; the target's reachable ones, or a refusal in one line."""
+        levers.smooth(table["rows"], self.options.significance)
+        points = per_stack_points(self.loaded.model)
+        for p in points:
+            p["predicted_speedup"] = round(levers.predict(table, p), 4)
+        points.sort(key=lambda p: -p["predicted_speedup"])
+        order = ", ".join(f"{name} {speed:.2f}x" for name, speed in levers.lever_order(table))
+        self.log(f"cost table ({self.options.engine}, equal work): the most each lever buys alone: {order}")
+        if self.options.speedup is not None:
+            reach = [p for p in points if p["predicted_speedup"] >= self.options.speedup]
+            if not reach:
+                best = points[0]
+                levers.refuse_unreachable(self.options.speedup,
+                                          ({"enc_heads": best["enc_heads"], "dec_heads": best["dec_heads"]},
+                                           best["predicted_speedup"]), table, self.options.engine)
+            self.log(f"{len(reach)} of {len(points)} per-stack shapes reach {self.options.speedup:g}x "
+                     f"(predicted): fastest {label(points[0])} {points[0]['predicted_speedup']:.2f}x")
+            return reach
+        return points
+
+    # choice
+
+    def _choice_identity(self, points: List[Dict]) -> Dict:
+        o = self.options
+        identity = {"target": o.target, "points": points, "calibration": [o.calibration_subset,
+                    o.calibration_sentences, o.calibration_max_tokens], "data": self._data_sha(o.calibration_subset)}
+        if o.max_bleu_loss is not None:
+            identity.update(heldout=o.heldout_sentences, shrink=self._shrink_settings(), valid=self._data_sha("valid"))
+        return identity
+
+    def _data_sha(self, subset: str) -> str:
+        from fairseq_headprune.studies.deploy import calibration_files_sha256
+
+        return calibration_files_sha256(self.loaded, subset)
+
+    def _references_sha(self) -> Optional[str]:
+        from fairseq_headprune.records.identity import file_sha256
+
+        return file_sha256(self.options.references) if self.options.references else self._data_sha(
+            self.options.gen_subset)
+
+    def _gradients(self):
+        from fairseq_headprune.compress import select
+        from fairseq_headprune.compress.shrink import calibrate
+
+        with max_tokens(self.loaded, self.options.calibration_max_tokens):
+            calibration = calibrate(self.loaded, calibration_only_options(self.options))
+        pad = self.loaded.task.target_dictionary.pad()
+        return select.sentence_gradients(self.loaded.model, calibration.samples, pad), calibration
+
+    def _choice(self, folder: str, points: List[Dict]) -> Dict:
+        grads, calibration = self._gradients()
+        scored = fisher_choice(self.loaded.model, grads, points)
+        provenance = {**calibration.provenance(), "data": os.path.abspath(self.loaded.cfg.task.data)}
+        if self.options.speedup is not None:
+            best, confirmed = self._confirmed(scored)
+            self.log(f"choice: {label(best)} heads per stack (encoder/decoder), {best['measured_speedup']:.2f}x "
+                     f"measured (predicted {best['predicted_speedup']:.2f}x): the lowest Fisher estimate of the "
+                     f"{len(scored)} shapes predicted to reach {self.options.speedup:g}x "
+                     + ("whose slice measured it too" if confirmed else
+                        "(none of those timed again measured it: the fastest of them)")
+                     + f" ({calibration.sentences} sentences of '{calibration.subset}')")
+            return {"chosen": best, "candidates": scored, "confirmed": confirmed,
+                    "chosen_by": "the lowest Fisher estimate of the loss increase among the shapes predicted to reach "
+                                 f"{self.options.speedup:g}x whose crude slice, timed again, measured it"
+                    if confirmed else "none of the shapes timed again measured the target: the fastest of them",
+                    "calibration": provenance}
+        return self._choice_by_bleu(folder, scored, provenance)
+
+    def _confirmed(self, scored: List[Dict], tries: int = 4) -> Tuple[Dict, bool]:
+        """The candidates in the order of their Fisher estimate, the first `tries` (and the fastest predicted) timed
+        again as crude slices in one interleaved run: the first that measures the target, or the fastest timed."""
+        ranked = sorted(scored, key=lambda p: (p["fisher_estimate"], -p["predicted_speedup"]))
+        timed = ranked[:tries]
+        fastest = max(scored, key=lambda p: p["predicted_speedup"])
+        if fastest not in timed:
+            timed.append(fastest)
+        shapes = {label(p): levers.ceiling_shape(self.loaded.model, p) for p in timed}
+        measured = levers.time_shapes(self.loaded, self.options.engine, self.timing, self.options.runs, shapes,
+                                      self.log)
+        for p in timed:
+            p["measured_speedup"] = measured["speedup"][label(p)]
+        for p in timed:
+            if p["measured_speedup"] >= self.options.speedup:
+                return p, True
+        return max(timed, key=lambda p: p["measured_speedup"]), False
+
+    def _choice_by_bleu(self, folder: str, scored: List[Dict], provenance: Dict) -> Dict:
+        """The fastest shape on the (speed, Fisher estimate) frontier whose shrunk model (before recovery) loses at
+        most --max-bleu-loss BLEU on the held-out split of valid, in the engine: a bisection along the frontier
+        (the loss falls as the shapes get slower), each probe a shrink with the full recipe and one decode."""
+        o = self.options
+        data, split = split_valid(self.loaded, os.path.join(folder, "data"), o.heldout_sentences)
+        self.log(f"choice: valid split in two: sentences {split['heldout'][0]}-{split['heldout'][1] - 1} choose "
+                 f"(subset '{HELDOUT}'), {split['valid'][0]}-{split['valid'][1] - 1} early-stop the recovery")
+        frontier = pareto_frontier(scored)
+        base = self._heldout_bleu(data, self.loaded.checkpoint, os.path.join(folder, "unpruned"))
+        probes: Dict[str, Dict] = {}
+
+        def loss(i: int) -> float:
+            point = frontier[i]
+            name = label(point).replace("/", "-")
+            if name not in probes:
+                cand = os.path.join(folder, "candidates", name)
+                os.makedirs(cand, exist_ok=True)
+                shrunk = self._shrink_heads(cand, point["heads"])
+                bleu = self._heldout_bleu(data, shrunk["checkpoint"], os.path.join(cand, "decode"))
+                probes[name] = {**point, "heldout_bleu": bleu, "heldout_loss": round(base - bleu, 2),
+                                "shrunk": shrunk}
+                self.log(f"choice: {label(point)} (predicted {point['predicted_speedup']:.2f}x) loses "
+                         f"{base - bleu:.2f} BLEU on '{HELDOUT}' before recovery")
+            return probes[name]["heldout_loss"]
+
+        lo, hi = 0, len(frontier) - 1  # the first (fastest) index within the bound; the loss falls with the index
+        if loss(hi) > o.max_bleu_loss:
+            raise UserError(f"--max-bleu-loss {o.max_bleu_loss:g}: even the mildest shape, {label(frontier[hi])}, "
+                            f"loses {probes[label(frontier[hi]).replace('/', '-')]['heldout_loss']:.2f} BLEU on the "
+                            "held-out split before recovery; give a larger bound, or --speedup")
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if loss(mid) <= o.max_bleu_loss:
+                hi = mid
+            else:
+                lo = mid + 1
+        best = probes[label(frontier[lo]).replace("/", "-")]
+        self.log(f"choice: {label(best)} heads per stack (encoder/decoder), predicted "
+                 f"{best['predicted_speedup']:.2f}x, "
+                 f"the fastest of {len(frontier)} frontier shapes within {o.max_bleu_loss:g} BLEU on '{HELDOUT}' "
+                 f"({len(probes)} shrunk and decoded)")
+        return {"chosen": best, "candidates": scored, "frontier": frontier, "probes": list(probes.values()),
+                "heldout_bleu_unpruned": base, "split": split, "data": data,
+                "chosen_by": f"the fastest shape of the frontier (predicted speed against the Fisher estimate) whose "
+                             f"shrunk model, before recovery, loses at most {o.max_bleu_loss:g} BLEU in {o.engine} on "
+                             f"valid sentences {split['heldout'][0]}-{split['heldout'][1] - 1} (held out of the "
+                             "recovery's early stopping)",
+                "calibration": provenance}
+
+    def _heldout_bleu(self, data: str, checkpoint: str, folder: str) -> float:
+        """BLEU of a checkpoint on the held-out split, decoded in the engine (references: the binarised targets)."""
+        import torch
+
+        from fairseq_headprune.decoding.evaluate import SubsetEvaluator
+        from fairseq_headprune.fairseq_io.loading import load
+
+        cfg = copy.deepcopy(self.loaded.cfg)
+        cfg.task.data, cfg.common_eval.path = data, checkpoint
+        loaded = load(cfg)
+        evaluator = SubsetEvaluator(loaded, HELDOUT)
+        os.makedirs(folder, exist_ok=True)
+        hyps = levers.EngineModel(loaded, self.options.engine, folder=os.path.join(folder, "model")).run(
+            evaluator.samples)["hypotheses"]
+        texts = [evaluator.hypothesis_text({"tokens": torch.tensor(hyps[i], dtype=torch.long)})
+                 for i in range(evaluator.size)]
+        shutil.rmtree(os.path.join(folder, "model"), ignore_errors=True)
+        return round(float(evaluator.bleu(texts).score), 2)
+
+    # shrink
+
+    def _shrink_settings(self) -> Dict:
+        o = self.options
+        return {"calibration": [o.calibration_subset, o.calibration_sentences, o.calibration_max_tokens],
+                "window": [o.window_steps, o.window_lr], "check_sentences": o.check_sentences,
+                "data": self._data_sha(o.calibration_subset)}
+
+    def _shrink_identity(self, choice: Dict) -> Dict:
+        return {**self._shrink_settings(), "heads": choice["chosen"]["heads"]}
+
+    def _shrink(self, folder: str, choice: Dict) -> Dict:
+        probe = choice["chosen"].get("shrunk")
+        if probe and os.path.exists(probe["checkpoint"]):  # the choice shrank these heads with these options
+            from fairseq_headprune.records.identity import file_sha256
+
+            if file_sha256(probe["checkpoint"]) == probe["checkpoint_sha256"]:
+                path = os.path.join(folder, "model.pt")
+                shutil.copyfile(probe["checkpoint"], path)
+                shutil.copyfile(os.path.splitext(probe["checkpoint"])[0] + ".json", os.path.join(folder, "model.json"))
+                self.log("shrink: the choice's shrink of these heads, reused")
+                return {**probe, "checkpoint": path}
+        return self._shrink_heads(folder, choice["chosen"]["heads"])
+
+    def _shrink_heads(self, folder: str, heads: str) -> Dict:
+        from fairseq_headprune.compress.shrink import shrink, write_checkpoint
+        from fairseq_headprune.core.masking import set_head_masks
+
+        opts = shrink_options(self.options, heads)
+        path = os.path.join(folder, "model.pt")
+        with max_tokens(self.loaded, self.options.calibration_max_tokens), \
+                open(os.path.join(folder, "shrink.log"), "a", encoding="utf-8") as log_file:
+            def log(line: str) -> None:  # every sublayer's fit, in the stage's own log
+                log_file.write(line + "\n")
+                log_file.flush()
+
+            result, calibration = shrink(self.loaded, opts, log)
+            record = write_checkpoint(self.loaded, result, calibration, opts, path, os.path.join(folder, "model.json"),
+                                      log)
+        set_head_masks(self.loaded.model, [])
+        from fairseq_headprune.records.identity import file_sha256
+
+        return {"checkpoint": path, "checkpoint_sha256": file_sha256(path), "heads_kept": record["heads_kept"],
+                "heads_total": record["heads_total"], "params_before": record["params_before"],
+                "params_after": record["params_after"], "calibration": record["calibration"],
+                "shrink_options": record["options"]}
+
+    # recover
+
+    def _recover_stage(self, shrunk: Dict) -> Dict:
+        from fairseq_headprune.records.identity import file_sha256
+
+        o = self.options
+        key = {"student": shrunk["checkpoint_sha256"], "teacher": file_sha256(self.loaded.checkpoint),
+               "recover_args": list(o.recover_args)}
+        record = self.store.record("recover")
+        if record and record["identity"].get("run") == key and record["result"]["budget_epochs"] > o.budget_epochs:
+            raise UserError(f"{self.store.folder('recover')} holds a recovery of {record['result']['budget_epochs']} "
+                            f"epochs: give --budget-epochs {record['result']['budget_epochs']} or more, or another "
+                            "--out")
+        return self.stage("recover", {"run": key, "budget_epochs": o.budget_epochs},
+                          lambda folder: self._recover(folder, shrunk), self.todo["recover"], resume_key=key)
+
+    def _recover_options(self, out: str, work_dir: Optional[str]):
+        from fairseq_headprune.compress.recover import RecoverOptions
+
+        cfg = self.loaded.cfg
+        languages = ["-s", cfg.task.source_lang, "-t", cfg.task.target_lang] if cfg.task.get("source_lang") else []
+        return RecoverOptions(teacher=self.loaded.checkpoint, out=out, epochs=self.options.budget_epochs,
+                              work_dir=work_dir, train_args=languages + list(self.options.recover_args))
+
+    def _recover(self, folder: str, shrunk: Dict) -> Dict:
+        from fairseq_headprune.compress.recover import recover, record_path
+        from fairseq_headprune.records.identity import file_sha256
+
+        o, cfg = self.options, self.loaded.cfg
+        if o.budget_epochs == 0:
+            return {"checkpoint": shrunk["checkpoint"], "checkpoint_sha256": shrunk["checkpoint_sha256"],
+                    "budget_epochs": 0, "recovered": False}
+        out = os.path.join(folder, "model.pt")
+        for path in (out, record_path(out)):  # a shorter run's result: recovery goes on from its checkpoints
+            if os.path.exists(path):
+                os.remove(path)
+        options = self._recover_options(out, os.path.join(folder, "run"))
+        data = self.results["choice"].get("data") or cfg.task.data  # --max-bleu-loss: valid less the held-out split
+        record = recover(data, shrunk["checkpoint"], options, log=self.log)
+        return {"checkpoint": out, "checkpoint_sha256": file_sha256(out), "budget_epochs": o.budget_epochs,
+                "recovered": True, "updates": record["updates"], "updates_at_best": record["updates_at_best"],
+                "epochs": record["epochs"], "best_checkpoint": record["best_checkpoint"],
+                "peak_rss_gib": record["peak_rss_gib"]}
+
+    # export
+
+    def _load(self, path: str):
+        from fairseq_headprune.studies.deploy import load_other
+
+        return load_other(self.loaded, path)
+
+    def _export(self, folder: str, recovered: Dict) -> Dict:
+        if self.options.engine == "fairseq":
+            return {"engine": "fairseq", "ct2": None}
+        from fairseq_headprune.compress.export import ExportOptions, export
+        from fairseq_headprune.decoding.evaluate import SubsetEvaluator
+
+        pruned = self._load(recovered["checkpoint"])
+        evaluator = SubsetEvaluator(pruned, self.options.timing_subset)
+        out = os.path.join(folder, "ct2")
+        info = export(pruned, evaluator, ExportOptions(out=out, quantization=levers.QUANTIZATION[self.options.engine],
+                                                       check_sentences=self.options.check_sentences),
+                      self.options.timing_subset)
+        return {"engine": self.options.engine, "ct2": out, "check": info}
+
+    # measure
+
+    def _engine_model(self, loaded, exported: Optional[Dict], tmp: str, name: str) -> levers.EngineModel:
+        if exported and exported.get("ct2"):
+            return levers.EngineModel(loaded, self.options.engine, ct2_folder=exported["ct2"])
+        return levers.EngineModel(loaded, self.options.engine, folder=os.path.join(tmp, name))
+
+    def _measure(self, folder: str, recovered: Dict, exported: Dict, timing) -> Dict:
+        from fairseq_headprune.core import flops
+        from fairseq_headprune.studies.speed_ct2 import ct2_shape
+
+        pruned = self._load(recovered["checkpoint"])
+        with tempfile.TemporaryDirectory(prefix="compress-measure-") as tmp:
+            models = {"unpruned": self._engine_model(self.loaded, None, tmp, "unpruned"),
+                      "compressed": self._engine_model(pruned, exported, tmp, "compressed")}
+            natural = models["unpruned"].run(timing)
+            length = max(1, round(statistics.mean(len(h) for h in natural["hypotheses"].values())))
+            decoders = {k: m.run for k, m in models.items()}
+            forced = levers.timed_rounds(decoders, timing, self.options.runs, length)
+            as_decoded = levers.timed_rounds(decoders, timing, self.options.runs, 0)
+        src = [int(n) for s in timing for n in s["net_input"]["src_lengths"].tolist()]
+        beam, batch = int(self.loaded.cfg.generation.beam), max(s["id"].numel() for s in timing)
+        shape_of = flops.ModelShape.of if self.options.engine == "fairseq" else ct2_shape
+        n = sum(s["id"].numel() for s in timing)
+        return {"subset": self.options.timing_subset, "sentences": n, "runs": self.options.runs,
+                "forced_length": length, "largest_batch": batch,
+                "speedup_equal_work": round(levers.paired_speedup(forced["unpruned"], forced["compressed"]), 3),
+                "speedup_as_decoded": round(levers.paired_speedup(as_decoded["unpruned"], as_decoded["compressed"]),
+                                            3),
+                "speedup_equal_work_total": round(sum(forced["unpruned"]) / sum(forced["compressed"]), 3),
+                "sentences_per_s": {k: round(n * self.options.runs / sum(v), 1) for k, v in as_decoded.items()},
+                "flop_ratio": round(flops.flop_ratio(shape_of(self.loaded.model), shape_of(pruned.model), src,
+                                                     [length + 1] * len(src), beam, batch), 4)}
+
+    # report
+
+    def _report(self, folder: str, recovered: Dict, exported: Dict) -> Dict:
+        import torch
+
+        from fairseq_headprune.decoding.evaluate import SubsetEvaluator
+        from fairseq_headprune.stats import BleuBootstrap
+
+        o = self.options
+        pruned = self._load(recovered["checkpoint"])
+        evaluator = SubsetEvaluator(self.loaded, o.gen_subset, o.references)
+        texts = {}
+        with tempfile.TemporaryDirectory(prefix="compress-report-") as tmp:
+            for name, loaded, exp in (("unpruned", self.loaded, None), ("compressed", pruned, exported)):
+                hyps = self._engine_model(loaded, exp, tmp, name).run(evaluator.samples)["hypotheses"]
+                texts[name] = [evaluator.hypothesis_text({"tokens": torch.tensor(hyps[i], dtype=torch.long)})
+                               for i in range(evaluator.size)]
+        bleu = {k: round(float(evaluator.bleu(v).score), 2) for k, v in texts.items()}
+        test = BleuBootstrap(evaluator.references, texts["unpruned"], BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED)
+        p = test.test(texts["compressed"]).p_value
+        for name, lines in texts.items():
+            with open(os.path.join(folder, f"{name}.{o.gen_subset}.txt"), "w", encoding="utf-8") as f:
+                f.write("\n".join(lines) + "\n")
+        heldout = None
+        choice = self.results["choice"]
+        if choice.get("data"):  # --max-bleu-loss: the held-out split the choice read, after recovery
+            after = self._heldout_bleu(choice["data"], recovered["checkpoint"], os.path.join(folder, "heldout"))
+            heldout = {"bleu_unpruned": choice["heldout_bleu_unpruned"], "bleu_compressed": after,
+                       "loss": round(choice["heldout_bleu_unpruned"] - after, 2),
+                       "loss_before_recovery": choice["chosen"]["heldout_loss"], "sentences": choice["split"]}
+        return {"heldout": heldout, "subset": o.gen_subset, "sentences": evaluator.size,
+                "references": evaluator.reference_source,
+                "engine": o.engine, "bleu_unpruned": bleu["unpruned"], "bleu_compressed": bleu["compressed"],
+                "bleu_delta": round(bleu["compressed"] - bleu["unpruned"], 2), "p": round(float(p), 4),
+                "signature": evaluator.bleu_signature(),
+                "significance": f"paired bootstrap of sacreBLEU against the unpruned model in {o.engine} "
+                                f"({BOOTSTRAP_SAMPLES} resamples, seed {BOOTSTRAP_SEED}, one-sided)"}
+
+    # outputs
+
+    def _write_outputs(self, table, points, choice, shrunk, recovered, exported, measured, reported) -> Dict:
+        from fairseq_headprune.compress import model_card
+        from fairseq_headprune.records.log import atomic_output, write_json_atomic
+
+        o = self.options
+        record = {"target": o.target, "engine": o.engine, "options": {k: (list(v) if isinstance(v, tuple) else v)
+                                                                        for k, v in asdict(o).items()},
+                  "source_checkpoint": os.path.abspath(self.loaded.checkpoint),
+                  "data": os.path.abspath(self.loaded.cfg.task.data),
+                  "stages": {name: self.results[name] for name in STAGES if name in self.results},
+                  "reachable_shapes": points, "rates": self.rates, "estimated_cpu_seconds": self.plan,
+                  "cpu_seconds": {name: self.results[name].get("cpu_seconds") for name in STAGES
+                                  if name in self.results},
+                  "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)}
+        record["verdict"] = verdict(record)
+        record_path = os.path.join(o.out, "compress.json")
+        if os.path.exists(record_path):  # the outputs are a set only while compress.json is there: written last
+            os.remove(record_path)
+        model_path = os.path.join(o.out, "model.pt")
+        staged = model_path + ".tmp"
+        shutil.copyfile(recovered["checkpoint"], staged)
+        os.replace(staged, model_path)
+        if exported.get("ct2"):
+            replace_folder(exported["ct2"], os.path.join(o.out, "ct2"))
+        with atomic_output(os.path.join(o.out, "MODEL_CARD.md")) as f:
+            f.write(model_card.render(record))
+        write_json_atomic(record_path, record)
+        for line in record["verdict"]["lines"]:
+            self.log(line)
+        return record
+
+
+def replace_folder(source: str, out: str) -> None:
+    """A copy of `source` put in place of `out` whole (the old one moved aside first, removed once the new is in)."""
+    staged = tempfile.mkdtemp(dir=os.path.dirname(os.path.abspath(out)), prefix=".ct2-")
+    os.rmdir(staged)
+    shutil.copytree(source, staged)
+    old = None
+    if os.path.exists(out):
+        old = staged + ".old"
+        os.rename(out, old)
+    os.rename(staged, out)
+    if old:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def verdict(record: Dict) -> Dict:
+    """Met or missed, by how much, and what the cost table says would reach a missed target."""
+    stages = record["stages"]
+    measured, reported, table = stages["measure"], stages["report"], stages["cost-table"]
+    chosen = stages["choice"]["chosen"]
+    speed, loss = measured["speedup_equal_work"], -reported["bleu_delta"]
+    lines = [f"compressed model: {label(chosen)} heads per stack (encoder/decoder), {speed:.2f}x the unpruned model "
+             f"in {record['engine']} at equal work ({measured['speedup_as_decoded']:.2f}x as decoded; FLOP ratio "
+             f"{measured['flop_ratio']:.2f}); BLEU on {reported['subset']} {reported['bleu_compressed']:.2f} against "
+             f"{reported['bleu_unpruned']:.2f} ({reported['bleu_delta']:+.2f}, p {reported['p']:.3f})"]
+    out = {"speedup": speed, "bleu_loss": round(loss, 2)}
+    target = record["options"]["speedup"]
+    if target is not None:
+        met = speed >= target
+        out["met"] = met
+        if met:
+            lines.append(f"target {target:g}x: met ({speed:.2f}x)")
+        else:
+            faster = [p for p in record["reachable_shapes"] if p["predicted_speedup"] > chosen["predicted_speedup"]]
+            hint = (f"; the cost table predicts {label(faster[-1])} at {faster[-1]['predicted_speedup']:.2f}x"
+                    if faster else "")
+            lines.append(f"target {target:g}x: missed by {target - speed:.2f}x (predicted "
+                         f"{chosen['predicted_speedup']:.2f}x{hint}; rerun with a higher --speedup to take it)")
+    else:
+        bound, held = record["options"]["max_bleu_loss"], reported["heldout"]
+        out["met"] = held["loss"] <= bound
+        lines.append(f"target BLEU loss at most {bound:g} on held-out data: {'met' if out['met'] else 'missed'} "
+                     f"({held['loss']:.2f} on valid's held-out split after recovery, "
+                     f"{held['loss_before_recovery']:.2f} before; {loss:.2f} on {reported['subset']})")
+    out["lines"] = lines
+    out["lever_order"] = levers.lever_order(table)
+    return out
+
+
+def run(loaded, options: CompressOptions, log: Callable = print, progress: bool = True) -> Optional[Dict]:
+    """The whole run under a lock on OUT (one process per folder)."""
+    from fairseq_headprune.records.log import FolderLock
+
+    options.check()
+    os.makedirs(options.out, exist_ok=True)
+    with FolderLock(options.out):
+        return Run(loaded, options, log, progress).run()
+
+
+def recover_args(text: Optional[str]) -> Tuple[str, ...]:
+    return tuple(shlex.split(text)) if text else ()

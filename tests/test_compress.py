@@ -1,0 +1,304 @@
+"""`fairseq-headprune compress` on the tiny model: the whole run, its stages resumed (after a stop and after kill -9,
+giving the model an uninterrupted run gives), an extended recovery, refusals in one line before any work, the stage
+store's identities, and the cost table's mechanism (levers ranked by what they buy, on shapes where the answer is
+known: timed by FLOPs here, so the test is of the mechanism, not of the machine)."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from argparse import Namespace
+
+import pytest
+import torch
+
+from conftest import ENV, run
+
+from fairseq_headprune.compress import levers, pipeline
+from fairseq_headprune.errors import UserError
+
+
+def compress_argv(data, checkpoint, out, cache, *extra, target=("--speedup", "1.01")):
+    # the tiny model's references are BPE text: compared as they are; a few sentences and steps keep it short
+    return ["fairseq-headprune", "compress", data, "--path", checkpoint, "--out", out, *target,
+            "--beam", "2", "--max-tokens", "2000", "--max-len-b", "12", "--timing-sentences", "60", "--runs", "1",
+            "--calibration-sentences", "48", "--window-steps", "10", "--check-sentences", "16",
+            "--budget-epochs", "1", "--cost-cache", cache, "--recover-args", "--max-tokens 4000",
+            "--significance", "1", *extra]  # a tiny model's timings are mostly noise: every saving counts here
+
+
+def stage_names(printed: str, word: str):
+    return [name for name in pipeline.STAGES if f"{name}: {word}" in printed]
+
+
+def test_compress_end_to_end_resumes_and_extends(tiny_data, stock_checkpoint, tmp_path):
+    import ctranslate2
+
+    from fairseq_headprune.core.heads import attention_modules
+    from fairseq_headprune.fairseq_io.loading import trust_fairseq_checkpoints
+    from helpers import load_stock
+
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    first = run(compress_argv(tiny_data, stock_checkpoint, out, cache, "--stop-after", "shrink")).stdout
+    lines = first.splitlines()
+    assert lines[0].startswith("compress (--speedup 1.01, ct2-int8): this run will cost about ")  # the first line
+    assert "CPU minutes" in lines[0] and "recover" in lines[0] and "measured just now" in lines[0]
+    assert stage_names(first, "done") == ["cost-table", "choice", "shrink"]
+    assert not (out / "model.pt").exists() and not (out / "compress.json").exists()
+    assert list(cache.glob("cost-table-*.json"))  # the table is kept beside the run for the next one
+
+    # the same command goes on from the first stage not done
+    second = run(compress_argv(tiny_data, stock_checkpoint, out, cache)).stdout
+    assert stage_names(second, "cached") == ["cost-table", "choice", "shrink"]
+    assert stage_names(second, "done") == ["recover", "export", "measure", "report"]
+    record = json.loads((out / "compress.json").read_text())
+    chosen = record["stages"]["choice"]["chosen"]
+    assert chosen["predicted_speedup"] >= 1.01
+    assert record["stages"]["choice"]["calibration"]["subset"] == "train"  # never the reported set
+    assert record["stages"]["report"]["subset"] == "test" and 0 <= record["stages"]["report"]["p"] <= 1
+    assert record["stages"]["measure"]["speedup_equal_work"] > 0 and record["verdict"]["lines"]
+    # the model written is the shape chosen: one head count per stack, the heads named in the record
+    trust_fairseq_checkpoints()
+    model, _ = load_stock(stock_checkpoint, tiny_data)
+    assert torch.load(out / "model.pt", map_location="cpu", weights_only=False)["model"].keys() == \
+        torch.load(out / "stages" / "recover" / "model.pt", map_location="cpu", weights_only=False)["model"].keys()
+    shrunk = json.loads((out / "stages" / "shrink" / "model.json").read_text())
+    kept = shrunk["kept_heads"]  # {type: {layer: heads kept}} of the types that lost heads
+    whole = {t: {str(layer): a.num_heads for (tt, layer), a in attention_modules(model).items() if tt == t}
+             for t in ("enc-self", "enc-dec", "dec-self")}
+    counts = {t: {len(kept[t][layer]) if layer in kept.get(t, {}) else n for layer, n in whole[t].items()}
+              for t in whole}
+    assert counts == {"enc-self": {chosen["enc_heads"]}, "enc-dec": {chosen["dec_heads"]},
+                      "dec-self": {chosen["dec_heads"]}}
+    assert shrunk["heads_total"] - shrunk["heads_kept"] == chosen["heads_removed"] > 0
+    assert sum(a.num_heads for a in attention_modules(model).values()) == shrunk["heads_total"]
+    translator = ctranslate2.Translator(str(out / "ct2"), compute_type="int8")
+    assert translator.translate_batch([["ein", "Mann"]], max_decoding_length=5)[0].hypotheses[0]
+    card = (out / "MODEL_CARD.md").read_text()
+    for part in ("## What was removed", "## How each choice was made", "## Cost table", "## Reproduce",
+                 f"{chosen['enc_heads']} / {chosen['dec_heads']}", "'train'", "p "):
+        assert part in card
+    command = card.split("## Reproduce")[1].split("```")[1].strip()  # as the user typed it
+    assert command.startswith("fairseq-headprune compress ") and "--speedup 1.01" in command
+    assert "--stop-after" not in command and "--user-dir" not in command
+
+    # more epochs: recovery goes on from its own checkpoints (epoch 2 only); the choice is not made again
+    third = run(compress_argv(tiny_data, stock_checkpoint, out, cache, "--budget-epochs", "2")).stdout
+    assert stage_names(third, "cached") == ["cost-table", "choice", "shrink"]
+    assert stage_names(third, "done") == ["recover", "export", "measure", "report"]
+    epochs = json.loads((out / "compress.json").read_text())["stages"]["recover"]["epochs"]
+    assert [e["epoch"] for e in epochs] == [1, 2]
+    # fewer epochs than the run holds would mix two runs: refused
+    fewer = run(compress_argv(tiny_data, stock_checkpoint, out, cache), check=False)
+    assert fewer.returncode == 2 and "--budget-epochs 2 or more" in fewer.stderr
+
+    # kill -9 during recovery of a copy stopped after its shrink: the rerun gives the uninterrupted run's model
+    copy = tmp_path / "copy"
+    (copy / "stages").mkdir(parents=True)
+    for name in ("cost-table", "choice", "shrink"):
+        shutil.copytree(out / "stages" / name, copy / "stages" / name)
+    argv = [str(a) for a in compress_argv(tiny_data, stock_checkpoint, copy, cache, "--budget-epochs", "2")]
+    proc = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "fairseq-headprune"), *argv[1:]],
+                            env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first_epoch = copy / "stages" / "recover" / "run" / "checkpoint1.pt"
+    deadline = time.time() + 120
+    while not first_epoch.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert first_epoch.exists() and not (copy / "compress.json").exists()
+    resumed = run(compress_argv(tiny_data, stock_checkpoint, copy, cache, "--budget-epochs", "2")).stdout
+    assert stage_names(resumed, "cached") == ["cost-table", "choice", "shrink"]
+    a = torch.load(out / "model.pt", map_location="cpu", weights_only=False)["model"]
+    b = torch.load(copy / "model.pt", map_location="cpu", weights_only=False)["model"]
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_refusals_are_one_line_before_any_work(tiny_data, stock_checkpoint, tmp_path):
+    cache = tmp_path / "cache"
+    cases = [
+        (("--speedup", "1.5", "--max-bleu-loss", "0.3"), "give exactly one target"),
+        ((), "give exactly one target"),
+        (("--speedup", "0.9"), "--speedup must be above 1"),
+        (("--speedup", "1.5", "--engine", "onnx"), "--engine must be one of ct2-int8, ct2-float32, fairseq"),
+        (("--speedup", "1.5", "--calibration-subset", "test"), "must take part in no choice"),
+        (("--speedup", "1.5", "--budget-epochs", "-1"), "--budget-epochs must be at least 0"),
+        (("--speedup", "1.5", "--significance", "0"), "--significance must be in (0, 1]"),
+        (("--speedup", "1.5", "--window-steps", "0", "--window-lr", "1e-3"), "it needs --window-steps N"),
+    ]
+    for target, message in cases:
+        out = tmp_path / f"out{len(message)}"
+        proc = run(compress_argv(tiny_data, stock_checkpoint, out, cache, *target[2:], target=target[:2]),
+                   check=False)
+        assert proc.returncode == 2, (target, proc.stderr[-500:])
+        assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert not out.exists()  # refused before anything was made
+    # a target no shape reaches: refused after the cost table, before the choice (the long work), with the best
+    out = tmp_path / "far"
+    proc = run(compress_argv(tiny_data, stock_checkpoint, out, cache, target=("--speedup", "1000")), check=False)
+    assert proc.returncode == 2
+    error = proc.stderr.strip().splitlines()[-1]
+    assert "--speedup 1000: no shape reaches it in ct2-int8" in error and "the fastest" in error
+    assert "x the unpruned model" in error and "FFN units at 50%" in error  # what the lever not yet removable would add
+    assert (out / "stages" / "cost-table" / "stage.json").exists() and not (out / "stages" / "choice").exists()
+
+
+def test_stage_store_reruns_a_changed_stage_and_those_after_it(tmp_path):
+    """Run.stage: a finished stage is reused when its identity (and everything before it) is the same; a changed
+    identity reruns it and every later stage; a stage killed before its stage.json is run again from nothing,
+    except a resumable stage's own work."""
+    calls = []
+
+    def build(name, value):
+        def inner(folder):
+            calls.append(name)
+            with open(os.path.join(folder, "work.txt"), "a") as f:
+                f.write(str(value))
+            return {"value": value}
+        return inner
+
+    def once(a, b, resume=None):
+        r = pipeline.Run(loaded=None, options=pipeline.CompressOptions(out=str(tmp_path)), log=lambda _: None,
+                         progress=False)
+        r.stage("first", {"a": a}, build("first", a))
+        return r.stage("second", {"b": b}, build("second", b), resume_key=resume)
+
+    once(1, 1)
+    assert calls == ["first", "second"]
+    once(1, 1)
+    assert calls == ["first", "second"]  # both cached
+    once(2, 1)
+    assert calls == ["first", "second", "first", "second"]  # the first changed: the second reruns too
+    assert (tmp_path / "stages" / "second" / "work.txt").read_text() == "1"  # from nothing
+    once(2, 3)
+    assert calls[-1] == "second" and calls.count("first") == 2
+    # a stage killed before its record: its folder is emptied and the stage run again
+    os.remove(tmp_path / "stages" / "second" / "stage.json")
+    once(2, 3)
+    assert calls.count("second") == 4 and (tmp_path / "stages" / "second" / "work.txt").read_text() == "3"
+    # a resumable stage keeps its own work when only its budget changed
+    once(2, 4, resume={"run": "x"})
+    once(2, 5, resume={"run": "x"})
+    assert (tmp_path / "stages" / "second" / "work.txt").read_text() == "45"
+    once(2, 6, resume={"run": "y"})
+    assert (tmp_path / "stages" / "second" / "work.txt").read_text() == "6"
+
+
+# --------------------------------------------------------------------------------------------- the cost table
+
+
+def random_model(stock_checkpoint, tiny_data, **dims):
+    """A randomly initialised transformer of the stock model's task with other dimensions (speed needs no
+    trained weights)."""
+    from helpers import load_stock
+
+    _, task = load_stock(stock_checkpoint, tiny_data)
+    state = torch.load(stock_checkpoint, map_location="cpu", weights_only=False)
+    args = state["cfg"]["model"]
+    args = Namespace(**vars(args)) if isinstance(args, Namespace) else Namespace(**dict(args))
+    for k, v in dims.items():
+        setattr(args, k, v)
+    torch.manual_seed(0)
+    return task.build_model(args).eval(), task
+
+
+def flop_timer(loaded, samples, length: int = 6):
+    """A stand-in engine whose seconds are the FLOPs of decoding (core.flops) of the model it is given."""
+    from fairseq_headprune.core import flops
+
+    src = [int(n) for s in samples for n in s["net_input"]["src_lengths"].tolist()]
+
+    def factory(model, dictionary, folder):
+        cost = flops.decode_flops(model, src, [length + 1] * len(src), 2, 8)
+
+        def decode(batches, forced=0):
+            ids = [i for s in batches for i in s["id"].tolist()]
+            share = sum(s["id"].numel() for s in batches) / len(src)
+            return {"seconds": cost * share, "hypotheses": {i: [4] * (forced or length) for i in ids}}
+        return decode
+    return factory
+
+
+@pytest.mark.parametrize("dims,first", [
+    # wide FFNs, few narrow heads: the FFN buys the most
+    (dict(encoder_ffn_embed_dim=1024, decoder_ffn_embed_dim=1024, encoder_attention_heads=2,
+          decoder_attention_heads=2), "FFN units"),
+    # many heads in a deep decoder, thin FFNs: the decoder's heads buy the most
+    (dict(encoder_ffn_embed_dim=8, decoder_ffn_embed_dim=8, decoder_layers=6, encoder_layers=1,
+          encoder_attention_heads=8, decoder_attention_heads=8), "decoder heads"),
+])
+def test_cost_table_ranks_the_levers_a_shape_rewards(tiny_data, stock_checkpoint, dims, first):
+    from fairseq_headprune.fairseq_io.loading import Loaded
+
+    model, task = random_model(stock_checkpoint, tiny_data, **dims)
+    task.load_dataset("valid")
+    cfg = Namespace(generation=Namespace(beam=2, lenpen=1.0), dataset=Namespace(max_tokens=2000, batch_size=None))
+    loaded = Loaded(cfg, task, model, None, str(stock_checkpoint))
+    samples = [task.dataset("valid").collater([task.dataset("valid")[i] for i in range(j, j + 8)])
+               for j in range(0, 32, 8)]
+    table = levers.measure(loaded, "fairseq", samples, 2, log=lambda _: None,
+                           decoder_factory=flop_timer(loaded, samples))
+    order = [name for name, _ in levers.lever_order(table)]
+    assert order[0] == first, table["rows"]
+    # the rows are monotone once smoothed, and a prediction multiplies the shares of time each lever leaves
+    for field in ("enc_heads", "dec_heads"):
+        saved = [r["saved"] for r in sorted(table["rows"], key=lambda r: r["value"]) if r["field"] == field]
+        assert saved == sorted(saved, reverse=True)
+    whole = table["whole"]
+    point = {"enc_heads": 1, "dec_heads": 1}
+    expected = 1 / ((1 - levers.saved(table, "enc_heads", 1)) * (1 - levers.saved(table, "dec_heads", 1)))
+    assert levers.predict(table, point) == pytest.approx(expected)
+    assert levers.predict(table, {"enc_heads": whole["enc_heads"]}) == 1.0
+
+
+def test_smoothing_pools_timing_noise():
+    def rows(p_last=0.001):
+        sign = [{"p": 0.001}, {"p": 0.001}, {"p": p_last}]
+        return [{"field": "dec_heads", "value": v, "time_saved": t, "sign_test": s}
+                for (v, t), s in zip(((1, 0.30), (2, 0.35), (3, 0.05)), sign)]
+
+    monotone = rows()
+    levers.smooth(monotone)
+    assert [r["saved"] for r in monotone] == [0.325, 0.325, 0.05]  # keeping fewer heads never saves less
+    noise = rows(p_last=0.3)  # a saving no more often faster than slower counts for nothing
+    levers.smooth(noise)
+    assert [r["saved"] for r in noise] == [0.325, 0.325, 0.0]
+    levers.smooth(noise, significance=1.0)
+    assert noise[2]["saved"] == 0.05
+    assert levers.sign_test([2, 2, 2, 2, 2], [1, 1, 1, 1, 1]) == {"faster_batches": 5, "batches": 5, "p": 0.03125}
+    assert levers.sign_test([2, 1, 2, 1], [1, 2, 1, 2])["p"] == 0.6875
+    with pytest.raises(UserError, match="no shape reaches it"):
+        levers.refuse_unreachable(9.0, ({"enc_heads": 1, "dec_heads": 1}, 1.4), {"rows": [], "whole": {}}, "fairseq")
+
+
+def test_max_bleu_loss_chooses_on_a_held_out_split_of_valid(tiny_data, stock_checkpoint, tmp_path):
+    """--max-bleu-loss: valid split by id into the choice's subset and the recovery's early-stopping subset; a bound
+    every shape meets takes the fastest shape of the frontier, found by bisection (not every shape shrunk)."""
+    from fairseq.data import data_utils
+
+    out = tmp_path / "out"
+    printed = run(compress_argv(tiny_data, stock_checkpoint, out, tmp_path / "cache", "--heldout-sentences", "50",
+                                "--stop-after", "choice", target=("--max-bleu-loss", "100"))).stdout
+    assert "--max-bleu-loss 100" in printed.splitlines()[0]
+    choice = json.loads((out / "stages" / "choice" / "stage.json").read_text())["result"]
+    frontier = choice["frontier"]
+    assert choice["chosen"]["enc_heads"] == frontier[0]["enc_heads"] and \
+        choice["chosen"]["dec_heads"] == frontier[0]["dec_heads"]  # the fastest: every shape is within 100
+    speeds = [p["predicted_speedup"] for p in frontier]
+    estimates = [p["fisher_estimate"] for p in frontier]
+    assert speeds == sorted(speeds, reverse=True) and estimates == sorted(estimates, reverse=True)
+    # the mildest shape first (is any within the bound?), then a bisection: not every shape is shrunk
+    assert 1 <= len(choice["probes"]) <= 1 + math.ceil(math.log2(len(frontier)))
+    assert choice["split"] == {"heldout": [0, 50], "valid": [50, 200]}
+    data = out / "stages" / "choice" / "data"
+    original = data_utils.load_indexed_dataset(str(tiny_data / "valid.de-en.de"), None)
+    held = data_utils.load_indexed_dataset(str(data / "heldout.de-en.de"), None)
+    rest = data_utils.load_indexed_dataset(str(data / "valid.de-en.de"), None)
+    assert [held[i].tolist() for i in range(len(held))] + [rest[i].tolist() for i in range(len(rest))] == \
+        [original[i].tolist() for i in range(len(original))]
+    assert (data / "train.de-en.en.bin").resolve() == (tiny_data / "train.de-en.en.bin").resolve()
