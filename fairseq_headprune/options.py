@@ -68,10 +68,13 @@ def add_arguments(parser, cls, groups: Optional[Dict[str, Any]] = None) -> None:
         if meta["negate"] or hint is bool:  # a switch: --no-X turns a True default off, --X a False one on
             target.add_argument(meta["flag"], action="store_true", help=text)
             continue
-        default = meta["shown"] if meta["shown"] is not None else f.default
+        default = meta["shown"] if meta["shown"] is not None else (
+            None if f.default is dataclasses.MISSING else f.default)
         kwargs = {"help": text, "metavar": meta["metavar"], "choices": meta["choices"], "nargs": meta["nargs"]}
         if meta["parse"] is None and _scalar_type(hint):
             kwargs["type"] = _scalar_type(hint)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            kwargs["required"] = True
         if default not in (None, (), ""):
             kwargs["help"] = f"{text} (default {str(default).replace('%', '%%')})"
         target.add_argument(meta["flag"], default=None, **{k: v for k, v in kwargs.items() if v is not None})

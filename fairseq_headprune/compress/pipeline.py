@@ -41,11 +41,13 @@ import statistics
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
 from fairseq_headprune.compress import levers
+from fairseq_headprune.compress.window_fit import WindowOptions
 from fairseq_headprune.errors import UserError
+from fairseq_headprune.options import option
 
 STAGES = ("cost-table", "choice", "shrink", "recover", "export", "measure", "report")
 HELDOUT = "heldout"  # the choice's split of valid (--max-bleu-loss)
@@ -56,27 +58,49 @@ BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED = 1000, 1
 class CompressOptions:
     """What `fairseq-headprune compress` does; every field has the command's default."""
 
-    out: str
-    speedup: Optional[float] = None  # the model at least this many times the unpruned one's speed (equal work)
-    max_bleu_loss: Optional[float] = None  # or: the fastest model within this BLEU loss on held-out data
-    engine: str = "ct2-int8"
-    budget_epochs: int = 4
-    gen_subset: str = "test"
-    references: Optional[str] = None
-    calibration_subset: str = "train"
-    calibration_sentences: int = 1000
-    calibration_max_tokens: int = 1000
-    window_steps: int = 1000
-    window_lr: float = 3e-4
-    timing_subset: str = "valid"
-    timing_sentences: int = 300
-    runs: int = 3
-    heldout_sentences: int = 500  # --max-bleu-loss: the first this many of valid choose; the rest early-stop
-    check_sentences: int = 100
-    significance: float = levers.SIGNIFICANCE  # a cost-table row's saving counts when its sign test p is below this
-    recover_args: Tuple[str, ...] = ()
-    cost_cache: Optional[str] = field(default_factory=levers.default_cache)
-    stop_after: Optional[str] = None
+    out: str = option(flag="--out", metavar="DIR", help="the folder of the model, its card and its stages")
+    speedup: Optional[float] = option(None, flag="--speedup",
+                                      help="at least this many times the unpruned model's speed in --engine, at "
+                                           "equal work")
+    max_bleu_loss: Optional[float] = option(None, flag="--max-bleu-loss",
+                                            help="instead: the fastest model that loses at most this much BLEU on a "
+                                                 "held-out split of valid")
+    engine: str = option("ct2-int8", flag="--engine", choices=levers.ENGINES, help="where the model runs")
+    budget_epochs: int = option(4, flag="--budget-epochs",
+                                help="recovery epochs at most (early stopping on valid; a rerun with more extends; "
+                                     "0: no recovery)")
+    gen_subset: str = "test"  # fairseq's --gen-subset: decoded once, at the end, to report
+    references: Optional[str] = option(None, flag="--references",
+                                       help="raw references of --gen-subset for BLEU (default: the binarised targets)")
+    calibration_subset: str = option("train", flag="--calibration-subset",
+                                     help="sentences the heads are chosen and the model reconstructed on (never "
+                                          "--gen-subset)")
+    calibration_sentences: int = option(1000, flag="--calibration-sentences", help="how many of them (the first)")
+    calibration_max_tokens: int = option(1000, flag="--calibration-max-tokens", help="tokens per calibration batch")
+    window_steps: int = option(1000, flag="--window-steps",
+                               help="Adam steps of each pruned attention sublayer's window fit (shrink --window-steps)")
+    window_lr: float = option(WindowOptions.lr, flag="--window-lr", help="their learning rate (shrink --window-lr)")
+    timing_subset: str = option("valid", flag="--timing-subset", help="sentences the speeds are measured on")
+    timing_sentences: int = option(300, flag="--timing-sentences", help="how many of them")
+    runs: int = option(3, flag="--runs", help="interleaved timing rounds")
+    heldout_sentences: int = option(500, flag="--heldout-sentences",
+                                    help="--max-bleu-loss: the first N sentences of valid choose; the rest early-stop "
+                                         "the recovery")
+    check_sentences: int = option(100, flag="--check-sentences",
+                                  help="sentences of the pruned-model and export checks")
+    significance: float = option(levers.SIGNIFICANCE, flag="--significance",
+                                 help="a cost-table row's time saving counts when its slice was faster in "
+                                      "significantly more batches than not: sign test p below this (1: every "
+                                      "measured saving counts)")
+    recover_args: Tuple[str, ...] = option((), flag="--recover-args", metavar="'FAIRSEQ-TRAIN OPTIONS'",
+                                           parse=lambda text: recover_args(text),
+                                           help="fairseq-train options of the recovery, as one argument: "
+                                                "--recover-args='--lr 3e-4' (device and distributed options too)")
+    cost_cache: Optional[str] = option(None, flag="--cost-cache",
+                                       help="folder of cost tables measured before (per model, engine, CPU; default "
+                                            "~/.cache/fairseq-headprune/cost-tables); '' for none")
+    stop_after: Optional[str] = option(None, flag="--stop-after", choices=STAGES,
+                                       help="stop after this stage (the same command without it goes on)")
     command: str = ""  # the command line as given, for the model card
 
     def check(self) -> None:
@@ -464,6 +488,12 @@ class Run:
         self.previous = ""  # digest of the last stage's record
         self.spent: Dict[str, float] = {}
 
+    @property
+    def cost_cache(self) -> Optional[str]:
+        """The folder of cost tables measured before: --cost-cache, the user's cache by default, none for ''."""
+        given = self.options.cost_cache
+        return levers.default_cache() if given is None else (given or None)
+
     # -- the stage machinery
 
     def stage(self, name: str, identity: Dict, build: Callable[[str], Dict], estimate: float = 0.0,
@@ -614,7 +644,7 @@ class Run:
         when its record follows the record before it (an option changed since may still rerun it)."""
         cached = set()
         record = self.store.done("cost-table", {"after": "", **table_identity})
-        if record is None and not levers.cached_table(self.options.cost_cache, table_identity):
+        if record is None and not levers.cached_table(self.cost_cache, table_identity):
             return cached
         cached.add("cost-table")
         for name in STAGES[1:]:
@@ -632,13 +662,13 @@ class Run:
     # cost table
 
     def _cost_table(self, folder: str, identity: Dict) -> Dict:
-        cached = levers.cached_table(self.options.cost_cache, identity)
+        cached = levers.cached_table(self.cost_cache, identity)
         if cached:
-            self.log(f"cost table: measured before on this machine ({self.options.cost_cache})")
+            self.log(f"cost table: measured before on this machine ({self.cost_cache})")
             return {**cached, "from_cache": True}
         table = levers.measure(self.loaded, self.options.engine, self.timing, self.options.runs, log=self.log)
         table["identity"] = identity
-        stored = levers.store_table(self.options.cost_cache, table)
+        stored = levers.store_table(self.cost_cache, table)
         return {**table, "from_cache": False, "cache_file": stored}
 
     def _reachable(self, table: Dict) -> List[Dict]:
