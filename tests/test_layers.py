@@ -1,0 +1,184 @@
+"""Whole layers as units of pruning (compress.layers): exact removal, checkpoints, selection, the teacher map."""
+import copy
+import math
+
+import pytest
+import torch
+
+from conftest import run_fairseq
+from fairseq_headprune.compress import layers as L
+from fairseq_headprune.errors import UserError
+from fairseq_headprune.heads import Head, HeadLayout
+from fairseq_headprune.loading import PACKAGE_DIR
+from fairseq_headprune.surgery import prune_model, save_pruned_checkpoint
+from helpers import beam_hypotheses, incremental_logits, load_stock, sample_batch, teacher_forced_logits
+
+KEPT = {"enc": [2, 4], "dec": [1, 3]}  # the tiny model has 4 encoder and 3 decoder layers
+
+
+@pytest.fixture(scope="module")
+def stock(stock_checkpoint, tiny_data):
+    return load_stock(stock_checkpoint, tiny_data)
+
+
+def skipping(model, kept):
+    """A copy of the model whose layers not in `kept` return their input (the layer skipped, nothing removed)."""
+    ref = copy.deepcopy(model)
+    for s, keep in kept.items():
+        for i, layer in enumerate(L._stack(ref, s).layers, start=1):
+            if i not in keep:
+                def skip(_m, args, kwargs, output):
+                    x = kwargs["x"] if "x" in kwargs else args[0]
+                    return (x, *output[1:]) if isinstance(output, tuple) else x
+                layer.register_forward_hook(skip, with_kwargs=True)
+    return ref
+
+
+def same_outputs(a, b, task, batch):
+    torch.testing.assert_close(teacher_forced_logits(a, batch), teacher_forced_logits(b, batch), atol=1e-5, rtol=0)
+    torch.testing.assert_close(incremental_logits(a, batch), incremental_logits(b, batch), atol=1e-5, rtol=0)
+    got, want = beam_hypotheses(a, task, batch), beam_hypotheses(b, task, batch)
+    assert [t for t, _ in got] == [t for t, _ in want]
+    assert [s for _, s in got] == pytest.approx([s for _, s in want], abs=1e-5)
+
+
+def test_removed_layers_compute_what_skipping_them_computes(stock):
+    model, task = stock
+    batch = sample_batch(task)
+    pruned = L.remove_layers(copy.deepcopy(model), KEPT)
+    assert L.depths(pruned) == {"enc": 2, "dec": 2}
+    assert pruned.decoder.num_layers == 2 and pruned.encoder.num_layers == 2
+    assert not torch.allclose(teacher_forced_logits(pruned, batch), teacher_forced_logits(model, batch), atol=1e-2)
+    same_outputs(pruned, skipping(model, KEPT), task, batch)
+    # the kept layers are the original modules' weights, renumbered
+    torch.testing.assert_close(pruned.decoder.layers[1].fc2.weight, model.decoder.layers[2].fc2.weight)
+
+
+def test_pre_norm_layer_with_zero_residual_branches_is_removed(stock):
+    """In a pre-norm layer, zero attention and FFN outputs (out_proj, fc2 weights and biases) make the layer the
+    identity: the removed model computes exactly that."""
+    model, task = stock
+    batch = sample_batch(task)
+    pre = copy.deepcopy(model)
+    for layer in list(pre.encoder.layers) + list(pre.decoder.layers):
+        layer.normalize_before = True
+    zeroed = copy.deepcopy(pre)
+    with torch.no_grad():
+        for s, keep in KEPT.items():
+            for i, layer in enumerate(L._stack(zeroed, s).layers, start=1):
+                if i in keep:
+                    continue
+                for lin in [layer.self_attn.out_proj, layer.fc2] + (
+                        [layer.encoder_attn.out_proj] if getattr(layer, "encoder_attn", None) is not None else []):
+                    lin.weight.zero_()
+                    lin.bias.zero_()
+    same_outputs(L.remove_layers(copy.deepcopy(pre), KEPT), zeroed, task, batch)
+
+
+@pytest.mark.parametrize("kept, message", [
+    ({"dec": []}, "must keep at least one layer"),
+    ({"dec": [1, 4]}, "dec layer 4 does not exist: layers are 1..3"),
+    ({"enc": [0, 2]}, "enc layer 0 does not exist"),
+    ({"enc": [3, 2]}, "increasing and distinct"),
+    ({"enc": [2, 2]}, "increasing and distinct"),
+    ({"mid": [1]}, "unknown stack"),
+])
+def test_remove_layers_refuses_what_cannot_be_built(stock, kept, message):
+    model = copy.deepcopy(stock[0])
+    with pytest.raises(UserError, match=message):
+        L.remove_layers(model, kept)
+    assert L.depths(model) == {"enc": 4, "dec": 3}
+
+
+def test_parse_and_check_counts(stock):
+    assert L.parse_keep_layers("dec:3") == {"dec": 3}
+    assert L.parse_keep_layers("dec:2, enc:5") == {"dec": 2, "enc": 5}
+    for bad in ("dec", "dec:x", "mid:2", "dec:2,dec:3", ""):
+        with pytest.raises(UserError, match="--keep-layers"):
+            L.parse_keep_layers(bad)
+    with pytest.raises(UserError, match="at least one layer"):
+        L.check_counts(stock[0], {"dec": 0})
+    with pytest.raises(UserError, match="has 3 layers"):
+        L.check_counts(stock[0], {"dec": 4})
+
+
+def test_even_layers_are_shleifer_and_rush():
+    assert L.even_layers(6, 3) == (1, 3, 6)
+    assert L.even_layers(6, 2) == (1, 6)
+    assert L.even_layers(6, 4) == (1, 2, 4, 6)
+    assert L.even_layers(6, 1) == (1,)
+    assert L.even_layers(6, 6) == (1, 2, 3, 4, 5, 6)
+    assert L.even_layers(12, 3) == (1, 6, 12)  # floor of the even spacing (their 12 -> 3 table says 1, 7, 12)
+
+
+def test_teacher_key_maps_a_layers_last_sublayer_below_the_next_kept_one():
+    kept, depth = {"dec": (1, 3, 6)}, {"enc": 6, "dec": 6}
+    assert L.teacher_key(("dec-self", 2), kept, depth) == ("dec-self", 3)
+    assert L.teacher_key(("enc-dec", 3), kept, depth) == ("enc-dec", 6)
+    assert L.teacher_key(("dec-ffn", 1), kept, depth) == ("dec-ffn", 2)  # layer 2 removed: its output is the target
+    assert L.teacher_key(("dec-ffn", 2), kept, depth) == ("dec-ffn", 5)
+    assert L.teacher_key(("dec-ffn", 3), kept, depth) == ("dec-ffn", 6)
+    assert L.teacher_key(("enc-ffn", 2), kept, depth) == ("enc-ffn", 2)  # the encoder is whole
+    assert L.teacher_key(("dec-ffn", 2), {"dec": (1, 2)}, depth) == ("dec-ffn", 6)
+
+
+def test_greedy_selection_removes_the_cheapest_layer_each_step(stock):
+    model = stock[0]
+    # a loss that only the kept decoder layers' original identity decides: removing layer 2 costs least, then 3
+    cost = {1: 5.0, 2: 1.0, 3: 2.0}
+
+    def loss(m):
+        kept_weights = [layer.fc2.weight for layer in m.decoder.layers]
+        return sum(c for i, c in cost.items()
+                   if not any(torch.equal(w, model.decoder.layers[i - 1].fc2.weight) for w in kept_weights))
+
+    selection = L.select_by_loss(model, {"dec": 1}, loss)
+    assert selection.kept == {"dec": (1,)}
+    assert [s["removed"] for s in selection.steps] == ["dec:2", "dec:3"]
+    assert selection.steps[0]["candidates"] == {"dec:1": 5.0, "dec:2": 1.0, "dec:3": 2.0}
+    assert L.select_even(model, {"dec": 2, "enc": 2}).kept == {"dec": (1, 3), "enc": (1, 4)}
+
+
+# ------------------------------------------------------------------------------------------- a checkpoint
+
+HEADS = [Head("enc-self", 1, 2), Head("enc-self", 2, 5), Head("dec-self", 2, 1), Head("enc-dec", 1, 3)]
+
+
+@pytest.fixture(scope="module")
+def shallow(stock, stock_checkpoint, tmp_path_factory):
+    """Fewer layers and uneven heads (head ids and layer numbers of the layer-removed model)."""
+    model = prune_model(L.remove_layers(copy.deepcopy(stock[0]), KEPT), HEADS)
+    path = save_pruned_checkpoint(model, stock_checkpoint, tmp_path_factory.mktemp("shallow") / "shallow.pt")
+    return model, path
+
+
+def test_fewer_layers_and_uneven_heads_round_trip(shallow, stock, tiny_data):
+    from test_surgery import reload
+
+    model, path = shallow
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    assert (state["cfg"]["model"].encoder_layers, state["cfg"]["model"].decoder_layers) == (2, 2)
+    assert not any(k.startswith(("decoder.layers.2.", "encoder.layers.2.", "encoder.layers.3.")) for k in state["model"])
+    reloaded = reload(path, tiny_data)
+    assert L.depths(reloaded) == {"enc": 2, "dec": 2}
+    assert HeadLayout.of(reloaded) == HeadLayout.of(model)
+    task = stock[1]
+    same_outputs(reloaded, model, task, sample_batch(task))
+
+
+def test_fairseq_generate_decodes_the_shallower_model(shallow, stock, tiny_data):
+    model, path = shallow
+    task = stock[1]
+    out = run_fairseq(["fairseq-generate", tiny_data, "--path", path, "--user-dir", PACKAGE_DIR,
+                       "--task", "translation_headprune", "--gen-subset", "test", "--beam", "4", "--max-len-b", "60",
+                       "--max-tokens", "3000"]).stdout
+    generated = {}
+    for line in out.splitlines():
+        if line.startswith("H-"):
+            sid, score, text = line.split("\t")
+            generated[int(sid[2:])] = (float(score), text)
+    assert len(generated) == len(task.dataset("test"))
+    batch = sample_batch(task, n=8)
+    for sid, (tokens, score) in zip(batch["id"].tolist(), beam_hypotheses(model, task, batch)):
+        assert generated[sid][1] == task.target_dictionary.string(torch.tensor(tokens))
+        assert generated[sid][0] == pytest.approx(score / math.log(2), abs=1e-4)
