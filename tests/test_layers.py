@@ -1,5 +1,6 @@
 """Whole layers as units of pruning (compress.layers): exact removal, checkpoints, selection, the teacher map."""
 import copy
+import json
 import math
 
 import pytest
@@ -182,3 +183,88 @@ def test_fairseq_generate_decodes_the_shallower_model(shallow, stock, tiny_data)
     for sid, (tokens, score) in zip(batch["id"].tolist(), beam_hypotheses(model, task, batch)):
         assert generated[sid][1] == task.target_dictionary.string(torch.tensor(tokens))
         assert generated[sid][0] == pytest.approx(score / math.log(2), abs=1e-4)
+
+
+# ------------------------------------------------------------------------------------------- shrink --keep-layers
+
+
+def _shrink_cmd(data, ckpt, *extra):
+    return ["fairseq-headprune", "shrink", data, "--path", ckpt, "--beam", "2", "--max-tokens", "500",
+            "--calibration-sentences", "30", *extra]
+
+
+@torch.no_grad()
+def _feature_error(teacher, student, samples):
+    err = 0.0
+    for s in samples:
+        a = teacher(**s["net_input"], features_only=True)[0]
+        b = student(**s["net_input"], features_only=True)[0]
+        keep = s["target"].ne(1)
+        err += float((a - b)[keep].pow(2).sum())
+    return err
+
+
+def test_reconstruction_brings_a_shallower_model_towards_the_teacher(stock, tiny_data):
+    from fairseq_headprune.compress.reconstruct import ReconstructionOptions, reconstruct
+    from fairseq_headprune.masking import install_head_masks
+    from test_shrink import _samples
+
+    model, task = stock
+    model = copy.deepcopy(model)
+    install_head_masks(model)
+    task.load_dataset("valid")
+    samples = _samples(model, task, n=24, max_tokens=300)
+    kept = {"dec": (1, 3)}
+    student = L.remove_layers(copy.deepcopy(model), kept)
+    before = _feature_error(model, student, samples)
+    fits = reconstruct(model, student, samples, task.target_dictionary.pad(),
+                       ReconstructionOptions(method="out-proj"), kept_layers=kept)
+    # decoder layer 1's FFN is the first sublayer whose target moved (to teacher layer 2's output): it and all
+    # above it are fitted; the encoder and decoder layer 1's attention are untouched
+    assert [f.key for f in fits] == [("dec-ffn", 1), ("dec-self", 2), ("enc-dec", 2), ("dec-ffn", 2)]
+    assert all(f.error_after <= f.error_before for f in fits)
+    assert _feature_error(model, student, samples) < 0.9 * before
+
+
+def test_shrink_keep_layers_with_a_head_budget_writes_a_shallower_model(stock, stock_checkpoint, tiny_data, tmp_path):
+    from conftest import run
+    from test_surgery import reload
+
+    out = tmp_path / "d2.pt"
+    proc = run(_shrink_cmd(tiny_data, stock_checkpoint, "--keep-layers", "dec:2", "--remove", "50%", "--types",
+                           "enc-dec,dec-self", "--shape", "per-stack", "--window-steps", "3", "--out", out))
+    assert "layers kept" in proc.stdout
+    record = json.loads((tmp_path / "d2.json").read_text())
+    assert record["check"]["identical_hypotheses"]
+    assert len(record["layers"]["kept"]["dec"]) == 2 and record["layers"]["rule"] == "importance"
+    assert len(record["layers"]["steps"]) == 1 and len(record["layers"]["steps"][0]["candidates"]) == 3
+    reloaded = reload(out, tiny_data)
+    assert L.depths(reloaded) == {"enc": 4, "dec": 2}
+    layout = HeadLayout.of(reloaded)
+    assert [len(layout.heads[("dec-self", i)]) for i in (1, 2)] == [2, 2]  # 50% of the kept layers' 4 heads
+    assert [len(layout.heads[("enc-dec", i)]) for i in (1, 2)] == [2, 2]
+    assert record["heads_kept"] == 32 + 8
+    # layers alone, evenly spaced
+    proc = run(_shrink_cmd(tiny_data, stock_checkpoint, "--keep-layers", "dec:2,enc:3", "--layer-selection", "even",
+                           "--out", tmp_path / "e.pt"))
+    record = json.loads((tmp_path / "e.json").read_text())
+    assert record["layers"]["kept"] == {"dec": [1, 3], "enc": [1, 2, 4]} and record["selection"]["removed"] == 0
+    assert L.depths(reload(tmp_path / "e.pt", tiny_data)) == {"enc": 3, "dec": 2}
+
+
+def test_shrink_keep_layers_bad_input_is_one_line(stock_checkpoint, tiny_data, tmp_path):
+    from conftest import run
+
+    out = tmp_path / "x.pt"
+    for extra, message in [
+        (["--keep-layers", "dec:0"], "at least one layer"),
+        (["--keep-layers", "dec:4"], "has 3 layers"),
+        (["--keep-layers", "top:2"], "--keep-layers takes STACK:N"),
+        (["--keep-layers", "dec:2", "--flops", "50%"], "not --flops"),
+        (["--keep-layers", "dec:2", "--heads", "enc-self:1:1"], "not --heads"),
+        (["--keep-layers", "dec:2", "--remove", "90%", "--types", "dec-self"], "cannot remove"),
+    ]:
+        proc = run(_shrink_cmd(tiny_data, stock_checkpoint, *extra, "--out", out), check=False)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1 and message in lines[0], (extra, proc.stderr)
+    assert not out.exists()

@@ -31,6 +31,13 @@ def add_args(parser) -> None:
     budget.add_argument("--heads", metavar="SPEC", help="no search: remove and reconstruct these heads "
                         "(TYPE:LAYER:HEADS,... or @file.json, e.g. an L0 run's closed heads from `gates`)")
     g.add_argument("--types", default="enc-self,enc-dec,dec-self", help="attention types that may lose heads")
+    g.add_argument("--keep-layers", metavar="dec:N[,enc:M]",
+                   help="keep N decoder (M encoder) layers whole, the others removed (alone or with a head budget, "
+                        "counted in the kept layers); every sublayer above the first removed one is reconstructed "
+                        "towards the unpruned model's residual stream")
+    g.add_argument("--layer-selection", default="importance", choices=("importance", "even"),
+                   help="which layers --keep-layers keeps: greedy removal of the layer whose loss increase on the "
+                        "calibration data is smallest (default), or Shleifer & Rush's evenly spaced layers")
     g.add_argument("--calibration-subset", default="valid")
     g.add_argument("--calibration-sentences", type=int, default=1000)
     g.add_argument("--calibration-targets", default="references", choices=("references", "self"),
@@ -95,7 +102,8 @@ def options_from(args) -> ShrinkOptions:
         refit_ffn=not args.no_refit_ffn, refit_inputs=args.refit_inputs, teacher_mildness=args.teacher_mildness,
         check=not args.no_check,
         check_sentences=args.check_sentences, shape=args.shape, window_steps=args.window_steps,
-        window_lr=args.window_lr, heads=args.heads)
+        window_lr=args.window_lr, heads=args.heads, keep_layers=args.keep_layers,
+        layer_selection=args.layer_selection)
 
 
 def run(cfg, args) -> None:
@@ -130,7 +138,8 @@ def run(cfg, args) -> None:
     result, calibration = shrink(loaded, options)
     record = export(loaded, result, calibration, options, args.out, json_path)
     seconds = time.perf_counter() - start
-    print(f"removed {len(result.selection.removed)} heads ({record['heads_kept']} of {record['heads_total']} kept): "
+    depth = f"layers kept: {record['layers']['kept']}; " if record.get("layers") else ""
+    print(f"{depth}removed {len(result.selection.removed)} heads ({record['heads_kept']} of {record['heads_total']} kept): "
           f"{record['params_before']:,} -> {record['params_after']:,} parameters; {seconds:.0f}s in all\n"
           f"wrote {args.out} (fairseq loads it with --user-dir fairseq_headprune)\nwrote {json_path}")
     if args.recover_epochs:
