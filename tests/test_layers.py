@@ -268,3 +268,30 @@ def test_shrink_keep_layers_bad_input_is_one_line(stock_checkpoint, tiny_data, t
         lines = proc.stderr.strip().splitlines()
         assert proc.returncode == 2 and len(lines) == 1 and message in lines[0], (extra, proc.stderr)
     assert not out.exists()
+
+
+# ------------------------------------------------------------------------------------------- recover, export
+
+
+def test_recover_trains_a_shallower_student_by_logits_distillation(shallow, stock_checkpoint, tiny_data, tmp_path):
+    from conftest import run
+    from test_surgery import reload
+
+    model, path = shallow
+    out = tmp_path / "r.pt"
+    recover = ["fairseq-headprune", "recover", tiny_data, "--path", path, "--teacher", stock_checkpoint,
+               "--max-tokens", "1500"]
+    run([*recover, "--out", out, "--updates", "4"])
+    record = json.loads((tmp_path / "r.json").read_text())
+    assert record["updates"] == 4 and record["distill"] == "logits"
+    recovered = reload(out, tiny_data)
+    assert L.depths(recovered) == {"enc": 2, "dec": 2} and HeadLayout.of(recovered) == HeadLayout.of(model)
+    assert any(not torch.equal(a, b) for a, b in zip(recovered.state_dict().values(), model.state_dict().values()))
+    for argv, message in [
+        ([*recover, "--out", tmp_path / "h.pt", "--distill-hidden-weight", "0.1"], "one to one: the student has 2"),
+        (["fairseq-headprune", "recover", tiny_data, "--path", stock_checkpoint, "--teacher", path, "--out",
+          tmp_path / "deep.pt"], "encoder-layers is 4 in the student and 2 in the teacher"),
+    ]:
+        proc = run(argv, check=False)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1 and message in lines[0], proc.stderr[-2000:]

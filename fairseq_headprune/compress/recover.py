@@ -155,8 +155,13 @@ def _field(cfg, name):
 
 
 def same_shape_except_heads(student_model_cfg, teacher_model_cfg) -> Optional[str]:
-    """None when the student is the teacher's network with (possibly) fewer heads; else what differs."""
-    for name in ("encoder_layers", "decoder_layers", "encoder_embed_dim", "decoder_embed_dim",
+    """None when the student is the teacher's network with (possibly) fewer heads and fewer layers (compress.layers:
+    the logits distillation compares outputs only); else what differs."""
+    for name in ("encoder_layers", "decoder_layers"):
+        a, b = _field(student_model_cfg, name), _field(teacher_model_cfg, name)
+        if a is None or b is None or a > b:
+            return f"{name.replace('_', '-')} is {a} in the student and {b} in the teacher"
+    for name in ("encoder_embed_dim", "decoder_embed_dim",
                  "encoder_ffn_embed_dim", "decoder_ffn_embed_dim", "encoder_normalize_before",
                  "decoder_normalize_before", "share_all_embeddings", "share_decoder_input_output_embed"):
         a, b = _field(student_model_cfg, name), _field(teacher_model_cfg, name)
@@ -334,9 +339,14 @@ def recover(data: str, student: str, options: RecoverOptions, log=print) -> dict
     refuse_foreign_options(options.train_args, arch)
     if options.teacher:
         teacher_state = _load_state(options.teacher)
-        differs = same_shape_except_heads(student_cfg["model"], _saved_cfg(teacher_state, options.teacher)["model"])
+        teacher_model_cfg = _saved_cfg(teacher_state, options.teacher)["model"]
+        differs = same_shape_except_heads(student_cfg["model"], teacher_model_cfg)
         if differs:
             raise UserError(f"the student is not a pruned model of the teacher's network: {differs}")
+        depths = [_field(cfg, "decoder_layers") for cfg in (student_cfg["model"], teacher_model_cfg)]
+        if options.distill_hidden_weight > 0 and depths[0] != depths[1]:
+            raise UserError(f"--distill-hidden-weight compares decoder layers one to one: the student has {depths[0]} "
+                            f"and the teacher {depths[1]} (the logits distillation works at any depth)")
         a, b = vocabulary_sizes(student_state["model"]), vocabulary_sizes(teacher_state["model"])
         if a != b:
             raise UserError(f"the teacher's dictionaries differ from the student's (embedding rows {b} and {a}): "
