@@ -295,3 +295,23 @@ def test_recover_trains_a_shallower_student_by_logits_distillation(shallow, stoc
         proc = run(argv, check=False)
         lines = proc.stderr.strip().splitlines()
         assert proc.returncode == 2 and len(lines) == 1 and message in lines[0], proc.stderr[-2000:]
+
+
+def test_export_ct2_of_a_shallower_decoder_translates_as_fairseq(stock_checkpoint, tiny_data, tmp_path):
+    from conftest import run
+    from fairseq_headprune.masking import install_head_masks
+    from test_export_ct2 import _ct2_tokens, _load_pruned
+
+    model, _ = load_stock(stock_checkpoint, tiny_data)
+    install_head_masks(model)
+    heads = [Head(t, i, h) for t in ("dec-self", "enc-dec") for i in (1, 2) for h in (2, 4)]
+    shallow = prune_model(L.remove_layers(model, {"dec": [1, 3]}), heads)  # decoder: 2 layers x 2 heads
+    ckpt = save_pruned_checkpoint(shallow, stock_checkpoint, tmp_path / "shallow-pruned.pt")
+    out = tmp_path / "ct2"
+    proc = run(["fairseq-headprune", "export-ct2", tiny_data, "--path", ckpt, "--out", out, "--gen-subset", "test",
+                "--beam", "4", "--max-len-b", "60", "--max-tokens", "800", "--check-sentences", "24"])
+    assert "encoder 8, decoder 2" in proc.stdout and ": 0 hypotheses differ" in proc.stdout, proc.stdout
+    reloaded, task = _load_pruned(ckpt, tiny_data)
+    assert L.depths(reloaded) == {"enc": 4, "dec": 2}
+    batch = sample_batch(task, n=12)
+    assert _ct2_tokens(out, task, batch) == [t for t, _ in beam_hypotheses(reloaded, task, batch)]
