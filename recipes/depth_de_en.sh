@@ -12,6 +12,8 @@
 #   LANE cand  the 2.0x candidates (decoder 3 layers x 3 heads, 2 layers x 4 heads) with the window fit, SEL=rule
 #   LANE rec   recover the chosen candidate for 8 epochs (CAND=name), resumable
 #   LANE eval  valid of everything, then test2016 and heldout decoded once (final models and the unpruned one)
+#   LANE deploy  speed in CTranslate2 int8 at equal work, the recovered candidate against the unpruned model (and
+#              the FLOP ratio), with crude slices of the candidate depths (deploy --ceilings)
 # Resumable: rerun the same command (finished steps are skipped, a recover run resumes from checkpoint_last.pt).
 # Budget (one core): a layers-only shrink 2-4 min; a candidate with the window fit 5-9 min; a recover epoch
 # (28000 sentences) 6-10 min.
@@ -60,6 +62,14 @@ main() {
   fi
   if [ "$lane" = rec ] || [ "$lane" = all ]; then
     recover "r-$cand-$sel" "$work/shrink-$cand-$sel.pt" 8
+  fi
+  if [ "$lane" = deploy ] || [ "$lane" = all ]; then  # speed: CTranslate2 int8 at equal work against the unpruned
+    # model, in one run (the recovered model, and crude slices of the unpruned one at the candidate depths)
+    $fhp deploy "$work/data-bin" --path "$model" --gen-subset test --references "$work/data-bin/test.raw.en" \
+      --results-dir results/depth-de-en/deploy --shrink-percent 0 --compare "$cand=$work/runs/r-$cand-$sel.pt" \
+      --candidate "$cand" --runs "${RUNS:-2}" --beam 5 --batch-size 64 --bpe subword_nmt \
+      --bpe-codes checkpoints/de-en/code --tokenizer moses -s de -t en --ceilings 6x8/6x8 6x8/3x3 6x8/2x4 6x8/4x8 \
+      > "$work/deploy.log" 2>&1
   fi
   if [ "$lane" = eval ] || [ "$lane" = all ]; then
     python benchmarks/depth_study.py "$work" results/depth-de-en --subset valid
