@@ -41,7 +41,9 @@ main() {
   }
   recover() {  # NAME STUDENT EPOCHS OPTIONS...  (recover's defaults are the chosen recipe of results/recover-de-en)
     local name=$1 student=$2 epochs=$3; shift 3
-    [ -f "$work/runs/$name.recover/checkpoint$epochs.pt" ] || /usr/bin/time -v $fhp recover \
+    # (EPOCHS=N with N below 8 writes OUT.pt from the epochs run so far: the run is resumed and ends at once)
+    [ -f "$work/runs/$name.recover/checkpoint$epochs.pt" ] && [ -f "$work/runs/$name.pt" ] ||
+      /usr/bin/time -v $fhp recover \
       "$work/data-bin" --path "$student" --teacher "$model" --out "$work/runs/$name.pt" --force --epochs "$epochs" \
       --work-dir "$work/runs/$name.recover" -s de -t en "$@" >> "$work/runs/$name.log" 2>&1
   }
@@ -61,7 +63,7 @@ main() {
     python benchmarks/depth_study.py "$work" results/depth-de-en --subset valid
   fi
   if [ "$lane" = rec ] || [ "$lane" = all ]; then
-    recover "r-$cand-$sel" "$work/shrink-$cand-$sel.pt" 8
+    recover "r-$cand-$sel" "$work/shrink-$cand-$sel.pt" "${EPOCHS:-8}"
   fi
   if [ "$lane" = deploy ] || [ "$lane" = all ]; then  # speed: CTranslate2 int8 at equal work against the unpruned
     # model, in one run (the recovered model, and crude slices of the unpruned one at the candidate depths)
