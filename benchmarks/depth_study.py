@@ -83,10 +83,11 @@ def main() -> None:
     pair = PAIRS["de-en"]
     os.makedirs(os.path.join(args.out, "hyps"), exist_ok=True)
     refs = open(os.path.join(args.work, "data-bin", f"{args.subset}.raw.en"), encoding="utf-8").read().split("\n")[:-1]
-    rows, boot, base = [], None, None
+    rows, boot, base, hyps_of = [], None, None, {}
     for key, what, ckpt, record in models(args.work, args.final):
         hyps, seconds = translate(pair, ckpt, args.work, args.subset, os.path.join(args.out, "hyps"))
         bleu = sacrebleu.corpus_bleu(hyps, [refs]).score
+        hyps_of[key] = hyps
         row = {"key": key, "what": what, "shape": shape_of(record) if record else "", "bleu": bleu,
                "checkpoint": os.path.relpath(ckpt, ROOT)}
         if boot is None:
@@ -101,7 +102,16 @@ def main() -> None:
     settings = ("paired bootstrap: 1000 resamples of full size (sample ratio 1.0), seed 1, one-sided p in the "
                 "observed direction; 95% interval of the difference; beam 5; sacreBLEU " + sacrebleu.__version__ +
                 " on detokenised output")
-    result = {"subset": args.subset, "settings": settings, "rows": rows}
+    rules = []  # the layer selection rules against each other: shrink-NAME-importance against shrink-NAME-even
+    for key in sorted(k for k in hyps_of if k.startswith("shrink-") and k.endswith("-importance")):
+        even = key[: -len("importance")] + "even"
+        if even in hyps_of:
+            pair = BleuBootstrap(refs, hyps_of[even], samples=1000, seed=1, sample_ratio=1.0)
+            low, high = pair.difference_interval(hyps_of[key])
+            rules.append({"importance": key, "even": even, "p": pair.test(hyps_of[key]).p_value,
+                          "delta": sacrebleu.corpus_bleu(hyps_of[key], [refs]).score
+                          - sacrebleu.corpus_bleu(hyps_of[even], [refs]).score, "interval": [low, high]})
+    result = {"subset": args.subset, "settings": settings, "rows": rows, "selection_rules": rules}
     write_json_atomic(os.path.join(args.out, f"depth-{args.subset}.json"), result)
     lines = [f"# {args.subset}: BLEU against the unpruned model", "", settings, "",
              "| model | what | shape | BLEU | Δ | p | 95% interval of Δ |", "|---|---|---|---|---|---|---|"]
@@ -110,6 +120,12 @@ def main() -> None:
         delta = f"{r['delta']:+.2f}" if "delta" in r else ""
         pv = f"{r['p']:.3f}" if "p" in r else ""
         lines.append(f"| {r['key']} | {r['what']} | {r['shape']} | {r['bleu']:.2f} | {delta} | {pv} | {iv} |")
+    if rules:
+        lines += ["", "Layer selection: greedy calibration loss (importance) against evenly spaced layers (even), "
+                  "same bootstrap with the even model as baseline", "",
+                  "| importance | even | Δ BLEU | p | 95% interval |", "|---|---|---|---|---|"]
+        lines += [f"| {r['importance']} | {r['even']} | {r['delta']:+.2f} | {r['p']:.3f} | "
+                  f"[{r['interval'][0]:+.2f}, {r['interval'][1]:+.2f}] |" for r in rules]
     with atomic_output(os.path.join(args.out, f"depth-{args.subset}.md")) as f:
         f.write("\n".join(lines) + "\n")
 

@@ -289,7 +289,8 @@ def pruned_checkpoint_state(model, source_checkpoint) -> dict:
 
     state = torch.load(source_checkpoint, map_location="cpu", weights_only=False)
     weights = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    layers = {f"{part}_layers": len(getattr(getattr(model, part, None), "layers", ())) for part in ("encoder", "decoder")}
+    layers = {f"{part}_layers": len(getattr(getattr(model, part, None), "layers", ()))
+              for part in ("encoder", "decoder")}
     if set(weights) != _names_within(state["model"], layers):
         raise UserError(f"the model does not come from {source_checkpoint}: its parameter names differ")
     state["model"] = weights
