@@ -2,6 +2,7 @@
 import copy
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -316,3 +317,44 @@ def test_export_ct2_of_a_shallower_decoder_translates_as_fairseq(stock_checkpoin
     assert L.depths(reloaded) == {"enc": 4, "dec": 2}
     batch = sample_batch(task, n=12)
     assert _ct2_tokens(out, task, batch) == [t for t, _ in beam_hypotheses(reloaded, task, batch)]
+
+
+def test_hidden_distance_through_a_layer_map():
+    from fairseq_headprune.criterions.label_smoothed_cross_entropy_distill import hidden_distance, parse_hidden_layers
+
+    torch.manual_seed(0)
+    teacher = [torch.randn(5, 2, 4) for _ in range(4)]  # embeddings + 3 layers
+    keep = torch.ones(2, 5)
+    student = [teacher[0], teacher[3] + 1.0]  # one layer: the teacher's last plus 1 everywhere
+    assert float(hidden_distance(student, teacher, keep, [3])) == pytest.approx(10.0)  # 1 per position, 10 kept
+    assert float(hidden_distance([teacher[0], teacher[2]], teacher, keep, [2])) == 0.0
+    with pytest.raises(UserError, match="one to one"):
+        hidden_distance(student, teacher, keep)
+    with pytest.raises(UserError, match="one teacher layer"):
+        hidden_distance(student, teacher, keep, [1, 2])
+    with pytest.raises(UserError, match="one teacher layer"):
+        hidden_distance(student, teacher, keep, [4])
+    assert parse_hidden_layers("") is None and parse_hidden_layers("3,4,6") == [3, 4, 6]
+    for bad in ("a", "0,1"):
+        with pytest.raises(UserError, match="--distill-hidden-layers"):
+            parse_hidden_layers(bad)
+    assert L.teacher_outputs({"dec": (1, 4, 5)}, {"enc": 6, "dec": 6}) == {"dec": [3, 4, 6]}
+
+
+def test_recover_with_the_hidden_term_through_the_layer_map(shallow, stock_checkpoint, tiny_data, tmp_path):
+    from conftest import run
+
+    _model, path = shallow  # decoder layers 1 and 3 of 3 kept: their outputs stand for the teacher's 2 and 3
+    recover = ["fairseq-headprune", "recover", tiny_data, "--path", path, "--teacher", stock_checkpoint,
+               "--max-tokens", "1500", "--updates", "2"]
+    proc = run([*recover, "--out", tmp_path / "h.pt", "--distill-hidden-weight", "0.1",
+                "--distill-hidden-layers", "2,3", "--log-interval", "1"])
+    assert re.search(r"\| train_inner \|.* hidden=[0-9.]+", proc.stdout + proc.stderr), "the term was computed"
+    record = json.loads((tmp_path / "h.json").read_text())
+    assert record["options"]["distill_hidden_layers"] == "2,3" and record["updates"] == 2
+    for extra, message in [(["--distill-hidden-weight", "0.1", "--distill-hidden-layers", "2"], "one teacher layer"),
+                           (["--distill-hidden-weight", "0.1", "--distill-hidden-layers", "2,4"], "(1..3)"),
+                           (["--distill-hidden-layers", "2,3"], "--distill-hidden-weight 0 turns off")]:
+        proc = run([*recover, "--out", tmp_path / "x.pt", *extra], check=False)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1 and message in lines[0], proc.stderr[-2000:]

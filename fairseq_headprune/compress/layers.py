@@ -134,6 +134,13 @@ def teacher_key(key: Key, kept: Mapping[str, Sequence[int]], teacher_depths: Map
     return (t, layers[j - 1])
 
 
+def teacher_outputs(kept: Mapping[str, Sequence[int]], teacher_depths: Mapping[str, int]) -> Dict[str, List[int]]:
+    """{stack: the teacher layer whose output each kept layer's output stands for} (its last sublayer's map): the
+    `recover --distill-hidden-layers` of the decoder."""
+    return {s: [teacher_key((f"{s}-ffn", j), kept, teacher_depths)[1] for j in range(1, len(v) + 1)]
+            for s, v in kept.items()}
+
+
 def layer_map_json(kept: Mapping[str, Sequence[int]]) -> Dict[str, List[int]]:
     return {s: list(v) for s, v in kept.items()}
 
@@ -172,9 +179,12 @@ class LayerSelection:
     loss_before: Optional[float] = None
     steps: List[dict] = field(default_factory=list)  # greedy: per step, every candidate's loss and the removed one
 
-    def as_json(self) -> dict:
-        return {"kept": layer_map_json(self.kept), "rule": self.rule, "loss_before": self.loss_before,
-                "steps": self.steps}
+    def as_json(self, teacher_depths: Optional[Mapping[str, int]] = None) -> dict:
+        out = {"kept": layer_map_json(self.kept), "rule": self.rule, "loss_before": self.loss_before,
+               "steps": self.steps}
+        if teacher_depths:  # the teacher layer whose output each kept layer's output was reconstructed towards
+            out["teacher_outputs"] = teacher_outputs(self.kept, teacher_depths)
+        return out
 
 
 def select_even(model, counts: Mapping[str, int]) -> LayerSelection:

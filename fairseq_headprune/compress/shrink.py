@@ -678,6 +678,12 @@ def in_dtypes(weights: Dict[str, torch.Tensor], dtypes: Dict[str, torch.dtype]) 
                 and dtypes[k].is_floating_point else v) for k, v in weights.items()}
 
 
+def layers_of(model) -> Dict[str, int]:
+    from fairseq_headprune.compress.layers import depths
+
+    return depths(model)
+
+
 def output_path_ok(source: str, out: str) -> None:
     if os.path.realpath(out) == os.path.realpath(source):
         raise UserError("--out must not overwrite the checkpoint being shrunk")
@@ -721,7 +727,7 @@ def export(loaded, result: ShrinkResult, calibration: Calibration, options: Shri
         "heads_total": len(layout.all_heads()),
         "heads_kept": len(HeadLayout.of(pruned).all_heads()),
         "kept_heads": kept_heads(pruned),
-        "layers": result.layers.as_json() if result.layers is not None else None,
+        "layers": result.layers.as_json(layers_of(loaded.model)) if result.layers is not None else None,
         "selection": result.selection.summary(),
         "reconstruction": {"options": {k: getattr(options, k) for k in (
             "refit", "ridge", "max_scale", "refit_unpruned", "empty_bias", "refit_ffn", "refit_inputs",
