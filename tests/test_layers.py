@@ -358,3 +358,27 @@ def test_recover_with_the_hidden_term_through_the_layer_map(shallow, stock_check
         proc = run([*recover, "--out", tmp_path / "x.pt", *extra], check=False)
         lines = proc.stderr.strip().splitlines()
         assert proc.returncode == 2 and len(lines) == 1 and message in lines[0], proc.stderr[-2000:]
+
+
+def test_deploy_times_a_shallower_model_and_a_ceiling_of_its_depth(stock_checkpoint, tiny_data, tmp_path):
+    from conftest import run
+    from fairseq_headprune.masking import install_head_masks
+    from test_deploy import deploy_argv
+
+    model, _ = load_stock(stock_checkpoint, tiny_data)
+    install_head_masks(model)
+    heads = [Head(t, i, h) for t in ("dec-self", "enc-dec") for i in (1, 2) for h in (3, 4)]
+    shallow = prune_model(L.remove_layers(model, {"dec": [1, 3]}), heads)  # decoder: 2 layers x 2 heads
+    ckpt = save_pruned_checkpoint(shallow, stock_checkpoint, tmp_path / "d2.pt")
+    out = tmp_path / "table"
+    argv = deploy_argv(tiny_data, stock_checkpoint, out, "--compare", f"d2={ckpt}", "--candidate", "d2",
+                       "--ceilings", "4x8/2x2", "8/2")
+    i = argv.index("--calibration-sentences")  # deploy's own shrink is off: its options are refused
+    run(argv[:i] + argv[i + 2:] + ["--shrink-percent", "0"])
+    table = json.loads((out / "deploy.json").read_text())
+    rows = {(r["model"], r["engine"]): r for r in table["rows"]}
+    assert rows[("d2", "ct2-int8")]["ct2_heads_per_stack"] == [8, 2]
+    assert rows[("d2", "ct2-float32")]["differing_from_fairseq"] == 0
+    ceilings = {c["shape"]: c for c in table["ceilings"]}
+    assert ceilings["4x8/2x2"]["flop_ratio"] == pytest.approx(rows[("d2", "ct2-int8")]["flop_ratio"])
+    assert ceilings["4x8/2x2"]["flop_ratio"] > ceilings["8/2"]["flop_ratio"] > 1.0  # depth and heads multiply
