@@ -75,3 +75,20 @@ def test_cut_target_vocabulary_scores_the_kept_words_as_before(tiny_data, stock_
         full = model(**sample["net_input"])[0]
         ours = cut.eval()(**net_input)[0]
     assert torch.allclose(ours, full[..., keep], atol=1e-5)
+
+
+def test_a_ceiling_with_fewer_layers(tiny_data, stock_checkpoint):
+    assert CeilingShape.parse("4x8/2x2") == CeilingShape(8, 2, enc_layers=4, dec_layers=2)
+    assert CeilingShape.parse("8/2x3:ffn=50%") == CeilingShape(8, 3, ffn_percent=50, dec_layers=2)
+    assert CeilingShape.parse("6x8/3x3").label == "6x8/3x3" and CeilingShape.parse("8/4").label == "8/4"
+    for bad in ("x8/4", "2x/4", "8/4x", "2x2x8/4"):
+        with pytest.raises(UserError, match="--ceilings"):
+            CeilingShape.parse(bad)
+    model, task = load_stock(stock_checkpoint, tiny_data)
+    crude, _ = crude_model(model, task.target_dictionary, CeilingShape.parse("8/2x2"))
+    assert (len(crude.encoder.layers), len(crude.decoder.layers)) == (4, 2)
+    assert {a.num_heads for (t, _), a in attention_modules(crude).items() if t != "enc-self"} == {2}
+    assert len(model.decoder.layers) == 3  # the original is untouched
+    for bad, message in (("8/4x2", "decoder keeps 1 to 3 layers, not 4"), ("0x8/2", "encoder keeps 1 to 4 layers")):
+        with pytest.raises(UserError, match=message):
+            crude_model(model, task.target_dictionary, CeilingShape.parse(bad))

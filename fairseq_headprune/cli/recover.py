@@ -34,6 +34,10 @@ def add_args(parser) -> None:
     parser.add_argument("--distill-hidden-weight", type=float, default=None,
                         help="weight β of the squared distance of every decoder layer's output to the teacher's "
                              "(layer distillation, CoFi); default 0: off")
+    parser.add_argument("--distill-hidden-layers", default=None, metavar="T1,T2,...",
+                        help="the teacher decoder layer (1-indexed) each student layer is compared with, for a "
+                             "student with fewer layers (shrink --keep-layers records its map as "
+                             "layers.teacher_outputs); default: one to one")
     budget = parser.add_mutually_exclusive_group()
     budget.add_argument("--epochs", type=int, help="epochs of the training subset (default 2)")
     budget.add_argument("--updates", type=int, help="updates instead of epochs")
@@ -69,7 +73,8 @@ def run(cfg, args) -> None:
     check_pair_paths("--out", args.out, record_path(args.out))
     given = [o for o, v in (("--distill-weight", args.distill_weight), ("--distill-temperature",
                                                                         args.distill_temperature),
-                            ("--distill-hidden-weight", args.distill_hidden_weight)) if v is not None]
+                            ("--distill-hidden-weight", args.distill_hidden_weight),
+                            ("--distill-hidden-layers", args.distill_hidden_layers)) if v is not None]
     if given and args.distill in ("none", "sequences"):  # no teacher in the loss: recorded and ignored otherwise
         raise UserError(f"{given[0]} weighs a distance to the teacher's forward pass, which --distill "
                         f"{args.distill} does not use")
@@ -83,7 +88,8 @@ def run(cfg, args) -> None:
         distill_temperature=defaults.distill_temperature if args.distill_temperature is None
         else args.distill_temperature,
         distill_hidden_weight=defaults.distill_hidden_weight if args.distill_hidden_weight is None
-        else args.distill_hidden_weight, epochs=args.epochs, updates=args.updates,
+        else args.distill_hidden_weight, distill_hidden_layers=args.distill_hidden_layers or "",
+        epochs=args.epochs, updates=args.updates,
         train_subset=args.train_subset, valid_subset=args.valid_subset, work_dir=args.work_dir,
         sequence_beam=defaults.sequence_beam if args.sequence_beam is None else args.sequence_beam,
         train_args=list(args.train_args), force=args.force)

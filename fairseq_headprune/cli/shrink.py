@@ -86,8 +86,10 @@ def run(cfg, args) -> None:
         result, calibration = shrink(loaded, options)
         record = write_checkpoint(loaded, result, calibration, options, args.out, json_path)
         seconds = time.perf_counter() - start
-        print(f"removed {len(result.selection.removed)} heads ({record['heads_kept']} of {record['heads_total']} "
-              f"kept): {record['params_before']:,} -> {record['params_after']:,} parameters; {seconds:.0f}s in all\n"
+        depth = f"layers kept: {record['layers']['kept']}; " if record.get("layers") else ""
+        print(f"{depth}removed {len(result.selection.removed)} heads ({record['heads_kept']} of "
+              f"{record['heads_total']} kept): {record['params_before']:,} -> {record['params_after']:,} parameters; "
+              f"{seconds:.0f}s in all\n"
               f"wrote {args.out} (fairseq loads it with --user-dir fairseq_headprune)\nwrote {json_path}")
     if args.recover_epochs:
         from fairseq_headprune.cli.recover import summary

@@ -156,10 +156,13 @@ def _kept_positions(attn) -> List[int]:
 
 @torch.no_grad()
 def reconstruct(teacher, student, samples: Sequence[dict], pad: int, options: ReconstructionOptions,
-                log=None) -> List[SublayerFit]:
+                log=None, kept_layers=None) -> List[SublayerFit]:
     """Reconstruct `student` (masked; weights changed in place) towards `teacher` on the calibration samples.
 
-    Sublayers with a removed head are fitted (all sublayers with refit_unpruned); returns one SublayerFit each."""
+    Sublayers with a removed head are fitted (all sublayers with refit_unpruned); returns one SublayerFit each.
+    With `kept_layers` ({stack: the teacher's layers the student kept}, compress.layers), the student has fewer
+    layers: each sublayer's target is its teacher sublayer's (layers.teacher_key), and every sublayer from the
+    first one whose target moved (or lost heads) upwards is fitted."""
     if options.method not in METHODS:
         raise ValueError(f"unknown reconstruction method {options.method!r}")
     if options.method == "none":
@@ -172,18 +175,35 @@ def reconstruct(teacher, student, samples: Sequence[dict], pad: int, options: Re
     def pruned(key):
         return key[0] not in FFN_TYPES and bool((modules[key].head_mask == 0).any())
 
-    first = next((i for i, k in enumerate(keys) if pruned(k)), len(keys))
+    if kept_layers:
+        from fairseq_headprune.compress.layers import depths, teacher_key
+
+        keys = sublayer_keys(student, ffn=True)  # a moved target is an FFN's first: FFNs are fitted then
+        teacher_depths = depths(teacher)
+
+        def to_teacher(key):
+            return teacher_key(key, kept_layers, teacher_depths)
+    else:
+        def to_teacher(key):
+            return key
+
+    def moved(key):
+        return to_teacher(key) != key
+
+    first = next((i for i, k in enumerate(keys) if pruned(k) or moved(k)), len(keys))
 
     def wanted(i, key):
         if key[0] in FFN_TYPES:  # an FFN below every pruned sublayer sees exactly the teacher's inputs: nothing to fit
-            return options.refit_ffn and i > first
-        return options.refit_unpruned or pruned(key)
+            return (options.refit_ffn or kept_layers is not None) and (i > first or moved(key))
+        return options.refit_unpruned or pruned(key) or (kept_layers is not None and i > first)
 
     todo = [k for i, k in enumerate(keys) if wanted(i, k)]
     inputs, encoder_drift = drifted_inputs(keys, pruned) if options.refit_inputs else ([], False)
     if not todo and not inputs:
         return []
-    targets = teacher_targets(teacher, samples, todo, pad)
+    teacher_keys = [to_teacher(k) for k in todo]
+    raw = teacher_targets(teacher, samples, teacher_keys, pad)
+    targets = {k: raw[t] for k, t in zip(todo, teacher_keys)}
     teacher_in = teacher_inputs(teacher, samples, inputs, pad, encoder_out=encoder_drift) if inputs else {}
     runner = _Student(student, samples)
     fits = []

@@ -63,6 +63,7 @@ class RecoverOptions:
     distill_weight: float = 0.9
     distill_temperature: float = 2.0
     distill_hidden_weight: float = 0.0  # β of the decoder layers' squared distance to the teacher's (off)
+    distill_hidden_layers: str = ""  # "3,4,6": the teacher layer of each student decoder layer (fewer layers)
     epochs: Optional[int] = None  # default 2 when neither epochs nor updates is given
     updates: Optional[int] = None
     train_subset: str = "train"
@@ -169,6 +170,8 @@ def training_argv(data: str, student: str, options: RecoverOptions, saved_task: 
                  "--distill-weight", str(options.distill_weight),
                  "--distill-temperature", str(options.distill_temperature),
                  "--distill-hidden-weight", str(options.distill_hidden_weight)]
+        if options.distill_hidden_layers:
+            argv += ["--distill-hidden-layers", options.distill_hidden_layers]
     return argv
 
 
@@ -204,14 +207,40 @@ def _set(section, key, value) -> None:
 
 
 def same_shape_except_heads(student_model_cfg, teacher_model_cfg) -> Optional[str]:
-    """None when the student is the teacher's network with (possibly) fewer heads; else what differs."""
-    for name in ("encoder_layers", "decoder_layers", "encoder_embed_dim", "decoder_embed_dim",
+    """None when the student is the teacher's network with (possibly) fewer heads and fewer layers (compress.layers:
+    the logits distillation compares outputs only); else what differs."""
+    for name in ("encoder_layers", "decoder_layers"):
+        a, b = _field(student_model_cfg, name), _field(teacher_model_cfg, name)
+        if a is None or b is None or a > b:
+            return f"{name.replace('_', '-')} is {a} in the student and {b} in the teacher"
+    for name in ("encoder_embed_dim", "decoder_embed_dim",
                  "encoder_ffn_embed_dim", "decoder_ffn_embed_dim", "encoder_normalize_before",
                  "decoder_normalize_before", "share_all_embeddings", "share_decoder_input_output_embed"):
         a, b = _field(student_model_cfg, name), _field(teacher_model_cfg, name)
         if a != b:
             return f"{name.replace('_', '-')} is {a} in the student and {b} in the teacher"
     return None
+
+
+def check_hidden_layers(options: RecoverOptions, student_layers: int, teacher_layers: int) -> None:
+    """The hidden-state term compares each student decoder layer with one teacher layer: one to one at equal depth,
+    else through --distill-hidden-layers (one teacher layer per student layer, 1..teacher_layers)."""
+    from fairseq_headprune.criterions.label_smoothed_cross_entropy_distill import parse_hidden_layers
+
+    layers = parse_hidden_layers(options.distill_hidden_layers)
+    if layers is not None and options.distill_hidden_weight <= 0:
+        raise UserError("--distill-hidden-layers maps the hidden-state term, which --distill-hidden-weight 0 turns off")
+    if options.distill_hidden_weight <= 0:
+        return
+    if layers is None:
+        if student_layers != teacher_layers:
+            raise UserError(f"--distill-hidden-weight compares decoder layers one to one: the student has "
+                            f"{student_layers} and the teacher {teacher_layers} (give --distill-hidden-layers, or "
+                            f"leave the term out: the logits distillation works at any depth)")
+        return
+    if len(layers) != student_layers or max(layers) > teacher_layers:
+        raise UserError(f"--distill-hidden-layers {options.distill_hidden_layers}: one teacher layer "
+                        f"(1..{teacher_layers}) for each of the student's {student_layers} decoder layers")
 
 
 def vocabulary_sizes(weights: Dict[str, torch.Tensor]) -> Dict[str, int]:
@@ -286,7 +315,7 @@ IDENTITY_FIELDS = {
 UNSTABLE_KEYS = {"data", "teacher_path"}  # paths: the hashes below stand for them
 # settings added after run folders existed, with the value every older run trained with: an identity written
 # before a field existed still matches a rerun that leaves it at that value
-ADDED_LATER = {"criterion.distill_hidden_weight": 0.0}
+ADDED_LATER = {"criterion.distill_hidden_weight": 0.0, "criterion.distill_hidden_layers": ""}
 
 
 def run_identity(data: str, student: str, options: RecoverOptions, cfg) -> dict:
@@ -411,9 +440,12 @@ def recover(data: str, student: str, options: RecoverOptions, log=print) -> dict
     refuse_foreign_options(options.train_args, arch)
     if options.teacher:
         teacher_state = _load_state(options.teacher)
-        differs = same_shape_except_heads(student_cfg["model"], _saved_cfg(teacher_state, options.teacher)["model"])
+        teacher_model_cfg = _saved_cfg(teacher_state, options.teacher)["model"]
+        differs = same_shape_except_heads(student_cfg["model"], teacher_model_cfg)
         if differs:
             raise UserError(f"the student is not a pruned model of the teacher's network: {differs}")
+        depths = [_field(cfg, "decoder_layers") for cfg in (student_cfg["model"], teacher_model_cfg)]
+        check_hidden_layers(options, *depths)
         a, b = vocabulary_sizes(student_state["model"]), vocabulary_sizes(teacher_state["model"])
         if a != b:
             raise UserError(f"the teacher's dictionaries differ from the student's (embedding rows {b} and {a}): "

@@ -80,6 +80,15 @@ class ShrinkOptions:
                          help="skip decoding the calibration slice with both models")
     check_sentences: Optional[int] = option(None, flag="--check-sentences",
                                             help="calibration sentences decoded by the check (default all)")
+    keep_layers: Optional[str] = option(None, flag="--keep-layers", metavar="dec:N[,enc:M]",
+                                        help="keep N decoder (M encoder) layers whole, the others removed (alone or "
+                                             "with a head budget, counted in the kept layers); every sublayer above "
+                                             "the first removed one is reconstructed towards the unpruned model's "
+                                             "residual stream")
+    layer_selection: str = option("importance", flag="--layer-selection", choices=("importance", "even"),
+                                  help="which layers --keep-layers keeps: greedy removal of the layer whose loss "
+                                       "increase on the calibration data is smallest, or Shleifer & Rush's evenly "
+                                       "spaced layers")
     reconstruction: ReconstructionOptions = nested(ReconstructionOptions)
 
 
@@ -90,6 +99,8 @@ def flat_fields(options: ShrinkOptions) -> dict:
     out = {k: v for k, v in asdict(options).items() if k != "reconstruction"}
     out.update({k: v for k, v in asdict(fit).items() if k not in ("method", "window", "max_condition")})
     out.update(refit=fit.method, window_steps=fit.window.steps, window_lr=fit.window.lr)
+    if options.keep_layers is None:  # records of head-only shrinks (and their sweep logs) as they always were
+        del out["keep_layers"], out["layer_selection"]
     return out
 
 
@@ -192,8 +203,46 @@ def given_heads(options: ShrinkOptions, model) -> List[Head]:
     return heads
 
 
+def _head_budget_given(options: ShrinkOptions) -> bool:
+    return any(v is not None for v in (options.remove, options.keep, options.flops, options.heads))
+
+
+def validate_layers(options: ShrinkOptions, model) -> Optional[Budget]:
+    """--keep-layers: the counts, the options it works with, and the head budget (if any) checked on a model of
+    the kept depth (any selection of layers gives an unpruned model the same head layout)."""
+    from fairseq_headprune.compress import layers
+
+    counts = layers.parse_keep_layers(options.keep_layers)
+    layers.check_counts(model, counts)
+    if options.layer_selection not in layers.SELECTIONS:
+        raise UserError(f"--layer-selection must be one of {', '.join(layers.SELECTIONS)}")
+    for flag, given in (("--heads", options.heads is not None), ("--flops", options.flops is not None),
+                        ("--search-steps", options.search_steps != 1),
+                        ("--teacher-mildness", options.teacher_mildness != 0)):
+        if given:
+            raise UserError(f"--keep-layers works with --remove or --keep (heads counted in the kept layers), "
+                            f"not {flag}")
+    fit = options.reconstruction
+    if fit.method == "none" and fit.window.steps:
+        raise UserError("--window-steps fits the sublayers --refit fits: it needs --refit scales or out-proj")
+    if not _head_budget_given(options):
+        if options.calibration_targets not in TARGETS or fit.method not in METHODS \
+                or options.calibration_sentences < 1:
+            raise UserError(f"--calibration-targets must be one of {', '.join(TARGETS)}, --refit one of "
+                            f"{', '.join(METHODS)}, --calibration-sentences at least 1")
+        return None
+    shallow = layers.remove_layers(copy.deepcopy(model), layers.select_even(model, counts).kept)
+    return validate(_without_layers(options), shallow)
+
+
+def _without_layers(options: ShrinkOptions) -> ShrinkOptions:
+    return replace(options, keep_layers=None)
+
+
 def validate(options: ShrinkOptions, model) -> Budget:
     """Everything that can be checked before any expensive work; raises UserError."""
+    if options.keep_layers is not None:
+        return validate_layers(options, model)
     given = options.heads is not None
     budget = Budget("remove", float(len(given_heads(options, model))), False) if given else parse_budget(options)
     if head_gates(model):
@@ -486,24 +535,28 @@ class ShrinkResult:
     selection: Selection
     fits: List[SublayerFit]
     seconds: Dict[str, float] = field(default_factory=dict)
+    layers: Optional[object] = None  # compress.layers.LayerSelection when whole layers were removed
 
     def fits_json(self) -> List[dict]:
         return [f.as_json() for f in self.fits]
 
 
 def build_student(model, selection: Selection, calibration: Calibration, options: ShrinkOptions, pad: int,
-                  grads: Optional[Dict[Key, torch.Tensor]] = None, log: Optional[Callable] = None) -> ShrinkResult:
-    """A copy of `model` with the selected heads masked and reconstructed as options.reconstruction says."""
+                  grads: Optional[Dict[Key, torch.Tensor]] = None, log: Optional[Callable] = None,
+                  teacher=None, kept_layers=None) -> ShrinkResult:
+    """A copy of `model` with the selected heads masked and reconstructed as options.reconstruction says (towards
+    `model`, or `teacher`: the deeper model `model` was cut from, whose layers `kept_layers` kept)."""
     start = time.perf_counter()
     student = copy.deepcopy(model)
     set_head_masks(student, selection.removed)
-    teacher = model
+    teacher = model if teacher is None else teacher
     fit = options.reconstruction
     if options.teacher_mildness > 0 and (fit.method != "none" or fit.refit_ffn):
         teacher = copy.deepcopy(model)
         milder = _milder(selection, grads, int(round(options.teacher_mildness * len(selection.removed))))
         set_head_masks(teacher, milder)
-    fits = reconstruct(teacher, student, calibration.samples, pad, options.reconstruction, log=log)
+    fits = reconstruct(teacher, student, calibration.samples, pad, options.reconstruction, log=log,
+                       kept_layers=kept_layers)
     return ShrinkResult(student, selection, fits, {"reconstruction": time.perf_counter() - start})
 
 
@@ -547,6 +600,8 @@ def shrink(loaded, options: ShrinkOptions, log: Callable = print) -> Tuple[Shrin
     log(f"calibration: {calibration.sentences} sentences of '{calibration.subset}' "
         f"({calibration.target_tokens} target tokens, targets: {calibration.targets})")
     pad = loaded.task.target_dictionary.pad()
+    if options.keep_layers is not None:
+        return shrink_layers(loaded, options, calibration, pad, log), calibration
     if options.heads is not None:  # selected elsewhere: no mask gradients, no search
         selection = Selection(given_heads(options, loaded.model), "given (--heads)", False, budget)
         log(f"given: remove {len(selection.removed)} heads "
@@ -574,6 +629,45 @@ def shrink(loaded, options: ShrinkOptions, log: Callable = print) -> Tuple[Shrin
     result = build_student(loaded.model, selection, calibration, options, pad, grads, log)
     result.seconds.update(calibration=calibration.seconds, gradients=t_grads, search=t_search)
     return result, calibration
+
+
+def shrink_layers(loaded, options: ShrinkOptions, calibration: Calibration, pad: int, log: Callable) -> ShrinkResult:
+    """--keep-layers: choose the layers (greedy calibration loss or evenly spaced), cut them out, choose the heads
+    of the kept layers (if a head budget is given) on the cut model, and reconstruct every sublayer from the first
+    changed one towards the unpruned model's residual stream (each kept layer mapped to its teacher layer)."""
+    from fairseq_headprune.compress import layers
+
+    counts = layers.parse_keep_layers(options.keep_layers)
+    start = time.perf_counter()
+    if options.layer_selection == "even":
+        chosen = layers.select_even(loaded.model, counts)
+    else:
+        chosen = layers.select_by_loss(loaded.model, counts,
+                                       lambda m: layers.calibration_loss(m, calibration.samples, pad), log)
+    t_layers = time.perf_counter() - start
+    log(f"layers kept ({chosen.rule}): " + "; ".join(f"{s} {list(v)}" for s, v in chosen.kept.items()))
+    model = layers.remove_layers(copy.deepcopy(loaded.model), chosen.kept)
+    grads, t_grads, t_search = None, 0.0, 0.0
+    if _head_budget_given(options):
+        head_options = _without_layers(options)
+        budget = validate(head_options, model)
+        start = time.perf_counter()
+        grads = select.sentence_gradients(model, calibration.samples, pad)
+        t_grads = time.perf_counter() - start
+        start = time.perf_counter()
+        selection = select_heads(model, grads, budget, head_options, calibration_lengths(calibration, pad),
+                                 beam=loaded.cfg.generation.beam)
+        t_search = time.perf_counter() - start
+        log(f"search ({selection.order}): remove {len(selection.removed)} heads of the kept layers "
+            f"({', '.join(f'{t} {n}' for t, n in select.by_type(selection.removed).items())})")
+    else:
+        selection = Selection([], "none (whole layers only)", False, Budget("remove", 0.0, False))
+    result = build_student(model, selection, calibration, options, pad, grads, log, teacher=loaded.model,
+                           kept_layers=chosen.kept)
+    result.layers = chosen
+    result.seconds.update(calibration=calibration.seconds, layer_selection=t_layers, gradients=t_grads,
+                          search=t_search)
+    return result
 
 
 # --------------------------------------------------------------------------------------------- export
@@ -638,6 +732,12 @@ def in_dtypes(weights: Dict[str, torch.Tensor], dtypes: Dict[str, torch.dtype]) 
                 and dtypes[k].is_floating_point else v) for k, v in weights.items()}
 
 
+def layers_of(model) -> Dict[str, int]:
+    from fairseq_headprune.compress.layers import depths
+
+    return depths(model)
+
+
 def output_path_ok(source: str, out: str) -> None:
     if os.path.realpath(out) == os.path.realpath(source):
         raise UserError("--out must not overwrite the checkpoint being shrunk")
@@ -680,8 +780,9 @@ def write_checkpoint(loaded, result: ShrinkResult, calibration: Calibration, opt
         "source_checkpoint": os.path.abspath(loaded.checkpoint),
         "source_sha256": file_sha256(loaded.checkpoint),
         "heads_total": len(layout.all_heads()),
-        "heads_kept": len(layout.all_heads()) - len(result.selection.removed),
+        "heads_kept": len(HeadLayout.of(pruned).all_heads()),
         "kept_heads": kept_heads(pruned),
+        "layers": result.layers.as_json(layers_of(loaded.model)) if result.layers is not None else None,
         "selection": result.selection.summary(),
         "reconstruction": {"options": {k: flat[k] for k in (
             "refit", "ridge", "max_scale", "refit_unpruned", "empty_bias", "refit_ffn", "refit_inputs",

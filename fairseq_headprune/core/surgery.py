@@ -256,6 +256,28 @@ def pruned_model_cfg(model_cfg, kept_json: str):
     raise TypeError(f"unsupported model config type {type(model_cfg).__name__}")
 
 
+def _names_within(weights: Mapping, layers: Mapping[str, int]) -> set:
+    """The source's parameter names, but those of encoder/decoder layers at or beyond the model's depth (a model
+    with whole layers removed, compress.layers, holds the first n layers' names)."""
+    def kept(name: str) -> bool:
+        parts = name.split(".")
+        if len(parts) > 2 and parts[0] in ("encoder", "decoder") and parts[1] == "layers" and parts[2].isdigit():
+            return int(parts[2]) < layers[f"{parts[0]}_layers"]
+        return True
+    return {k for k in weights if kept(k)}
+
+
+def _with_depth(model_cfg, layers: Mapping[str, int]):
+    """The config with the model's encoder_layers and decoder_layers (a dict or a Namespace, as given)."""
+    if isinstance(model_cfg, argparse.Namespace):
+        return argparse.Namespace(**{**vars(model_cfg), **layers})
+    out = {**model_cfg, **layers}
+    for part in ("encoder", "decoder"):  # hydra-style TransformerConfig: {"encoder": {"layers": n, ...}}
+        if isinstance(out.get(part), Mapping) and "layers" in out[part]:
+            out[part] = {**out[part], "layers": layers[f"{part}_layers"]}
+    return out
+
+
 def pruned_checkpoint_state(model, source_checkpoint) -> dict:
     """`source_checkpoint`'s state with `model`'s (pruned) weights and a config that rebuilds its shape.
 
@@ -267,14 +289,16 @@ def pruned_checkpoint_state(model, source_checkpoint) -> dict:
 
     state = torch.load(source_checkpoint, map_location="cpu", weights_only=False)
     weights = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    if set(weights) != set(state["model"]):
+    layers = {f"{part}_layers": len(getattr(getattr(model, part, None), "layers", ()))
+              for part in ("encoder", "decoder")}
+    if set(weights) != _names_within(state["model"], layers):
         raise UserError(f"the model does not come from {source_checkpoint}: its parameter names differ")
     state["model"] = weights
     kept = kept_heads_json(model)
     if state.get("cfg") is not None:
-        state["cfg"]["model"] = pruned_model_cfg(state["cfg"]["model"], kept)
+        state["cfg"]["model"] = _with_depth(pruned_model_cfg(state["cfg"]["model"], kept), layers)
     if state.get("args") is not None:
-        state["args"] = pruned_model_cfg(state["args"], kept)
+        state["args"] = _with_depth(pruned_model_cfg(state["args"], kept), layers)
     state.pop("last_optimizer_state", None)
     if isinstance(state.get("extra_state"), dict):
         state["extra_state"].pop("ema", None)

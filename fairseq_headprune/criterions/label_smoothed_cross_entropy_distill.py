@@ -10,7 +10,9 @@ With w = 1 and a student identical to its teacher the loss is exactly zero.
 `--distill-hidden-weight β` adds β · Σ_t mean over decoder layers and channels of (h_student - h_teacher)², the
 output of every decoder layer pulled towards the teacher's (the layer distillation of CoFi, Xia et al. 2022, which
 found it to matter for structured pruning). A head-pruned student has the teacher's layers and widths, so the
-states compare one to one, with no learned projection.
+states compare one to one, with no learned projection. A student with fewer decoder layers (compress.layers) names
+the teacher layer each of its layers is compared with: `--distill-hidden-layers 3,4,6` (1-indexed, one per student
+layer; `shrink --keep-layers` records the map its reconstruction used as `layers.teacher_outputs`).
 
 The teacher is any fairseq checkpoint whose dictionaries are the student's (its architecture may differ: it
 is the unpruned model, the student lost heads). It is loaded once, in eval mode (no dropout), with no gradient,
@@ -41,6 +43,9 @@ class LabelSmoothedCrossEntropyDistillConfig(LabelSmoothedCrossEntropyCriterionC
     distill_hidden_weight: float = field(
         default=0.0, metadata={"help": "β: weight of the squared distance of the decoder layers' outputs to the "
                                        "teacher's (mean over layers and channels, summed over target tokens)"})
+    distill_hidden_layers: str = field(
+        default="", metadata={"help": "the teacher's decoder layer (1-indexed) compared with each student layer, "
+                                      "comma-separated (a student with fewer layers); default: one to one"})
 
 
 def distillation_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, keep: torch.Tensor,
@@ -54,9 +59,28 @@ def distillation_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, 
     return (kl * keep).sum() * (t * t)
 
 
-def hidden_distance(student_states, teacher_states, keep: torch.Tensor) -> torch.Tensor:
+def parse_hidden_layers(text: str):
+    """"3,4,6" -> [3, 4, 6]; "" -> None (one to one)."""
+    if not str(text or "").strip():
+        return None
+    try:
+        layers = [int(x) for x in str(text).split(",")]
+    except ValueError:
+        raise UserError(f"--distill-hidden-layers takes teacher layer numbers, e.g. 3,4,6, not {text!r}") from None
+    if any(i < 1 for i in layers):
+        raise UserError(f"--distill-hidden-layers: layers are numbered from 1, not {text}")
+    return layers
+
+
+def hidden_distance(student_states, teacher_states, keep: torch.Tensor, teacher_layers=None) -> torch.Tensor:
     """Σ over kept target positions of the mean over layers and channels of (student - teacher)²; the states are
-    fairseq's decoder `inner_states` without the first (the embeddings), each (time, batch, channels)."""
+    fairseq's decoder `inner_states` without the first (the embeddings), each (time, batch, channels). Student
+    layer j is compared with teacher layer teacher_layers[j-1] (1-indexed), or with layer j when None."""
+    if teacher_layers is not None:
+        if len(teacher_layers) != len(student_states) - 1 or max(teacher_layers) > len(teacher_states) - 1:
+            raise UserError(f"--distill-hidden-layers {','.join(map(str, teacher_layers))}: one teacher layer (of "
+                            f"{len(teacher_states) - 1}) for each of the student's {len(student_states) - 1}")
+        teacher_states = [teacher_states[0]] + [teacher_states[t] for t in teacher_layers]
     if len(student_states) != len(teacher_states):
         raise UserError(f"--distill-hidden-weight compares decoder layers one to one: the student has "
                         f"{len(student_states) - 1}, the teacher {len(teacher_states) - 1}")
@@ -80,7 +104,8 @@ def load_teacher(path: str, task):
 @register_criterion("label_smoothed_cross_entropy_distill", dataclass=LabelSmoothedCrossEntropyDistillConfig)
 class LabelSmoothedCrossEntropyDistillCriterion(LabelSmoothedCrossEntropyCriterion):
     def __init__(self, task, sentence_avg, label_smoothing, teacher_path="", distill_weight=0.9,
-                 distill_temperature=1.0, distill_hidden_weight=0.0, ignore_prefix_size=0, report_accuracy=False):
+                 distill_temperature=1.0, distill_hidden_weight=0.0, distill_hidden_layers="", ignore_prefix_size=0,
+                 report_accuracy=False):
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
         if not teacher_path:
             raise UserError("label_smoothed_cross_entropy_distill needs --teacher-path")
@@ -92,6 +117,7 @@ class LabelSmoothedCrossEntropyDistillCriterion(LabelSmoothedCrossEntropyCriteri
             raise UserError(f"--distill-hidden-weight must be >= 0, not {distill_hidden_weight}")
         self.distill_weight = distill_weight
         self.distill_hidden_weight = distill_hidden_weight
+        self.distill_hidden_layers = parse_hidden_layers(distill_hidden_layers)
         self.distill_temperature = distill_temperature
         self.__dict__["teacher"] = load_teacher(teacher_path, task)  # not a submodule: see the module docstring
 
@@ -118,7 +144,7 @@ class LabelSmoothedCrossEntropyDistillCriterion(LabelSmoothedCrossEntropyCriteri
             states = net_output[1]["inner_states"], teacher_extra["inner_states"]
             if self.ignore_prefix_size > 0:
                 states = tuple([h[self.ignore_prefix_size:] for h in s] for s in states)
-            hidden = hidden_distance(*states, keep)
+            hidden = hidden_distance(*states, keep, self.distill_hidden_layers)
             loss = loss + self.distill_hidden_weight * hidden
         sample_size = sample["target"].size(0) if self.sentence_avg else sample["ntokens"]
         logging_output = {

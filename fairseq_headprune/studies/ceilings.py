@@ -12,13 +12,13 @@ from __future__ import annotations
 import copy
 import re
 from dataclasses import dataclass
-from typing import Iterable, List
+from typing import Iterable, List, Optional
 
 import torch
 
 from fairseq_headprune.errors import UserError
 
-_SPEC = re.compile(r"^(\d+)/(\d+)(?::(.+))?$")
+_SPEC = re.compile(r"^(?:(\d+)x)?(\d+)/(?:(\d+)x)?(\d+)(?::(.+))?$")
 _LEVERS = ("ffn", "vocab")
 
 
@@ -30,15 +30,19 @@ class CeilingShape:
     dec_heads: int
     ffn_percent: float = 100.0
     vocab_percent: float = 100.0
+    enc_layers: Optional[int] = None  # layers kept per stack (evenly spaced, compress.layers); None: all
+    dec_layers: Optional[int] = None
 
     @classmethod
     def parse(cls, text: str) -> "CeilingShape":
-        """`ENC/DEC[:ffn=P%][,vocab=P%]`: `8/4`, `8/3:ffn=75%`, `8/8:vocab=50%,ffn=50%`."""
+        """`ENC/DEC[:ffn=P%][,vocab=P%]`, each side optionally `LAYERSxHEADS`: `8/4`, `8/3:ffn=75%`,
+        `8/8:vocab=50%,ffn=50%`, `6x8/3x3` (the decoder at 3 layers of 3 heads)."""
         match = _SPEC.match(text.strip())
         if not match:
-            raise UserError(f"--ceilings: {text!r} is not ENC/DEC[:ffn=P%,vocab=P%] (heads kept per stack, e.g. 8/4)")
+            raise UserError(f"--ceilings: {text!r} is not [L x]ENC/[L x]DEC[:ffn=P%,vocab=P%] (heads kept per stack, "
+                            f"e.g. 8/4, or layers x heads, e.g. 6x8/3x3)")
         shares = {}
-        for item in match.group(3).split(",") if match.group(3) else []:
+        for item in match.group(5).split(",") if match.group(5) else []:
             key, sep, value = item.partition("=")
             if key not in _LEVERS or not sep:
                 raise UserError(f"--ceilings {text}: {item!r} is not ffn=P% or vocab=P%")
@@ -49,17 +53,25 @@ class CeilingShape:
             if not 0 < percent <= 100:
                 raise UserError(f"--ceilings {text}: {key} keeps a share in (0, 100]%, not {value}")
             shares[f"{key}_percent"] = percent
-        return cls(int(match.group(1)), int(match.group(2)), **shares)
+        layers = {k: int(v) for k, v in (("enc_layers", match.group(1)), ("dec_layers", match.group(3))) if v}
+        return cls(int(match.group(2)), int(match.group(4)), **shares, **layers)
 
     @property
     def label(self) -> str:
         levers = [f"{k} {p:g}%" for k, p in (("ffn", self.ffn_percent), ("vocab", self.vocab_percent)) if p < 100]
-        return f"{self.enc_heads}/{self.dec_heads}" + (f" ({', '.join(levers)})" if levers else "")
+        enc = f"{self.enc_layers}x{self.enc_heads}" if self.enc_layers else f"{self.enc_heads}"
+        dec = f"{self.dec_layers}x{self.dec_heads}" if self.dec_layers else f"{self.dec_heads}"
+        return f"{enc}/{dec}" + (f" ({', '.join(levers)})" if levers else "")
 
     def check(self, model) -> None:
         """Refused in one line: more heads than a layer of the stack holds, or none."""
         from fairseq_headprune.core.heads import attention_modules
 
+        depth = {"encoder": (len(model.encoder.layers), self.enc_layers),
+                 "decoder": (len(model.decoder.layers), self.dec_layers)}
+        for stack, (have, kept) in depth.items():
+            if kept is not None and not 1 <= kept <= have:
+                raise UserError(f"--ceilings {self.label}: the {stack} keeps 1 to {have} layers, not {kept}")
         held = {"encoder": [], "decoder": []}
         for (attn_type, _), attn in attention_modules(model).items():
             held["encoder" if attn_type == "enc-self" else "decoder"].append(int(attn.num_heads))
@@ -80,8 +92,13 @@ def crude_model(model, target_dictionary, shape: CeilingShape):
     from fairseq_headprune.core.heads import Head, attention_modules, head_ids
     from fairseq_headprune.core.surgery import prune_model, select_linear
 
+    from fairseq_headprune.compress.layers import even_layers, remove_layers
+
     shape.check(model)
     model = copy.deepcopy(model)
+    depth = {s: n for s, n in (("enc", shape.enc_layers), ("dec", shape.dec_layers)) if n is not None}
+    remove_layers(model, {s: even_layers(len((model.encoder if s == "enc" else model.decoder).layers), n)
+                          for s, n in depth.items()})
     removed: List[Head] = []
     for (attn_type, layer), attn in attention_modules(model).items():
         kept = shape.enc_heads if attn_type == "enc-self" else shape.dec_heads

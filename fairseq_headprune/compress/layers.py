@@ -1,0 +1,217 @@
+"""Whole encoder and decoder layers as units of pruning: removal, selection, and the teacher layer of each kept one.
+
+Layers are named by their ORIGINAL 1-indexed numbers here (as heads are by their original ids): `kept` maps a
+stack ("enc" or "dec") to the teacher's layers it keeps, in order; stacks not named keep every layer.
+
+Removing a pre- or post-norm transformer layer is exact: the model computes what the unpruned one computes with
+that layer skipped (both its residual branches set to zero), since each layer maps the residual stream to the next
+and nothing else reads it (fairseq's final LayerNorm, the encoder-decoder attention's keys and values, and the
+alignment layer read the stack's output, which is the last kept layer's). The model's config gets the new depth so
+that a written checkpoint rebuilds with fewer layers (surgery.pruned_checkpoint_state).
+
+Selection (Shleifer & Rush 2020 keep evenly spaced layers, the first and the last among them; `importance` removes
+one layer at a time, the one whose removal raises the calibration loss the least, as the head search does with
+heads) and the map from a student sublayer to the teacher sublayer whose output it is reconstructed towards.
+"""
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+
+from fairseq_headprune.errors import UserError
+
+Key = Tuple[str, int]
+STACKS = ("enc", "dec")
+SELECTIONS = ("importance", "even")
+_STACK_OF = {"enc-self": "enc", "enc-ffn": "enc", "enc-dec": "dec", "dec-self": "dec", "dec-ffn": "dec"}
+
+
+def stack_of(sublayer_type: str) -> str:
+    return _STACK_OF[sublayer_type]
+
+
+def _stack(model, stack: str):
+    return model.encoder if stack == "enc" else model.decoder
+
+
+def depths(model) -> Dict[str, int]:
+    return {s: len(_stack(model, s).layers) for s in STACKS}
+
+
+def parse_keep_layers(text: str) -> Dict[str, int]:
+    """"dec:3" or "dec:3,enc:5" -> {"dec": 3, "enc": 5}: how many layers each named stack keeps."""
+    out: Dict[str, int] = {}
+    for item in str(text).split(","):
+        m = re.fullmatch(r"\s*(enc|dec)\s*:\s*(\d+)\s*", item)
+        if not m:
+            raise UserError(f"--keep-layers takes STACK:N[,STACK:N] with STACK enc or dec (e.g. dec:3), not {text!r}")
+        if m.group(1) in out:
+            raise UserError(f"--keep-layers names {m.group(1)} twice")
+        out[m.group(1)] = int(m.group(2))
+    return out
+
+
+def check_counts(model, counts: Mapping[str, int]) -> None:
+    """Each stack keeps at least one and at most all of its layers (fairseq and CTranslate2 need one)."""
+    have = depths(model)
+    for s, n in counts.items():
+        if n < 1:
+            raise UserError(f"--keep-layers {s}:{n}: a stack must keep at least one layer")
+        if n > have[s]:
+            raise UserError(f"--keep-layers {s}:{n}: the model's {s} stack has {have[s]} layers")
+
+
+def check_kept(model, kept: Mapping[str, Sequence[int]]) -> None:
+    """Kept layers: known stacks, 1-indexed original numbers in the model, increasing, at least one per stack."""
+    have = depths(model)
+    for s, layers in kept.items():
+        if s not in STACKS:
+            raise UserError(f"unknown stack {s!r}: use enc or dec")
+        layers = list(layers)
+        if not layers:
+            raise UserError(f"the {s} stack must keep at least one layer (fairseq and CTranslate2 need one)")
+        bad = [i for i in layers if not isinstance(i, int) or not 1 <= i <= have[s]]
+        if bad:
+            raise UserError(f"{s} layer {bad[0]} does not exist: layers are 1..{have[s]}")
+        if layers != sorted(set(layers)):
+            raise UserError(f"{s} layers to keep must be increasing and distinct, not {layers}")
+
+
+def _set_depth_in_cfg(model, stack: str, n: int) -> None:
+    """The model's own config(s) say its new depth (fairseq 0.12 keeps a TransformerConfig in .cfg, legacy models
+    an argparse Namespace in .args; encoder and decoder hold their own references)."""
+    name = f"{'encoder' if stack == 'enc' else 'decoder'}_layers"
+    part = _stack(model, stack)
+    for owner in (model, part):
+        for attr in ("cfg", "args"):
+            cfg = getattr(owner, attr, None)
+            if cfg is None:
+                continue
+            sub = getattr(cfg, "encoder" if stack == "enc" else "decoder", None)
+            if sub is not None and hasattr(sub, "layers"):
+                sub.layers = n
+            if hasattr(cfg, name):
+                setattr(cfg, name, n)
+
+
+def remove_layers(model, kept: Mapping[str, Sequence[int]]):
+    """Keep only these layers (original 1-indexed numbers) of each named stack, in place; returns the model.
+
+    Checked first, so bad input changes nothing. The kept layers are renumbered 1..n (their parameter names become
+    those of the first n layers)."""
+    check_kept(model, kept)
+    for s, layers in kept.items():
+        part = _stack(model, s)
+        part.layers = nn.ModuleList([part.layers[i - 1] for i in layers])
+        part.num_layers = len(part.layers)
+        _set_depth_in_cfg(model, s, len(part.layers))
+    return model
+
+
+# --------------------------------------------------------------------------------------------- the teacher's layers
+
+
+def teacher_key(key: Key, kept: Mapping[str, Sequence[int]], teacher_depths: Mapping[str, int]) -> Key:
+    """The teacher sublayer whose residual stream after it a student sublayer is reconstructed towards.
+
+    A kept layer's attention sublayers map to the same sublayer of its teacher layer; its FFN, the layer's last
+    sublayer, to the FFN of the teacher layer just below the next kept one (the stack's last layer for the last
+    kept layer): what the removed layers above it added is what its output must now add too. The key's type names
+    the sublayer (enc-self, enc-ffn, dec-self, enc-dec, dec-ffn); stacks not in `kept` map to themselves."""
+    t, j = key
+    s = stack_of(t)
+    if s not in kept:
+        return key
+    layers = list(kept[s])
+    if t.endswith("-ffn"):
+        nxt = layers[j] if j < len(layers) else teacher_depths[s] + 1
+        return (t, nxt - 1)
+    return (t, layers[j - 1])
+
+
+def teacher_outputs(kept: Mapping[str, Sequence[int]], teacher_depths: Mapping[str, int]) -> Dict[str, List[int]]:
+    """{stack: the teacher layer whose output each kept layer's output stands for} (its last sublayer's map): the
+    `recover --distill-hidden-layers` of the decoder."""
+    return {s: [teacher_key((f"{s}-ffn", j), kept, teacher_depths)[1] for j in range(1, len(v) + 1)]
+            for s, v in kept.items()}
+
+
+def layer_map_json(kept: Mapping[str, Sequence[int]]) -> Dict[str, List[int]]:
+    return {s: list(v) for s, v in kept.items()}
+
+
+# --------------------------------------------------------------------------------------------- selection
+
+
+def even_layers(n_layers: int, n_keep: int) -> Tuple[int, ...]:
+    """Evenly spaced layers, first and last kept, positions rounded down: Shleifer & Rush's table for 6 layers
+    (6 -> 3: 1, 3, 6; 6 -> 4: 1, 2, 4, 6; 6 -> 2: 1, 6), 1-indexed."""
+    if not 1 <= n_keep <= n_layers:
+        raise ValueError(f"cannot keep {n_keep} of {n_layers} layers")
+    if n_keep == 1:
+        return (1,)
+    step = (n_layers - 1) / (n_keep - 1)
+    return tuple(int(i * step + 1e-9) + 1 for i in range(n_keep))
+
+
+@torch.no_grad()
+def calibration_loss(model, samples: Sequence[dict], pad: int) -> float:
+    """Mean token NLL (no label smoothing) of the model on the samples, teacher-forced, in eval mode."""
+    from fairseq_headprune.compress.select import sentence_nll
+
+    model.eval()
+    total, tokens = 0.0, 0
+    for sample in samples:
+        total += float(sentence_nll(model, sample, pad))
+        tokens += int(sample["target"].ne(pad).sum())
+    return total / max(tokens, 1)
+
+
+@dataclass
+class LayerSelection:
+    kept: Dict[str, Tuple[int, ...]]
+    rule: str
+    loss_before: Optional[float] = None
+    steps: List[dict] = field(default_factory=list)  # greedy: per step, every candidate's loss and the removed one
+
+    def as_json(self, teacher_depths: Optional[Mapping[str, int]] = None) -> dict:
+        out = {"kept": layer_map_json(self.kept), "rule": self.rule, "loss_before": self.loss_before,
+               "steps": self.steps}
+        if teacher_depths:  # the teacher layer whose output each kept layer's output was reconstructed towards
+            out["teacher_outputs"] = teacher_outputs(self.kept, teacher_depths)
+        return out
+
+
+def select_even(model, counts: Mapping[str, int]) -> LayerSelection:
+    have = depths(model)
+    return LayerSelection({s: even_layers(have[s], n) for s, n in counts.items()}, "even")
+
+
+def select_by_loss(model, counts: Mapping[str, int], loss: Callable[[object], float], log=None) -> LayerSelection:
+    """Greedy: remove, one at a time, the layer (of any stack still above its count) whose removal leaves the
+    lowest calibration loss; `loss(model)` scores a candidate model (a copy with those layers removed)."""
+    have = depths(model)
+    kept = {s: list(range(1, have[s] + 1)) for s in counts}
+    result = LayerSelection({}, "importance", loss(model))
+    while any(len(kept[s]) > counts[s] for s in counts):
+        trials = {}
+        for s in counts:
+            if len(kept[s]) <= counts[s]:
+                continue
+            for i in kept[s]:
+                candidate = {t: [k for k in v if not (t == s and k == i)] for t, v in kept.items()}
+                trials[(s, i)] = loss(remove_layers(copy.deepcopy(model), candidate))
+        (s, i), best = min(trials.items(), key=lambda kv: (kv[1], kv[0]))
+        kept[s].remove(i)
+        result.steps.append({"removed": f"{s}:{i}", "loss": best,
+                             "candidates": {f"{a}:{b}": v for (a, b), v in sorted(trials.items())}})
+        if log:
+            log(f"layer search: remove {s}:{i} (calibration loss {best:.4f}; candidates "
+                f"{', '.join(f'{a}:{b} {v:.3f}' for (a, b), v in sorted(trials.items()))})")
+    result.kept = {s: tuple(v) for s, v in kept.items()}
+    return result
