@@ -3,7 +3,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from fairseq_headprune.decoding.mask_batching import PROBE_SPAN, ROWS_PER_SEARCH, MaskBatching, first_size, rows_per_search
+from fairseq_headprune.decoding.mask_batching import (PROBE_SPAN, ROWS_PER_SEARCH, MaskBatching, first_size,
+                                                      rows_per_search)
 
 
 def walk(batching, per_mask, total=100):

@@ -65,7 +65,7 @@ class CompressOptions:
     max_bleu_loss: Optional[float] = option(None, flag="--max-bleu-loss",
                                             help="instead: the fastest model that loses at most this much BLEU on a "
                                                  "held-out split of valid")
-    engine: str = option("ct2-int8", flag="--engine", choices=levers.ENGINES, help="where the model runs")
+    engine: str = option("ct2-int8", flag="--engine", help=f"where the model runs: {', '.join(levers.ENGINES)}")
     budget_epochs: int = option(4, flag="--budget-epochs",
                                 help="recovery epochs at most (early stopping on valid; a rerun with more extends; "
                                      "0: no recovery)")

@@ -1,1 +1,2 @@
-"""fairseq criteria registered by name: head importance (Michel), L0 gates (Voita), distillation towards the unpruned model (recover)."""
+"""fairseq criteria registered by name: head importance (Michel), L0 gates (Voita), distillation towards the
+unpruned model (recover)."""

@@ -28,7 +28,8 @@ from fairseq_headprune.analysis.attention_capture import capture_attention
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.decoding.evaluate import SubsetEvaluator, decoder_start
 from fairseq_headprune.core.heads import ATTENTION_TYPES, Head, HeadLayout, format_head_spec
-from fairseq_headprune.analysis.lrp import RULE, conservative_propagation, layer_shares, relevance_inputs, step_head_relevances
+from fairseq_headprune.analysis.lrp import (RULE, conservative_propagation, layer_shares, relevance_inputs,
+                                            step_head_relevances)
 from fairseq_headprune.core.masking import row_head_masks
 from fairseq_headprune.records import layout as names
 from fairseq_headprune.records.identity import file_sha256, run_identity

@@ -35,7 +35,8 @@ from fairseq_headprune.core.heads import (
     parse_head_spec,
 )
 from fairseq_headprune.fairseq_io.loading import load
-from fairseq_headprune.decoding.mask_batching import MaskBatching, parse_masks_per_batch, rows_per_search, translate_masks
+from fairseq_headprune.decoding.mask_batching import (MaskBatching, parse_masks_per_batch, rows_per_search,
+                                                      translate_masks)
 from fairseq_headprune.core.masking import set_head_masks
 from fairseq_headprune.plots import l0_vs_importance
 from fairseq_headprune.records import layout as names

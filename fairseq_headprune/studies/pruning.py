@@ -16,7 +16,8 @@ from typing import Dict, List, Optional, Sequence, Union
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.decoding.evaluate import SubsetEvaluator, translate_worker
 from fairseq_headprune.core.heads import ATTENTION_TYPES, Head, HeadLayout, format_head_spec
-from fairseq_headprune.decoding.mask_batching import MaskBatching, parse_masks_per_batch, rows_per_search, translate_masks
+from fairseq_headprune.decoding.mask_batching import (MaskBatching, parse_masks_per_batch, rows_per_search,
+                                                      translate_masks)
 from fairseq_headprune.core.masking import set_head_masks
 from fairseq_headprune.records import layout as names
 from fairseq_headprune.records.identity import file_sha256, input_file, run_identity
