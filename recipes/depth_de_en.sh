@@ -77,6 +77,9 @@ main() {
     python benchmarks/depth_study.py "$work" results/depth-de-en --subset valid
     python benchmarks/depth_study.py "$work" results/depth-de-en --subset test --final
     python benchmarks/depth_study.py "$work" results/depth-de-en --subset heldout --final
+    [ -f "$work/data-bin/bible.de-en.en.idx" ] ||  # a De-En set the teacher never saw (out of domain), once
+      bash data_prep/encode-for-model.sh checkpoints/de-en de en ../shared/data/bible_de_en/test "$work/data-bin" bible
+    python benchmarks/depth_study.py "$work" results/depth-de-en --subset bible --final
   fi
 }
 main "$@"
