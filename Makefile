@@ -4,6 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export OMP_NUM_THREADS ?= 1
+# test processes, one thread each, one test file per process (pytest-xdist): the 2-core machines run two
+TEST_WORKERS ?= 2
 # The HTML report is tested in a real headless browser: Debian's chromium (another binary: CHROMIUM=/path make test)
 export CHROMIUM ?= /usr/bin/chromium
 
@@ -39,7 +41,7 @@ chromium:
 	  fi; }
 
 test: $(STAMP) chromium
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
 
 clean-venv:
 	rm -rf $(VENV)

@@ -80,7 +80,7 @@ def test_bad_input_is_refused_in_one_line(tiny_data, stock_checkpoint, tmp_path)
                             "--shape sets deploy's own shrink"),
                            (["--shrink-percent", "100"], "--shrink-percent"),
                            (["--candidate", "nosuch"], "--candidate nosuch: not a model of this table"),
-                           (["--ceilings", "4-2"], "is not ENC/DEC"),
+                           (["--ceilings", "4-2"], "is not [L x]ENC/[L x]DEC"),
                            (["--ceilings", "4/2:ffn=0%"], "keeps a share in (0, 100]%"),
                            (["--ceilings", "4/2:heads=50%"], "is not ffn=P% or vocab=P%"),
                            (["--ceilings", "4/2", "4/2"], "given twice"),

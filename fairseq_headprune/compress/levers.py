@@ -18,7 +18,6 @@ and decoding options in a JSON file, so a second `compress` of the same model on
 """
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import math
@@ -130,31 +129,9 @@ class EngineModel:
             from fairseq_headprune.studies.deploy import ct2_run
 
             return ct2_run(self.translator, self.loaded, self.decoding, samples, forced)
+        from fairseq_headprune.studies.deploy import fairseq_run
+
         return fairseq_run(self.loaded, self.model, samples, forced, self.target_dictionary)
-
-
-def fairseq_run(loaded, model, samples, forced: int = 0, target_dictionary=None) -> Dict:
-    """fairseq's beam search over the batches once (forced: L tokens, then EOS at step L). A model with a cut target
-    vocabulary decodes with its cut dictionary (its ids are then the cut dictionary's)."""
-    import torch
-
-    task = loaded.task
-    if target_dictionary is not None:
-        task = copy.copy(task)
-        task.tgt_dict = target_dictionary
-    generation = copy.deepcopy(loaded.cfg.generation)
-    if forced:
-        generation.min_len, generation.max_len_a, generation.max_len_b = forced, 0, forced
-    generator = task.build_generator([model], generation)
-    eos = task.target_dictionary.eos()
-    out = {}
-    with torch.no_grad():
-        start = time.perf_counter()
-        for sample in samples:
-            for sid, nbest in zip(sample["id"].tolist(), task.inference_step(generator, [model], sample)):
-                out[sid] = nbest[0]["tokens"].tolist()
-        seconds = time.perf_counter() - start
-    return {"seconds": seconds, "hypotheses": {s: h[:-1] if h and h[-1] == eos else h for s, h in out.items()}}
 
 
 def timed_rounds(decoders: Dict[str, Callable], samples, runs: int, forced: int, progress=None) -> Dict[str, List]:

@@ -295,6 +295,7 @@ def probe(loaded, options: CompressOptions, timing, calibration) -> Dict[str, fl
     import torch
 
     from fairseq_headprune.core.heads import attention_modules
+    from fairseq_headprune.studies import deploy
 
     rates = {}
     few = timing[:2]
@@ -311,7 +312,7 @@ def probe(loaded, options: CompressOptions, timing, calibration) -> Dict[str, fl
             build()
         rates["engine_sent_s"] = n / cpu_seconds(lambda: holder["m"].run(few))
     rates["fairseq_sent_s"] = (rates["engine_sent_s"] if options.engine == "fairseq" else
-                               n / cpu_seconds(lambda: levers.fairseq_run(loaded, loaded.model, few)))
+                               n / cpu_seconds(lambda: deploy.fairseq_run(loaded, loaded.model, few)))
     sample = calibration[len(calibration) // 2]  # a full training batch of middling sentences
     pad = loaded.task.target_dictionary.pad()
     tokens = int(sample["target"].ne(pad).sum())
@@ -679,7 +680,7 @@ class Run:
             p["predicted_speedup"] = round(levers.predict(table, p), 4)
         points.sort(key=lambda p: -p["predicted_speedup"])
         order = ", ".join(f"{name} {speed:.2f}x" for name, speed in levers.lever_order(table))
-        self.log(f"cost table ({self.options.engine}, equal work): the most each lever buys alone: {order}")
+        self.log(f"cost table ({self.options.engine}, equal work): what half of each lever buys alone: {order}")
         if self.options.speedup is not None:
             reach = [p for p in points if p["predicted_speedup"] >= self.options.speedup]
             if not reach:

@@ -198,22 +198,7 @@ class Contender:
         return self._ct2(self.translators[engine], samples, forced)
 
     def _fairseq(self, samples, forced: int) -> Dict:
-        import torch
-
-        task, model = self.loaded.task, self.loaded.model
-        generation = copy.deepcopy(self.loaded.cfg.generation)
-        if forced:  # L tokens, then EOS forced at step L: L + 1 decoder steps
-            generation.min_len, generation.max_len_a, generation.max_len_b = forced, 0, forced
-        generator = task.build_generator([model], generation)
-        eos = task.target_dictionary.eos()
-        out = {}
-        with torch.no_grad():
-            start = time.perf_counter()
-            for sample in samples:
-                for sid, nbest in zip(sample["id"].tolist(), task.inference_step(generator, [model], sample)):
-                    out[sid] = nbest[0]["tokens"].tolist()
-            seconds = time.perf_counter() - start
-        return {"seconds": seconds, "hypotheses": {sid: h[:-1] if h and h[-1] == eos else h for sid, h in out.items()}}
+        return fairseq_run(self.loaded, self.loaded.model, samples, forced)
 
     def _ct2(self, translator_, samples, forced: int) -> Dict:
         return ct2_run(translator_, self.loaded, self.decoding, samples, forced)
@@ -227,6 +212,30 @@ class Contender:
 
     def bleu(self, texts: List[str]) -> float:
         return round(float(self.evaluator.bleu(texts).score), 2)
+
+
+def fairseq_run(loaded, model, samples, forced: int = 0, target_dictionary=None) -> Dict:
+    """fairseq's beam search over the batches once (forced: L tokens, then EOS at step L). A model with a cut target
+    vocabulary decodes with its cut dictionary (its ids are then the cut dictionary's)."""
+    import torch
+
+    task = loaded.task
+    if target_dictionary is not None:
+        task = copy.copy(task)
+        task.tgt_dict = target_dictionary
+    generation = copy.deepcopy(loaded.cfg.generation)
+    if forced:
+        generation.min_len, generation.max_len_a, generation.max_len_b = forced, 0, forced
+    generator = task.build_generator([model], generation)
+    eos = task.target_dictionary.eos()
+    out = {}
+    with torch.no_grad():
+        start = time.perf_counter()
+        for sample in samples:
+            for sid, nbest in zip(sample["id"].tolist(), task.inference_step(generator, [model], sample)):
+                out[sid] = nbest[0]["tokens"].tolist()
+        seconds = time.perf_counter() - start
+    return {"seconds": seconds, "hypotheses": {s: h[:-1] if h and h[-1] == eos else h for s, h in out.items()}}
 
 
 def ct2_run(translator_, loaded, decoding: Dict, samples, forced: int = 0) -> Dict:
