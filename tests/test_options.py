@@ -54,6 +54,7 @@ def test_records_keep_their_flat_names():
     (["--window-lr", "1e-3"], "--window-lr sets the window fit's learning rate: it needs --window-steps N"),
     (["--calibration-beam", "4"], "--calibration-beam is the beam of --calibration-targets self"),
     (["--no-rearrange"], "--no-rearrange skips the rearrangement after --search fisher or block"),
+    (["--layer-selection", "even"], "--layer-selection chooses the layers --keep-layers keeps"),
 ])
 def test_an_option_that_would_do_nothing_is_refused_before_any_work(tiny_data, stock_checkpoint, tmp_path, extra,
                                                                      says):

@@ -295,6 +295,8 @@ def inert_options(options: ShrinkOptions) -> Optional[str]:
         return "--window-lr sets the window fit's learning rate: it needs --window-steps N"
     if options.calibration_beam != 1 and options.calibration_targets != "self":
         return "--calibration-beam is the beam of --calibration-targets self: the references need none"
+    if options.layer_selection != "importance" and options.keep_layers is None:
+        return "--layer-selection chooses the layers --keep-layers keeps: it needs --keep-layers"
     if not options.rearrange and options.search not in ("fisher", "block"):
         return (f"--no-rearrange skips the rearrangement after --search fisher or block; --search {options.search} "
                 "has none")
