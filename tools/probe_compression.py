@@ -40,13 +40,7 @@ def case(name: str, families: bool = False):
     return register
 
 
-class Regression(Exception):
-    """A case that no longer holds."""
-
-
-def expect(condition, what: str) -> None:
-    if not condition:
-        raise Regression(what)
+from probe_options import expect, replay  # noqa: E402  one failure type and one runner for both probes
 
 
 def tree(folder: Path) -> dict:
@@ -311,26 +305,15 @@ def main(argv=None) -> int:
     from fairseq_headprune.fairseq_io.loading import trust_fairseq_checkpoints
 
     trust_fairseq_checkpoints()
-    failures, ran, start = 0, 0, time.time()
+    start = time.time()
     with tempfile.TemporaryDirectory(prefix="probe-compression-") as tmp:
         work = Path(tmp)
         data = conftest.copy_cached(conftest._cached_data(), work / "data")
         stock = conftest.cached_build("stock", conftest.stock_key(), lambda out: conftest.train(data, out))
         checkpoint = conftest.copy_cached(stock, work / "stock") / "checkpoint_last.pt"
         probe = Probe(data, checkpoint, work)
-        for name, fn in CASES:
-            if (args.only and args.only not in name) or (name.startswith("[families]") and not args.families):
-                continue
-            ran += 1
-            t = time.time()
-            try:
-                result, ok = fn(probe), True
-            except Regression as e:
-                result, ok = str(e), False
-            except Exception as e:  # noqa: BLE001 - a crash of the case is a regression too
-                result, ok = f"{type(e).__name__}: {str(e).strip().splitlines()[-1:] or ''}", False
-            failures += not ok
-            print(f"{'ok  ' if ok else 'FAIL'} {name}: {result} ({time.time() - t:.1f} s)", flush=True)
+        ran, failures = replay(CASES, probe, lambda name: (not args.only or args.only in name)
+                               and (args.families or not name.startswith("[families]")))
     print(f"probe_compression: {ran} cases, {failures} regressed, {time.time() - start:.0f} s")
     return min(failures, 100)
 

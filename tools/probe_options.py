@@ -48,6 +48,26 @@ class Regression(Exception):
     """A case that no longer ends as applied-and-tested or as a one-line refusal."""
 
 
+def replay(cases, probe, wanted: Callable[[str], bool]) -> Tuple[int, int]:
+    """Run the wanted cases on the probe, one line each; (cases run, cases regressed). A case's crash is a
+    regression too."""
+    ran = failures = 0
+    for name, fn in cases:
+        if not wanted(name):
+            continue
+        ran += 1
+        t = time.time()
+        try:
+            result, ok = fn(probe), True
+        except Regression as e:
+            result, ok = str(e), False
+        except Exception as e:  # noqa: BLE001 - a crash of the case is a regression too
+            result, ok = f"{type(e).__name__}: {str(e).strip().splitlines()[-1:] or ''}", False
+        failures += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} {name}: {result} ({time.time() - t:.1f} s)", flush=True)
+    return ran, failures
+
+
 def expect(condition, what: str) -> None:
     if not condition:
         raise Regression(what)
@@ -358,25 +378,14 @@ def main() -> int:
     trust_fairseq_checkpoints()
     _option_cases()
     _too_small_cases()
-    failures, start = 0, time.time()
+    start = time.time()
     with tempfile.TemporaryDirectory(prefix="probe-options-") as tmp:
         work = Path(tmp)
         data, checkpoint = (Path(args.data), Path(args.path)) if args.data else tiny_model(work)
         probe = Probe(data, checkpoint, work)
         probe.skip_generate = args.skip_generate
-        for name, fn in CASES:
-            if args.only and args.only not in name:
-                continue
-            t = time.time()
-            try:
-                result, ok = fn(probe), True
-            except Regression as e:
-                result, ok = str(e), False
-            except Exception as e:  # noqa: BLE001 - a crash of the case is a regression too
-                result, ok = f"{type(e).__name__}: {str(e).strip().splitlines()[-1:] or ''}", False
-            failures += not ok
-            print(f"{'ok  ' if ok else 'FAIL'} {name}: {result} ({time.time() - t:.1f} s)", flush=True)
-    print(f"probe_options: {len(CASES)} cases, {failures} regressed, {time.time() - start:.0f} s")
+        ran, failures = replay(CASES, probe, lambda name: not args.only or args.only in name)
+    print(f"probe_options: {ran} cases, {failures} regressed, {time.time() - start:.0f} s")
     return min(failures, 100)
 
 
