@@ -11,6 +11,8 @@
 #              Rush's evenly spaced layers, scored on val (benchmarks/depth_study.py --subset valid)
 #   LANE cand  the 2.0x candidates (decoder 3 layers x 3 heads, 2 layers x 4 heads) with the window fit, SEL=rule
 #   LANE rec   recover the chosen candidate for 8 epochs (CAND=name), resumable
+#   LANE ctl   the control: the unpruned model through the same recovery on the same reduced train, every epoch kept
+#              (EPOCHS=6 as the chosen candidate; its epoch 4 is also the control of results/compress-de-en)
 #   LANE eval  valid of everything, then test2016 and heldout decoded once (final models and the unpruned one)
 #   LANE deploy  speed in CTranslate2 int8 at equal work, the recovered candidate against the unpruned model (and
 #              the FLOP ratio), with crude slices of the candidate depths (deploy --ceilings)
@@ -64,6 +66,9 @@ main() {
   fi
   if [ "$lane" = rec ] || [ "$lane" = all ]; then
     recover "r-$cand-$sel" "$work/shrink-$cand-$sel.pt" "${EPOCHS:-8}"
+  fi
+  if [ "$lane" = ctl ] || [ "$lane" = all ]; then
+    recover ctl-reduced "$model" "${EPOCHS:-8}"
   fi
   if [ "$lane" = deploy ] || [ "$lane" = all ]; then  # speed: CTranslate2 int8 at equal work against the unpruned
     # model, in one run (the recovered model, and crude slices of the unpruned one at the candidate depths)
