@@ -44,6 +44,8 @@ def test_compress_end_to_end_resumes_and_extends(tiny_data, stock_checkpoint, tm
     from helpers import load_stock
 
     out, cache = tmp_path / "out", tmp_path / "cache"
+    for path in tiny_data.glob("test.de-en.*"):  # a second reported set (the test sentences under another name)
+        shutil.copyfile(path, tiny_data / path.name.replace("test.", "second.", 1))
     first = run(compress_argv(tiny_data, stock_checkpoint, out, cache, "--stop-after", "shrink")).stdout
     lines = first.splitlines()
     assert lines[0].startswith("compress (--speedup 1.01, ct2-int8): this run will cost about ")  # the first line
@@ -93,6 +95,17 @@ def test_compress_end_to_end_resumes_and_extends(tiny_data, stock_checkpoint, tm
     assert stage_names(third, "done") == ["recover", "export", "measure", "report"]
     epochs = json.loads((out / "compress.json").read_text())["stages"]["recover"]["epochs"]
     assert [e["epoch"] for e in epochs] == [1, 2]
+    # a second reported set: only the report is made again; the same sentences score as --gen-subset's
+    fourth = run(compress_argv(tiny_data, stock_checkpoint, out, cache, "--budget-epochs", "2",
+                               "--also-report", "second")).stdout
+    assert stage_names(fourth, "done") == ["report"]
+    reported = json.loads((out / "compress.json").read_text())["stages"]["report"]
+    (second,) = reported["also"]
+    assert second["subset"] == "second" and second["sentences"] == reported["sentences"]
+    assert (second["bleu_unpruned"], second["bleu_compressed"]) == (reported["bleu_unpruned"],
+                                                                    reported["bleu_compressed"])
+    assert set(second["overlap"]) == {"train", "valid"} and all(n >= 0 for n in second["overlap"].values())
+    assert "| BLEU, second (" in (out / "MODEL_CARD.md").read_text()
     # fewer epochs than the run holds would mix two runs: refused
     fewer = run(compress_argv(tiny_data, stock_checkpoint, out, cache), check=False)
     assert fewer.returncode == 2 and "--budget-epochs 2 or more" in fewer.stderr
@@ -130,6 +143,9 @@ def test_refusals_are_one_line_before_any_work(tiny_data, stock_checkpoint, tmp_
         (("--speedup", "1.5", "--budget-epochs", "-1"), "--budget-epochs must be at least 0"),
         (("--speedup", "1.5", "--significance", "0"), "--significance must be in (0, 1]"),
         (("--speedup", "1.5", "--window-steps", "0", "--window-lr", "1e-3"), "it needs --window-steps N"),
+        (("--speedup", "1.5", "--also-report", "valid"), "that is the recovery's early stopping"),
+        (("--speedup", "1.5", "--also-report", "train"), "that is the recovery's training set"),
+        (("--speedup", "1.5", "--also-report", "a,b", "--also-references", "x"), "1 file(s) for 2"),
     ]
     for target, message in cases:
         out = tmp_path / f"out{len(message)}"
@@ -282,6 +298,9 @@ def test_max_bleu_loss_chooses_on_a_held_out_split_of_valid(tiny_data, stock_che
     from fairseq.data import data_utils
 
     out = tmp_path / "out"
+    for path in tiny_data.glob("test.de-en.*"):  # a user's own subset of the split's name is left as it is
+        shutil.copyfile(path, tiny_data / path.name.replace("test.", "heldout.", 1))
+    users = {p.name: p.read_bytes() for p in tiny_data.glob("heldout.*")}
     printed = run(compress_argv(tiny_data, stock_checkpoint, out, tmp_path / "cache", "--heldout-sentences", "50",
                                 "--stop-after", "choice", target=("--max-bleu-loss", "100"))).stdout
     assert "--max-bleu-loss 100" in printed.splitlines()[0]
@@ -302,3 +321,4 @@ def test_max_bleu_loss_chooses_on_a_held_out_split_of_valid(tiny_data, stock_che
     assert [held[i].tolist() for i in range(len(held))] + [rest[i].tolist() for i in range(len(rest))] == \
         [original[i].tolist() for i in range(len(original))]
     assert (data / "train.de-en.en.bin").resolve() == (tiny_data / "train.de-en.en.bin").resolve()
+    assert {p.name: p.read_bytes() for p in tiny_data.glob("heldout.*")} == users

@@ -28,6 +28,8 @@ def render(record: Dict) -> str:
         f"| parameters | {shrunk['params_before']:,} | {shrunk['params_after']:,} |",
         f"| BLEU, {reported['subset']} ({reported['sentences']} sentences, {reported['engine']}) | "
         f"{reported['bleu_unpruned']:.2f} | {reported['bleu_compressed']:.2f} (p {reported['p']:.3f}) |",
+        *[f"| BLEU, {a['subset']} ({a['sentences']} sentences, {reported['engine']}) | {a['bleu_unpruned']:.2f} | "
+          f"{a['bleu_compressed']:.2f} (p {a['p']:.3f}) |" for a in reported.get("also") or []],
         f"| speed at equal work ({measured['subset']}, {measured['sentences']} sentences) | 1.00x | "
         f"{measured['speedup_equal_work']:.2f}x |",
         f"| speed as decoded | 1.00x ({measured['sentences_per_s']['unpruned']:.1f} sentences/s) | "
@@ -56,7 +58,7 @@ def render(record: Dict) -> str:
         f"attention sublayer ({o['window_steps']} Adam steps, lr {o['window_lr']:g}).",
         recover_line(recovered),
         f"- Speed: sentences of '{measured['subset']}'. The reported set '{reported['subset']}' was decoded once, "
-        "after every choice, by both models.", "",
+        "after every choice, by both models" + also_line(reported) + ".", "",
         "## Cost table", "",
         f"Each lever alone, cut crudely from the unpruned model and timed in {record['engine']} at equal work "
         f"({table['sentences']} sentences of '{o['timing_subset']}', {o['runs']} rounds). A row's saving counts "
@@ -91,6 +93,15 @@ def cost_lines(record: Dict) -> List[str]:
 
 def _minutes(seconds) -> str:
     return "" if seconds is None else f"{seconds / 60:.1f}"
+
+
+def also_line(reported: Dict) -> str:
+    """The --also-report sets, and how many of their source sentences a choice or training read anyway."""
+    parts = []
+    for a in reported.get("also") or []:
+        seen = ", ".join(f"{n} in '{name}'" for name, n in a["overlap"].items() if n)
+        parts.append(f"'{a['subset']}' ({a['references']}; source sentences also found elsewhere: {seen or 'none'})")
+    return "; so were " + ", ".join(parts) if parts else ""
 
 
 def recover_line(recovered: Dict) -> str:

@@ -72,6 +72,14 @@ class CompressOptions:
     gen_subset: str = "test"  # fairseq's --gen-subset: decoded once, at the end, to report
     references: Optional[str] = option(None, flag="--references",
                                        help="raw references of --gen-subset for BLEU (default: the binarised targets)")
+    also_report: Tuple[str, ...] = option((), flag="--also-report", metavar="SUBSET[,SUBSET...]",
+                                          parse=lambda text: comma_list(text),
+                                          help="more sets decoded once, at the end, beside --gen-subset (a second "
+                                               "test set): held out of every choice and every training run")
+    also_references: Tuple[str, ...] = option((), flag="--also-references", metavar="FILE[,FILE...]",
+                                              parse=lambda text: comma_list(text),
+                                              help="their raw references, in the same order (default: the "
+                                                   "binarised targets)")
     calibration_subset: str = option("train", flag="--calibration-subset",
                                      help="sentences the heads are chosen and the model reconstructed on (never "
                                           "--gen-subset)")
@@ -137,6 +145,20 @@ class CompressOptions:
             raise UserError(f"--stop-after must be one of {', '.join(STAGES)}, not {self.stop_after!r}")
         if self.references and not os.path.isfile(self.references):
             raise UserError(f"--references: no such file: {self.references}")
+        used = {self.calibration_subset: "--calibration-subset", self.gen_subset: "--gen-subset",
+                "train": "the recovery's training set", "valid": "the recovery's early stopping"}
+        for subset in self.also_report:
+            if subset in used:
+                raise UserError(f"--also-report {subset}: that is {used[subset]}; a reported set must be held out "
+                                "of every choice and every training run")
+        if len(set(self.also_report)) != len(self.also_report):
+            raise UserError(f"--also-report names a set twice: {','.join(self.also_report)}")
+        if self.also_references and len(self.also_references) != len(self.also_report):
+            raise UserError(f"--also-references: {len(self.also_references)} file(s) for {len(self.also_report)} "
+                            "--also-report set(s); give one per set, in the same order")
+        for path in self.also_references:
+            if not os.path.isfile(path):
+                raise UserError(f"--also-references: no such file: {path}")
         if os.path.exists(self.out) and not os.path.isdir(self.out):
             raise UserError(f"--out {self.out} is a file; name a folder")
         parent = os.path.dirname(os.path.abspath(self.out))
@@ -444,8 +466,8 @@ def split_valid(loaded, out: str, heldout: int) -> Tuple[str, Dict]:
     staged = out + ".partial"
     shutil.rmtree(staged, ignore_errors=True)
     os.makedirs(staged)
-    for path in glob.glob(os.path.join(source, "*")):
-        if os.path.isfile(path) and not os.path.basename(path).startswith("valid."):
+    for path in glob.glob(os.path.join(source, "*")):  # (a user's own HELDOUT files would be written through)
+        if os.path.isfile(path) and not os.path.basename(path).startswith(("valid.", HELDOUT + ".")):
             os.symlink(os.path.abspath(path), os.path.join(staged, os.path.basename(path)))
     vocab = max(len(loaded.task.source_dictionary), len(loaded.task.target_dictionary))
     sizes = set()
@@ -556,7 +578,8 @@ class Run:
         from fairseq_headprune.compress.shrink import calibration_samples
 
         options, loaded = self.options, self.loaded
-        for subset in ("train", "valid", options.gen_subset, options.calibration_subset, options.timing_subset):
+        for subset in ("train", "valid", options.gen_subset, options.calibration_subset, options.timing_subset,
+                       *options.also_report):
             subset_tokens(loaded, subset, 1)  # a missing subset is one line, before any work
         timing = self.timing = check_batches(loaded, options.timing_subset, options.timing_sentences)
         from fairseq_headprune.compress.recover import TRAIN_DEFAULTS
@@ -608,6 +631,7 @@ class Run:
         from fairseq_headprune.records.identity import decoding_identity
 
         reported = self.stage("report", {"gen_subset": options.gen_subset, "references": self._references_sha(),
+                                         "also": [[s, self._references_sha(s, r)] for s, r in self._also()],
                                          "decoding": decoding_identity(loaded.cfg)},
                               lambda folder: self._report(folder, recovered, exported), plan["report"])
         if self.stop_here("report"):
@@ -708,11 +732,17 @@ class Run:
 
         return calibration_files_sha256(self.loaded, subset)
 
-    def _references_sha(self) -> Optional[str]:
+    def _references_sha(self, subset: Optional[str] = None, references: Optional[str] = None) -> Optional[str]:
         from fairseq_headprune.records.identity import file_sha256
 
-        return file_sha256(self.options.references) if self.options.references else self._data_sha(
-            self.options.gen_subset)
+        if subset is None:
+            subset, references = self.options.gen_subset, self.options.references
+        return file_sha256(references) if references else self._data_sha(subset)
+
+    def _also(self) -> List[Tuple[str, Optional[str]]]:
+        """(subset, references or None) of each --also-report set."""
+        o = self.options
+        return list(zip(o.also_report, o.also_references or [None] * len(o.also_report)))
 
     def _gradients(self):
         from fairseq_headprune.compress import select
@@ -978,26 +1008,15 @@ class Run:
     # report
 
     def _report(self, folder: str, recovered: Dict, exported: Dict) -> Dict:
-        import torch
-
-        from fairseq_headprune.decoding.evaluate import SubsetEvaluator
-        from fairseq_headprune.stats import BleuBootstrap
-
+        """--gen-subset and each --also-report set, decoded once by both models: the only reads of them."""
         o = self.options
         pruned = self._load(recovered["checkpoint"])
-        evaluator = SubsetEvaluator(self.loaded, o.gen_subset, o.references)
-        texts = {}
         with tempfile.TemporaryDirectory(prefix="compress-report-") as tmp:
-            for name, loaded, exp in (("unpruned", self.loaded, None), ("compressed", pruned, exported)):
-                hyps = self._engine_model(loaded, exp, tmp, name).run(evaluator.samples)["hypotheses"]
-                texts[name] = [evaluator.hypothesis_text({"tokens": torch.tensor(hyps[i], dtype=torch.long)})
-                               for i in range(evaluator.size)]
-        bleu = {k: round(float(evaluator.bleu(v).score), 2) for k, v in texts.items()}
-        test = BleuBootstrap(evaluator.references, texts["unpruned"], BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED)
-        p = test.test(texts["compressed"]).p_value
-        for name, lines in texts.items():
-            with open(os.path.join(folder, f"{name}.{o.gen_subset}.txt"), "w", encoding="utf-8") as f:
-                f.write("\n".join(lines) + "\n")
+            models = {"unpruned": self._engine_model(self.loaded, None, tmp, "unpruned"),
+                      "compressed": self._engine_model(pruned, exported, tmp, "compressed")}
+            main = self._scored(folder, models, o.gen_subset, o.references)
+            also = [{**self._scored(folder, models, subset, references), "overlap": self._overlap(subset)}
+                    for subset, references in self._also()]
         heldout = None
         choice = self.results["choice"]
         if choice.get("data"):  # --max-bleu-loss: the held-out split the choice read, after recovery
@@ -1005,13 +1024,49 @@ class Run:
             heldout = {"bleu_unpruned": choice["heldout_bleu_unpruned"], "bleu_compressed": after,
                        "loss": round(choice["heldout_bleu_unpruned"] - after, 2),
                        "loss_before_recovery": choice["chosen"]["heldout_loss"], "sentences": choice["split"]}
-        return {"heldout": heldout, "subset": o.gen_subset, "sentences": evaluator.size,
-                "references": evaluator.reference_source,
-                "engine": o.engine, "bleu_unpruned": bleu["unpruned"], "bleu_compressed": bleu["compressed"],
-                "bleu_delta": round(bleu["compressed"] - bleu["unpruned"], 2), "p": round(float(p), 4),
-                "signature": evaluator.bleu_signature(),
+        return {**main, "heldout": heldout, "also": also, "engine": o.engine,
                 "significance": f"paired bootstrap of sacreBLEU against the unpruned model in {o.engine} "
                                 f"({BOOTSTRAP_SAMPLES} resamples, seed {BOOTSTRAP_SEED}, one-sided)"}
+
+    def _scored(self, folder: str, models: Dict, subset: str, references: Optional[str]) -> Dict:
+        """One reported set decoded by both models in the engine: BLEU of each, the difference and its p."""
+        import torch
+
+        from fairseq_headprune.decoding.evaluate import SubsetEvaluator
+        from fairseq_headprune.stats import BleuBootstrap
+
+        evaluator = SubsetEvaluator(self.loaded, subset, references)
+        texts = {}
+        for name, model in models.items():
+            hyps = model.run(evaluator.samples)["hypotheses"]
+            texts[name] = [evaluator.hypothesis_text({"tokens": torch.tensor(hyps[i], dtype=torch.long)})
+                           for i in range(evaluator.size)]
+            with open(os.path.join(folder, f"{name}.{subset}.txt"), "w", encoding="utf-8") as f:
+                f.write("\n".join(texts[name]) + "\n")
+        bleu = {k: round(float(evaluator.bleu(v).score), 2) for k, v in texts.items()}
+        p = BleuBootstrap(evaluator.references, texts["unpruned"], BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED).test(
+            texts["compressed"]).p_value
+        return {"subset": subset, "sentences": evaluator.size, "references": evaluator.reference_source,
+                "bleu_unpruned": bleu["unpruned"], "bleu_compressed": bleu["compressed"],
+                "bleu_delta": round(bleu["compressed"] - bleu["unpruned"], 2), "p": round(float(p), 4),
+                "signature": evaluator.bleu_signature()}
+
+    def _overlap(self, subset: str) -> Dict[str, int]:
+        """How many of a reported set's source sentences also occur in each set a choice or training read (identical
+        captions happen; a count near the set's size means it was not held out)."""
+        from fairseq_headprune.fairseq_io.loading import load_subset
+
+        def sources(name: str) -> set:
+            dataset = load_subset(self.loaded, name)
+            return {tuple(dataset.src[i].tolist()) for i in range(len(dataset))}
+
+        mine = load_subset(self.loaded, subset)
+        mine = [tuple(mine.src[i].tolist()) for i in range(len(mine))]
+        overlap = {}
+        for name in dict.fromkeys(("train", "valid", self.options.calibration_subset)):
+            seen = sources(name)
+            overlap[name] = sum(sentence in seen for sentence in mine)
+        return overlap
 
     # outputs
 
@@ -1071,6 +1126,10 @@ def verdict(record: Dict) -> Dict:
              f"in {record['engine']} at equal work ({measured['speedup_as_decoded']:.2f}x as decoded; FLOP ratio "
              f"{measured['flop_ratio']:.2f}); BLEU on {reported['subset']} {reported['bleu_compressed']:.2f} against "
              f"{reported['bleu_unpruned']:.2f} ({reported['bleu_delta']:+.2f}, p {reported['p']:.3f})"]
+    for also in reported.get("also") or []:
+        lines.append(f"BLEU on {also['subset']} (held out of every choice and training run): "
+                     f"{also['bleu_compressed']:.2f} against {also['bleu_unpruned']:.2f} ({also['bleu_delta']:+.2f}, "
+                     f"p {also['p']:.3f})")
     out = {"speedup": speed, "bleu_loss": round(loss, 2)}
     target = record["options"]["speedup"]
     if target is not None:
@@ -1103,6 +1162,11 @@ def run(loaded, options: CompressOptions, log: Callable = print, progress: bool 
     os.makedirs(options.out, exist_ok=True)
     with FolderLock(options.out):
         return Run(loaded, options, log, progress).run()
+
+
+def comma_list(text: str) -> Tuple[str, ...]:
+    """fairseq's comma-separated list of subsets (as --valid-subset takes them)."""
+    return tuple(part for part in text.split(",") if part)
 
 
 def recover_args(text: Optional[str]) -> Tuple[str, ...]:

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# `compress` on the bundled En-Fr model (results/compress-en-fr): the data of results/recover-en-fr (a 30k-pair slice
+# of the model's own training corpora to calibrate and recover on, the first 1000 sentences of newstest2013 as
+# valid: early stopping and timing), newstest2014 (all 3003 sentences) reported, and MTNT's En-Fr test set (Reddit
+# text, 1020 sentences) as a second set held out of every choice and every training run; both decoded once, at the
+# end. Two recovery epochs (an epoch of this slice is 520 updates, ~22 CPU minutes; results/recover-en-fr found the
+# first epoch best on valid).
+#
+# usage: recipes/compress_en_fr.sh [WORK] [TARGET]   (work/compress-en-fr, "--speedup 1.5"). Resumable.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+work=${1:-work/compress-en-fr} target=${2:---speedup 1.5}
+export PATH=$PWD/.venv/bin:$PATH OMP_NUM_THREADS=1 TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1
+data=../shared/data model=checkpoints/en-fr bin=$work/data-bin
+fhp=${FHP:-fairseq-headprune}  # another build of the command (a snapshot of the tree) for long runs
+mkdir -p "$work/raw"
+for l in en fr; do
+  [ -f "$work/raw/train.$l" ] || { cat "$data/europarl_en_fr/europarl-v7.sampleA.$l"
+    head -n 5000 "$data/bible_fr_en/train.$l"; head -n 5000 "$data/libreoffice_help_en_fr/train.$l"; } > "$work/raw/train.$l"
+  head -n 1000 "$data/wmt14_en_fr/newstest2013.tok.$l" > "$work/raw/valid.$l"  # Moses-tokenised in the data
+  cp "$data/wmt14_en_fr/newstest2014-fren.$l" "$work/raw/test.$l"
+  cp "$data/mtnt/test.en-fr.$l" "$work/raw/mtnt.$l"
+done
+for split in train test mtnt valid; do
+  [ -f "$bin/$split.en-fr.en.idx" ] || bash data_prep/encode-for-model.sh "$model" en fr "$work/raw/$split" "$bin" \
+    "$split" $([ $split = valid ] && echo --tokenized) > "$work/encode-$split.log" 2>&1
+done
+name=$(echo "$target" | tr -d ' -' | tr . _)
+# shellcheck disable=SC2086
+$fhp compress "$bin" --path "$model/model.pt" -s en -t fr --out "$work/en-fr-$name" $target --engine ct2-int8 \
+  --budget-epochs 2 --gen-subset test --references "$bin/test.raw.fr" --also-report mtnt \
+  --also-references "$bin/mtnt.raw.fr" --beam 5 --batch-size 64 --max-len-a 1.5 --max-len-b 10 \
+  --tokenizer moses --bpe subword_nmt --bpe-codes "$model/code" ${STOP:+--stop-after $STOP} \
+  2>&1 | tee -a "$work/en-fr-$name.log"
