@@ -1014,9 +1014,9 @@ class Run:
         with tempfile.TemporaryDirectory(prefix="compress-report-") as tmp:
             models = {"unpruned": self._engine_model(self.loaded, None, tmp, "unpruned"),
                       "compressed": self._engine_model(pruned, exported, tmp, "compressed")}
-            main = self._scored(folder, models, o.gen_subset, o.references)
-            also = [{**self._scored(folder, models, subset, references), "overlap": self._overlap(subset)}
-                    for subset, references in self._also()]
+            main = scored_pair(self.loaded, models, folder, o.gen_subset, o.references)
+            also = [{**scored_pair(self.loaded, models, folder, subset, references),
+                     "overlap": self._overlap(subset)} for subset, references in self._also()]
         heldout = None
         choice = self.results["choice"]
         if choice.get("data"):  # --max-bleu-loss: the held-out split the choice read, after recovery
@@ -1027,29 +1027,6 @@ class Run:
         return {**main, "heldout": heldout, "also": also, "engine": o.engine,
                 "significance": f"paired bootstrap of sacreBLEU against the unpruned model in {o.engine} "
                                 f"({BOOTSTRAP_SAMPLES} resamples, seed {BOOTSTRAP_SEED}, one-sided)"}
-
-    def _scored(self, folder: str, models: Dict, subset: str, references: Optional[str]) -> Dict:
-        """One reported set decoded by both models in the engine: BLEU of each, the difference and its p."""
-        import torch
-
-        from fairseq_headprune.decoding.evaluate import SubsetEvaluator
-        from fairseq_headprune.stats import BleuBootstrap
-
-        evaluator = SubsetEvaluator(self.loaded, subset, references)
-        texts = {}
-        for name, model in models.items():
-            hyps = model.run(evaluator.samples)["hypotheses"]
-            texts[name] = [evaluator.hypothesis_text({"tokens": torch.tensor(hyps[i], dtype=torch.long)})
-                           for i in range(evaluator.size)]
-            with open(os.path.join(folder, f"{name}.{subset}.txt"), "w", encoding="utf-8") as f:
-                f.write("\n".join(texts[name]) + "\n")
-        bleu = {k: round(float(evaluator.bleu(v).score), 2) for k, v in texts.items()}
-        p = BleuBootstrap(evaluator.references, texts["unpruned"], BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED).test(
-            texts["compressed"]).p_value
-        return {"subset": subset, "sentences": evaluator.size, "references": evaluator.reference_source,
-                "bleu_unpruned": bleu["unpruned"], "bleu_compressed": bleu["compressed"],
-                "bleu_delta": round(bleu["compressed"] - bleu["unpruned"], 2), "p": round(float(p), 4),
-                "signature": evaluator.bleu_signature()}
 
     def _overlap(self, subset: str) -> Dict[str, int]:
         """How many of a reported set's source sentences also occur in each set a choice or training read (identical
@@ -1100,6 +1077,32 @@ class Run:
         for line in record["verdict"]["lines"]:
             self.log(line)
         return record
+
+
+def scored_pair(loaded, models: Dict, folder: Optional[str], subset: str, references: Optional[str]) -> Dict:
+    """One set decoded by both models ({"unpruned": EngineModel, "compressed": EngineModel}) in their engine: BLEU of
+    each, the difference and its paired-bootstrap p; the hypotheses written to folder as NAME.SUBSET.txt."""
+    import torch
+
+    from fairseq_headprune.decoding.evaluate import SubsetEvaluator
+    from fairseq_headprune.stats import BleuBootstrap
+
+    evaluator = SubsetEvaluator(loaded, subset, references)
+    texts = {}
+    for name, model in models.items():
+        hyps = model.run(evaluator.samples)["hypotheses"]
+        texts[name] = [evaluator.hypothesis_text({"tokens": torch.tensor(hyps[i], dtype=torch.long)})
+                       for i in range(evaluator.size)]
+        if folder:
+            with open(os.path.join(folder, f"{name}.{subset}.txt"), "w", encoding="utf-8") as f:
+                f.write("\n".join(texts[name]) + "\n")
+    bleu = {k: round(float(evaluator.bleu(v).score), 2) for k, v in texts.items()}
+    p = BleuBootstrap(evaluator.references, texts["unpruned"], BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED).test(
+        texts["compressed"]).p_value
+    return {"subset": subset, "sentences": evaluator.size, "references": evaluator.reference_source,
+            "bleu_unpruned": bleu["unpruned"], "bleu_compressed": bleu["compressed"],
+            "bleu_delta": round(bleu["compressed"] - bleu["unpruned"], 2), "p": round(float(p), 4),
+            "signature": evaluator.bleu_signature()}
 
 
 def replace_folder(source: str, out: str) -> None:
