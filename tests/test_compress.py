@@ -240,15 +240,18 @@ def flop_timer(loaded, samples, length: int = 6):
     return factory
 
 
-@pytest.mark.parametrize("dims,first", [
-    # wide FFNs, few narrow heads: the FFN buys the most
+@pytest.mark.parametrize("dims,first,left_out", [
+    # wide FFNs, few narrow heads, a shallow decoder: the FFN buys the most
     (dict(encoder_ffn_embed_dim=1024, decoder_ffn_embed_dim=1024, encoder_attention_heads=2,
-          decoder_attention_heads=2), "FFN units"),
-    # many heads in a deep decoder, thin FFNs: the decoder's heads buy the most
+          decoder_attention_heads=2, decoder_layers=2), "FFN units", ()),
+    # many heads in a deep decoder, thin FFNs: the decoder's heads buy the most (of the levers within a layer: half
+    # the decoder's layers take half its heads and the rest of those layers too, so in FLOPs they buy more)
     (dict(encoder_ffn_embed_dim=8, decoder_ffn_embed_dim=8, decoder_layers=6, encoder_layers=1,
-          encoder_attention_heads=8, decoder_attention_heads=8), "decoder heads"),
+          encoder_attention_heads=8, decoder_attention_heads=8), "decoder heads", ("decoder layers",)),
+    # a deep decoder over a one-layer encoder: its depth buys the most
+    (dict(decoder_layers=6, encoder_layers=1), "decoder layers", ()),
 ])
-def test_cost_table_ranks_the_levers_a_shape_rewards(tiny_data, stock_checkpoint, dims, first):
+def test_cost_table_ranks_the_levers_a_shape_rewards(tiny_data, stock_checkpoint, dims, first, left_out):
     from fairseq_headprune.fairseq_io.loading import Loaded
 
     model, task = random_model(stock_checkpoint, tiny_data, **dims)
@@ -257,17 +260,23 @@ def test_cost_table_ranks_the_levers_a_shape_rewards(tiny_data, stock_checkpoint
     loaded = Loaded(cfg, task, model, None, str(stock_checkpoint))
     samples = [task.dataset("valid").collater([task.dataset("valid")[i] for i in range(j, j + 8)])
                for j in range(0, 32, 8)]
-    table = levers.measure(loaded, "fairseq", samples, 2, log=lambda _: None,
+    chosen = tuple(lever for lever in levers.LEVERS if lever.name not in left_out)
+    table = levers.measure(loaded, "fairseq", samples, 2, chosen, log=lambda _: None,
                            decoder_factory=flop_timer(loaded, samples))
     order = [name for name, _ in levers.lever_order(table)]
     assert order[0] == first, table["rows"]
+    # the decoder's depth is measured at every count below the whole, as the heads are
+    depth = [r["value"] for r in table["rows"] if r["field"] == "dec_layers"]
+    assert depth == ([] if left_out else list(range(dims["decoder_layers"] - 1, 0, -1)))
+    assert table["whole"]["dec_layers"] == dims["decoder_layers"]
     # the rows are monotone once smoothed, and a prediction multiplies the shares of time each lever leaves
-    for field in ("enc_heads", "dec_heads"):
+    for field in ("enc_heads", "dec_heads", "dec_layers"):
         saved = [r["saved"] for r in sorted(table["rows"], key=lambda r: r["value"]) if r["field"] == field]
         assert saved == sorted(saved, reverse=True)
     whole = table["whole"]
-    point = {"enc_heads": 1, "dec_heads": 1}
-    expected = 1 / ((1 - levers.saved(table, "enc_heads", 1)) * (1 - levers.saved(table, "dec_heads", 1)))
+    point = {"enc_heads": 1, "dec_heads": 1, **({} if left_out else {"dec_layers": 1})}
+    expected = 1 / ((1 - levers.saved(table, "enc_heads", 1)) * (1 - levers.saved(table, "dec_heads", 1))
+                    * (1 - (0 if left_out else levers.saved(table, "dec_layers", 1))))
     assert levers.predict(table, point) == pytest.approx(expected)
     assert levers.predict(table, {"enc_heads": whole["enc_heads"]}) == 1.0
 
