@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -39,9 +40,10 @@ def stage_names(printed: str, word: str):
 def test_compress_end_to_end_resumes_and_extends(tiny_data, stock_checkpoint, tmp_path):
     import ctranslate2
 
-    from fairseq_headprune.core.heads import attention_modules
+    from fairseq_headprune.core.heads import HeadLayout, attention_modules
     from fairseq_headprune.fairseq_io.loading import trust_fairseq_checkpoints
     from helpers import load_stock
+    from test_surgery import reload
 
     out, cache = tmp_path / "out", tmp_path / "cache"
     for path in tiny_data.glob("test.de-en.*"):  # a second reported set (the test sentences under another name)
@@ -70,14 +72,15 @@ def test_compress_end_to_end_resumes_and_extends(tiny_data, stock_checkpoint, tm
     assert torch.load(out / "model.pt", map_location="cpu", weights_only=False)["model"].keys() == \
         torch.load(out / "stages" / "recover" / "model.pt", map_location="cpu", weights_only=False)["model"].keys()
     shrunk = json.loads((out / "stages" / "shrink" / "model.json").read_text())
-    kept = shrunk["kept_heads"]  # {type: {layer: heads kept}} of the types that lost heads
-    whole = {t: {str(layer): a.num_heads for (tt, layer), a in attention_modules(model).items() if tt == t}
-             for t in ("enc-self", "enc-dec", "dec-self")}
-    counts = {t: {len(kept[t][layer]) if layer in kept.get(t, {}) else n for layer, n in whole[t].items()}
-              for t in whole}
+    written = reload(out / "model.pt", tiny_data)  # (the choice may cut the decoder's depth too)
+    counts = {t: {len(ids) for (tt, _), ids in HeadLayout.of(written).heads.items() if tt == t}
+              for t in ("enc-self", "enc-dec", "dec-self")}
     assert counts == {"enc-self": {chosen["enc_heads"]}, "enc-dec": {chosen["dec_heads"]},
                       "dec-self": {chosen["dec_heads"]}}
-    assert shrunk["heads_total"] - shrunk["heads_kept"] == chosen["heads_removed"] > 0
+    depth = chosen.get("dec_layers", len(model.decoder.layers))
+    assert len(written.decoder.layers) == depth
+    gone = (len(model.decoder.layers) - depth) * 2 * model.decoder.layers[0].self_attn.num_heads  # whole layers
+    assert shrunk["heads_total"] - shrunk["heads_kept"] == chosen["heads_removed"] + gone > 0
     assert sum(a.num_heads for a in attention_modules(model).values()) == shrunk["heads_total"]
     translator = ctranslate2.Translator(str(out / "ct2"), compute_type="int8")
     assert translator.translate_batch([["ein", "Mann"]], max_decoding_length=5)[0].hypotheses[0]
@@ -161,6 +164,7 @@ def test_refusals_are_one_line_before_any_work(tiny_data, stock_checkpoint, tmp_
     error = proc.stderr.strip().splitlines()[-1]
     assert "--speedup 1000: no shape reaches it in ct2-int8" in error and "the fastest" in error
     assert "x the unpruned model" in error and "FFN units at 50%" in error  # what the lever not yet removable would add
+    assert re.search(r"the fastest, encoder heads \d+, decoder heads \d+(, decoder layers \d+)?, is ", error), error
     assert (out / "stages" / "cost-table" / "stage.json").exists() and not (out / "stages" / "choice").exists()
 
 
@@ -331,3 +335,57 @@ def test_max_bleu_loss_chooses_on_a_held_out_split_of_valid(tiny_data, stock_che
         [original[i].tolist() for i in range(len(original))]
     assert (data / "train.de-en.en.bin").resolve() == (tiny_data / "train.de-en.en.bin").resolve()
     assert {p.name: p.read_bytes() for p in tiny_data.glob("heldout.*")} == users
+
+
+def test_a_target_only_depth_and_heads_reach_cuts_the_decoder_in_the_written_model(tiny_data, stock_checkpoint,
+                                                                                   tmp_path):
+    """Decoder layers are a lever of the choice: with a cost table (edited here, so that the answer is known) where
+    no heads-only shape reaches the target and every decoder depth needs two decoder heads at most, the shape chosen
+    cuts the depth and the heads, its layers are those shrink's importance selection keeps, and the model shrink
+    writes has exactly that depth and those head counts."""
+    from fairseq_headprune.compress import model_card
+    from fairseq_headprune.core.heads import HeadLayout, parse_head_spec
+    from fairseq_headprune.fairseq_io.loading import trust_fairseq_checkpoints
+    from test_surgery import reload
+
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    run(compress_argv(tiny_data, stock_checkpoint, out, cache, "--stop-after", "cost-table"))
+    path = out / "stages" / "cost-table" / "stage.json"
+    record = json.loads(path.read_text())
+    saved = {("dec_layers", 2): 0.25, ("dec_layers", 1): 0.3, ("dec_heads", 3): 0.1, ("dec_heads", 2): 0.2,
+             ("dec_heads", 1): 0.3}  # heads alone 1.43x at most; a depth with 3 decoder heads 1.59x at most
+    rows = record["result"]["rows"]
+    assert {r["value"] for r in rows if r["field"] == "dec_layers"} == {1, 2}  # the tiny decoder has 3 layers
+    for r in rows:
+        r["time_saved"] = saved.get((r["field"], r["value"]), 0.0)
+        r["speedup"] = round(1 / (1 - r["time_saved"]), 4)
+        r["sign_test"] = {"faster_batches": 10, "batches": 10, "p": 0.001}
+    path.write_text(json.dumps(record))
+
+    printed = run(compress_argv(tiny_data, stock_checkpoint, out, cache, "--stop-after", "shrink",
+                                target=("--speedup", "1.6"))).stdout
+    assert "layer search: remove dec:" in printed
+    choice = json.loads((out / "stages" / "choice" / "stage.json").read_text())["result"]
+    chosen = choice["chosen"]
+    assert choice["levers"] == ["encoder heads", "decoder heads", "decoder layers"]
+    assert all(p["dec_layers"] in (1, 2) and p["dec_heads"] <= 2 for p in choice["candidates"])
+    assert {p["dec_layers"] for p in choice["candidates"]} == {1, 2} and "depth_nll" in chosen
+    removed = [int(s["removed"].split(":")[1]) for s in choice["layer_order"]["steps"]]
+    assert chosen["layers_kept"] == {"dec": sorted(set(range(1, 4)) - set(removed[:3 - chosen["dec_layers"]]))}
+    # the model written: the chosen depth, its layers, and one head count per stack in the kept layers
+    shrunk = json.loads((out / "stages" / "shrink" / "model.json").read_text())
+    assert shrunk["layers"]["kept"] == chosen["layers_kept"] and shrunk["layers"]["rule"] == "importance"
+    assert set(parse_head_spec(shrunk["selection"]["removed_spec"])) == set(parse_head_spec(chosen["heads"]))
+    trust_fairseq_checkpoints()
+    model = reload(out / "stages" / "shrink" / "model.pt", tiny_data)
+    assert len(model.decoder.layers) == chosen["dec_layers"] and len(model.encoder.layers) == 4
+    layout = HeadLayout.of(model)
+    counts = {t: {len(ids) for (tt, _), ids in layout.heads.items() if tt == t}
+              for t in ("enc-self", "enc-dec", "dec-self")}
+    assert counts == {"enc-self": {chosen["enc_heads"]}, "enc-dec": {chosen["dec_heads"]},
+                      "dec-self": {chosen["dec_heads"]}}
+    # the verdict and the card say the depth
+    words = f"decoder {chosen['dec_layers']} layers x {chosen['dec_heads']} heads"
+    assert words in pipeline.shape_words(chosen) and words in printed
+    line = model_card.removed_line(chosen, {"enc_heads": 8, "dec_heads": 4, "dec_layers": 3})
+    assert f"The decoder keeps {chosen['dec_layers']} of its 3 layers" in line
