@@ -376,7 +376,8 @@ def saved(table: Dict, field: str, value: float) -> float:
 
 def lever_order(table: Dict) -> List[Tuple[str, float]]:
     """Levers by the speed-up half of each buys on its own (half the heads of every layer of a stack, half the
-    decoder's layers, half of every FFN's units; read from the smoothed rows), fastest first: (lever, predicted speed-up)."""
+    decoder's layers, half of every FFN's units; read from the smoothed rows), fastest first: (lever, predicted
+    speed-up)."""
     out = {}
     for r in table["rows"]:
         if r["lever"] in out:
