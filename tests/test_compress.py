@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -39,9 +40,10 @@ def stage_names(printed: str, word: str):
 def test_compress_end_to_end_resumes_and_extends(tiny_data, stock_checkpoint, tmp_path):
     import ctranslate2
 
-    from fairseq_headprune.core.heads import attention_modules
+    from fairseq_headprune.core.heads import HeadLayout, attention_modules
     from fairseq_headprune.fairseq_io.loading import trust_fairseq_checkpoints
     from helpers import load_stock
+    from test_surgery import reload
 
     out, cache = tmp_path / "out", tmp_path / "cache"
     for path in tiny_data.glob("test.de-en.*"):  # a second reported set (the test sentences under another name)
@@ -70,14 +72,15 @@ def test_compress_end_to_end_resumes_and_extends(tiny_data, stock_checkpoint, tm
     assert torch.load(out / "model.pt", map_location="cpu", weights_only=False)["model"].keys() == \
         torch.load(out / "stages" / "recover" / "model.pt", map_location="cpu", weights_only=False)["model"].keys()
     shrunk = json.loads((out / "stages" / "shrink" / "model.json").read_text())
-    kept = shrunk["kept_heads"]  # {type: {layer: heads kept}} of the types that lost heads
-    whole = {t: {str(layer): a.num_heads for (tt, layer), a in attention_modules(model).items() if tt == t}
-             for t in ("enc-self", "enc-dec", "dec-self")}
-    counts = {t: {len(kept[t][layer]) if layer in kept.get(t, {}) else n for layer, n in whole[t].items()}
-              for t in whole}
+    written = reload(out / "model.pt", tiny_data)  # (the choice may cut the decoder's depth too)
+    counts = {t: {len(ids) for (tt, _), ids in HeadLayout.of(written).heads.items() if tt == t}
+              for t in ("enc-self", "enc-dec", "dec-self")}
     assert counts == {"enc-self": {chosen["enc_heads"]}, "enc-dec": {chosen["dec_heads"]},
                       "dec-self": {chosen["dec_heads"]}}
-    assert shrunk["heads_total"] - shrunk["heads_kept"] == chosen["heads_removed"] > 0
+    depth = chosen.get("dec_layers", len(model.decoder.layers))
+    assert len(written.decoder.layers) == depth
+    gone = (len(model.decoder.layers) - depth) * 2 * model.decoder.layers[0].self_attn.num_heads  # whole layers
+    assert shrunk["heads_total"] - shrunk["heads_kept"] == chosen["heads_removed"] + gone > 0
     assert sum(a.num_heads for a in attention_modules(model).values()) == shrunk["heads_total"]
     translator = ctranslate2.Translator(str(out / "ct2"), compute_type="int8")
     assert translator.translate_batch([["ein", "Mann"]], max_decoding_length=5)[0].hypotheses[0]
@@ -161,6 +164,7 @@ def test_refusals_are_one_line_before_any_work(tiny_data, stock_checkpoint, tmp_
     error = proc.stderr.strip().splitlines()[-1]
     assert "--speedup 1000: no shape reaches it in ct2-int8" in error and "the fastest" in error
     assert "x the unpruned model" in error and "FFN units at 50%" in error  # what the lever not yet removable would add
+    assert re.search(r"the fastest, encoder heads \d+, decoder heads \d+(, decoder layers \d+)?, is ", error), error
     assert (out / "stages" / "cost-table" / "stage.json").exists() and not (out / "stages" / "choice").exists()
 
 
@@ -240,15 +244,18 @@ def flop_timer(loaded, samples, length: int = 6):
     return factory
 
 
-@pytest.mark.parametrize("dims,first", [
-    # wide FFNs, few narrow heads: the FFN buys the most
+@pytest.mark.parametrize("dims,first,left_out", [
+    # wide FFNs, few narrow heads, a shallow decoder: the FFN buys the most
     (dict(encoder_ffn_embed_dim=1024, decoder_ffn_embed_dim=1024, encoder_attention_heads=2,
-          decoder_attention_heads=2), "FFN units"),
-    # many heads in a deep decoder, thin FFNs: the decoder's heads buy the most
+          decoder_attention_heads=2, decoder_layers=2), "FFN units", ()),
+    # many heads in a deep decoder, thin FFNs: the decoder's heads buy the most (of the levers within a layer: half
+    # the decoder's layers take half its heads and the rest of those layers too, so in FLOPs they buy more)
     (dict(encoder_ffn_embed_dim=8, decoder_ffn_embed_dim=8, decoder_layers=6, encoder_layers=1,
-          encoder_attention_heads=8, decoder_attention_heads=8), "decoder heads"),
+          encoder_attention_heads=8, decoder_attention_heads=8), "decoder heads", ("decoder layers",)),
+    # a deep decoder over a one-layer encoder: its depth buys the most
+    (dict(decoder_layers=6, encoder_layers=1), "decoder layers", ()),
 ])
-def test_cost_table_ranks_the_levers_a_shape_rewards(tiny_data, stock_checkpoint, dims, first):
+def test_cost_table_ranks_the_levers_a_shape_rewards(tiny_data, stock_checkpoint, dims, first, left_out):
     from fairseq_headprune.fairseq_io.loading import Loaded
 
     model, task = random_model(stock_checkpoint, tiny_data, **dims)
@@ -257,17 +264,23 @@ def test_cost_table_ranks_the_levers_a_shape_rewards(tiny_data, stock_checkpoint
     loaded = Loaded(cfg, task, model, None, str(stock_checkpoint))
     samples = [task.dataset("valid").collater([task.dataset("valid")[i] for i in range(j, j + 8)])
                for j in range(0, 32, 8)]
-    table = levers.measure(loaded, "fairseq", samples, 2, log=lambda _: None,
+    chosen = tuple(lever for lever in levers.LEVERS if lever.name not in left_out)
+    table = levers.measure(loaded, "fairseq", samples, 2, chosen, log=lambda _: None,
                            decoder_factory=flop_timer(loaded, samples))
     order = [name for name, _ in levers.lever_order(table)]
     assert order[0] == first, table["rows"]
+    # the decoder's depth is measured at every count below the whole, as the heads are
+    depth = [r["value"] for r in table["rows"] if r["field"] == "dec_layers"]
+    assert depth == ([] if left_out else list(range(dims["decoder_layers"] - 1, 0, -1)))
+    assert table["whole"]["dec_layers"] == dims["decoder_layers"]
     # the rows are monotone once smoothed, and a prediction multiplies the shares of time each lever leaves
-    for field in ("enc_heads", "dec_heads"):
+    for field in ("enc_heads", "dec_heads", "dec_layers"):
         saved = [r["saved"] for r in sorted(table["rows"], key=lambda r: r["value"]) if r["field"] == field]
         assert saved == sorted(saved, reverse=True)
     whole = table["whole"]
-    point = {"enc_heads": 1, "dec_heads": 1}
-    expected = 1 / ((1 - levers.saved(table, "enc_heads", 1)) * (1 - levers.saved(table, "dec_heads", 1)))
+    point = {"enc_heads": 1, "dec_heads": 1, **({} if left_out else {"dec_layers": 1})}
+    expected = 1 / ((1 - levers.saved(table, "enc_heads", 1)) * (1 - levers.saved(table, "dec_heads", 1))
+                    * (1 - (0 if left_out else levers.saved(table, "dec_layers", 1))))
     assert levers.predict(table, point) == pytest.approx(expected)
     assert levers.predict(table, {"enc_heads": whole["enc_heads"]}) == 1.0
 
@@ -306,6 +319,8 @@ def test_max_bleu_loss_chooses_on_a_held_out_split_of_valid(tiny_data, stock_che
     assert "--max-bleu-loss 100" in printed.splitlines()[0]
     choice = json.loads((out / "stages" / "choice" / "stage.json").read_text())["result"]
     frontier = choice["frontier"]
+    assert choice["levers"] == ["encoder heads", "decoder heads"]  # this mode leaves the depth whole, and says so
+    assert not any("dec_layers" in p for p in choice["candidates"])
     assert choice["chosen"]["enc_heads"] == frontier[0]["enc_heads"] and \
         choice["chosen"]["dec_heads"] == frontier[0]["dec_heads"]  # the fastest: every shape is within 100
     speeds = [p["predicted_speedup"] for p in frontier]
@@ -322,3 +337,62 @@ def test_max_bleu_loss_chooses_on_a_held_out_split_of_valid(tiny_data, stock_che
         [original[i].tolist() for i in range(len(original))]
     assert (data / "train.de-en.en.bin").resolve() == (tiny_data / "train.de-en.en.bin").resolve()
     assert {p.name: p.read_bytes() for p in tiny_data.glob("heldout.*")} == users
+
+
+def test_a_target_only_depth_and_heads_reach_cuts_the_decoder_in_the_written_model(tiny_data, stock_checkpoint,
+                                                                                   tmp_path):
+    """Decoder layers are a lever of the choice: with a cost table (edited here, so that the answer is known) where
+    no heads-only shape reaches the target and every decoder depth needs two decoder heads at most, the shape chosen
+    cuts the depth and the heads, its layers are those shrink's importance selection keeps, and the model shrink
+    writes has exactly that depth and those head counts."""
+    from fairseq_headprune.core.heads import HeadLayout, parse_head_spec
+    from fairseq_headprune.fairseq_io.loading import trust_fairseq_checkpoints
+    from test_surgery import reload
+
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    # a tiny decoder cut this deep often runs to the length limit, where CTranslate2's and fairseq's beams differ
+    # (the export's parity check): one beam
+    beam = ("--beam", "1")
+    run(compress_argv(tiny_data, stock_checkpoint, out, cache, *beam, "--stop-after", "cost-table"))
+    path = out / "stages" / "cost-table" / "stage.json"
+    record = json.loads(path.read_text())
+    saved = {("dec_layers", 2): 0.25, ("dec_layers", 1): 0.3, ("dec_heads", 3): 0.1, ("dec_heads", 2): 0.2,
+             ("dec_heads", 1): 0.3}  # heads alone 1.43x at most; a depth with 3 decoder heads 1.59x at most
+    rows = record["result"]["rows"]
+    assert {r["value"] for r in rows if r["field"] == "dec_layers"} == {1, 2}  # the tiny decoder has 3 layers
+    for r in rows:
+        r["time_saved"] = saved.get((r["field"], r["value"]), 0.0)
+        r["speedup"] = round(1 / (1 - r["time_saved"]), 4)
+        r["sign_test"] = {"faster_batches": 10, "batches": 10, "p": 0.001}
+    path.write_text(json.dumps(record))
+
+    printed = run(compress_argv(tiny_data, stock_checkpoint, out, cache, *beam, "--stop-after", "shrink",
+                                target=("--speedup", "1.6"))).stdout
+    assert "layer search: remove dec:" in printed
+    choice = json.loads((out / "stages" / "choice" / "stage.json").read_text())["result"]
+    chosen = choice["chosen"]
+    assert choice["levers"] == ["encoder heads", "decoder heads", "decoder layers"]
+    assert all(p["dec_layers"] in (1, 2) and p["dec_heads"] <= 2 for p in choice["candidates"])
+    assert {p["dec_layers"] for p in choice["candidates"]} == {1, 2} and "depth_nll" in chosen
+    removed = [int(s["removed"].split(":")[1]) for s in choice["layer_order"]["steps"]]
+    assert chosen["layers_kept"] == {"dec": sorted(set(range(1, 4)) - set(removed[:3 - chosen["dec_layers"]]))}
+    # the model written: the chosen depth, its layers, and one head count per stack in the kept layers
+    shrunk = json.loads((out / "stages" / "shrink" / "model.json").read_text())
+    assert shrunk["layers"]["kept"] == chosen["layers_kept"] and shrunk["layers"]["rule"] == "importance"
+    assert set(parse_head_spec(shrunk["selection"]["removed_spec"])) == set(parse_head_spec(chosen["heads"]))
+    trust_fairseq_checkpoints()
+    model = reload(out / "stages" / "shrink" / "model.pt", tiny_data)
+    assert len(model.decoder.layers) == chosen["dec_layers"] and len(model.encoder.layers) == 4
+    layout = HeadLayout.of(model)
+    counts = {t: {len(ids) for (tt, _), ids in layout.heads.items() if tt == t}
+              for t in ("enc-self", "enc-dec", "dec-self")}
+    assert counts == {"enc-self": {chosen["enc_heads"]}, "enc-dec": {chosen["dec_heads"]},
+                      "dec-self": {chosen["dec_heads"]}}
+    # the verdict and the card say the depth (the rest of the run: a shallower decoder recovered and exported)
+    words = f"decoder {chosen['dec_layers']} layers x {chosen['dec_heads']} heads"
+    assert words in printed
+    rest = run(compress_argv(tiny_data, stock_checkpoint, out, cache, *beam, target=("--speedup", "1.6"))).stdout
+    assert f"compressed model: encoder {chosen['enc_heads']} heads per layer, {words}, " in rest
+    card = (out / "MODEL_CARD.md").read_text()
+    assert f"| decoder layers | 3 | {chosen['dec_layers']} |" in card
+    assert f"The decoder keeps {chosen['dec_layers']} of its 3 layers" in card and "- The layers: " in card

@@ -10,7 +10,7 @@ import torch
 from conftest import run_fairseq
 from fairseq_headprune.compress import layers as L
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.core.heads import Head, HeadLayout
+from fairseq_headprune.core.heads import Head, HeadLayout, parse_head_spec
 from fairseq_headprune.fairseq_io.loading import PACKAGE_DIR
 from fairseq_headprune.core.surgery import prune_model, save_pruned_checkpoint
 from helpers import beam_hypotheses, incremental_logits, load_stock, sample_batch, teacher_forced_logits
@@ -252,6 +252,15 @@ def test_shrink_keep_layers_with_a_head_budget_writes_a_shallower_model(stock, s
     record = json.loads((tmp_path / "e.json").read_text())
     assert record["layers"]["kept"] == {"dec": [1, 3], "enc": [1, 2, 4]} and record["selection"]["removed"] == 0
     assert L.depths(reload(tmp_path / "e.pt", tiny_data)) == {"enc": 3, "dec": 2}
+    # the heads given (compress's choice), named in the cut model's numbering: the kept layers renumbered 1..N
+    run(_shrink_cmd(tiny_data, stock_checkpoint, "--keep-layers", "dec:2", "--heads", "dec-self:2:1+2,enc-dec:2:3",
+                    "--window-steps", "3", "--out", tmp_path / "h.pt"))
+    record = json.loads((tmp_path / "h.json").read_text())
+    assert set(parse_head_spec(record["selection"]["removed_spec"])) == set(parse_head_spec(
+        "dec-self:2:1+2,enc-dec:2:3")) and record["check"]["identical_hypotheses"]
+    layout = HeadLayout.of(reload(tmp_path / "h.pt", tiny_data))
+    assert L.depths(reload(tmp_path / "h.pt", tiny_data)) == {"enc": 4, "dec": 2}
+    assert [len(layout.heads[(t, i)]) for t in ("dec-self", "enc-dec") for i in (1, 2)] == [4, 2, 4, 3]
 
 
 def test_shrink_keep_layers_bad_input_is_one_line(stock_checkpoint, tiny_data, tmp_path):
@@ -263,7 +272,7 @@ def test_shrink_keep_layers_bad_input_is_one_line(stock_checkpoint, tiny_data, t
         (["--keep-layers", "dec:4"], "has 3 layers"),
         (["--keep-layers", "top:2"], "--keep-layers takes STACK:N"),
         (["--keep-layers", "dec:2", "--flops", "50%"], "not --flops"),
-        (["--keep-layers", "dec:2", "--heads", "enc-self:1:1"], "not --heads"),
+        (["--keep-layers", "dec:2", "--heads", "dec-self:3:1"], "dec-self layer 3 does not exist"),  # renumbered
         (["--keep-layers", "dec:2", "--remove", "90%", "--types", "dec-self"], "cannot remove"),
     ]:
         proc = run(_shrink_cmd(tiny_data, stock_checkpoint, *extra, "--out", out), check=False)

@@ -2,9 +2,12 @@
 
 A lever is a structure `compress` can take away, as data: a name, the values it can be set to (what a layer keeps),
 how a shape with that value is cut from the unpruned model (studies.ceilings.CeilingShape: the first heads of every
-layer, the first FFN units) and whether `shrink` can remove it from a trained model today. Heads per stack (encoder,
-decoder: CTranslate2's one head count per stack) are removable; FFN units are measured so that a missed target can
-say what they would buy, and plug into the same table and the same choice once `shrink` removes them.
+layer, evenly spaced layers, the first FFN units) and whether `shrink` can remove it from a trained model today.
+Heads per stack (encoder, decoder: CTranslate2's one head count per stack) and the decoder's depth (layers kept,
+`shrink --keep-layers`) are removable; FFN units and the output layer are measured so that a missed target can say
+what they would buy, and plug into the same table and the same choice once `shrink` removes them. A lever whose
+field ends in `_percent` is set in percent of the whole; any other counts what the model holds (heads per layer,
+layers), its whole read from the model (stack_sizes).
 
 Each row of the table is one lever at one value, every other lever left whole: a crude slice of the unpruned model
 (its translations mean nothing, its speed is that of any model of its shape) timed at equal work (every hypothesis
@@ -48,36 +51,43 @@ class Lever:
     field: str
     unit: str
     removable: bool
-    percents: Tuple[float, ...] = ()  # the values measured, as shares of the whole (heads: () measures every count)
+    percents: Tuple[float, ...] = ()  # the values measured, as shares of the whole (counted: () measures every count)
+
+    @property
+    def counted(self) -> bool:
+        """Its values count what the model holds (heads, layers), not a percent of the whole."""
+        return not self.field.endswith("_percent")
 
     def values(self, full: int) -> List[float]:
         """The values below the whole this lever is measured at, deepest last."""
-        if self.field.endswith("_heads"):
+        if self.counted:
             if not self.percents:
                 return list(range(full - 1, 0, -1))
             return sorted({max(1, round(full * p / 100)) for p in self.percents if p < 100} - {full}, reverse=True)
         return [p for p in self.percents if p < 100]
 
     def whole(self, full: int) -> float:
-        return full if self.field.endswith("_heads") else 100.0
+        return full if self.counted else 100.0
 
 
 LEVERS: Tuple[Lever, ...] = (
     Lever("encoder heads", "enc_heads", "heads kept in every encoder layer", True),
     Lever("decoder heads", "dec_heads", "heads kept in every decoder self- and cross-attention layer", True),
+    Lever("decoder layers", "dec_layers", "decoder layers kept", True),
     Lever("FFN units", "ffn_percent", "% of every FFN's hidden units kept", False, (50.0,)),
     Lever("output layer", "vocab_percent", "% of the target words kept", False, (50.0,)),
 )
 
 
 def stack_sizes(model) -> Dict[str, int]:
-    """The fewest heads any layer of each stack holds (what a per-stack shape can keep at most)."""
+    """The whole of every counted lever: the fewest heads any layer of each stack holds (what a per-stack shape can
+    keep at most), and the decoder's depth."""
     from fairseq_headprune.core.heads import attention_modules
 
     held = {"enc_heads": [], "dec_heads": []}
     for (attn_type, _), attn in attention_modules(model).items():
         held["enc_heads" if attn_type == "enc-self" else "dec_heads"].append(int(attn.num_heads))
-    return {k: min(v) for k, v in held.items()}
+    return {**{k: min(v) for k, v in held.items()}, "dec_layers": len(model.decoder.layers)}
 
 
 def lever_rows(model, levers: Sequence[Lever] = LEVERS) -> List[Tuple[Lever, float]]:
@@ -91,9 +101,11 @@ def ceiling_shape(model, point: Mapping[str, float]):
     from fairseq_headprune.studies.ceilings import CeilingShape
 
     sizes = stack_sizes(model)
+    layers = int(point.get("dec_layers", sizes["dec_layers"]))
     return CeilingShape(int(point.get("enc_heads", sizes["enc_heads"])),
                         int(point.get("dec_heads", sizes["dec_heads"])),
-                        float(point.get("ffn_percent", 100.0)), float(point.get("vocab_percent", 100.0)))
+                        float(point.get("ffn_percent", 100.0)), float(point.get("vocab_percent", 100.0)),
+                        dec_layers=layers if layers < sizes["dec_layers"] else None)
 
 
 # --------------------------------------------------------------------------------------------- engines
@@ -363,8 +375,9 @@ def saved(table: Dict, field: str, value: float) -> float:
 
 
 def lever_order(table: Dict) -> List[Tuple[str, float]]:
-    """Levers by the speed-up half of each buys on its own (half the heads of every layer of a stack, half of every
-    FFN's units; read from the smoothed rows), fastest first: (lever, predicted speed-up)."""
+    """Levers by the speed-up half of each buys on its own (half the heads of every layer of a stack, half the
+    decoder's layers, half of every FFN's units; read from the smoothed rows), fastest first: (lever, predicted
+    speed-up)."""
     out = {}
     for r in table["rows"]:
         if r["lever"] in out:
@@ -392,6 +405,12 @@ def best_unremovable(table: Dict, removable_best: Mapping[str, float]) -> Option
     return words, predict(table, point)
 
 
+def point_words(point: Mapping[str, float], levers: Sequence[Lever] = LEVERS) -> str:
+    """A point in the levers' own words, in their order: "encoder heads 1, decoder heads 1, decoder layers 1"."""
+    return ", ".join(f"{lv.name} {point[lv.field]:g}{'' if lv.counted else '%'}" for lv in levers
+                     if lv.field in point)
+
+
 def markdown(table: Dict) -> str:
     lines = ["| lever | value | removable | x unpruned, equal work | faster in batches (p) | time saved | counted "
              "| FLOPs, unpruned over it |", "|---|---|---|---|---|---|---|---|"]
@@ -405,10 +424,10 @@ def markdown(table: Dict) -> str:
 
 
 def refuse_unreachable(target: float, best: Tuple[Dict, float], table: Dict, engine: str) -> None:
-    """One line: no removable shape reaches `target`; the best one and what the other levers would add."""
+    """One line: no removable shape reaches `target`; the best one (every removable lever's value) and what the
+    other levers would add."""
     point, speed = best
-    label = "/".join(str(int(point[k])) for k in ("enc_heads", "dec_heads") if k in point)
     extra = best_unremovable(table, point)
     more = f"; with {extra[0]} (not removable yet) the table predicts {extra[1]:.2f}x" if extra else ""
     raise UserError(f"--speedup {target:g}: no shape reaches it in {engine} on this machine: the fastest, "
-                    f"{label} heads per stack (encoder/decoder), is {speed:.2f}x the unpruned model{more}")
+                    f"{point_words(point)}, is {speed:.2f}x the unpruned model{more}")

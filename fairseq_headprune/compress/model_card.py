@@ -4,7 +4,7 @@ text from compress.json's record (compress.pipeline)."""
 from __future__ import annotations
 
 import shlex
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from fairseq_headprune.compress import levers
 
@@ -24,6 +24,7 @@ def render(record: Dict) -> str:
         "| | unpruned | compressed |", "|---|---|---|",
         f"| heads per layer, encoder / decoder | {whole['enc_heads']} / {whole['dec_heads']} | "
         f"{chosen['enc_heads']} / {chosen['dec_heads']} |",
+        f"| decoder layers | {whole['dec_layers']} | {chosen['dec_layers']} |" if "dec_layers" in chosen else None,
         f"| heads in all | {shrunk['heads_total']} | {shrunk['heads_kept']} |",
         f"| parameters | {shrunk['params_before']:,} | {shrunk['params_after']:,} |",
         f"| BLEU, {reported['subset']} ({reported['sentences']} sentences, {reported['engine']}) | "
@@ -43,9 +44,7 @@ def render(record: Dict) -> str:
         f"against {reported['references']}; {reported['significance']}. The machine's load moves sentences/s; the "
         "ratios much less.", "",
         "## What was removed", "",
-        f"Every encoder layer keeps {chosen['enc_heads']} of {whole['enc_heads']} heads and every decoder self- and "
-        f"cross-attention layer {chosen['dec_heads']} of {whole['dec_heads']} ({chosen['heads_removed']} heads "
-        f"removed: `{chosen['heads']}`). The FFNs, embeddings and output layer are whole.", "",
+        removed_line(chosen, whole), "",
         "## How each choice was made, and on which data", "",
         f"- The shape: {choice['chosen_by']}. Predicted {chosen['predicted_speedup']:.2f}x by the cost table below"
         + (f", {chosen['measured_speedup']:.2f}x when its slice was timed again." if "measured_speedup" in chosen
@@ -56,6 +55,7 @@ def render(record: Dict) -> str:
         f"- The reconstruction: {shrunk['calibration']['sentences']} sentences of "
         f"'{shrunk['calibration']['subset']}', out_proj and FFN ridge refits, then a window fit of each pruned "
         f"attention sublayer ({o['window_steps']} Adam steps, lr {o['window_lr']:g}).",
+        layers_line(choice),
         recover_line(recovered),
         f"- Speed: sentences of '{measured['subset']}'. The reported set '{reported['subset']}' was decoded once, "
         "after every choice, by both models" + also_line(reported) + ".", "",
@@ -102,6 +102,28 @@ def also_line(reported: Dict) -> str:
         seen = ", ".join(f"{n} in '{name}'" for name, n in a["overlap"].items() if n)
         parts.append(f"'{a['subset']}' ({a['references']}; source sentences also found elsewhere: {seen or 'none'})")
     return "; so were " + ", ".join(parts) if parts else ""
+
+
+def removed_line(chosen: Dict, whole: Dict) -> str:
+    """What the chosen shape removed: the decoder's layers (if any), then the heads of every layer kept."""
+    depth = ""
+    if "dec_layers" in chosen:
+        depth = (f"The decoder keeps {chosen['dec_layers']} of its {whole['dec_layers']} layers (layers "
+                 f"{', '.join(map(str, chosen['layers_kept']['dec']))}, renumbered 1..{chosen['dec_layers']}). ")
+    heads = (f"({chosen['heads_removed']} heads removed: `{chosen['heads']}`)" if chosen["heads_removed"] else
+             "(no head removed)")
+    return (f"{depth}Every encoder layer keeps {chosen['enc_heads']} of {whole['enc_heads']} heads and every "
+            f"{'kept ' if depth else ''}decoder self- and cross-attention layer {chosen['dec_heads']} of "
+            f"{whole['dec_heads']} {heads}. The FFNs, embeddings and output layer are whole.")
+
+
+def layers_line(choice: Dict) -> Optional[str]:
+    """How the decoder's layers were chosen, when the chosen shape cut the depth."""
+    if "dec_layers" not in choice["chosen"]:
+        return None
+    return ("- The layers: removed one at a time, each the decoder layer whose removal left the lowest calibration "
+            "loss on the same sentences (`shrink --keep-layers --layer-selection importance`); the heads, on the "
+            "model without them.")
 
 
 def recover_line(recovered: Dict) -> str:

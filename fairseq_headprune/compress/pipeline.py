@@ -6,18 +6,23 @@ digest of the stage before it), so a rerun after kill -9 resumes at the first st
 reruns the stage it alters and every stage after it (never a mix), and a larger --budget-epochs extends recovery:
 
   cost-table  what each lever buys in the engine (compress.levers: crude shapes at equal work, interleaved; also
-              cached per model, engine and CPU outside OUT), and which per-stack shapes reach the target. A target
-              no shape reaches is refused in one line here, before any long work.
+              cached per model, engine and CPU outside OUT), and which shapes (per-stack heads at every decoder
+              depth) reach the target. A target no shape reaches is refused in one line here, before any long
+              work.
   choice      the shape and its heads. --speedup: of the shapes that reach it, the one with the lowest Fisher estimate
               of the loss increase on calibration sentences of train (the per-stack Fisher fill of `shrink`); the
               heads of each layer in the order of its Fisher block; the first few of them (and the fastest) timed
-              again as crude slices, the first that measures the target taken. --max-bleu-loss: the fastest shape of
+              again as crude slices, the first that measures the target taken. Shapes that also cut the decoder's
+              depth lose the layers `shrink --keep-layers` removes (greedy calibration loss, recorded); the Fisher
+              estimate ranks shapes within a depth only, and the depths are ranked by the calibration NLL of
+              their best shape (layers removed, heads masked, no reconstruction). --max-bleu-loss: the fastest shape of
               the frontier (predicted speed against Fisher estimate) whose shrunk model, before recovery, loses at
               most X BLEU in the engine on a held-out split of valid (its first --heldout-sentences by id, at most
               half, as the subset `heldout` of OUT/stages/choice/data; recovery early-stops on the rest), found by
-              bisection. Before recovery is the conservative side: recovery lowers the loss further.
-  shrink      those heads removed and the model reconstructed (window fit 1000 steps, lr 3e-4, train calibration:
-              the recipe the recover study measured best).
+              bisection. Before recovery is the conservative side: recovery lowers the loss further. This mode
+              moves heads only (the Fisher frontier does not compare a depth cut with heads; recorded as `levers`).
+  shrink      those heads (and decoder layers) removed and the model reconstructed (window fit 1000 steps, lr 3e-4,
+              train calibration: the recipe the recover study measured best).
   recover     fairseq-train (compress.recover.recover): distillation from the unpruned model, early stopping on
               valid, resumable from its own checkpoints.
   export      CTranslate2 (ct2 engines): float32 parity against fairseq on valid, then the engine's compute type.
@@ -171,13 +176,15 @@ class CompressOptions:
                 else f"--max-bleu-loss {self.max_bleu_loss:g}")
 
 
-def shrink_options(options: CompressOptions, heads: str):
-    """The one place compress builds shrink's options (the removed heads given: the choice made them)."""
+def shrink_options(options: CompressOptions, heads: str, dec_layers: Optional[int] = None):
+    """The one place compress builds shrink's options (the removed heads given: the choice made them; with a
+    decoder depth, the layers shrink's importance selection keeps, the heads naming the kept layers renumbered)."""
     from fairseq_headprune.compress.reconstruct import ReconstructionOptions
     from fairseq_headprune.compress.shrink import ShrinkOptions
     from fairseq_headprune.compress.window_fit import WindowOptions
 
-    return ShrinkOptions(heads=heads, calibration_subset=options.calibration_subset,
+    return ShrinkOptions(heads=heads or None, keep_layers=f"dec:{dec_layers}" if dec_layers else None,
+                         layer_selection="importance", calibration_subset=options.calibration_subset,
                          calibration_sentences=options.calibration_sentences, check_sentences=options.check_sentences,
                          reconstruction=ReconstructionOptions(window=WindowOptions(steps=options.window_steps,
                                                                                    lr=options.window_lr)))
@@ -390,6 +397,9 @@ def estimates(loaded, options: CompressOptions, rates: Dict[str, float], rows: i
     out["choice"] = calib_tok / rates["train_tok_s"]
     if options.speedup is not None:  # up to five shapes timed again beside the unpruned model
         out["choice"] += 6 * ((options.runs + 2) * timing_n / engine + rates["export_s"])
+        depth = len(loaded.model.decoder.layers)  # at most: the greedy layer order down to one layer, a gradient
+        out["choice"] += ((depth * (depth + 1) // 2 - 1 + depth) * calib_tok / rates["forward_tok_s"]  # pass and
+                          + (depth - 1) * calib_tok / rates["train_tok_s"])  # an NLL per depth
     shrink = (options.window_steps * sublayers * rates["window_step_s"] + 3 * calib_tok / rates["forward_tok_s"]
               + 2 * min(options.check_sentences, calib_n) / rates["fairseq_sent_s"])
     if options.max_bleu_loss is not None:  # a few shrinks and held-out decodes (bisection over the shapes)
@@ -421,6 +431,31 @@ def per_stack_points(model) -> List[Dict[str, int]]:
     return points
 
 
+def lever_points(model) -> List[Dict[str, int]]:
+    """Every point the choice moves: the per-stack shapes at the model's depth (per_stack_points), and every
+    per-stack shape (none removed included) at every shallower decoder depth {enc_heads, dec_heads, dec_layers}."""
+    from fairseq_headprune.compress import select
+    from fairseq_headprune.core.heads import HeadLayout
+
+    shapes = select.per_stack_shapes(HeadLayout.of(model).heads)  # a shallower model's layers hold the same heads
+    return per_stack_points(model) + [{"enc_heads": s["encoder"], "dec_heads": s["decoder"], "dec_layers": d}
+                                      for d in range(len(model.decoder.layers) - 1, 0, -1) for s in shapes]
+
+
+def kept_by_depth(steps: List[Dict], depth: int, depths) -> Dict[int, List[int]]:
+    """The decoder layers kept at each depth, from the steps of shrink's greedy removal (layers.select_by_loss,
+    down to the shallowest): at depth d, every layer but the first depth - d removed. The same layers a greedy
+    run down to d alone removes: each step reads only the layers left."""
+    removed = [int(step["removed"].split(":")[1]) for step in steps]
+    return {d: [i for i in range(1, depth + 1) if i not in removed[:depth - d]] for d in depths}
+
+
+def choice_rank(point: Dict) -> Tuple[float, float, float]:
+    """The order the choice tries the candidates in: the depths by the calibration NLL of their best shape, then
+    the Fisher estimate within a depth (comparable there only), the faster first."""
+    return point.get("depth_nll", 0.0), point["fisher_estimate"], -point["predicted_speedup"]
+
+
 def fisher_choice(model, grads, points: List[Dict[str, int]]) -> List[Dict]:
     """Each point's heads (every layer's, in the greedy order of its Fisher block, as shrink's per-stack fill) and
     the Fisher estimate of the loss increase of removing them all: Σ_x (Σ_removed g_x,h)²."""
@@ -440,6 +475,12 @@ def fisher_choice(model, grads, points: List[Dict[str, int]]) -> List[Dict]:
         out.append({**point, "fisher_estimate": estimate, "heads_removed": len(heads),
                     "heads": format_head_spec(heads)})
     return out
+
+
+def moved_levers(points: List[Dict], whole: Dict[str, int]) -> List[str]:
+    """The names of the levers some candidate sets below the whole (what the choice chose among)."""
+    return [lever.name for lever in levers.LEVERS
+            if any(lever.field in p and p[lever.field] < whole.get(lever.field, 100.0) for p in points)]
 
 
 def pareto_frontier(points: List[Dict]) -> List[Dict]:
@@ -495,7 +536,17 @@ def split_valid(loaded, out: str, heldout: int) -> Tuple[str, Dict]:
 
 
 def label(point: Dict) -> str:
-    return f"{point['enc_heads']}/{point['dec_heads']}"
+    heads = f"{point['enc_heads']}/{point['dec_heads']}"
+    return heads if "dec_layers" not in point else f"{heads}, decoder {point['dec_layers']} layers"
+
+
+def shape_words(point: Dict) -> str:
+    """The shape as the verdict and the card say it: "4/2 heads per stack (encoder/decoder)", or with a depth cut
+    "encoder 4 heads per layer, decoder 3 layers x 2 heads"."""
+    if "dec_layers" not in point:
+        return f"{label(point)} heads per stack (encoder/decoder)"
+    return (f"encoder {point['enc_heads']} heads per layer, decoder {point['dec_layers']} layers x "
+            f"{point['dec_heads']} heads")
 
 
 # --------------------------------------------------------------------------------------------- the run
@@ -697,9 +748,10 @@ class Run:
         return {**table, "from_cache": False, "cache_file": stored}
 
     def _reachable(self, table: Dict) -> List[Dict]:
-        """Every per-stack shape with its predicted speed; the target's reachable ones, or a refusal in one line."""
+        """Every point (per-stack shapes, at every decoder depth) with its predicted speed; the target's reachable
+        ones, or a refusal in one line."""
         levers.smooth(table["rows"], self.options.significance)
-        points = per_stack_points(self.loaded.model)
+        points = lever_points(self.loaded.model)
         for p in points:
             p["predicted_speedup"] = round(levers.predict(table, p), 4)
         points.sort(key=lambda p: -p["predicted_speedup"])
@@ -709,11 +761,13 @@ class Run:
             reach = [p for p in points if p["predicted_speedup"] >= self.options.speedup]
             if not reach:
                 best = points[0]
+                fields = {lever.field for lever in levers.LEVERS if lever.removable}
                 levers.refuse_unreachable(self.options.speedup,
-                                          ({"enc_heads": best["enc_heads"], "dec_heads": best["dec_heads"]},
+                                          ({k: v for k, v in best.items() if k in fields},
                                            best["predicted_speedup"]), table, self.options.engine)
-            self.log(f"{len(reach)} of {len(points)} per-stack shapes reach {self.options.speedup:g}x "
-                     f"(predicted): fastest {label(points[0])} {points[0]['predicted_speedup']:.2f}x")
+            self.log(f"{len(reach)} of {len(points)} per-stack shapes (at every decoder depth) reach "
+                     f"{self.options.speedup:g}x "
+                     f"(predicted): fastest {shape_words(points[0])} {points[0]['predicted_speedup']:.2f}x")
             return reach
         return points
 
@@ -755,27 +809,82 @@ class Run:
 
     def _choice(self, folder: str, points: List[Dict]) -> Dict:
         grads, calibration = self._gradients()
-        scored = fisher_choice(self.loaded.model, grads, points)
         provenance = {**calibration.provenance(), "data": os.path.abspath(self.loaded.cfg.task.data)}
-        if self.options.speedup is not None:
-            best, confirmed = self._confirmed(scored)
-            self.log(f"choice: {label(best)} heads per stack (encoder/decoder), {best['measured_speedup']:.2f}x "
-                     f"measured (predicted {best['predicted_speedup']:.2f}x): the lowest Fisher estimate of the "
-                     f"{len(scored)} shapes predicted to reach {self.options.speedup:g}x "
-                     + ("whose slice measured it too" if confirmed else
-                        "(none of those timed again measured it: the fastest of them)")
-                     + f" ({calibration.sentences} sentences of '{calibration.subset}')")
-            return {"chosen": best, "candidates": scored, "confirmed": confirmed,
-                    "chosen_by": "the lowest Fisher estimate of the loss increase among the shapes predicted to reach "
-                                 f"{self.options.speedup:g}x whose crude slice, timed again, measured it"
-                    if confirmed else "none of the shapes timed again measured the target: the fastest of them",
-                    "calibration": provenance}
-        return self._choice_by_bleu(folder, scored, provenance)
+        if self.options.speedup is None:  # the Fisher frontier compares heads only: depth points left out, said
+            scored = fisher_choice(self.loaded.model, grads, [p for p in points if "dec_layers" not in p])
+            return {**self._choice_by_bleu(folder, scored, provenance),
+                    "levers": moved_levers(scored, levers.stack_sizes(self.loaded.model))}
+        scored, layer_order = self._scored_by_depth(grads, calibration, points)
+        best, confirmed = self._confirmed(scored)
+        depths = len({p.get("dec_layers") for p in scored})
+        rule = ("the lowest Fisher estimate of the loss increase among the shapes predicted to reach "
+                f"{self.options.speedup:g}x" if depths == 1 else
+                f"among the shapes predicted to reach {self.options.speedup:g}x, the lowest Fisher estimate of the "
+                f"loss increase at each of {depths} decoder depths, the depths ranked by the calibration NLL of that "
+                "shape (layers removed, heads masked, no reconstruction)")
+        self.log(f"choice: {shape_words(best)}, {best['measured_speedup']:.2f}x measured (predicted "
+                 f"{best['predicted_speedup']:.2f}x): {rule}, of {len(scored)} shapes, "
+                 + ("whose slice measured it too" if confirmed else
+                    "(none of those timed again measured it: the fastest of them)")
+                 + f" ({calibration.sentences} sentences of '{calibration.subset}')")
+        return {"chosen": best, "candidates": scored, "confirmed": confirmed,
+                "levers": moved_levers(scored, levers.stack_sizes(self.loaded.model)),
+                "layer_order": layer_order,
+                "chosen_by": f"{rule}, whose crude slice, timed again, measured it"
+                if confirmed else "none of the shapes timed again measured the target: the fastest of them",
+                "calibration": provenance}
+
+    def _scored_by_depth(self, grads, calibration, points: List[Dict]) -> Tuple[List[Dict], Optional[Dict]]:
+        """fisher_choice at each decoder depth among the points: on the model with the layers shrink's importance
+        selection removes (one greedy run down to the shallowest depth, on the same calibration sentences: its
+        order gives every depth's layers) and that model's own head-mask gradients (as shrink's head search in
+        the kept layers). Each point gets its depth's `depth_nll` (when several depths compete): the calibration
+        NLL of the depth's lowest-Fisher shape with its layers removed and its heads masked. Returns the scored
+        points and the greedy layer order (None without a depth cut)."""
+        from fairseq_headprune.compress import layers, select
+        from fairseq_headprune.core.heads import parse_head_spec
+        from fairseq_headprune.core.masking import set_head_masks
+
+        model, pad = self.loaded.model, self.loaded.task.target_dictionary.pad()
+        whole = levers.stack_sizes(model)
+        full = whole["dec_layers"]
+        groups: Dict[int, List[Dict]] = {}
+        for p in points:
+            groups.setdefault(p.get("dec_layers", full), []).append(p)
+        order, kept = None, {}
+        if min(groups) < full:
+            chosen = layers.select_by_loss(model, {"dec": min(groups)},
+                                           lambda m: layers.calibration_loss(m, calibration.samples, pad), self.log)
+            order = chosen.as_json()
+            kept = kept_by_depth(chosen.steps, full, [d for d in groups if d < full])
+        scored = []
+        for depth in sorted(groups, reverse=True):
+            cut = model if depth == full else layers.remove_layers(copy.deepcopy(model), {"dec": kept[depth]})
+            removes = any(p["enc_heads"] < whole["enc_heads"] or p["dec_heads"] < whole["dec_heads"]
+                          for p in groups[depth])
+            own = grads if depth == full else (select.sentence_gradients(cut, calibration.samples, pad)
+                                               if removes else {})
+            out = fisher_choice(cut, own, groups[depth])
+            if depth < full:
+                for p in out:
+                    p["layers_kept"] = {"dec": kept[depth]}
+            if len(groups) > 1:
+                best = min(out, key=choice_rank)
+                set_head_masks(cut, parse_head_spec(best["heads"]) if best["heads"] else [])
+                nll = round(layers.calibration_loss(cut, calibration.samples, pad), 6)
+                set_head_masks(cut, [])
+                self.log(f"choice: at {depth} decoder layers, {label(best)} has the lowest Fisher estimate of "
+                         f"{len(out)} shapes: calibration NLL {nll:.4f}")
+                for p in out:
+                    p["depth_nll"] = nll
+            scored += out
+        return scored, order
 
     def _confirmed(self, scored: List[Dict], tries: int = 4) -> Tuple[Dict, bool]:
-        """The candidates in the order of their Fisher estimate, the first `tries` (and the fastest predicted) timed
-        again as crude slices in one interleaved run: the first that measures the target, or the fastest timed."""
-        ranked = sorted(scored, key=lambda p: (p["fisher_estimate"], -p["predicted_speedup"]))
+        """The candidates in the choice's order (choice_rank: the Fisher estimate, within a depth), the first
+        `tries` (and the fastest predicted) timed again as crude slices in one interleaved run: the first that
+        measures the target, or the fastest timed."""
+        ranked = sorted(scored, key=choice_rank)
         timed = ranked[:tries]
         fastest = max(scored, key=lambda p: p["predicted_speedup"])
         if fastest not in timed:
@@ -828,7 +937,7 @@ class Run:
             else:
                 lo = mid + 1
         best = probes[label(frontier[lo]).replace("/", "-")]
-        self.log(f"choice: {label(best)} heads per stack (encoder/decoder), predicted "
+        self.log(f"choice: {shape_words(best)}, predicted "
                  f"{best['predicted_speedup']:.2f}x, "
                  f"the fastest of {len(frontier)} frontier shapes within {o.max_bleu_loss:g} BLEU on '{HELDOUT}' "
                  f"({len(probes)} shrunk and decoded)")
@@ -868,7 +977,9 @@ class Run:
                 "data": self._data_sha(o.calibration_subset)}
 
     def _shrink_identity(self, choice: Dict) -> Dict:
-        return {**self._shrink_settings(), "heads": choice["chosen"]["heads"]}
+        chosen = choice["chosen"]
+        return {**self._shrink_settings(), "heads": chosen["heads"],
+                **({"layers_kept": chosen["layers_kept"]} if chosen.get("layers_kept") else {})}
 
     def _shrink(self, folder: str, choice: Dict) -> Dict:
         probe = choice["chosen"].get("shrunk")
@@ -881,13 +992,15 @@ class Run:
                 shutil.copyfile(os.path.splitext(probe["checkpoint"])[0] + ".json", os.path.join(folder, "model.json"))
                 self.log("shrink: the choice's shrink of these heads, reused")
                 return {**probe, "checkpoint": path}
-        return self._shrink_heads(folder, choice["chosen"]["heads"])
+        return self._shrink_heads(folder, choice["chosen"]["heads"], choice["chosen"].get("layers_kept"))
 
-    def _shrink_heads(self, folder: str, heads: str) -> Dict:
+    def _shrink_heads(self, folder: str, heads: str, layers_kept: Optional[Dict] = None) -> Dict:
+        """shrink with these heads removed (and these decoder layers kept: shrink's importance selection, checked
+        to keep the very layers the choice recorded, the heads naming them renumbered 1..N)."""
         from fairseq_headprune.compress.shrink import shrink, write_checkpoint
         from fairseq_headprune.core.masking import set_head_masks
 
-        opts = shrink_options(self.options, heads)
+        opts = shrink_options(self.options, heads, len(layers_kept["dec"]) if layers_kept else None)
         path = os.path.join(folder, "model.pt")
         with max_tokens(self.loaded, self.options.calibration_max_tokens), \
                 open(os.path.join(folder, "shrink.log"), "a", encoding="utf-8") as log_file:
@@ -896,6 +1009,9 @@ class Run:
                 log_file.flush()
 
             result, calibration = shrink(self.loaded, opts, log)
+            if layers_kept and {s: list(v) for s, v in result.layers.kept.items()} != layers_kept:
+                raise RuntimeError(f"shrink kept decoder layers {list(result.layers.kept['dec'])}, the choice "
+                                   f"{layers_kept['dec']}: the layer selection differs on the same sentences")
             record = write_checkpoint(self.loaded, result, calibration, opts, path, os.path.join(folder, "model.json"),
                                       log)
         set_head_masks(self.loaded.model, [])
@@ -904,7 +1020,7 @@ class Run:
         return {"checkpoint": path, "checkpoint_sha256": file_sha256(path), "heads_kept": record["heads_kept"],
                 "heads_total": record["heads_total"], "params_before": record["params_before"],
                 "params_after": record["params_after"], "calibration": record["calibration"],
-                "shrink_options": record["options"]}
+                "layers": record["layers"], "shrink_options": record["options"]}
 
     # recover
 
@@ -1125,7 +1241,7 @@ def verdict(record: Dict) -> Dict:
     measured, reported, table = stages["measure"], stages["report"], stages["cost-table"]
     chosen = stages["choice"]["chosen"]
     speed, loss = measured["speedup_equal_work"], -reported["bleu_delta"]
-    lines = [f"compressed model: {label(chosen)} heads per stack (encoder/decoder), {speed:.2f}x the unpruned model "
+    lines = [f"compressed model: {shape_words(chosen)}, {speed:.2f}x the unpruned model "
              f"in {record['engine']} at equal work ({measured['speedup_as_decoded']:.2f}x as decoded; FLOP ratio "
              f"{measured['flop_ratio']:.2f}); BLEU on {reported['subset']} {reported['bleu_compressed']:.2f} against "
              f"{reported['bleu_unpruned']:.2f} ({reported['bleu_delta']:+.2f}, p {reported['p']:.3f})"]
@@ -1142,7 +1258,7 @@ def verdict(record: Dict) -> Dict:
             lines.append(f"target {target:g}x: met ({speed:.2f}x)")
         else:
             faster = [p for p in record["reachable_shapes"] if p["predicted_speedup"] > chosen["predicted_speedup"]]
-            hint = (f"; the cost table predicts {label(faster[-1])} at {faster[-1]['predicted_speedup']:.2f}x"
+            hint = (f"; the cost table predicts {shape_words(faster[-1])} at {faster[-1]['predicted_speedup']:.2f}x"
                     if faster else "")
             lines.append(f"target {target:g}x: missed by {target - speed:.2f}x (predicted "
                          f"{chosen['predicted_speedup']:.2f}x{hint}; rerun with a higher --speedup to take it)")

@@ -81,8 +81,9 @@ class ShrinkOptions:
     check_sentences: Optional[int] = option(None, flag="--check-sentences",
                                             help="calibration sentences decoded by the check (default all)")
     keep_layers: Optional[str] = option(None, flag="--keep-layers", metavar="dec:N[,enc:M]",
-                                        help="keep N decoder (M encoder) layers whole, the others removed (alone or "
-                                             "with a head budget, counted in the kept layers); every sublayer above "
+                                        help="keep N decoder (M encoder) layers whole, the others removed (alone, "
+                                             "with a head budget counted in the kept layers, or with --heads naming "
+                                             "them renumbered 1..N); every sublayer above "
                                              "the first removed one is reconstructed towards the unpruned model's "
                                              "residual stream")
     layer_selection: str = option("importance", flag="--layer-selection", choices=("importance", "even"),
@@ -216,12 +217,12 @@ def validate_layers(options: ShrinkOptions, model) -> Optional[Budget]:
     layers.check_counts(model, counts)
     if options.layer_selection not in layers.SELECTIONS:
         raise UserError(f"--layer-selection must be one of {', '.join(layers.SELECTIONS)}")
-    for flag, given in (("--heads", options.heads is not None), ("--flops", options.flops is not None),
+    for flag, given in (("--flops", options.flops is not None),
                         ("--search-steps", options.search_steps != 1),
                         ("--teacher-mildness", options.teacher_mildness != 0)):
         if given:
-            raise UserError(f"--keep-layers works with --remove or --keep (heads counted in the kept layers), "
-                            f"not {flag}")
+            raise UserError(f"--keep-layers works with --remove or --keep (heads counted in the kept layers) or "
+                            f"--heads (naming the kept layers, renumbered 1..N), not {flag}")
     fit = options.reconstruction
     if fit.method == "none" and fit.window.steps:
         raise UserError("--window-steps fits the sublayers --refit fits: it needs --refit scales or out-proj")
@@ -650,7 +651,12 @@ def shrink_layers(loaded, options: ShrinkOptions, calibration: Calibration, pad:
     log(f"layers kept ({chosen.rule}): " + "; ".join(f"{s} {list(v)}" for s, v in chosen.kept.items()))
     model = layers.remove_layers(copy.deepcopy(loaded.model), chosen.kept)
     grads, t_grads, t_search = None, 0.0, 0.0
-    if _head_budget_given(options):
+    if options.heads is not None:  # selected elsewhere (compress's choice), named in the cut model's numbering
+        selection = Selection(given_heads(_without_layers(options), model), "given (--heads)", False,
+                              validate(_without_layers(options), model))
+        log(f"given: remove {len(selection.removed)} heads of the kept layers "
+            f"({', '.join(f'{t} {n}' for t, n in select.by_type(selection.removed).items())})")
+    elif _head_budget_given(options):
         head_options = _without_layers(options)
         budget = validate(head_options, model)
         start = time.perf_counter()
