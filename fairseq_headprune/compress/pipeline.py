@@ -80,7 +80,7 @@ class CompressOptions:
     also_report: Tuple[str, ...] = option((), flag="--also-report", metavar="SUBSET[,SUBSET...]",
                                           parse=lambda text: comma_list(text),
                                           help="more sets decoded once, at the end, beside --gen-subset (a second "
-                                               "test set): held out of every choice and every training run")
+                                               "test set): no choice or training of the run reads them")
     also_references: Tuple[str, ...] = option((), flag="--also-references", metavar="FILE[,FILE...]",
                                               parse=lambda text: comma_list(text),
                                               help="their raw references, in the same order (default: the "
@@ -1246,7 +1246,7 @@ def verdict(record: Dict) -> Dict:
              f"{measured['flop_ratio']:.2f}); BLEU on {reported['subset']} {reported['bleu_compressed']:.2f} against "
              f"{reported['bleu_unpruned']:.2f} ({reported['bleu_delta']:+.2f}, p {reported['p']:.3f})"]
     for also in reported.get("also") or []:
-        lines.append(f"BLEU on {also['subset']} (held out of every choice and training run): "
+        lines.append(f"BLEU on {also['subset']} (no choice or training of this run read it): "
                      f"{also['bleu_compressed']:.2f} against {also['bleu_unpruned']:.2f} ({also['bleu_delta']:+.2f}, "
                      f"p {also['p']:.3f})")
     out = {"speedup": speed, "bleu_loss": round(loss, 2)}
