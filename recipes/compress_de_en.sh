@@ -9,14 +9,19 @@
 #   traintail  the last 1000 train sentences: held out of calibration and recovery, but the bundled model trained on
 #              them, so their scores are training-set scores; decoded once, at the end, for what they show
 #
-# usage: recipes/compress_de_en.sh [WORK] [TARGET]   (work/compress-de-en, "--speedup 1.5"). Resumable: rerun it.
+# usage: [MULTI30K=DIR] recipes/compress_de_en.sh [WORK] [TARGET]   (work/compress-de-en, "--speedup 1.5").
+# MULTI30K: a folder with Multi30k's train.{de,en}, val.{de,en} and test_2016_flickr.{de,en} (default
+# ../shared/data/multi30k). Resumable: rerun it.
 # Budget: about 50 CPU minutes a target on one core (the first line printed says it from measured rates).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work=${1:-work/compress-de-en} target=${2:---speedup 1.5}
 export PATH=$PWD/.venv/bin:$PATH OMP_NUM_THREADS=1 TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1
-data=../shared/data/multi30k model=checkpoints/de-en bin=$work/data-bin
+data=${MULTI30K:-../shared/data/multi30k} model=checkpoints/de-en bin=$work/data-bin
 fhp=${FHP:-fairseq-headprune}  # another build of the command (a snapshot of the tree) for long runs
+for f in train val test_2016_flickr; do
+  [ -f "$data/$f.de" ] && [ -f "$data/$f.en" ] || { echo "$0: no Multi30k $f.{de,en} in $data (set MULTI30K=DIR)" >&2; exit 2; }
+done
 mkdir -p "$work/raw"
 for l in de en; do
   [ -f "$work/raw/train.$l" ] || head -n -1000 "$data/train.$l" > "$work/raw/train.$l"
