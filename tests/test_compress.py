@@ -396,3 +396,24 @@ def test_a_target_only_depth_and_heads_reach_cuts_the_decoder_in_the_written_mod
     card = (out / "MODEL_CARD.md").read_text()
     assert f"| decoder layers | 3 | {chosen['dec_layers']} |" in card
     assert f"The decoder keeps {chosen['dec_layers']} of its 3 layers" in card and "- The layers: " in card
+
+
+def test_a_shape_that_removes_more_than_another_candidate_is_tried_after_it():
+    """The joint Fisher estimate can fall as heads whose gradients cancel are added (En-Fr: 7/3 below 8/3 at the
+    same predicted speed, the encoder's heads buying nothing): the choice tries the shape that removes less first."""
+    from fairseq_headprune.compress.pipeline import candidate_order, removes_more
+
+    def point(enc, dec, fisher, speed, **depth):
+        return {"enc_heads": enc, "dec_heads": dec, "fisher_estimate": fisher, "predicted_speedup": speed, **depth}
+
+    whole_depth = point(8, 3, 5.0, 1.5273)
+    cancelled = point(7, 3, 4.0, 1.5272)  # removes 8/3's heads and one encoder head more, a lower estimate
+    faster = point(8, 2, 9.0, 1.85)
+    shallow = point(8, 4, 1.0, 1.6, dec_layers=5, depth_nll=2.0)  # fewer layers, more heads: neither contains it
+    shallow_fewer = point(8, 3, 0.5, 1.7, dec_layers=5, depth_nll=2.0)
+    assert removes_more(cancelled, whole_depth) and removes_more(faster, whole_depth)
+    assert not removes_more(whole_depth, cancelled) and not removes_more(whole_depth, dict(whole_depth))
+    assert not removes_more(shallow, whole_depth) and not removes_more(whole_depth, shallow)
+    assert removes_more(shallow_fewer, whole_depth) and removes_more(shallow_fewer, shallow)
+    points = [cancelled, faster, shallow_fewer, shallow, whole_depth]
+    assert candidate_order(points) == [whole_depth, shallow, cancelled, faster, shallow_fewer]

@@ -12,7 +12,9 @@ reruns the stage it alters and every stage after it (never a mix), and a larger 
   choice      the shape and its heads. --speedup: of the shapes that reach it, the one with the lowest Fisher estimate
               of the loss increase on calibration sentences of train (the per-stack Fisher fill of `shrink`); the
               heads of each layer in the order of its Fisher block; the first few of them (and the fastest) timed
-              again as crude slices, the first that measures the target taken. Shapes that also cut the decoder's
+              again as crude slices, the first that measures the target taken; a shape that removes more than
+              another candidate is tried after it (the joint estimate can fall as heads are added whose gradients
+              cancel). Shapes that also cut the decoder's
               depth lose the layers `shrink --keep-layers` removes (greedy calibration loss, recorded); the Fisher
               estimate ranks shapes within a depth only, and the depths are ranked by the calibration NLL of
               their best shape (layers removed, heads masked, no reconstruction). --max-bleu-loss: the fastest shape of
@@ -38,6 +40,7 @@ import contextlib
 import copy
 import hashlib
 import json
+import math
 import os
 import resource
 import shlex
@@ -456,6 +459,21 @@ def choice_rank(point: Dict) -> Tuple[float, float, float]:
     return point.get("depth_nll", 0.0), point["fisher_estimate"], -point["predicted_speedup"]
 
 
+def removes_more(point: Dict, other: Dict) -> bool:
+    """`point` removes all `other` removes and more: no more heads kept in either stack, no more decoder layers (a
+    depth's layers are nested in the deeper ones': one greedy order), and not the same shape."""
+    fields = ("enc_heads", "dec_heads", "dec_layers")
+    mine, theirs = ([p.get(f, math.inf) for f in fields] for p in (point, other))
+    return mine != theirs and all(m <= t for m, t in zip(mine, theirs))
+
+
+def candidate_order(points: List[Dict]) -> List[Dict]:
+    """The candidates as the choice tries them: the shapes no other candidate removes less than first, each group
+    by choice_rank. The joint Fisher estimate Σ_x (Σ_removed g_x,h)² can fall when heads whose gradients cancel
+    are added; a shape that removes more than another one that also reaches the target is tried only after it."""
+    return sorted(points, key=lambda p: (any(removes_more(p, q) for q in points), choice_rank(p)))
+
+
 def fisher_choice(model, grads, points: List[Dict[str, int]]) -> List[Dict]:
     """Each point's heads (every layer's, in the greedy order of its Fisher block, as shrink's per-stack fill) and
     the Fisher estimate of the loss increase of removing them all: Σ_x (Σ_removed g_x,h)²."""
@@ -817,11 +835,11 @@ class Run:
         scored, layer_order = self._scored_by_depth(grads, calibration, points)
         best, confirmed = self._confirmed(scored)
         depths = len({p.get("dec_layers") for p in scored})
-        rule = ("the lowest Fisher estimate of the loss increase among the shapes predicted to reach "
-                f"{self.options.speedup:g}x" if depths == 1 else
-                f"among the shapes predicted to reach {self.options.speedup:g}x, the lowest Fisher estimate of the "
-                f"loss increase at each of {depths} decoder depths, the depths ranked by the calibration NLL of that "
-                "shape (layers removed, heads masked, no reconstruction)")
+        rule = (f"among the shapes predicted to reach {self.options.speedup:g}x (those removing no more than "
+                "another one first), the lowest Fisher estimate of the loss increase"
+                + ("" if depths == 1 else
+                   f" at each of {depths} decoder depths, the depths ranked by the calibration NLL of that shape "
+                   "(layers removed, heads masked, no reconstruction)"))
         self.log(f"choice: {shape_words(best)}, {best['measured_speedup']:.2f}x measured (predicted "
                  f"{best['predicted_speedup']:.2f}x): {rule}, of {len(scored)} shapes, "
                  + ("whose slice measured it too" if confirmed else
@@ -869,7 +887,7 @@ class Run:
                 for p in out:
                     p["layers_kept"] = {"dec": kept[depth]}
             if len(groups) > 1:
-                best = min(out, key=choice_rank)
+                best = candidate_order(out)[0]
                 set_head_masks(cut, parse_head_spec(best["heads"]) if best["heads"] else [])
                 nll = round(layers.calibration_loss(cut, calibration.samples, pad), 6)
                 set_head_masks(cut, [])
@@ -881,10 +899,10 @@ class Run:
         return scored, order
 
     def _confirmed(self, scored: List[Dict], tries: int = 4) -> Tuple[Dict, bool]:
-        """The candidates in the choice's order (choice_rank: the Fisher estimate, within a depth), the first
-        `tries` (and the fastest predicted) timed again as crude slices in one interleaved run: the first that
-        measures the target, or the fastest timed."""
-        ranked = sorted(scored, key=choice_rank)
+        """The candidates in the choice's order (candidate_order: the Fisher estimate within a depth, a shape that
+        removes more than another candidate after it), the first `tries` (and the fastest predicted) timed again as
+        crude slices in one interleaved run: the first that measures the target, or the fastest timed."""
+        ranked = candidate_order(scored)
         timed = ranked[:tries]
         fastest = max(scored, key=lambda p: p["predicted_speedup"])
         if fastest not in timed:
