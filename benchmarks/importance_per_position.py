@@ -13,7 +13,8 @@ import time
 import torch
 from scipy.stats import kendalltau, spearmanr
 
-OUT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results", "de-en", "importance-per-position")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OUT = os.path.join(ROOT, "results", "de-en", "importance-per-position")
 ARGV = ["work/de-en/data-bin", "--path", "checkpoints/de-en/model.pt", "--gen-subset", "valid",
         "--max-tokens", "4000", "--task", "translation_headprune", "--user-dir", "fairseq_headprune"]
 

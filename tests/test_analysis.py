@@ -11,8 +11,8 @@ from conftest import SLICE, run
 from fairseq_headprune.analysis import head_functions as hf
 from fairseq_headprune.analysis.attention_capture import capture_attention
 from fairseq_headprune.studies import analysis
-from fairseq_headprune.analysis.lrp import (conservation_terms, conservative_propagation, layer_shares, relevance_inputs,
-                                   step_head_relevances)
+from fairseq_headprune.analysis.lrp import (conservation_terms, conservative_propagation, layer_shares,
+                                            relevance_inputs, step_head_relevances)
 from fairseq_headprune.core.masking import install_head_masks, row_head_masks
 from helpers import load_stock, sample_batch
 

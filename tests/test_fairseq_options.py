@@ -1,6 +1,7 @@
 """Every fairseq option that reaches a study is applied as fairseq-generate applies it or refused in one line
-(fairseq_headprune/fairseq_io/fairseq_options.py): the table classifies every field of fairseq's configs, each refused option
-is refused before any work, and each option that changes hypotheses gives fairseq-generate's own hypotheses."""
+(fairseq_headprune/fairseq_io/fairseq_options.py): the table classifies every field of fairseq's configs, each
+refused option is refused before any work, and each option that changes hypotheses gives fairseq-generate's own
+hypotheses."""
 import dataclasses
 
 import pytest

@@ -61,7 +61,8 @@ def test_the_default_sweep_shows_the_shrink_commands_default_pipeline():
     assert sweep.method_options("full+out-proj+ffn", default) == replace(method, min_heads=0)
     # the input maps are a step of their own, off unless named (whatever the base options say)
     assert sweep.method_options("full+out-proj+ffn+in+min1", default) == with_fit(method, refit_inputs=True)
-    assert not sweep.method_options("full+out-proj+ffn+min1", with_fit(default, refit_inputs=True)).reconstruction.refit_inputs
+    fitted = sweep.method_options("full+out-proj+ffn+min1", with_fit(default, refit_inputs=True))
+    assert not fitted.reconstruction.refit_inputs
 
 
 def test_tables_split_curves_candidates_and_l0():

@@ -371,7 +371,8 @@ def test_pruned_checkpoint_decodes_as_the_in_memory_model(stock_checkpoint, tiny
     loaded = load(cfg)
     options = command.shrink_options(args)
     result, calibration = shrink(loaded, options, log=lambda *_: None)
-    record = write_checkpoint(loaded, result, calibration, options, str(out), str(tmp_path / "small.json"), log=lambda *_: None)
+    record = write_checkpoint(loaded, result, calibration, options, str(out), str(tmp_path / "small.json"),
+                              log=lambda *_: None)
     assert record["check"]["identical_hypotheses"]
     assert record["heads_kept"] == 56 - 22  # 4 x 8 encoder heads, 3 x 4 x 2 decoder heads; 40% of 56
     reloaded, task = load_stock(out, tiny_data)

@@ -30,8 +30,8 @@ def _fairseq_environment(tmp: Path) -> Path:
     a pip of its own, whose bundled setuptools would shadow the newer one torch requires."""
     venv = tmp / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True)
-    site = Path(subprocess.check_output([str(venv / "bin" / "python"), "-c",
-                                         "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True).strip())
+    purelib = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    site = Path(subprocess.check_output([str(venv / "bin" / "python"), "-c", purelib], text=True).strip())
     (site / "fairseq-environment.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     return venv
 

@@ -165,9 +165,9 @@ class SubsetEvaluator:
         masks_per_batch 1 decodes one mask at a time. Above 1, several masks share one beam search: each
         sentence is repeated once per mask and every row carries its own ξ, which pays fairseq's per-step Python
         overhead once: faster for small batches (and on GPUs), slower where a beam search of a few thousand rows is
-        compute-bound on a CPU. fairseq_headprune.decoding.mask_batching chooses the number by measuring (`auto`). Either
-        way, masks that leave the encoder alone reuse one encoder pass per batch, and the hypotheses are the same.
-        The model's own masks must be off (all ξ = 1) meanwhile.
+        compute-bound on a CPU. fairseq_headprune.decoding.mask_batching chooses the number by measuring
+        (`auto`). Either way, masks that leave the encoder alone reuse one encoder pass per batch, and the
+        hypotheses are the same. The model's own masks must be off (all ξ = 1) meanwhile.
         """
         model, task = self.loaded.model, self.loaded.task
         if masks_per_batch <= 1:
@@ -302,8 +302,8 @@ def _repeat(sample, times: int) -> dict:
 
 
 def translate_worker(spec: EvaluatorSpec) -> Callable[[Sequence, Any], Any]:
-    """A local worker's handler (fairseq_headprune.decoding.workers): the evaluator built once from `spec`, then for each
-    task, a group of (index, heads) pairs, the hypotheses of each (the group sharing beam searches) and the CPU
+    """A local worker's handler (fairseq_headprune.decoding.workers): the evaluator built once from `spec`, then for
+    each task, a group of (index, heads) pairs, the hypotheses of each (the group sharing beam searches) and the CPU
     seconds they took (mask_batching.timed_translation)."""
     from fairseq_headprune.decoding.mask_batching import timed_translation
 
