@@ -405,9 +405,10 @@ def estimates(loaded, options: CompressOptions, rates: Dict[str, float], rows: i
                           + (depth - 1) * calib_tok / rates["train_tok_s"])  # an NLL per depth
     shrink = (options.window_steps * sublayers * rates["window_step_s"] + 3 * calib_tok / rates["forward_tok_s"]
               + 2 * min(options.check_sentences, calib_n) / rates["fairseq_sent_s"])
-    if options.max_bleu_loss is not None:  # a few shrinks and held-out decodes (bisection over the shapes)
-        held = min(options.heldout_sentences, valid_n)
-        out["choice"] += 3 * (shrink + held / rates["fairseq_sent_s"]) + held / rates["fairseq_sent_s"]
+    if options.max_bleu_loss is not None:  # shrinks and held-out decodes: a bisection over the frontier, whose
+        held = min(options.heldout_sentences, valid_n)  # ~20 shapes took 5 probes on the bundled models
+        probes = math.ceil(math.log2(max(2, len(per_stack_points(loaded.model)) // 3)))
+        out["choice"] += probes * (shrink + held / rates["fairseq_sent_s"]) + held / rates["fairseq_sent_s"]
     out["shrink"] = shrink
     out["recover"] = options.budget_epochs * (train_tok / rates["train_tok_s"] + train_tok / rates["forward_tok_s"]
                                               + valid_tok / rates["forward_tok_s"])
