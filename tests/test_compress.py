@@ -339,6 +339,33 @@ def test_max_bleu_loss_chooses_on_a_held_out_split_of_valid(tiny_data, stock_che
     assert {p.name: p.read_bytes() for p in tiny_data.glob("heldout.*")} == users
 
 
+def test_of_the_shapes_timed_again_the_choice_takes_the_lowest_nll_that_measured_the_target():
+    """Fisher estimates of different cut models do not compare: of the timed shapes that reach the target, the one
+    whose own calibration NLL is lowest (on the bundled model at 1.3x: 8/4 and decoder 5 layers x 6 heads both
+    measured it, the order had put 8/4 first); none reaching it, the fastest; the NLL computed only to choose."""
+    from fairseq_headprune.compress.pipeline import pick_measured
+
+    def timed():
+        return [{"name": "8/4", "measured_speedup": 1.45}, {"name": "6/6", "measured_speedup": 1.23},
+                {"name": "5x8/6", "measured_speedup": 1.38}, {"name": "1x1/1", "measured_speedup": 4.3}]
+
+    nll = {"8/4": 0.93, "5x8/6": 0.83, "1x1/1": 9.9}
+    asked = []
+
+    def calibration_nll(p):
+        asked.append(p["name"])
+        return nll[p["name"]]
+
+    chosen, confirmed = pick_measured(timed(), 1.3, calibration_nll)
+    assert (chosen["name"], confirmed, chosen["calibration_nll"]) == ("5x8/6", True, 0.83)
+    assert sorted(asked) == ["1x1/1", "5x8/6", "8/4"]
+    chosen, confirmed = pick_measured(timed(), 5.0, calibration_nll)
+    assert (chosen["name"], confirmed) == ("1x1/1", False) and "calibration_nll" not in chosen
+    asked.clear()
+    chosen, confirmed = pick_measured(timed(), 2.0, calibration_nll)
+    assert (chosen["name"], confirmed, asked) == ("1x1/1", True, [])
+
+
 def test_a_target_only_depth_and_heads_reach_cuts_the_decoder_in_the_written_model(tiny_data, stock_checkpoint,
                                                                                    tmp_path):
     """Decoder layers are a lever of the choice: with a cost table (edited here, so that the answer is known) where

@@ -11,18 +11,19 @@ reruns the stage it alters and every stage after it (never a mix), and a larger 
               work.
   choice      the shape and its heads. --speedup: of the shapes that reach it, the one with the lowest Fisher estimate
               of the loss increase on calibration sentences of train (the per-stack Fisher fill of `shrink`); the
-              heads of each layer in the order of its Fisher block; the first few of them (and the fastest) timed
-              again as crude slices, the first that measures the target taken; a shape that removes more than
-              another candidate is tried after it (the joint estimate can fall as heads are added whose gradients
-              cancel). Shapes that also cut the decoder's
-              depth lose the layers `shrink --keep-layers` removes (greedy calibration loss, recorded); the Fisher
-              estimate ranks shapes within a depth only, and the depths are ranked by the calibration NLL of
-              their best shape (layers removed, heads masked, no reconstruction). --max-bleu-loss: the fastest shape of
-              the frontier (predicted speed against Fisher estimate) whose shrunk model, before recovery, loses at
-              most X BLEU in the engine on a held-out split of valid (its first --heldout-sentences by id, at most
-              half, as the subset `heldout` of OUT/stages/choice/data; recovery early-stops on the rest), found by
-              bisection. Before recovery is the conservative side: recovery lowers the loss further. This mode
-              moves heads only (the Fisher frontier does not compare a depth cut with heads; recorded as `levers`).
+              heads of each layer in the order of its Fisher block; a shape that removes more than another
+              candidate is tried after it (the joint estimate can fall as heads are added whose gradients
+              cancel). Shapes that also cut the decoder's depth lose the layers `shrink --keep-layers` removes
+              (greedy calibration loss, recorded); the Fisher estimate ranks shapes within a depth only, and the
+              depths are ranked by the calibration NLL of their best shape (layers removed, heads masked, no
+              reconstruction). The first few in that order (and the fastest) are timed again as crude slices; of
+              those that measure the target, the one with the lowest calibration NLL of its own.
+              --max-bleu-loss: the fastest shape of the frontier (predicted speed against Fisher estimate) whose
+              shrunk model, before recovery, loses at most X BLEU in the engine on a held-out split of valid (its
+              first --heldout-sentences by id, at most half, as the subset `heldout` of OUT/stages/choice/data;
+              recovery early-stops on the rest), found by bisection. Before recovery is the conservative side:
+              recovery lowers the loss further. This mode moves heads only (the Fisher frontier does not compare a
+              depth cut with heads; recorded as `levers`).
   shrink      those heads (and decoder layers) removed and the model reconstructed (window fit 1000 steps, lr 3e-4,
               train calibration: the recipe the recover study measured best).
   recover     fairseq-train (compress.recover.recover): distillation from the unpruned model, early stopping on
@@ -496,6 +497,41 @@ def fisher_choice(model, grads, points: List[Dict[str, int]]) -> List[Dict]:
     return out
 
 
+def masked_nll(model, heads: str, samples, pad: int) -> float:
+    """The calibration NLL of the model with these heads masked (a head spec; "" for none), the masks cleared
+    after."""
+    from fairseq_headprune.compress import layers
+    from fairseq_headprune.core.heads import parse_head_spec
+    from fairseq_headprune.core.masking import set_head_masks
+
+    set_head_masks(model, parse_head_spec(heads) if heads else [])
+    try:
+        return round(layers.calibration_loss(model, samples, pad), 6)
+    finally:
+        set_head_masks(model, [])
+
+
+def shape_nll(model, point: Dict, samples, pad: int) -> float:
+    """A candidate's calibration NLL on the unpruned model: its decoder layers removed, its heads masked, no
+    reconstruction: one measure for shapes of any depth."""
+    from fairseq_headprune.compress import layers
+
+    cut = layers.remove_layers(copy.deepcopy(model), point["layers_kept"]) if "layers_kept" in point else model
+    return masked_nll(cut, point["heads"], samples, pad)
+
+
+def pick_measured(timed: List[Dict], target: float, nll: Callable[[Dict], float]) -> Tuple[Dict, bool]:
+    """Of the timed candidates whose `measured_speedup` reaches the target, the lowest `nll` (recorded as
+    `calibration_nll`; computed only when several reach it), and True; none reaching it, the fastest, and False."""
+    reached = [p for p in timed if p["measured_speedup"] >= target]
+    if not reached:
+        return max(timed, key=lambda p: p["measured_speedup"]), False
+    if len(reached) > 1:
+        for p in reached:
+            p["calibration_nll"] = nll(p)
+    return min(reached, key=lambda p: p.get("calibration_nll", 0.0)), True
+
+
 def moved_levers(points: List[Dict], whole: Dict[str, int]) -> List[str]:
     """The names of the levers some candidate sets below the whole (what the choice chose among)."""
     return [lever.name for lever in levers.LEVERS
@@ -834,23 +870,23 @@ class Run:
             return {**self._choice_by_bleu(folder, scored, provenance),
                     "levers": moved_levers(scored, levers.stack_sizes(self.loaded.model))}
         scored, layer_order = self._scored_by_depth(grads, calibration, points)
-        best, confirmed = self._confirmed(scored)
+        best, confirmed = self._confirmed(scored, calibration)
         depths = len({p.get("dec_layers") for p in scored})
-        rule = (f"among the shapes predicted to reach {self.options.speedup:g}x (those removing no more than "
-                "another one first), the lowest Fisher estimate of the loss increase"
-                + ("" if depths == 1 else
-                   f" at each of {depths} decoder depths, the depths ranked by the calibration NLL of that shape "
-                   "(layers removed, heads masked, no reconstruction)"))
+        rule = (f"of the shapes predicted to reach {self.options.speedup:g}x, {len(scored)} at {depths} decoder "
+                f"depth(s), the first {min(4, len(scored))} in the choice's order (the lowest Fisher estimate of the "
+                "loss increase within a depth, removing no more than another one first"
+                + ("" if depths == 1 else ", the depths by the calibration NLL of their best shape")
+                + ") and the fastest timed again as crude slices; of those that measured the target, the lowest "
+                "calibration NLL (layers removed, heads masked, no reconstruction)")
         self.log(f"choice: {shape_words(best)}, {best['measured_speedup']:.2f}x measured (predicted "
-                 f"{best['predicted_speedup']:.2f}x): {rule}, of {len(scored)} shapes, "
-                 + ("whose slice measured it too" if confirmed else
-                    "(none of those timed again measured it: the fastest of them)")
+                 f"{best['predicted_speedup']:.2f}x): {rule}"
+                 + ("" if confirmed else "; none of them measured it: the fastest of them")
                  + f" ({calibration.sentences} sentences of '{calibration.subset}')")
         return {"chosen": best, "candidates": scored, "confirmed": confirmed,
                 "levers": moved_levers(scored, levers.stack_sizes(self.loaded.model)),
                 "layer_order": layer_order,
-                "chosen_by": f"{rule}, whose crude slice, timed again, measured it"
-                if confirmed else "none of the shapes timed again measured the target: the fastest of them",
+                "chosen_by": rule if confirmed
+                else "none of the shapes timed again measured the target: the fastest of them",
                 "calibration": provenance}
 
     def _scored_by_depth(self, grads, calibration, points: List[Dict]) -> Tuple[List[Dict], Optional[Dict]]:
@@ -861,8 +897,6 @@ class Run:
         NLL of the depth's lowest-Fisher shape with its layers removed and its heads masked. Returns the scored
         points and the greedy layer order (None without a depth cut)."""
         from fairseq_headprune.compress import layers, select
-        from fairseq_headprune.core.heads import parse_head_spec
-        from fairseq_headprune.core.masking import set_head_masks
 
         model, pad = self.loaded.model, self.loaded.task.target_dictionary.pad()
         whole = levers.stack_sizes(model)
@@ -889,9 +923,7 @@ class Run:
                     p["layers_kept"] = {"dec": kept[depth]}
             if len(groups) > 1:
                 best = candidate_order(out)[0]
-                set_head_masks(cut, parse_head_spec(best["heads"]) if best["heads"] else [])
-                nll = round(layers.calibration_loss(cut, calibration.samples, pad), 6)
-                set_head_masks(cut, [])
+                nll = masked_nll(cut, best["heads"], calibration.samples, pad)
                 self.log(f"choice: at {depth} decoder layers, {label(best)} has the lowest Fisher estimate of "
                          f"{len(out)} shapes: calibration NLL {nll:.4f}")
                 for p in out:
@@ -899,10 +931,12 @@ class Run:
             scored += out
         return scored, order
 
-    def _confirmed(self, scored: List[Dict], tries: int = 4) -> Tuple[Dict, bool]:
+    def _confirmed(self, scored: List[Dict], calibration, tries: int = 4) -> Tuple[Dict, bool]:
         """The candidates in the choice's order (candidate_order: the Fisher estimate within a depth, a shape that
         removes more than another candidate after it), the first `tries` (and the fastest predicted) timed again as
-        crude slices in one interleaved run: the first that measures the target, or the fastest timed."""
+        crude slices in one interleaved run. Of those that measure the target, the lowest calibration NLL of its own
+        (shape_nll: comparable across depths and head counts, where the Fisher estimates of different cut models
+        are not); none measuring it, the fastest timed."""
         ranked = candidate_order(scored)
         timed = ranked[:tries]
         fastest = max(scored, key=lambda p: p["predicted_speedup"])
@@ -913,10 +947,13 @@ class Run:
                                       self.log)
         for p in timed:
             p["measured_speedup"] = measured["speedup"][label(p)]
-        for p in timed:
-            if p["measured_speedup"] >= self.options.speedup:
-                return p, True
-        return max(timed, key=lambda p: p["measured_speedup"]), False
+        pad = self.loaded.task.target_dictionary.pad()
+        best, confirmed = pick_measured(timed, self.options.speedup,
+                                        lambda p: shape_nll(self.loaded.model, p, calibration.samples, pad))
+        self.log("choice: timed again " + ", ".join(
+            f"{label(p)} {p['measured_speedup']:.2f}x" + (f" (calibration NLL {p['calibration_nll']:.4f})"
+                                                          if "calibration_nll" in p else "") for p in timed))
+        return best, confirmed
 
     def _choice_by_bleu(self, folder: str, scored: List[Dict], provenance: Dict) -> Dict:
         """The fastest shape on the (speed, Fisher estimate) frontier whose shrunk model (before recovery) loses at
