@@ -343,11 +343,13 @@ def probe(loaded, options: CompressOptions, timing, calibration) -> Dict[str, fl
         rates["export_s"] = cpu_seconds(build, 1) if options.engine != "fairseq" else 0.0
         if "m" not in holder:
             build()
-        rates["engine_sent_s"] = n / cpu_seconds(lambda: holder["m"].run(few))
+        seconds = cpu_seconds(lambda: holder["m"].run(few))
+    pad = loaded.task.target_dictionary.pad()
+    rates["engine_sent_s"] = n / seconds  # and per reference token: the reported sets' sentences are longer or not
+    rates["engine_tok_s"] = sum(int(s["target"].ne(pad).sum()) for s in few) / seconds
     rates["fairseq_sent_s"] = (rates["engine_sent_s"] if options.engine == "fairseq" else
                                n / cpu_seconds(lambda: deploy.fairseq_run(loaded, loaded.model, few)))
     sample = calibration[len(calibration) // 2]  # a full training batch of middling sentences
-    pad = loaded.task.target_dictionary.pad()
     tokens = int(sample["target"].ne(pad).sum())
     model = loaded.model
 
@@ -395,7 +397,6 @@ def estimates(loaded, options: CompressOptions, rates: Dict[str, float], rows: i
     calib_n, calib_tok = subset_tokens(loaded, options.calibration_subset, options.calibration_sentences)
     train_n, train_tok = subset_tokens(loaded, "train")
     valid_n, valid_tok = subset_tokens(loaded, "valid")
-    gen_n, _ = subset_tokens(loaded, options.gen_subset)
     sublayers = len(attention_modules(loaded.model))
     out = {"cost-table": (rows + 1) * ((options.runs + 2) * timing_n / engine + rates["export_s"])}
     out["choice"] = calib_tok / rates["train_tok_s"]
@@ -416,7 +417,8 @@ def estimates(loaded, options: CompressOptions, rates: Dict[str, float], rows: i
     out["export"] = (2 * options.check_sentences / rates["fairseq_sent_s"] + 2 * rates["export_s"]
                      if options.engine != "fairseq" else 0.0)
     out["measure"] = 2 * (2 * options.runs + 2) * timing_n / engine + rates["export_s"]
-    out["report"] = 2 * gen_n / engine
+    reported = sum(subset_tokens(loaded, subset)[1] for subset in (options.gen_subset, *options.also_report))
+    out["report"] = 2 * reported / rates["engine_tok_s"]  # both models, every reported set
     return out
 
 
