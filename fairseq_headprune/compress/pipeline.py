@@ -457,6 +457,9 @@ def kept_by_depth(steps: List[Dict], depth: int, depths) -> Dict[int, List[int]]
     return {d: [i for i in range(1, depth + 1) if i not in removed[:depth - d]] for d in depths}
 
 
+TIMED_AGAIN = 4  # candidates (besides the fastest) whose crude slices the choice times again
+
+
 def choice_rank(point: Dict) -> Tuple[float, float, float]:
     """The order the choice tries the candidates in: the depths by the calibration NLL of their best shape, then
     the Fisher estimate within a depth (comparable there only), the faster first."""
@@ -875,8 +878,8 @@ class Run:
         best, confirmed = self._confirmed(scored, calibration)
         depths = len({p.get("dec_layers") for p in scored})
         rule = (f"of the shapes predicted to reach {self.options.speedup:g}x, {len(scored)} at {depths} decoder "
-                f"depth(s), the first {min(4, len(scored))} in the choice's order (the lowest Fisher estimate of the "
-                "loss increase within a depth, removing no more than another one first"
+                f"depth(s), the first {min(TIMED_AGAIN, len(scored))} in the choice's order (the lowest Fisher "
+                "estimate of the loss increase within a depth, removing no more than another one first"
                 + ("" if depths == 1 else ", the depths by the calibration NLL of their best shape")
                 + ") and the fastest timed again as crude slices; of those that measured the target, the lowest "
                 "calibration NLL (layers removed, heads masked, no reconstruction)")
@@ -933,7 +936,7 @@ class Run:
             scored += out
         return scored, order
 
-    def _confirmed(self, scored: List[Dict], calibration, tries: int = 4) -> Tuple[Dict, bool]:
+    def _confirmed(self, scored: List[Dict], calibration, tries: int = TIMED_AGAIN) -> Tuple[Dict, bool]:
         """The candidates in the choice's order (candidate_order: the Fisher estimate within a depth, a shape that
         removes more than another candidate after it), the first `tries` (and the fastest predicted) timed again as
         crude slices in one interleaved run. Of those that measure the target, the lowest calibration NLL of its own
