@@ -14,7 +14,9 @@ median over batches and rounds of the paired ratios; FLOP ratio from core.flops 
       [--runs 2] [--length 15] [--batch1-sentences 8]
 
 Writes OUT/shape-cost-table.json and OUT/README.md (and prints the table). Sources are random word ids,
-15 to 25 tokens; the forced length is --length.
+15 to 25 tokens; the forced length is --length. Shapes already in OUT's table and not named by --shapes are kept
+as they were measured (each with its own date and settings), and so is README.md's hand-written part from its
+"## Reading it" heading on.
 """
 from __future__ import annotations
 
@@ -47,6 +49,7 @@ def levers_for_benchmark():
     return (Lever("encoder heads", "enc_heads", "heads kept in every encoder layer", True, (50.0, 25.0)),
             Lever("decoder heads", "dec_heads", "heads kept in every decoder self- and cross-attention layer", True,
                   (50.0, 25.0)),
+            Lever("decoder layers", "dec_layers", "decoder layers kept", True, (50.0,)),
             Lever("FFN units", "ffn_percent", "% of every FFN's hidden units kept", False, (50.0,)),
             Lever("output layer", "vocab_percent", "% of the target words kept", False, (50.0,)))
 
@@ -146,18 +149,24 @@ def markdown(results: List[Dict], meta: Dict) -> str:
              f"tokens; batch 64 (one batch of 64 sentences) and batch 1 ({meta['batch1_sentences']} sentences), "
              f"{meta['runs']} rounds; speed-up = median of the paired per-batch ratios. FLOP ratio: unpruned over "
              "the row, core.flops, same work. Heads: kept in every layer of that stack (decoder: self- and "
-             "cross-attention); FFN and output layer: share kept (not yet removable by `shrink`: what they would "
+             "cross-attention); decoder layers: how many kept (a shape measured before that lever was has no such "
+             "row); FFN and output layer: share kept (not yet removable by `shrink`: what they would "
              "buy). The machine was shared with other jobs: ratios of a few percent are within noise.", ""]
     for r in results:
+        own = r.get("meta", meta)
         lines += [f"## {r['shape']}: {r['description']} ({r['parameters'] / 1e6:.0f}M parameters)", "",
+                  f"Measured {own['date']}: {own['runs']} rounds, forced to {own['length']} tokens + 1 step, batch 1 "
+                  f"on {own['batch1_sentences']} sentences.", "",
                   "| lever | kept | x unpruned, batch 64 | FLOP ratio, batch 64 | x unpruned, batch 1 |",
                   "|---|---|---|---|---|"]
         for row in r["rows"]:
-            kept = f"{row['value']:g}" + ("%" if row["field"].endswith("_percent") else " heads")
-            lines.append(f"| {row['lever']} | {kept} | {row['speedup batch 64']:.2f} | "
+            unit = {"dec_layers": " layers"}.get(row["field"], "%" if row["field"].endswith("_percent") else " heads")
+            lines.append(f"| {row['lever']} | {row['value']:g}{unit} | {row['speedup batch 64']:.2f} | "
                          f"{row['flop_ratio batch 64']:.2f} | {row['speedup batch 1']:.2f} |")
+        _, _, heads, _, dec_layers, _, _ = SHAPES[r["shape"]]
+        half = {"enc_heads": heads / 2, "dec_heads": heads / 2, "dec_layers": dec_layers / 2}
         order = sorted(((row["speedup batch 64"], f"{row['lever']} {row['value']:g}") for row in r["rows"]
-                        if row["field"].endswith("_percent") or row["value"] * 2 in (SHAPES[r["shape"]][2],)),
+                        if row["field"].endswith("_percent") or row["value"] == half.get(row["field"])),
                        reverse=True)
         lines += ["", "At half of each lever, batch 64, fastest first: "
                   + ", ".join(f"{what} ({speed:.2f}x)" for speed, what in order) + ".", ""]
@@ -187,14 +196,33 @@ def main(argv=None) -> int:
             "ctranslate2": ctranslate2.__version__, "threads": 1, "beam": 5, "length": args.length,
             "runs": args.runs, "batch1_sentences": args.batch1_sentences,
             "command": "python benchmarks/shape_cost_table.py " + " ".join(sys.argv[1:] if argv is None else argv)}
-    results = []
+    table, readme = os.path.join(args.out, "shape-cost-table.json"), os.path.join(args.out, "README.md")
+    results = kept_shapes(table, names)
+    notes = ""
+    if os.path.isfile(readme):
+        text = open(readme).read()
+        notes = text[text.index("## Reading it"):] if "## Reading it" in text else ""
     for name in names:  # the files are rewritten whole after every shape: a run stopped early keeps the shapes done
-        results.append(measure_shape(name, args.runs, args.length, args.batch1_sentences))
-        write_json_atomic(os.path.join(args.out, "shape-cost-table.json"), {"meta": meta, "shapes": results})
-        with atomic_output(os.path.join(args.out, "README.md")) as f:
-            f.write(markdown(results, meta))
+        results = [r for r in results if r["shape"] != name]
+        results.append({**measure_shape(name, args.runs, args.length, args.batch1_sentences), "meta": meta})
+        results.sort(key=lambda r: list(SHAPES).index(r["shape"]))
+        write_json_atomic(table, {"meta": meta, "shapes": results})
+        with atomic_output(readme) as f:
+            f.write(markdown(results, meta) + ("\n" + notes if notes else ""))
     print(markdown(results, meta))
     return 0
+
+
+def kept_shapes(table: str, measuring: List[str]) -> List[Dict]:
+    """The shapes of an earlier table that this run does not measure again, each with the settings it was measured
+    with (a table from before per-shape settings: the file's)."""
+    if not os.path.isfile(table):
+        return []
+    import json
+
+    with open(table) as f:
+        old = json.load(f)
+    return [{**r, "meta": r.get("meta", old["meta"])} for r in old["shapes"] if r["shape"] not in measuring]
 
 
 if __name__ == "__main__":
