@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import random
 import sys
@@ -218,8 +219,6 @@ def kept_shapes(table: str, measuring: List[str]) -> List[Dict]:
     with (a table from before per-shape settings: the file's)."""
     if not os.path.isfile(table):
         return []
-    import json
-
     with open(table) as f:
         old = json.load(f)
     return [{**r, "meta": r.get("meta", old["meta"])} for r in old["shapes"] if r["shape"] not in measuring]
