@@ -149,6 +149,14 @@ def test_refusals_are_one_line_before_any_work(tiny_data, stock_checkpoint, tmp_
         (("--speedup", "1.5", "--also-report", "valid"), "that is the recovery's early stopping"),
         (("--speedup", "1.5", "--also-report", "train"), "that is the recovery's training set"),
         (("--speedup", "1.5", "--also-report", "a,b", "--also-references", "x"), "1 file(s) for 2"),
+        (("--speedup", "1.5", "--distill-hidden-weight", "-1"), "--distill-hidden-weight must be at least 0"),
+        (("--speedup", "1.5", "--recover-args", "--distill-weight 0.5"), "--distill-weight is set by recover itself"),
+        (("--max-bleu-loss", "0.3", "--shape", "2/2"), "--shape gives the shape --max-bleu-loss would choose"),
+        (("--speedup", "1.5", "--shape", "2/2:ffn=50%"), "the FFN units and the output layer cannot be removed"),
+        (("--speedup", "1.5", "--shape", "2/x"), "--shape: '2/x' is not [L x]ENC/[L x]DEC"),
+        (("--speedup", "1.5", "--shape", "2x4/2"), "compress keeps the encoder's 4 layers"),
+        (("--speedup", "1.5", "--shape", "4/9"), "--shape 4/9: the decoder keeps 1 to 4 heads per layer"),
+        (("--speedup", "1.5", "--shape", "8/3x4"), "--shape 8/3x4 is the unpruned model's"),
     ]
     for target, message in cases:
         out = tmp_path / f"out{len(message)}"
@@ -423,6 +431,57 @@ def test_a_target_only_depth_and_heads_reach_cuts_the_decoder_in_the_written_mod
     card = (out / "MODEL_CARD.md").read_text()
     assert f"| decoder layers | 3 | {chosen['dec_layers']} |" in card
     assert f"The decoder keeps {chosen['dec_layers']} of its 3 layers" in card and "- The layers: " in card
+
+
+def test_a_given_shape_is_built_in_place_of_the_choice(tiny_data, stock_checkpoint, tmp_path):
+    """--shape skips the search, not the method: the shape given (here the decoder at 2 of its 3 layers, 1 head in
+    each attention layer), its layers chosen by the calibration loss and its heads by the Fisher estimate in them,
+    as the choice's own; the choice record says it was given; the model written has that shape."""
+    from fairseq_headprune.core.heads import HeadLayout
+    from fairseq_headprune.fairseq_io.loading import trust_fairseq_checkpoints
+    from test_surgery import reload
+
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    printed = run(compress_argv(tiny_data, stock_checkpoint, out, cache, "--beam", "1", "--shape", "3/2x1",
+                                "--stop-after", "shrink", target=("--speedup", "1.2"))).stdout
+    assert "--shape 3/2x1: encoder 3 heads per layer, decoder 2 layers x 1 heads, predicted " in printed
+    assert "layer search: remove dec:" in printed
+    choice = json.loads((out / "stages" / "choice" / "stage.json").read_text())["result"]
+    chosen = choice["chosen"]
+    assert (chosen["enc_heads"], chosen["dec_heads"], chosen["dec_layers"]) == (3, 1, 2)
+    assert [(p["enc_heads"], p["dec_heads"], p["dec_layers"]) for p in choice["candidates"]] == [(3, 1, 2)]
+    assert choice["chosen_by"].startswith("given by --shape 3/2x1")
+    trust_fairseq_checkpoints()
+    model = reload(out / "stages" / "shrink" / "model.pt", tiny_data)
+    assert len(model.decoder.layers) == 2 and len(model.encoder.layers) == 4
+    counts = {t: {len(ids) for (tt, _), ids in HeadLayout.of(model).heads.items() if tt == t}
+              for t in ("enc-self", "enc-dec", "dec-self")}
+    assert counts == {"enc-self": {3}, "enc-dec": {1}, "dec-self": {1}}
+
+
+def test_the_hidden_state_term_takes_the_teacher_layers_the_shrink_reconstructed_towards(tiny_data,
+                                                                                        stock_checkpoint):
+    """compress --distill-hidden-weight: a cut decoder's recovery compares each kept layer with the teacher layer
+    shrink's record names (layers.teacher_outputs), an uncut one layer by layer; off, no hidden-state term."""
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    from fairseq_headprune.compress import recover
+
+    loaded = SimpleNamespace(checkpoint=str(stock_checkpoint),
+                             cfg=SimpleNamespace(task=OmegaConf.create({"source_lang": "de", "target_lang": "en"})))
+    run_ = pipeline.Run(loaded, pipeline.CompressOptions(out="x", speedup=1.5, distill_hidden_weight=0.2),
+                        log=lambda line: None, progress=False)
+    cut = {"kept": {"dec": [1, 3]}, "teacher_outputs": {"dec": [2, 3]}}
+    options = run_._recover_options("m.pt", None, cut)
+    assert (options.distill_hidden_weight, options.distill_hidden_layers) == (0.2, "2,3")
+    argv = recover.training_argv(str(tiny_data), stock_checkpoint, options, "translation", "transformer")
+    assert argv[argv.index("--distill-hidden-weight") + 1] == "0.2"
+    assert argv[argv.index("--distill-hidden-layers") + 1] == "2,3"
+    assert run_._recover_options("m.pt", None, None).distill_hidden_layers == ""  # one to one
+    run_.options.distill_hidden_weight = 0.0
+    assert run_._recover_options("m.pt", None, cut).distill_hidden_layers == ""
 
 
 def test_a_shape_that_removes_more_than_another_candidate_is_tried_after_it():

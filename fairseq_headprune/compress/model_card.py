@@ -129,9 +129,12 @@ def layers_line(choice: Dict) -> Optional[str]:
 def recover_line(recovered: Dict) -> str:
     if not recovered.get("recovered"):
         return "- No recovery (--budget-epochs 0)."
-    return (f"- The recovery: fairseq-train on 'train', distillation from the unpruned model, early stopping on "
-            f"'valid' (best valid loss at {recovered['updates_at_best']} of {recovered['updates']} updates, budget "
-            f"{recovered['budget_epochs']} epochs).")
+    hidden = recovered.get("distill_hidden")
+    term = (f" and a hidden-state term (β {hidden['weight']:g}; teacher decoder layers {hidden['teacher_layers']})"
+            if hidden else "")
+    return (f"- The recovery: fairseq-train on 'train', distillation from the unpruned model{term}, early stopping "
+            f"on 'valid' (best valid loss at {recovered['updates_at_best']} of {recovered['updates']} updates, "
+            f"budget {recovered['budget_epochs']} epochs).")
 
 
 def record_command(record: Dict) -> str:

@@ -74,6 +74,10 @@ class CompressOptions:
     max_bleu_loss: Optional[float] = option(None, flag="--max-bleu-loss",
                                             help="instead: the fastest model that loses at most this much BLEU on a "
                                                  "held-out split of valid")
+    shape: Optional[str] = option(None, flag="--shape", metavar="[L x]ENC/[L x]DEC",
+                                  help="build this shape instead of choosing one (heads kept per layer of each "
+                                       "stack, the decoder's layers optionally: 8/3, 6x8/3x3, as deploy "
+                                       "--ceilings); which heads and layers go is chosen as for the choice's own")
     engine: str = option("ct2-int8", flag="--engine", help=f"where the model runs: {', '.join(levers.ENGINES)}")
     budget_epochs: int = option(4, flag="--budget-epochs",
                                 help="recovery epochs at most (early stopping on valid; a rerun with more extends; "
@@ -109,6 +113,10 @@ class CompressOptions:
                                  help="a cost-table row's time saving counts when its slice was faster in "
                                       "significantly more batches than not: sign test p below this (1: every "
                                       "measured saving counts)")
+    distill_hidden_weight: float = option(0.0, flag="--distill-hidden-weight",
+                                          help="β of the recovery's hidden-state term: each kept decoder layer's "
+                                               "output pulled towards the teacher layer the shrink reconstructed it "
+                                               "towards (recover --distill-hidden-weight; 0: off)")
     recover_args: Tuple[str, ...] = option((), flag="--recover-args", metavar="'FAIRSEQ-TRAIN OPTIONS'",
                                            parse=lambda text: recover_args(text),
                                            help="fairseq-train options of the recovery, as one argument: "
@@ -129,6 +137,11 @@ class CompressOptions:
             raise UserError(f"--speedup must be above 1, not {self.speedup:g}")
         if self.max_bleu_loss is not None and self.max_bleu_loss < 0:
             raise UserError(f"--max-bleu-loss must be at least 0, not {self.max_bleu_loss:g}")
+        if self.shape is not None:
+            if self.max_bleu_loss is not None:
+                raise UserError("--shape gives the shape --max-bleu-loss would choose by BLEU: give --speedup X (the "
+                                "speed it is judged against) with it")
+            self.given_shape()
         if self.engine not in levers.ENGINES:
             raise UserError(f"--engine must be one of {', '.join(levers.ENGINES)}, not {self.engine!r}")
         for name in ("calibration_sentences", "calibration_max_tokens", "timing_sentences", "runs",
@@ -146,6 +159,10 @@ class CompressOptions:
             raise UserError("--window-lr sets the window fit's learning rate: it needs --window-steps N (above 0)")
         if self.budget_epochs == 0 and self.recover_args:
             raise UserError("--recover-args: --budget-epochs 0 runs no recovery")
+        if self.distill_hidden_weight < 0:
+            raise UserError(f"--distill-hidden-weight must be at least 0, not {self.distill_hidden_weight:g}")
+        if self.budget_epochs == 0 and self.distill_hidden_weight:
+            raise UserError("--distill-hidden-weight: --budget-epochs 0 runs no recovery")
         for name in ("calibration_subset", "timing_subset"):
             if getattr(self, name) == self.gen_subset:
                 raise UserError(f"--{name.replace('_', '-')} {self.gen_subset} is --gen-subset: the reported set "
@@ -173,6 +190,16 @@ class CompressOptions:
         parent = os.path.dirname(os.path.abspath(self.out))
         if not os.path.isdir(parent):
             raise UserError(f"--out: folder {parent} does not exist")
+
+    def given_shape(self):
+        """--shape as deploy's CeilingShape: the levers the choice moves (heads per stack, the decoder's depth)."""
+        from fairseq_headprune.studies.ceilings import CeilingShape
+
+        shape = CeilingShape.parse(self.shape, "--shape")
+        if shape.ffn_percent < 100 or shape.vocab_percent < 100:
+            raise UserError(f"--shape {self.shape}: the FFN units and the output layer cannot be removed yet "
+                            "(heads per stack and the decoder's depth can)")
+        return shape
 
     @property
     def target(self) -> str:
@@ -659,10 +686,8 @@ class Run:
 
     # -- the stages
 
-    def run(self) -> Optional[Dict]:
-        import torch
-
-        from fairseq_headprune.core.masking import set_head_masks
+    def check(self) -> None:
+        """Every refusal the loaded model and data can give, in one line, before OUT is made or anything runs."""
         from fairseq_headprune.studies.deploy import check_task
 
         options, loaded = self.options, self.loaded
@@ -676,7 +701,18 @@ class Run:
             if problems:
                 raise UserError(f"--engine {options.engine}: CTranslate2 cannot express {problems[0]}")
         self.check_recover_args()
-        set_head_masks(loaded.model, [])
+        for subset in ("train", "valid", options.gen_subset, options.calibration_subset, options.timing_subset,
+                       *options.also_report):
+            subset_tokens(loaded, subset, 1)
+        if options.shape is not None:
+            self.shape_point()
+
+    def run(self) -> Optional[Dict]:
+        import torch
+
+        from fairseq_headprune.core.masking import set_head_masks
+
+        set_head_masks(self.loaded.model, [])
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
@@ -689,9 +725,6 @@ class Run:
         from fairseq_headprune.compress.shrink import calibration_samples
 
         options, loaded = self.options, self.loaded
-        for subset in ("train", "valid", options.gen_subset, options.calibration_subset, options.timing_subset,
-                       *options.also_report):
-            subset_tokens(loaded, subset, 1)  # a missing subset is one line, before any work
         timing = self.timing = check_batches(loaded, options.timing_subset, options.timing_sentences)
         from fairseq_headprune.compress.recover import TRAIN_DEFAULTS
 
@@ -817,6 +850,13 @@ class Run:
         points.sort(key=lambda p: -p["predicted_speedup"])
         order = ", ".join(f"{name} {speed:.2f}x" for name, speed in levers.lever_order(table))
         self.log(f"cost table ({self.options.engine}, equal work): what half of each lever buys alone: {order}")
+        if self.options.shape is not None:
+            given = self.shape_point()
+            point = next(p for p in points if {k: p.get(k) for k in given} == given and
+                         ("dec_layers" in p) == ("dec_layers" in given))
+            self.log(f"--shape {self.options.shape}: {shape_words(point)}, predicted "
+                     f"{point['predicted_speedup']:.2f}x (the target {self.options.speedup:g}x)")
+            return [point]
         if self.options.speedup is not None:
             reach = [p for p in points if p["predicted_speedup"] >= self.options.speedup]
             if not reach:
@@ -830,6 +870,22 @@ class Run:
                      f"(predicted): fastest {shape_words(points[0])} {points[0]['predicted_speedup']:.2f}x")
             return reach
         return points
+
+    def shape_point(self) -> Dict[str, int]:
+        """--shape as a choice point {enc_heads, dec_heads[, dec_layers]}, or one line where this model cannot
+        take it (the encoder's depth cut, a stack's heads or layers out of range, nothing removed)."""
+        shape, model = self.options.given_shape(), self.loaded.model
+        shape.check(model, "--shape")
+        whole = levers.stack_sizes(model)
+        if shape.enc_layers not in (None, len(model.encoder.layers)):
+            raise UserError(f"--shape {self.options.shape}: compress keeps the encoder's {len(model.encoder.layers)} "
+                            "layers (shrink --keep-layers enc:M cuts them)")
+        point = {"enc_heads": shape.enc_heads, "dec_heads": shape.dec_heads}
+        if shape.dec_layers not in (None, whole["dec_layers"]):
+            point["dec_layers"] = shape.dec_layers
+        if point == {"enc_heads": whole["enc_heads"], "dec_heads": whole["dec_heads"]}:
+            raise UserError(f"--shape {self.options.shape} is the unpruned model's: nothing to remove")
+        return point
 
     # choice
 
@@ -877,7 +933,9 @@ class Run:
         scored, layer_order = self._scored_by_depth(grads, calibration, points)
         best, confirmed = self._confirmed(scored, calibration)
         depths = len({p.get("dec_layers") for p in scored})
-        rule = (f"of the shapes predicted to reach {self.options.speedup:g}x, {len(scored)} at {depths} decoder "
+        rule = (f"given by --shape {self.options.shape} (its heads by the Fisher estimate in the kept layers, its "
+                "layers by the calibration loss)" if self.options.shape is not None else
+                f"of the shapes predicted to reach {self.options.speedup:g}x, {len(scored)} at {depths} decoder "
                 f"depth(s), the first {min(TIMED_AGAIN, len(scored))} in the choice's order (the lowest Fisher "
                 "estimate of the loss increase within a depth, removing no more than another one first"
                 + ("" if depths == 1 else ", the depths by the calibration NLL of their best shape")
@@ -885,12 +943,13 @@ class Run:
                 "calibration NLL (layers removed, heads masked, no reconstruction)")
         self.log(f"choice: {shape_words(best)}, {best['measured_speedup']:.2f}x measured (predicted "
                  f"{best['predicted_speedup']:.2f}x): {rule}"
-                 + ("" if confirmed else "; none of them measured it: the fastest of them")
+                 + ("" if confirmed else "; it measured below the target" if self.options.shape is not None
+                    else "; none of them measured it: the fastest of them")
                  + f" ({calibration.sentences} sentences of '{calibration.subset}')")
         return {"chosen": best, "candidates": scored, "confirmed": confirmed,
                 "levers": moved_levers(scored, levers.stack_sizes(self.loaded.model)),
                 "layer_order": layer_order,
-                "chosen_by": rule if confirmed
+                "chosen_by": rule if confirmed or self.options.shape is not None
                 else "none of the shapes timed again measured the target: the fastest of them",
                 "calibration": provenance}
 
@@ -1091,6 +1150,8 @@ class Run:
         o = self.options
         key = {"student": shrunk["checkpoint_sha256"], "teacher": file_sha256(self.loaded.checkpoint),
                "recover_args": list(o.recover_args)}
+        if o.distill_hidden_weight:  # (absent when off: the records of runs before the option still resume)
+            key["distill_hidden_weight"] = o.distill_hidden_weight
         record = self.store.record("recover")
         if record and record["identity"].get("run") == key and record["result"]["budget_epochs"] > o.budget_epochs:
             raise UserError(f"{self.store.folder('recover')} holds a recovery of {record['result']['budget_epochs']} "
@@ -1099,12 +1160,18 @@ class Run:
         return self.stage("recover", {"run": key, "budget_epochs": o.budget_epochs},
                           lambda folder: self._recover(folder, shrunk), self.todo["recover"], resume_key=key)
 
-    def _recover_options(self, out: str, work_dir: Optional[str]):
+    def _recover_options(self, out: str, work_dir: Optional[str], layers: Optional[Dict] = None):
+        """`layers`: the shrink record's; a cut decoder compares each kept layer with the teacher layer its
+        reconstruction aimed at (`teacher_outputs`), an uncut one layer by layer."""
         from fairseq_headprune.compress.recover import RecoverOptions
 
         cfg = self.loaded.cfg
         languages = ["-s", cfg.task.source_lang, "-t", cfg.task.target_lang] if cfg.task.get("source_lang") else []
+        hidden_map = ((layers or {}).get("teacher_outputs") or {}).get("dec")
         return RecoverOptions(teacher=self.loaded.checkpoint, out=out, epochs=self.options.budget_epochs,
+                              distill_hidden_weight=self.options.distill_hidden_weight,
+                              distill_hidden_layers=",".join(map(str, hidden_map)) if hidden_map and
+                              self.options.distill_hidden_weight else "",
                               work_dir=work_dir, train_args=languages + list(self.options.recover_args))
 
     def _recover(self, folder: str, shrunk: Dict) -> Dict:
@@ -1119,13 +1186,16 @@ class Run:
         for path in (out, record_path(out)):  # a shorter run's result: recovery goes on from its checkpoints
             if os.path.exists(path):
                 os.remove(path)
-        options = self._recover_options(out, os.path.join(folder, "run"))
+        options = self._recover_options(out, os.path.join(folder, "run"), shrunk.get("layers"))
         data = self.results["choice"].get("data") or cfg.task.data  # --max-bleu-loss: valid less the held-out split
         record = recover(data, shrunk["checkpoint"], options, log=self.log)
         return {"checkpoint": out, "checkpoint_sha256": file_sha256(out), "budget_epochs": o.budget_epochs,
                 "recovered": True, "updates": record["updates"], "updates_at_best": record["updates_at_best"],
                 "epochs": record["epochs"], "best_checkpoint": record["best_checkpoint"],
-                "peak_rss_gib": record["peak_rss_gib"]}
+                "peak_rss_gib": record["peak_rss_gib"],
+                "distill_hidden": {"weight": options.distill_hidden_weight,
+                                   "teacher_layers": options.distill_hidden_layers or "one to one"}
+                if options.distill_hidden_weight else None}
 
     # export
 
@@ -1321,8 +1391,9 @@ def verdict(record: Dict) -> Dict:
             faster = [p for p in record["reachable_shapes"] if p["predicted_speedup"] > chosen["predicted_speedup"]]
             hint = (f"; the cost table predicts {shape_words(faster[-1])} at {faster[-1]['predicted_speedup']:.2f}x"
                     if faster else "")
+            rerun = "" if record["options"].get("shape") else "; rerun with a higher --speedup to take it"
             lines.append(f"target {target:g}x: missed by {target - speed:.2f}x (predicted "
-                         f"{chosen['predicted_speedup']:.2f}x{hint}; rerun with a higher --speedup to take it)")
+                         f"{chosen['predicted_speedup']:.2f}x{hint if rerun else ''}{rerun})")
     else:
         bound, held = record["options"]["max_bleu_loss"], reported["heldout"]
         out["met"] = held["loss"] <= bound
@@ -1339,9 +1410,11 @@ def run(loaded, options: CompressOptions, log: Callable = print, progress: bool 
     from fairseq_headprune.records.log import FolderLock
 
     options.check()
+    compress = Run(loaded, options, log, progress)
+    compress.check()
     os.makedirs(options.out, exist_ok=True)
     with FolderLock(options.out):
-        return Run(loaded, options, log, progress).run()
+        return compress.run()
 
 
 def comma_list(text: str) -> Tuple[str, ...]:

@@ -41,7 +41,8 @@ TUNABLE_MODEL_OPTIONS = ("dropout", "attention_dropout", "activation_dropout")
 # options recover sets itself; given on the command line they are refused, never silently replaced
 OWN_OPTIONS = ("--arch", "-a", "--save-dir", "--finetune-from-model", "--restore-file", "--criterion",
                "--teacher-path", "--max-epoch", "--max-update", "--reset-optimizer", "--reset-lr-scheduler",
-               "--reset-meters", "--reset-dataloader", "--user-dir", "--train-subset")
+               "--reset-meters", "--reset-dataloader", "--user-dir", "--train-subset",
+               "--distill-weight", "--distill-temperature", "--distill-hidden-weight", "--distill-hidden-layers")
 # fairseq-train options recover uses unless the user gives them: the De-En recipe's cool-down, the lr at which the
 # bundled model converged (recipes/de_en_train_args.sh), chosen for the reasons in results/recover-de-en/README.md
 TRAIN_DEFAULTS = {

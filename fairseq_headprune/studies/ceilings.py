@@ -34,24 +34,24 @@ class CeilingShape:
     dec_layers: Optional[int] = None
 
     @classmethod
-    def parse(cls, text: str) -> "CeilingShape":
+    def parse(cls, text: str, flag: str = "--ceilings") -> "CeilingShape":
         """`ENC/DEC[:ffn=P%][,vocab=P%]`, each side optionally `LAYERSxHEADS`: `8/4`, `8/3:ffn=75%`,
-        `8/8:vocab=50%,ffn=50%`, `6x8/3x3` (the decoder at 3 layers of 3 heads)."""
+        `8/8:vocab=50%,ffn=50%`, `6x8/3x3` (the decoder at 3 layers of 3 heads). `flag`: the option refusals name."""
         match = _SPEC.match(text.strip())
         if not match:
-            raise UserError(f"--ceilings: {text!r} is not [L x]ENC/[L x]DEC[:ffn=P%,vocab=P%] (heads kept per stack, "
+            raise UserError(f"{flag}: {text!r} is not [L x]ENC/[L x]DEC[:ffn=P%,vocab=P%] (heads kept per stack, "
                             f"e.g. 8/4, or layers x heads, e.g. 6x8/3x3)")
         shares = {}
         for item in match.group(5).split(",") if match.group(5) else []:
             key, sep, value = item.partition("=")
             if key not in _LEVERS or not sep:
-                raise UserError(f"--ceilings {text}: {item!r} is not ffn=P% or vocab=P%")
+                raise UserError(f"{flag} {text}: {item!r} is not ffn=P% or vocab=P%")
             try:
                 percent = float(value.rstrip("%"))
             except ValueError:
-                raise UserError(f"--ceilings {text}: {key} takes a percentage, not {value!r}") from None
+                raise UserError(f"{flag} {text}: {key} takes a percentage, not {value!r}") from None
             if not 0 < percent <= 100:
-                raise UserError(f"--ceilings {text}: {key} keeps a share in (0, 100]%, not {value}")
+                raise UserError(f"{flag} {text}: {key} keeps a share in (0, 100]%, not {value}")
             shares[f"{key}_percent"] = percent
         layers = {k: int(v) for k, v in (("enc_layers", match.group(1)), ("dec_layers", match.group(3))) if v}
         return cls(int(match.group(2)), int(match.group(4)), **shares, **layers)
@@ -63,7 +63,7 @@ class CeilingShape:
         dec = f"{self.dec_layers}x{self.dec_heads}" if self.dec_layers else f"{self.dec_heads}"
         return f"{enc}/{dec}" + (f" ({', '.join(levers)})" if levers else "")
 
-    def check(self, model) -> None:
+    def check(self, model, flag: str = "--ceilings") -> None:
         """Refused in one line: more heads than a layer of the stack holds, or none."""
         from fairseq_headprune.core.heads import attention_modules
 
@@ -71,13 +71,13 @@ class CeilingShape:
                  "decoder": (len(model.decoder.layers), self.dec_layers)}
         for stack, (have, kept) in depth.items():
             if kept is not None and not 1 <= kept <= have:
-                raise UserError(f"--ceilings {self.label}: the {stack} keeps 1 to {have} layers, not {kept}")
+                raise UserError(f"{flag} {self.label}: the {stack} keeps 1 to {have} layers, not {kept}")
         held = {"encoder": [], "decoder": []}
         for (attn_type, _), attn in attention_modules(model).items():
             held["encoder" if attn_type == "enc-self" else "decoder"].append(int(attn.num_heads))
         for stack, kept in (("encoder", self.enc_heads), ("decoder", self.dec_heads)):
             if not 1 <= kept <= min(held[stack]):
-                raise UserError(f"--ceilings {self.label}: the {stack} keeps 1 to {min(held[stack])} heads per "
+                raise UserError(f"{flag} {self.label}: the {stack} keeps 1 to {min(held[stack])} heads per "
                                 f"layer in this model, not {kept}")
 
 
