@@ -154,6 +154,11 @@ def _kept_positions(attn) -> List[int]:
     return (attn.head_mask != 0).nonzero().flatten().tolist()
 
 
+def ffn_width(model, key) -> int:
+    layer = model.encoder.layers[key[1] - 1] if key[0] == "enc-ffn" else model.decoder.layers[key[1] - 1]
+    return layer.fc1.out_features
+
+
 @torch.no_grad()
 def reconstruct(teacher, student, samples: Sequence[dict], pad: int, options: ReconstructionOptions,
                 log=None, kept_layers=None) -> List[SublayerFit]:
@@ -170,15 +175,11 @@ def reconstruct(teacher, student, samples: Sequence[dict], pad: int, options: Re
     teacher.eval()
     student.eval()
     modules = attention_modules(student)
-    keys = sublayer_keys(student, ffn=options.refit_ffn or options.refit_inputs)
-
-    def pruned(key):
-        return key[0] not in FFN_TYPES and bool((modules[key].head_mask == 0).any())
+    keys = sublayer_keys(student, ffn=True)  # an FFN is fitted when wanted() says so
 
     if kept_layers:
         from fairseq_headprune.compress.layers import depths, teacher_key
 
-        keys = sublayer_keys(student, ffn=True)  # a moved target is an FFN's first: FFNs are fitted then
         teacher_depths = depths(teacher)
 
         def to_teacher(key):
@@ -190,11 +191,16 @@ def reconstruct(teacher, student, samples: Sequence[dict], pad: int, options: Re
     def moved(key):
         return to_teacher(key) != key
 
+    def pruned(key):  # heads masked, or FFN units removed (narrower than the teacher's FFN it stands for)
+        if key[0] in FFN_TYPES:
+            return ffn_width(student, key) < ffn_width(teacher, to_teacher(key))
+        return bool((modules[key].head_mask == 0).any())
+
     first = next((i for i, k in enumerate(keys) if pruned(k) or moved(k)), len(keys))
 
     def wanted(i, key):
         if key[0] in FFN_TYPES:  # an FFN below every pruned sublayer sees exactly the teacher's inputs: nothing to fit
-            return (options.refit_ffn or kept_layers is not None) and (i > first or moved(key))
+            return pruned(key) or (options.refit_ffn or kept_layers is not None) and (i > first or moved(key))
         return options.refit_unpruned or pruned(key) or (kept_layers is not None and i > first)
 
     todo = [k for i, k in enumerate(keys) if wanted(i, k)]

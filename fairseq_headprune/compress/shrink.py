@@ -90,7 +90,20 @@ class ShrinkOptions:
                                   help="which layers --keep-layers keeps: greedy removal of the layer whose loss "
                                        "increase on the calibration data is smallest, or Shleifer & Rush's evenly "
                                        "spaced layers")
+    ffn_keep: float = option(100.0, flag="--ffn-keep", metavar="P%", parse=lambda text: parse_ffn_keep(text),
+                             shown="100%",
+                             help="every FFN keeps this share of its hidden units, those of the highest mask "
+                                  "Fisher on the calibration data (Kwon et al. 2022), chosen after the heads and "
+                                  "layers and refit (fc2) towards the unpruned model's FFN output")
     reconstruction: ReconstructionOptions = nested(ReconstructionOptions)
+
+
+def parse_ffn_keep(text: str) -> float:
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*%?\s*", str(text))
+    if not m or not 0 < float(m.group(1)) <= 100:
+        raise UserError(f"--ffn-keep is the share of every FFN's hidden units kept, above 0% and at most 100%, "
+                        f"not {text!r}")
+    return float(m.group(1))
 
 
 def flat_fields(options: ShrinkOptions) -> dict:
@@ -102,6 +115,8 @@ def flat_fields(options: ShrinkOptions) -> dict:
     out.update(refit=fit.method, window_steps=fit.window.steps, window_lr=fit.window.lr)
     if options.keep_layers is None:  # records of head-only shrinks (and their sweep logs) as they always were
         del out["keep_layers"], out["layer_selection"]
+    if options.ffn_keep == 100:
+        del out["ffn_keep"]
     return out
 
 
@@ -242,10 +257,26 @@ def _without_layers(options: ShrinkOptions) -> ShrinkOptions:
 
 def validate(options: ShrinkOptions, model) -> Budget:
     """Everything that can be checked before any expensive work; raises UserError."""
+    if not 0 < options.ffn_keep <= 100:
+        raise UserError(f"--ffn-keep must be above 0% and at most 100%, not {options.ffn_keep:g}%")
+    if options.ffn_keep < 100 and options.search_steps != 1:
+        raise UserError("--ffn-keep narrows the FFNs once, after the heads: it works with one search step, not "
+                        "--search-steps")
     if options.keep_layers is not None:
         return validate_layers(options, model)
     given = options.heads is not None
-    budget = Budget("remove", float(len(given_heads(options, model))), False) if given else parse_budget(options)
+    ffn_only = options.ffn_keep < 100 and not _head_budget_given(options)
+    if ffn_only:  # no head budget: the options that choose heads would do nothing
+        chooser = next((flag for flag, on in (("--types", tuple(options.types) != ATTENTION_TYPES),
+                                               ("--search", options.search != "full"),
+                                               ("--shape", options.shape != "free"),
+                                               ("--teacher-mildness", options.teacher_mildness != 0)) if on), None)
+        if chooser:
+            raise UserError(f"{chooser} chooses heads: give a head budget (--remove, --keep, --flops) with it")
+        budget = Budget("remove", 0.0, False)
+    else:
+        budget = Budget("remove", float(len(given_heads(options, model))), False) if given \
+            else parse_budget(options)
     if head_gates(model):
         raise UserError("the checkpoint has L0 head gates: fold them into a stock checkpoint first "
                         "(fairseq-headprune gates CKPT --results-dir DIR --fold-out stock.pt) and shrink that")
@@ -274,7 +305,7 @@ def validate(options: ShrinkOptions, model) -> Budget:
     if fit.window.steps and fit.method == "none":
         raise UserError("--window-steps fits the sublayers --refit fits: it needs --refit scales or out-proj")
     layout = HeadLayout.of(model)
-    if given:
+    if given or ffn_only:
         return budget
     if options.shape != "free":
         _validate_per_stack(options, budget, layout)
@@ -539,6 +570,7 @@ class ShrinkResult:
     fits: List[SublayerFit]
     seconds: Dict[str, float] = field(default_factory=dict)
     layers: Optional[object] = None  # compress.layers.LayerSelection when whole layers were removed
+    ffn_kept: Optional[Dict[str, Dict[str, int]]] = None  # --ffn-keep: {stack: {layer: units kept}}
 
     def fits_json(self) -> List[dict]:
         return [f.as_json() for f in self.fits]
@@ -558,9 +590,29 @@ def build_student(model, selection: Selection, calibration: Calibration, options
         teacher = copy.deepcopy(model)
         milder = _milder(selection, grads, int(round(options.teacher_mildness * len(selection.removed))))
         set_head_masks(teacher, milder)
+    ffn_kept = narrow_ffn(student, calibration, options, pad, log) if options.ffn_keep < 100 else None
     fits = reconstruct(teacher, student, calibration.samples, pad, options.reconstruction, log=log,
                        kept_layers=kept_layers)
-    return ShrinkResult(student, selection, fits, {"reconstruction": time.perf_counter() - start})
+    return ShrinkResult(student, selection, fits, {"reconstruction": time.perf_counter() - start},
+                        ffn_kept=ffn_kept)
+
+
+def narrow_ffn(student, calibration: Calibration, options: ShrinkOptions, pad: int,
+               log: Optional[Callable]) -> Dict[str, Dict[str, int]]:
+    """--ffn-keep: every FFN of the student (its heads already masked, its layers already cut) keeps its
+    highest-Fisher units, in place; returns {stack: {layer: units kept}}."""
+    from fairseq_headprune.compress import ffn
+
+    kept = ffn.fisher_kept(ffn.unit_gradients(student, calibration.samples, pad), options.ffn_keep)
+    before = ffn.widths(student)
+    ffn.prune_ffn(student, kept)
+    if log:
+        log(f"FFN units: every FFN keeps {options.ffn_keep:g}% of its units by mask Fisher ("
+            + ", ".join(f"{s}:{i} {len(units)}/{before[(s, i)]}" for (s, i), units in kept.items()) + ")")
+    out: Dict[str, Dict[str, int]] = {}
+    for (s, i), units in kept.items():
+        out.setdefault(s, {})[str(i)] = len(units)
+    return out
 
 
 def _milder(selection: Selection, grads, n: int) -> List[Head]:
@@ -605,6 +657,11 @@ def shrink(loaded, options: ShrinkOptions, log: Callable = print) -> Tuple[Shrin
     pad = loaded.task.target_dictionary.pad()
     if options.keep_layers is not None:
         return shrink_layers(loaded, options, calibration, pad, log), calibration
+    if options.heads is None and not _head_budget_given(options):  # --ffn-keep alone
+        selection = Selection([], "none (FFN units only)", False, budget)
+        result = build_student(loaded.model, selection, calibration, options, pad, log=log)
+        result.seconds.update(calibration=calibration.seconds)
+        return result, calibration
     if options.heads is not None:  # selected elsewhere: no mask gradients, no search
         selection = Selection(given_heads(options, loaded.model), "given (--heads)", False, budget)
         log(f"given: remove {len(selection.removed)} heads "
@@ -791,6 +848,7 @@ def write_checkpoint(loaded, result: ShrinkResult, calibration: Calibration, opt
         "heads_kept": len(HeadLayout.of(pruned).all_heads()),
         "kept_heads": kept_heads(pruned),
         "layers": result.layers.as_json(layers_of(loaded.model)) if result.layers is not None else None,
+        **({"ffn_kept": result.ffn_kept} if result.ffn_kept else {}),
         "selection": result.selection.summary(),
         "reconstruction": {"options": {k: flat[k] for k in (
             "refit", "ridge", "max_scale", "refit_unpruned", "empty_bias", "refit_ffn", "refit_inputs",

@@ -237,15 +237,17 @@ def apply_kept_heads(model, kept: Union[str, Mapping]):
 # --------------------------------------------------------------------------------------------- a checkpoint
 
 
-def pruned_model_cfg(model_cfg, kept_json: str):
-    """A copy of a checkpoint's model config as `headprune_transformer` with `kept_heads`.
+def pruned_model_cfg(model_cfg, kept_json: str, kept_ffn: str = ""):
+    """A copy of a checkpoint's model config as `headprune_transformer` with `kept_heads` (and `kept_ffn` when an
+    FFN was narrowed).
 
     fairseq-train 0.12 stores cfg["model"] of legacy architectures as an argparse Namespace; hydra-style
     configs are dicts or DictConfigs (returned as a plain dict, as fairseq saves them).
     """
     from omegaconf import OmegaConf
 
-    fields = {"_name": PRUNED_ARCH, "arch": PRUNED_ARCH, "kept_heads": kept_json}
+    fields = {"_name": PRUNED_ARCH, "arch": PRUNED_ARCH, "kept_heads": kept_json,
+              **({"kept_ffn": kept_ffn} if kept_ffn else {})}
     if isinstance(model_cfg, argparse.Namespace):  # legacy top-level `args` have no _name: add none
         fields = {k: v for k, v in fields.items() if k != "_name" or hasattr(model_cfg, "_name")}
         return argparse.Namespace(**{**vars(model_cfg), **fields})
@@ -285,6 +287,7 @@ def pruned_checkpoint_state(model, source_checkpoint) -> dict:
     `headprune_transformer` with `kept_heads` from the model's layout; optimizer and EMA states, whose shapes no
     longer fit, are dropped. Reloading needs this package as fairseq user module (`--user-dir fairseq_headprune`).
     """
+    from fairseq_headprune.compress.ffn import configured_widths, kept_ffn_json
     from fairseq_headprune.errors import UserError
 
     state = torch.load(source_checkpoint, map_location="cpu", weights_only=False)
@@ -295,10 +298,12 @@ def pruned_checkpoint_state(model, source_checkpoint) -> dict:
         raise UserError(f"the model does not come from {source_checkpoint}: its parameter names differ")
     state["model"] = weights
     kept = kept_heads_json(model)
+    source_cfg = state["cfg"]["model"] if state.get("cfg") is not None else state.get("args")
+    ffn = kept_ffn_json(model, configured_widths(source_cfg)) if source_cfg is not None else ""
     if state.get("cfg") is not None:
-        state["cfg"]["model"] = _with_depth(pruned_model_cfg(state["cfg"]["model"], kept), layers)
+        state["cfg"]["model"] = _with_depth(pruned_model_cfg(state["cfg"]["model"], kept, ffn), layers)
     if state.get("args") is not None:
-        state["args"] = _with_depth(pruned_model_cfg(state["args"], kept), layers)
+        state["args"] = _with_depth(pruned_model_cfg(state["args"], kept, ffn), layers)
     state.pop("last_optimizer_state", None)
     if isinstance(state.get("extra_state"), dict):
         state["extra_state"].pop("ema", None)

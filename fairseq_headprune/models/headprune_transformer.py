@@ -4,7 +4,8 @@ masks on them); these names exist to train with masks from the start and for the
 
 `--kept-heads` (JSON {TYPE: {LAYER: [original head ids]}}, layers not listed keep all heads) gives the model a
 physically pruned shape when it is built, before fairseq loads weights: it is how checkpoints written by
-`surgery.save_pruned_checkpoint` reload."""
+`surgery.save_pruned_checkpoint` reload; `--kept-ffn` (JSON {"enc"|"dec": {LAYER: UNITS}}) does the same for FFNs
+narrowed by `shrink --ffn-keep` (compress.ffn)."""
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerModel
 from fairseq.models.transformer.transformer_legacy import (
@@ -13,6 +14,7 @@ from fairseq.models.transformer.transformer_legacy import (
     transformer_vaswani_wmt_en_fr_big,
 )
 
+from fairseq_headprune.compress.ffn import apply_kept_ffn
 from fairseq_headprune.core.masking import install_head_masks
 from fairseq_headprune.core.surgery import apply_kept_heads
 
@@ -27,12 +29,18 @@ class HeadpruneTransformerModel(TransformerModel):
             help='heads each pruned layer keeps, as JSON {"enc-dec": {"6": [1, 3]}, ...} (original 1-indexed ids; '
             "layers not listed keep all heads); written by save_pruned_checkpoint",
         )
+        parser.add_argument(
+            "--kept-ffn", type=str, default="", metavar="JSON",
+            help='FFN hidden units each narrowed layer keeps, as JSON {"dec": {"3": 256}, ...} (layers not listed '
+            "keep the configured width); written by save_pruned_checkpoint",
+        )
 
     @classmethod
     def build_model(cls, args, task):
         model = super().build_model(args, task)
         install_head_masks(model)
         apply_kept_heads(model, getattr(args, "kept_heads", "") or "")
+        apply_kept_ffn(model, getattr(args, "kept_ffn", "") or "")
         return model
 
 
