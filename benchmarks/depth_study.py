@@ -37,6 +37,9 @@ def shape_of(record_path: str) -> str:
         if t in kept:
             counts = sorted({len(v) for v in kept[t].values()})
             parts.append(f"{t} {'/'.join(map(str, counts))} heads")
+    ffn = r.get("ffn_kept") or {}
+    if ffn:
+        parts.append("FFN " + "/".join(map(str, sorted({n for v in ffn.values() for n in v.values()}))) + " units")
     return "; ".join(parts) or "unpruned shape"
 
 

@@ -13,6 +13,8 @@
 #   LANE rec   recover the chosen candidate for 8 epochs (CAND=name), resumable
 #   LANE ctl   the control: the unpruned model through the same recovery on the same reduced train, every epoch kept
 #              (EPOCHS=6 as the chosen candidate; its epoch 4 is also the control of results/compress-de-en)
+#   LANE ffn   FFN units against the other levers at about the same crude speed (1.1-1.2x), before recovery:
+#              every FFN at 50% of its units, the decoder at 5 layers, the decoder at 6 of 8 heads (scored on val)
 #   LANE eval  valid of everything, then test2016 and heldout decoded once (final models and the unpruned one)
 #   LANE deploy  speed in CTranslate2 int8 at equal work, the recovered candidate against the unpruned model (and
 #              the FLOP ratio), with crude slices of the candidate depths (deploy --ceilings)
@@ -62,6 +64,12 @@ main() {
     local heads="--types enc-dec,dec-self --shape per-stack"
     shrink "d3h3-$sel" --keep-layers dec:3 --layer-selection "$sel" --remove 62.5% $heads $window
     shrink "d2h4-$sel" --keep-layers dec:2 --layer-selection "$sel" --remove 50% $heads $window
+    python benchmarks/depth_study.py "$work" results/depth-de-en --subset valid
+  fi
+  if [ "$lane" = ffn ] || [ "$lane" = all ]; then
+    shrink ffn50 --ffn-keep 50%  # (no attention sublayer loses a head: nothing for the window fit)
+    shrink d5 --keep-layers dec:5 $window
+    shrink h6 --remove 25% --types enc-dec,dec-self --shape per-stack $window
     python benchmarks/depth_study.py "$work" results/depth-de-en --subset valid
   fi
   if [ "$lane" = rec ] || [ "$lane" = all ]; then

@@ -171,6 +171,7 @@ def test_shrink_ffn_keep_narrows_every_ffn_refits_it_and_exports(stock_checkpoin
     (("--ffn-keep", "120"), "--ffn-keep is the share"),
     (("--ffn-keep", "50%", "--remove", "10%", "--search-steps", "2"), "it works with one search step"),
     (("--ffn-keep", "50%", "--search", "fisher"), "--search chooses heads: give a head budget"),
+    (("--ffn-keep", "50%", "--window-steps", "5"), "--ffn-keep alone removes none"),
 ])
 def test_shrink_ffn_keep_bad_input_is_one_line(stock_checkpoint, tiny_data, tmp_path, extra, message):
     proc = run(_shrink(tiny_data, stock_checkpoint, *extra, "--out", tmp_path / "x.pt"), check=False)

@@ -327,6 +327,9 @@ def inert_options(options: ShrinkOptions) -> Optional[str]:
         return "--window-lr sets the window fit's learning rate: it needs --window-steps N"
     if options.calibration_beam != 1 and options.calibration_targets != "self":
         return "--calibration-beam is the beam of --calibration-targets self: the references need none"
+    if fit.window.steps and options.ffn_keep < 100 and options.keep_layers is None \
+            and not _head_budget_given(options) and not fit.refit_unpruned:
+        return "--window-steps fits the attention sublayers that lost heads: --ffn-keep alone removes none"
     if options.layer_selection != "importance" and options.keep_layers is None:
         return "--layer-selection chooses the layers --keep-layers keeps: it needs --keep-layers"
     if not options.rearrange and options.search not in ("fisher", "block"):
