@@ -4,8 +4,9 @@ A lever is a structure `compress` can take away, as data: a name, the values it 
 how a shape with that value is cut from the unpruned model (studies.ceilings.CeilingShape: the first heads of every
 layer, evenly spaced layers, the first FFN units) and whether `shrink` can remove it from a trained model today.
 Heads per stack (encoder, decoder: CTranslate2's one head count per stack) and the decoder's depth (layers kept,
-`shrink --keep-layers`) are removable; FFN units and the output layer are measured so that a missed target can say
-what they would buy, and plug into the same table and the same choice once `shrink` removes them. A lever whose
+`shrink --keep-layers`) are removable; FFN units (which `shrink --ffn-keep` removes, but the choice does not move
+yet) and the output layer are measured so that a missed target can say what they would buy, and plug into the same
+table and the same choice once the choice moves them. A lever whose
 field ends in `_percent` is set in percent of the whole; any other counts what the model holds (heads per layer,
 layers), its whole read from the model (stack_sizes).
 
@@ -45,7 +46,7 @@ COMPUTE_TYPE = {"ct2-int8": "int8", "ct2-float32": "float32"}
 @dataclass(frozen=True)
 class Lever:
     """One structure compress may take away. `field` is the CeilingShape field a value sets; `unit` what a value
-    counts; `removable`: shrink removes it from a trained model today (the choice moves only these)."""
+    counts; `removable`: the choice moves it (compress removes it from a trained model today)."""
 
     name: str
     field: str
@@ -428,6 +429,6 @@ def refuse_unreachable(target: float, best: Tuple[Dict, float], table: Dict, eng
     other levers would add."""
     point, speed = best
     extra = best_unremovable(table, point)
-    more = f"; with {extra[0]} (not removable yet) the table predicts {extra[1]:.2f}x" if extra else ""
+    more = f"; with {extra[0]} (not a lever of compress yet) the table predicts {extra[1]:.2f}x" if extra else ""
     raise UserError(f"--speedup {target:g}: no shape reaches it in {engine} on this machine: the fastest, "
                     f"{point_words(point)}, is {speed:.2f}x the unpruned model{more}")

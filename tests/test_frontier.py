@@ -1,0 +1,40 @@
+"""benchmarks/frontier.py: the table and figure of compress runs, from their records alone."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def record(chosen, epochs, speed, test, also, shape=None, hidden=None):
+    return {"options": {"shape": shape}, "stages": {
+        "choice": {"chosen": chosen},
+        "recover": {"budget_epochs": epochs, "distill_hidden": {"weight": hidden} if hidden else None},
+        "measure": {"speedup_equal_work": speed, "flop_ratio": speed * 0.9},
+        "report": {"subset": "test", "bleu_delta": test[0], "p": test[1],
+                   "also": [{"subset": "second", "bleu_delta": also[0], "p": also[1]}]}}}
+
+
+def test_frontier_tables_every_run_by_speed_with_its_sets(tmp_path):
+    runs = {"fast": record({"enc_heads": 8, "dec_heads": 3, "dec_layers": 4}, 8, 2.05, (-0.73, 0.025), (-0.28, 0.288),
+                           hidden=0.2),
+            "slow": record({"enc_heads": 8, "dec_heads": 7}, 4, 1.07, (0.13, 0.313), (0.24, 0.338), shape="8/7")}
+    for name, rec in runs.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "compress.json").write_text(json.dumps(rec))
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "frontier.py"), str(tmp_path)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    text = (tmp_path / "frontier.md").read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| slow") or line.startswith("| fast")]
+    assert rows[0].startswith("| slow | 8/7 heads per stack (encoder/decoder) (given by --shape) | 4 | 1.07x | 0.96 |")
+    assert rows[0].endswith("| +0.13 (0.313) | +0.24 (0.338) |")
+    assert "decoder 4 layers x 3 heads (hidden-state term β 0.2) | 8 | 2.05x | 1.84 | -0.73 (0.025) | -0.28 (0.288)" \
+        in rows[1]
+    assert (tmp_path / "frontier.png").stat().st_size > 1000
+    empty = tmp_path / "none"
+    empty.mkdir()
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "frontier.py"), str(empty)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.strip().endswith("no */compress.json")
