@@ -15,6 +15,8 @@
 #              (EPOCHS=6 as the chosen candidate; its epoch 4 is also the control of results/compress-de-en)
 #   LANE ffn   FFN units against the other levers at about the same crude speed (1.1-1.2x), before recovery:
 #              every FFN at 50% of its units, the decoder at 5 layers, the decoder at 6 of 8 heads (scored on val)
+#   LANE levers  what the encoder's depth and the FFN's width buy beside the decoder's depth: crude slices timed in
+#              CTranslate2 int8 at equal work, in one deploy run (results/depth-de-en/levers)
 #   LANE eval  valid of everything, then test2016 and heldout decoded once (final models and the unpruned one)
 #   LANE deploy  speed in CTranslate2 int8 at equal work, the recovered candidate against the unpruned model (and
 #              the FLOP ratio), with crude slices of the candidate depths (deploy --ceilings)
@@ -85,6 +87,13 @@ main() {
       --candidate "$cand" --runs "${RUNS:-2}" --beam 5 --batch-size 64 --bpe subword_nmt \
       --bpe-codes checkpoints/de-en/code --tokenizer moses -s de -t en --ceilings 6x8/6x8 6x8/3x3 6x8/2x4 6x8/4x8 \
       > "$work/deploy.log" 2>&1
+  fi
+  if [ "$lane" = levers ] || [ "$lane" = all ]; then
+    $fhp deploy "$work/data-bin" --path "$model" --gen-subset test --references "$work/data-bin/test.raw.en" \
+      --results-dir results/depth-de-en/levers --shrink-percent 0 --runs "${RUNS:-2}" --beam 5 --batch-size 64 \
+      --bpe subword_nmt --bpe-codes checkpoints/de-en/code --tokenizer moses -s de -t en \
+      --ceilings 6x8/6x8 5x8/6x8 4x8/6x8 3x8/6x8 2x8/6x8 8/8:ffn=75% 8/8:ffn=50% 8/8:ffn=25% 6x8/4x8 \
+      > "$work/levers.log" 2>&1
   fi
   if [ "$lane" = eval ] || [ "$lane" = all ]; then
     python benchmarks/depth_study.py "$work" results/depth-de-en --subset valid
