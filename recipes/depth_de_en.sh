@@ -15,8 +15,8 @@
 #              (EPOCHS=6 as the chosen candidate; its epoch 4 is also the control of results/compress-de-en)
 #   LANE ffn   FFN units against the other levers at about the same crude speed (1.1-1.2x), before recovery:
 #              every FFN at 50% of its units, the decoder at 5 layers, the decoder at 6 of 8 heads (scored on val)
-#   LANE levers  what the encoder's depth and the FFN's width buy beside the decoder's depth: crude slices timed in
-#              CTranslate2 int8 at equal work, in one deploy run (results/depth-de-en/levers)
+#   LANE levers  after ffn: its three models timed in CTranslate2 int8 at equal work in one deploy run on val, beside
+#              crude slices of the encoder's depth and the FFN's width (results/depth-de-en/levers)
 #   LANE eval  valid of everything, then test2016 and heldout decoded once (final models and the unpruned one)
 #   LANE deploy  speed in CTranslate2 int8 at equal work, the recovered candidate against the unpruned model (and
 #              the FLOP ratio), with crude slices of the candidate depths (deploy --ceilings)
@@ -30,6 +30,7 @@ main() {
   export PATH=$PWD/.venv/bin:$PATH OMP_NUM_THREADS=1 TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1
   local data=../shared/data/multi30k model=checkpoints/de-en/model.pt
   local fhp=${FHP:-fairseq-headprune}  # another build of the command (a snapshot of the tree) for long runs
+  local py=${PY:-python}  # and the Python with this project's dependencies (a snapshot has no .venv of its own)
   local sel=${SEL:-importance} cand=${CAND:-d3h3}
   mkdir -p "$work/runs" "$work/raw"
   for l in de en; do  # train minus its last 1000 sentences; those 1000 are the held-out set
@@ -60,19 +61,19 @@ main() {
         shrink "d$n-$rule" --keep-layers "dec:$n" --layer-selection "$rule"
       done
     done
-    python benchmarks/depth_study.py "$work" results/depth-de-en --subset valid
+    $py benchmarks/depth_study.py "$work" results/depth-de-en --subset valid
   fi
   if [ "$lane" = cand ] || [ "$lane" = all ]; then
     local heads="--types enc-dec,dec-self --shape per-stack"
     shrink "d3h3-$sel" --keep-layers dec:3 --layer-selection "$sel" --remove 62.5% $heads $window
     shrink "d2h4-$sel" --keep-layers dec:2 --layer-selection "$sel" --remove 50% $heads $window
-    python benchmarks/depth_study.py "$work" results/depth-de-en --subset valid
+    $py benchmarks/depth_study.py "$work" results/depth-de-en --subset valid
   fi
   if [ "$lane" = ffn ] || [ "$lane" = all ]; then
     shrink ffn50 --ffn-keep 50%  # (no attention sublayer loses a head: nothing for the window fit)
     shrink d5 --keep-layers dec:5 $window
     shrink h6 --remove 25% --types enc-dec,dec-self --shape per-stack $window
-    python benchmarks/depth_study.py "$work" results/depth-de-en --subset valid
+    $py benchmarks/depth_study.py "$work" results/depth-de-en --subset valid
   fi
   if [ "$lane" = rec ] || [ "$lane" = all ]; then
     recover "r-$cand-$sel" "$work/shrink-$cand-$sel.pt" "${EPOCHS:-8}"
@@ -89,19 +90,20 @@ main() {
       > "$work/deploy.log" 2>&1
   fi
   if [ "$lane" = levers ] || [ "$lane" = all ]; then
-    $fhp deploy "$work/data-bin" --path "$model" --gen-subset test --references "$work/data-bin/test.raw.en" \
+    $fhp deploy "$work/data-bin" --path "$model" --gen-subset valid --references "$work/data-bin/valid.raw.en" \
       --results-dir results/depth-de-en/levers --shrink-percent 0 --runs "${RUNS:-2}" --beam 5 --batch-size 64 \
+      --compare "ffn50=$work/shrink-ffn50.pt" "d5=$work/shrink-d5.pt" "h6=$work/shrink-h6.pt" --candidate ffn50 \
       --bpe subword_nmt --bpe-codes checkpoints/de-en/code --tokenizer moses -s de -t en \
       --ceilings 6x8/6x8 5x8/6x8 4x8/6x8 3x8/6x8 2x8/6x8 8/8:ffn=75% 8/8:ffn=50% 8/8:ffn=25% 6x8/4x8 \
       > "$work/levers.log" 2>&1
   fi
   if [ "$lane" = eval ] || [ "$lane" = all ]; then
-    python benchmarks/depth_study.py "$work" results/depth-de-en --subset valid
-    python benchmarks/depth_study.py "$work" results/depth-de-en --subset test --final
-    python benchmarks/depth_study.py "$work" results/depth-de-en --subset heldout --final
+    $py benchmarks/depth_study.py "$work" results/depth-de-en --subset valid
+    $py benchmarks/depth_study.py "$work" results/depth-de-en --subset test --final
+    $py benchmarks/depth_study.py "$work" results/depth-de-en --subset heldout --final
     [ -f "$work/data-bin/bible.de-en.en.idx" ] ||  # a De-En set the teacher never saw (out of domain), once
       bash data_prep/encode-for-model.sh checkpoints/de-en de en ../shared/data/bible_de_en/test "$work/data-bin" bible
-    python benchmarks/depth_study.py "$work" results/depth-de-en --subset bible --final
+    $py benchmarks/depth_study.py "$work" results/depth-de-en --subset bible --final
   fi
 }
 main "$@"
