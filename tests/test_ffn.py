@@ -166,12 +166,26 @@ def test_shrink_ffn_keep_narrows_every_ffn_refits_it_and_exports(stock_checkpoin
     assert _ct2_tokens(ct2, task, batch) == [t for t, _ in beam_hypotheses(reloaded, task, batch)]
 
 
+def test_recover_trains_a_narrowed_student(stock, stock_checkpoint, tiny_data, tmp_path):
+    from test_surgery import reload
+
+    narrowed = ffn.prune_ffn(copy.deepcopy(stock[0]), {("dec", 1): list(range(16)), ("enc", 3): list(range(40))})
+    path = save_pruned_checkpoint(narrowed, stock_checkpoint, tmp_path / "narrow.pt")
+    out = tmp_path / "r.pt"
+    run(["fairseq-headprune", "recover", tiny_data, "--path", path, "--teacher", stock_checkpoint, "--max-tokens",
+         "1500", "--out", out, "--updates", "4"])
+    recovered = reload(out, tiny_data)
+    assert ffn.widths(recovered) == ffn.widths(narrowed)
+    assert any(not torch.equal(a, b) for a, b in zip(recovered.state_dict().values(), narrowed.state_dict().values()))
+
+
 @pytest.mark.parametrize("extra,message", [
     (("--ffn-keep", "0%"), "--ffn-keep is the share"),
     (("--ffn-keep", "120"), "--ffn-keep is the share"),
     (("--ffn-keep", "50%", "--remove", "10%", "--search-steps", "2"), "it works with one search step"),
     (("--ffn-keep", "50%", "--search", "fisher"), "--search chooses heads: give a head budget"),
     (("--ffn-keep", "50%", "--window-steps", "5"), "--ffn-keep alone removes none"),
+    (("--ffn-keep", "50%", "--sweep", "10,20", "--gen-subset", "test"), "the sweep compares head selections"),
 ])
 def test_shrink_ffn_keep_bad_input_is_one_line(stock_checkpoint, tiny_data, tmp_path, extra, message):
     proc = run(_shrink(tiny_data, stock_checkpoint, *extra, "--out", tmp_path / "x.pt"), check=False)

@@ -21,7 +21,7 @@ import time
 from fairseq_headprune.fairseq_io.checkpoint_io import check_pair_paths, record_path_for
 from fairseq_headprune.cli.common import output_checkpoint, results_folder
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.compress.shrink import ShrinkOptions, inert_options
+from fairseq_headprune.compress.shrink import ShrinkOptions, inert_options, parse_ffn_keep
 from fairseq_headprune.options import add_arguments, from_arguments
 from fairseq_headprune.studies.shrink_sweep import DEFAULT_METHODS
 
@@ -55,6 +55,9 @@ def run(cfg, args) -> None:
     from fairseq_headprune.fairseq_io.loading import load
 
     if args.sweep:
+        if getattr(args, "ffn_keep", None) is not None and parse_ffn_keep(args.ffn_keep) != 100:
+            raise UserError("--ffn-keep narrows one model's FFNs: the sweep compares head selections over budgets "
+                            "(shrink one model with --out)")
         return _run_sweep(cfg, args)
     if not args.out:
         raise UserError("--out OUT.pt is required (or --sweep for the study over budgets)")
