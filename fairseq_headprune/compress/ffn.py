@@ -136,11 +136,10 @@ def unit_gradients(model, samples: Iterable[dict], pad: int) -> Dict[Key, torch.
             sentence_nll(model, sample, pad).backward()
             rows = sample["target"].size(0)
             for key, x in seen.items():  # fairseq's layers are time-major: (T, B, units)
-                grad = x.grad if x.grad is not None else torch.zeros_like(x)
-                per_sentence = (x.detach() * grad).sum(0) if x.size(1) == rows else None
-                if per_sentence is None:
+                if x.dim() != 3 or x.size(1) != rows:
                     raise RuntimeError(f"{key}: fc2 input of shape {tuple(x.shape)} is not (T, {rows}, units)")
-                chunks[key].append(per_sentence.double().cpu())
+                grad = x.grad if x.grad is not None else torch.zeros_like(x)
+                chunks[key].append((x.detach() * grad).sum(0).double().cpu())
     finally:
         for h in handles:
             h.remove()
