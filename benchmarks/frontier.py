@@ -93,7 +93,10 @@ def figure(found: List[Dict], sets: List[str], ctl: Dict[str, Dict[str, float]],
         ax.set_xlabel("x the unpruned model, equal work (engine of the run)")
     axes[0][0].set_ylabel("ΔBLEU")
     fig.tight_layout()
-    fig.savefig(out, dpi=130)
+    from fairseq_headprune.records.log import atomic_output
+
+    with atomic_output(out, "wb") as f:  # whole or not at all
+        fig.savefig(f, format="png", dpi=130)
     plt.close(fig)
 
 

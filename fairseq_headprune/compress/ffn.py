@@ -34,11 +34,6 @@ def widths(model) -> Dict[Key, int]:
     return {key: layer.fc1.out_features for key, layer in ffn_layers(model).items()}
 
 
-def kept_count(units: int, percent: float) -> int:
-    """The units a layer of `units` keeps at `percent`: rounded, at least one."""
-    return max(1, min(units, round(units * percent / 100)))
-
-
 def remove_units(layer, keep: Sequence[int]) -> None:
     """Keep only these hidden units (0-based, in this order) of the layer's FFN, in place."""
     from fairseq_headprune.core.surgery import select_linear
@@ -150,6 +145,8 @@ def unit_gradients(model, samples: Iterable[dict], pad: int) -> Dict[Key, torch.
 
 def fisher_kept(grads: Mapping[Key, torch.Tensor], percent: float) -> Dict[Key, List[int]]:
     """Each FFN keeps its kept_count(units, percent) highest-Fisher units (ties: the lower index), in index order."""
+    from fairseq_headprune.studies.ceilings import kept_count
+
     out = {}
     for key, g in grads.items():
         fisher = g.pow(2).sum(0)

@@ -90,8 +90,9 @@ def crude_model(model, target_dictionary, shape: CeilingShape):
     """A copy of `model` cut to `shape` (the first heads, FFN units and target words kept) and its target
     dictionary, cut alike. Only its speed means anything."""
     from fairseq_headprune.core.heads import Head, attention_modules, head_ids
-    from fairseq_headprune.core.surgery import prune_model, select_linear
+    from fairseq_headprune.core.surgery import prune_model
 
+    from fairseq_headprune.compress.ffn import remove_units
     from fairseq_headprune.compress.layers import even_layers, remove_layers
 
     shape.check(model)
@@ -105,8 +106,7 @@ def crude_model(model, target_dictionary, shape: CeilingShape):
         removed += [Head(attn_type, layer, h) for h in head_ids(attn)[kept:]]
     prune_model(model, removed)
     for layer in list(model.encoder.layers) + list(model.decoder.layers):
-        units = list(range(kept_count(layer.fc1.out_features, shape.ffn_percent)))
-        layer.fc1, layer.fc2 = select_linear(layer.fc1, units, 0), select_linear(layer.fc2, units, 1)
+        remove_units(layer, list(range(kept_count(layer.fc1.out_features, shape.ffn_percent))))
     words = kept_count(len(target_dictionary), shape.vocab_percent, least=target_dictionary.nspecial + 1)
     return model, cut_target_vocabulary(model, target_dictionary, range(words))
 
