@@ -374,6 +374,34 @@ def test_of_the_shapes_timed_again_the_choice_takes_the_lowest_nll_that_measured
     assert (chosen["name"], confirmed, asked) == ("1x1/1", True, [])
 
 
+def test_a_depth_whose_timed_shapes_all_missed_the_target_is_timed_again_with_fewer_heads():
+    """The cost table misjudges a depth cut with heads (De-En at 2x: decoder 3 layers x 6-7 heads predicted 2.0x,
+    measured 1.8x): such a depth gets its next shape whose prediction, scaled by the depth's worst measured/predicted
+    ratio, reaches the target, instead of being left for the next depth; a depth that reached it, none."""
+    from fairseq_headprune.compress.pipeline import retime_candidates
+
+    def point(dec, fisher, speed, depth, nll):
+        return {"enc_heads": 8, "dec_heads": dec, "fisher_estimate": fisher, "predicted_speedup": speed,
+                "dec_layers": depth, "depth_nll": nll}
+
+    d3 = [point(7, 1.0, 2.02, 3, 1.5), point(6, 2.0, 2.05, 3, 1.5), point(5, 3.0, 2.15, 3, 1.5),
+          point(4, 4.0, 2.25, 3, 1.5), point(3, 5.0, 2.4, 3, 1.5)]
+    d4 = [point(3, 1.0, 2.13, 4, 1.9), point(2, 2.0, 2.3, 4, 1.9)]
+    scored = d3 + d4
+    timed = [dict(d3[0], measured_speedup=1.79), dict(d3[1], measured_speedup=1.82),
+             dict(d4[0], measured_speedup=2.10)]
+    for t, p in zip(timed, (d3[0], d3[1], d4[0])):
+        p.update(t)
+    # depth 3's worst ratio 1.79 / 2.02 = 0.886: 5 heads (2.15 -> 1.905) falls short, 4 heads (2.25 -> 1.994) too,
+    # 3 heads (2.4 -> 2.127) reaches 2.0; depth 4 reached the target and gets nothing
+    assert retime_candidates(scored, timed, 2.0) == [d3[4]]
+    assert retime_candidates(scored, timed, 1.9) == [d3[2]]  # 5 heads: 2.15 x 0.886 = 1.905
+    timed.append(dict(d3[4], measured_speedup=2.2))
+    d3[4].update(timed[-1])
+    assert retime_candidates(scored, timed, 2.0) == []  # every depth timed reached it
+    assert retime_candidates(scored, timed[:2], 3.0) == []  # no shape of the depth can reach it
+
+
 def test_a_target_only_depth_and_heads_reach_cuts_the_decoder_in_the_written_model(tiny_data, stock_checkpoint,
                                                                                    tmp_path):
     """Decoder layers are a lever of the choice: with a cost table (edited here, so that the answer is known) where
