@@ -37,4 +37,4 @@ def test_frontier_tables_every_run_by_speed_with_its_sets(tmp_path):
     empty.mkdir()
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "frontier.py"), str(empty)],
                           capture_output=True, text=True)
-    assert proc.returncode == 2 and proc.stderr.strip().endswith("no */compress.json")
+    assert proc.returncode == 2 and proc.stderr.strip().endswith("no */compress.json of a finished run")

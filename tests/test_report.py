@@ -618,3 +618,58 @@ def test_recover_section_shows_a_given_study_and_judges_its_targets(full_report,
     path.write_text(json.dumps(study))
     report(slice_data, stock_checkpoint, out, "--render-only", "--recover-study", path)
     assert "Not this model's: the study's unpruned model is checkpoint 000000000000" in (out / "report.md").read_text()
+
+
+def test_compress_section_shows_the_frontier_of_given_runs_and_whose_they_are(full_report, slice_data,
+                                                                               stock_checkpoint, tmp_path):
+    """`--compress-runs DIR`: every finished run of DIR (its compress.json) a row of the section's table with its
+    shape, epochs, speed and ΔBLEU per set, the controls beside them, the figure drawn; runs compressed from another
+    checkpoint said so; a folder with no finished run refused in one line."""
+    import shutil
+
+    from fairseq_headprune.records.identity import file_sha256
+
+    out = tmp_path / "report"
+    shutil.copytree(full_report[0], out)
+    assert "No compress runs for this model" in (out / "report.md").read_text()  # the tiny model has none
+
+    def record(sha, chosen, epochs, speed, test, also):
+        return {"options": {"shape": None}, "stages": {
+            "cost-table": {"identity": {"model_sha256": sha}}, "choice": {"chosen": chosen},
+            "recover": {"budget_epochs": epochs}, "measure": {"speedup_equal_work": speed, "flop_ratio": 0.9 * speed},
+            "report": {"subset": "test", "bleu_delta": test[0], "p": test[1],
+                       "also": [{"subset": "second", "bleu_delta": also[0], "p": also[1]}]}}}
+
+    runs = tmp_path / "runs"
+    sha = file_sha256(stock_checkpoint)
+    for name, rec in {"fast": record(sha, {"enc_heads": 8, "dec_heads": 3, "dec_layers": 4}, 8, 2.05, (-0.73, 0.025),
+                                     (-0.28, 0.288)),
+                      "slow": record(sha, {"enc_heads": 8, "dec_heads": 7}, 4, 1.07, (0.13, 0.313), (0.24, 0.338))
+                      }.items():
+        (runs / name).mkdir(parents=True)
+        (runs / name / "compress.json").write_text(json.dumps(rec))
+    (runs / "unfinished").mkdir()  # a run stopped before its report: no row
+    (runs / "unfinished" / "compress.json").write_text(json.dumps({"stages": {"choice": {}}}))
+    (runs / "control-bleu.json").write_text(json.dumps({"models": {"ctl-e8": {"test": {"bleu_delta": -0.07},
+                                                                              "second": {"bleu_delta": 0.29}}}}))
+    report(slice_data, stock_checkpoint, out, "--render-only", "--compress-runs", runs)
+    md = (out / "report.md").read_text()
+    section = md[md.index("## Compressing for deployment"):md.index("## Commands")]
+    assert "2 runs of `compress`" in section and "Not all of them" not in section
+    assert "| slow | 8/7 heads per stack (encoder/decoder) | 4 | 1.07x | 0.96 | +0.13 (0.313) | +0.24 (0.338) |" \
+        in section
+    assert "| fast | encoder 8 heads per layer, decoder 4 layers x 3 heads | 8 | 2.05x | 1.84 | -0.73 (0.025) | " \
+        "-0.28 (0.288) |" in section
+    assert section.index("| slow") < section.index("| fast")  # slowest first
+    assert "ctl-e8: test -0.07, second +0.29" in section
+    assert (out / "report-compress-frontier.png").stat().st_size > 1000
+    assert json.loads((out / "inputs" / "compress-runs.json").read_text())["folder"] == str(runs)
+    rec = json.loads((runs / "fast" / "compress.json").read_text())
+    rec["stages"]["cost-table"]["identity"]["model_sha256"] = "0" * 64
+    (runs / "fast" / "compress.json").write_text(json.dumps(rec))
+    report(slice_data, stock_checkpoint, out, "--render-only", "--compress-runs", runs)
+    assert "compressed from checkpoint(s) 000000000000" in (out / "report.md").read_text()
+    proc = report(slice_data, stock_checkpoint, out, "--render-only", "--compress-runs", runs / "unfinished",
+                  check=False)
+    assert proc.returncode == 2 and "--compress-runs: no finished compress run in" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1

@@ -43,6 +43,9 @@ STATE = names.REPORT_STATE
 # the bundled De-En model's training run: C5's input by default for that model only (see default_dynamics)
 BUNDLED_DYNAMICS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                                 "results", "dynamics", "dynamics.jsonl")
+# the compress runs of the bundled De-En model (recipes/compress_de_en.sh): shown by default for that model only
+BUNDLED_COMPRESS_RUNS = os.path.normpath(os.path.join(os.path.dirname(BUNDLED_DYNAMICS), os.pardir,
+                                                      "compress-de-en"))
 # the recover study of the bundled De-En model (benchmarks/recover_study.py): shown by default for that model only
 BUNDLED_RECOVER_STUDY = os.path.join(os.path.dirname(BUNDLED_DYNAMICS), os.pardir, "recover-de-en",
                                      "recover-test.json")
@@ -110,6 +113,10 @@ class ReportOptions:
                                           help="recover-test.json of benchmarks/recover_study.py, shown as the "
                                                "report's recover section (default: the bundled model's study, for "
                                                "the bundled model only)")
+    compress_runs: Optional[str] = option(None, flag="--compress-runs", metavar="DIR",
+                                          help="a folder of `compress --out` folders (DIR/*/compress.json), shown as "
+                                               "the report's compress section: the speed/BLEU frontier they reached "
+                                               "(default: the bundled model's, for the bundled model only)")
     note: str = option("", flag="--note", help="a sentence for the report's header (e.g. how the data was sliced)")
     render_only: bool = option(False, flag="--render-only",
                                help="run nothing: write the report from the result files already in --results-dir")
@@ -371,6 +378,14 @@ def default_recover_study(checkpoint_sha: str) -> Optional[str]:
     return None
 
 
+def default_compress_runs(checkpoint_sha: str) -> Optional[str]:
+    """The compress section's runs when --compress-runs is not given: the bundled model's, for that model only."""
+    from fairseq_headprune.studies import frontier
+
+    runs = frontier.rows(BUNDLED_COMPRESS_RUNS) if os.path.isdir(BUNDLED_COMPRESS_RUNS) else []
+    return BUNDLED_COMPRESS_RUNS if runs and all(r["teacher_sha256"] == checkpoint_sha for r in runs) else None
+
+
 def foreign_results(out: str, checkpoint_sha: str) -> List[Tuple[str, str]]:
     """(file, checkpoint sha256) of every result file in the folder (its own files, not inputs/) that names
     another checkpoint: a report renders the files of its folder, so they must all be this model's."""
@@ -544,6 +559,12 @@ def check(options: ReportOptions, parts: Dict[str, Part]) -> None:
                        ("--recover-study", options.recover_study)):
         if path and not os.path.isfile(path):
             raise UserError(f"{flag}: no such file: {path}")
+    if options.compress_runs:
+        from fairseq_headprune.studies import frontier
+
+        if not os.path.isdir(options.compress_runs) or not frontier.rows(options.compress_runs):
+            raise UserError(f"--compress-runs: no finished compress run in {options.compress_runs} (it takes a "
+                            f"folder of `compress --out` folders: DIR/*/compress.json)")
     if not 0 < options.speed_percent < 100:
         raise UserError(f"--speed-percent must be in (0, 100), not {options.speed_percent}")
     pruning.PruneOptions(subset=options.subset, order=options.prune_orders, step=options.prune_step).orders()
@@ -608,6 +629,8 @@ def run(cfg, options: ReportOptions, base: Sequence[str], out: str) -> List[str]
         options.dynamics = default_dynamics(checkpoint_sha)
     if options.recover_study is None:
         options.recover_study = default_recover_study(checkpoint_sha)
+    if options.compress_runs is None:
+        options.compress_runs = default_compress_runs(checkpoint_sha)
     state = State(os.path.join(out, STATE), checkpoint_sha, fingerprints, per_part)
     if not options.render_only:
         with kept_pools():  # the sweeps' local workers start once, for every part
@@ -676,6 +699,22 @@ def snapshot_recover_study(out: str, path: Optional[str]) -> Optional[str]:
     return target
 
 
+def snapshot_compress_runs(out: str, folder: Optional[str]) -> Optional[str]:
+    """The rows of --compress-runs (and its controls) as DIR/inputs/compress-runs.json, written whole: what the
+    section showed, kept beside the report as the other inputs are."""
+    from fairseq_headprune.records.log import atomic_output
+    from fairseq_headprune.studies import frontier
+
+    if not folder:
+        return None
+    target = os.path.join(out, names.INPUTS, "compress-runs.json")
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    with atomic_output(target) as f:
+        json.dump({"folder": os.path.abspath(folder), "rows": frontier.rows(folder),
+                   "controls": frontier.controls(folder)}, f, indent=1)
+    return target
+
+
 def build_document(out: str, parts: Dict[str, Part], state: State, options: ReportOptions, layout, report_line: str,
                    cfg):
     """The report (and the claim rows and input files it was computed from)."""
@@ -702,5 +741,6 @@ def build_document(out: str, parts: Dict[str, Part], state: State, options: Repo
     sections.shrink(doc, files, parts["shrink"], state)
     sections.deploy(doc, files, parts["deploy"], state)
     sections.recover(doc, snapshot_recover_study(out, options.recover_study), state.checkpoint_sha)
+    sections.compress(doc, out, snapshot_compress_runs(out, options.compress_runs), state.checkpoint_sha)
     sections.commands(doc, parts, state, report_line)
     return doc, claim_rows, files

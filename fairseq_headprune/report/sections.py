@@ -636,6 +636,36 @@ def recover(doc: Document, path: Optional[str], checkpoint_sha: str) -> None:
     doc.bullets(table.target_lines(table.targets(result)))
 
 
+def compress(doc: Document, out: str, path: Optional[str], checkpoint_sha: str) -> None:
+    """The models `compress` built from this model: the speed/BLEU frontier they reached (studies.frontier), an input
+    of the report (each run trains for an hour or more, so it runs apart and is read here)."""
+    from fairseq_headprune import plots
+    from fairseq_headprune.studies import frontier
+
+    doc.heading("Compressing for deployment: `compress`")
+    if not path:
+        doc.paragraph("No compress runs for this model (option `--compress-runs DIR`, a folder of `compress --out` "
+                      "folders): `compress` trains (an epoch is minutes on one CPU core), so its runs are made "
+                      "apart and this section reads their records. For the bundled De-En model: "
+                      "`recipes/compress_de_en.sh WORK \"--speedup 1.5\"`, one folder per target.")
+        return
+    with open(path, encoding="utf-8") as f:
+        runs = json.load(f)
+    found, sets = runs["rows"], frontier.reported_sets(runs["rows"])
+    foreign = sorted({r["teacher_sha256"] or "unknown" for r in found} - {checkpoint_sha})
+    whose = "" if not foreign else (
+        f" **Not all of them this model's: compressed from checkpoint(s) {', '.join(s[:12] for s in foreign)}.**")
+    doc.paragraph(f"{len(found)} runs of `compress` in `{runs['folder']}` (read from `{path}`). {frontier.TEXT}"
+                  f"{whose}")
+    doc.table(frontier.headers(sets), frontier.cells(found, sets))
+    if runs["controls"]:
+        doc.paragraph("The control (the unpruned model through the same recovery, scored in the same engine): "
+                      + "; ".join(f"{name}: " + ", ".join(f"{s} {d:+.2f}" for s, d in deltas.items())
+                                  for name, deltas in runs["controls"].items()) + ".")
+    figure = plots.compress_frontier(found, sets, runs["controls"], os.path.join(out, "report-compress-frontier.png"))
+    doc.image(figure, "ΔBLEU against speed at equal work, one panel per reported set. " + frontier.LEGEND)
+
+
 def commands(doc: Document, parts: Dict, state, report_line: str) -> None:
     doc.heading("Commands")
     doc.paragraph("Each part alone, a finished one as it ran (each resumes from its own result files and refuses "

@@ -1,0 +1,81 @@
+"""The speed/BLEU frontier of the models `compress` built (issue 41's study), read from the runs' compress.json
+alone: nothing is decoded or timed again. One row per run (its shape, recovery epochs, speed over the unpruned model
+at equal work in the run's engine, FLOP ratio, and the BLEU difference to the unpruned model on every reported set
+with its paired-bootstrap p); the control (the unpruned model through the same recovery, control-bleu.json of
+benchmarks/engine_bleu.py) when the folder holds one. Speeds come from different runs and machine loads: read them
+to about +-0.1. Shown by `report` and written by benchmarks/frontier.py;
+the figure is plots.compress_frontier.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+from typing import Dict, List
+
+RECORD = "compress.json"
+CONTROL = "control-bleu.json"
+TEXT = ("From each run's compress.json; speeds from different runs and loads (read to about +-0.1); ΔBLEU against "
+        "the unpruned model in the same engine, paired-bootstrap p (1000 resamples, seed 1, one-sided).")
+LEGEND = ("Squares: the decoder's depth cut; marker size: recovery epochs; open markers: the hidden-state term; gray "
+          "dashes at 1.0x: the control (the unpruned model through the same recovery), where there is one; dashed "
+          "line: -0.5.")
+
+
+def row(name: str, record: Dict) -> Dict:
+    """One run's row from its compress.json."""
+    from fairseq_headprune.compress.pipeline import shape_words
+
+    stages = record["stages"]
+    report = stages["report"]
+    sets = {report["subset"]: report, **{a["subset"]: a for a in report.get("also") or []}}
+    return {"run": name, "shape": shape_words(stages["choice"]["chosen"]),
+            "teacher_sha256": (stages.get("cost-table", {}).get("identity") or {}).get("model_sha256"),
+            "epochs": stages["recover"].get("budget_epochs", 0), "given": bool(record["options"].get("shape")),
+            "hidden": (stages["recover"].get("distill_hidden") or {}).get("weight"),
+            "speed": stages["measure"]["speedup_equal_work"], "flops": stages["measure"]["flop_ratio"],
+            "sets": {s: (r["bleu_delta"], r["p"]) for s, r in sets.items()}}
+
+
+def rows(folder: str) -> List[Dict]:
+    """The finished runs of a folder (FOLDER/*/compress.json with a report stage), slowest first."""
+    out = []
+    for path in sorted(glob.glob(os.path.join(folder, "*", RECORD))):
+        with open(path, encoding="utf-8") as f:
+            record = json.load(f)
+        if "report" in record.get("stages", {}):
+            out.append(row(os.path.basename(os.path.dirname(path)), record))
+    return sorted(out, key=lambda r: (r["speed"], r["epochs"]))
+
+
+def reported_sets(found: List[Dict]) -> List[str]:
+    return list(dict.fromkeys(s for r in found for s in r["sets"]))
+
+
+def controls(folder: str) -> Dict[str, Dict[str, float]]:
+    """{control model: {set: ΔBLEU}} from FOLDER/control-bleu.json, {} without one."""
+    path = os.path.join(folder, CONTROL)
+    if not os.path.exists(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        models = json.load(f)["models"]
+    return {name: {s: v["bleu_delta"] for s, v in m.items() if isinstance(v, dict)} for name, m in models.items()}
+
+
+def headers(sets: List[str]) -> List[str]:
+    return ["run", "shape", "recovery epochs", "speed (equal work)", "FLOP ratio"] + [f"{s} ΔBLEU (p)" for s in sets]
+
+
+def cells(found: List[Dict], sets: List[str]) -> List[List[str]]:
+    out = []
+    for r in found:
+        extra = " (given by --shape)" if r["given"] else ""
+        extra += f" (hidden-state term β {r['hidden']:g})" if r["hidden"] else ""
+        out.append([r["run"], r["shape"] + extra, str(r["epochs"]), f"{r['speed']:.2f}x", f"{r['flops']:.2f}"]
+                   + [f"{r['sets'][s][0]:+.2f} ({r['sets'][s][1]:.3f})" if s in r["sets"] else "" for s in sets])
+    return out
+
+
+def markdown(found: List[Dict], sets: List[str]) -> str:
+    lines = ["| " + " | ".join(headers(sets)) + " |", "|" + "---|" * len(headers(sets))]
+    return "\n".join(lines + ["| " + " | ".join(c) + " |" for c in cells(found, sets)])
