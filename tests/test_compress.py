@@ -152,7 +152,8 @@ def test_refusals_are_one_line_before_any_work(tiny_data, stock_checkpoint, tmp_
         (("--speedup", "1.5", "--distill-hidden-weight", "-1"), "--distill-hidden-weight must be at least 0"),
         (("--speedup", "1.5", "--recover-args", "--distill-weight 0.5"), "--distill-weight is set by recover itself"),
         (("--max-bleu-loss", "0.3", "--shape", "2/2"), "--shape gives the shape --max-bleu-loss would choose"),
-        (("--speedup", "1.5", "--shape", "2/2:ffn=50%"), "the FFN units and the output layer cannot be removed"),
+        (("--speedup", "1.5", "--shape", "2/2:vocab=50%"), "the output layer cannot be removed yet"),
+        (("--speedup", "1.5", "--shape", "8/3x4:ffn=100%"), "--shape 8/3x4:ffn=100% is the unpruned model's"),
         (("--speedup", "1.5", "--shape", "2/x"), "--shape: '2/x' is not [L x]ENC/[L x]DEC"),
         (("--speedup", "1.5", "--shape", "2x4/2"), "compress keeps the encoder's 4 layers"),
         (("--speedup", "1.5", "--shape", "4/9"), "--shape 4/9: the decoder keeps 1 to 4 heads per layer"),
@@ -485,6 +486,33 @@ def test_a_given_shape_is_built_in_place_of_the_choice(tiny_data, stock_checkpoi
     counts = {t: {len(ids) for (tt, _), ids in HeadLayout.of(model).heads.items() if tt == t}
               for t in ("enc-self", "enc-dec", "dec-self")}
     assert counts == {"enc-self": {3}, "enc-dec": {1}, "dec-self": {1}}
+
+
+def test_a_given_shape_narrows_the_ffns_and_the_exported_model_keeps_their_width(tiny_data, stock_checkpoint,
+                                                                                tmp_path):
+    """--shape ...:ffn=P% builds the FFN share with shrink's mask-Fisher units (heads whole here: no window fit,
+    which would have nothing to fit); the shrunk checkpoint and the CTranslate2 model have every FFN at that width
+    (CTranslate2 translates as fairseq does: the export stage's check); the choice and the card say the share."""
+    from fairseq_headprune.compress import ffn
+    from fairseq_headprune.fairseq_io.loading import trust_fairseq_checkpoints
+    from test_surgery import reload
+
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    printed = run(compress_argv(tiny_data, stock_checkpoint, out, cache, "--beam", "1", "--shape", "8/3x4:ffn=50%",
+                                target=("--speedup", "1.01"))).stdout
+    assert "--shape 8/3x4:ffn=50%: 8/4 heads per stack (encoder/decoder), every FFN at 50% of its units" in printed
+    chosen = json.loads((out / "stages" / "choice" / "stage.json").read_text())["result"]["chosen"]
+    assert (chosen["ffn_percent"], chosen["heads"]) == (50.0, "")
+    trust_fairseq_checkpoints()
+    unpruned = ffn.widths(reload(stock_checkpoint, tiny_data))
+    model = reload(out / "stages" / "shrink" / "model.pt", tiny_data)
+    assert {k: 2 * w for k, w in ffn.widths(model).items()} == unpruned
+    shrink_record = json.loads((out / "stages" / "shrink" / "model.json").read_text())
+    assert shrink_record["options"]["ffn_keep"] == 50.0 and not shrink_record["options"].get("window_steps")
+    export = json.loads((out / "stages" / "export" / "stage.json").read_text())["result"]
+    assert export["check"]["float32"]["differing"] == 0 == export["check"]["int8"]["differing"]
+    card = (out / "MODEL_CARD.md").read_text()
+    assert "| FFN units kept | 100% | 50% |" in card and "Every FFN keeps 50% of its hidden units" in card
 
 
 def test_the_hidden_state_term_takes_the_teacher_layers_the_shrink_reconstructed_towards(tiny_data,

@@ -4,9 +4,10 @@ A lever is a structure `compress` can take away, as data: a name, the values it 
 how a shape with that value is cut from the unpruned model (studies.ceilings.CeilingShape: the first heads of every
 layer, evenly spaced layers, the first FFN units) and whether `shrink` can remove it from a trained model today.
 Heads per stack (encoder, decoder: CTranslate2's one head count per stack) and the decoder's depth (layers kept,
-`shrink --keep-layers`) are removable; FFN units (which `shrink --ffn-keep` removes, but the choice does not move
-yet) and the output layer are measured so that a missed target can say what they would buy, and plug into the same
-table and the same choice once the choice moves them. A lever whose
+`shrink --keep-layers`) are removable; FFN units (which `shrink --ffn-keep` removes and `compress --shape
+...:ffn=P%` builds, but the choice does not move yet: on the bundled models half of them buys 1.0-1.14x) and the
+output layer are measured so that a missed target can say what they would buy, and plug into the same table and
+the same choice once the choice moves them. A lever whose
 field ends in `_percent` is set in percent of the whole; any other counts what the model holds (heads per layer,
 layers), its whole read from the model (stack_sizes).
 

@@ -25,6 +25,7 @@ def render(record: Dict) -> str:
         f"| heads per layer, encoder / decoder | {whole['enc_heads']} / {whole['dec_heads']} | "
         f"{chosen['enc_heads']} / {chosen['dec_heads']} |",
         f"| decoder layers | {whole['dec_layers']} | {chosen['dec_layers']} |" if "dec_layers" in chosen else None,
+        f"| FFN units kept | 100% | {chosen['ffn_percent']:g}% |" if "ffn_percent" in chosen else None,
         f"| heads in all | {shrunk['heads_total']} | {shrunk['heads_kept']} |",
         f"| parameters | {shrunk['params_before']:,} | {shrunk['params_after']:,} |",
         f"| BLEU, {reported['subset']} ({reported['sentences']} sentences, {reported['engine']}) | "
@@ -114,7 +115,10 @@ def removed_line(chosen: Dict, whole: Dict) -> str:
              "(no head removed)")
     return (f"{depth}Every encoder layer keeps {chosen['enc_heads']} of {whole['enc_heads']} heads and every "
             f"{'kept ' if depth else ''}decoder self- and cross-attention layer {chosen['dec_heads']} of "
-            f"{whole['dec_heads']} {heads}. The FFNs, embeddings and output layer are whole.")
+            f"{whole['dec_heads']} {heads}. " + (
+                f"Every FFN keeps {chosen['ffn_percent']:g}% of its hidden units (the highest by their mask Fisher "
+                "score on the calibration sentences, `shrink --ffn-keep`); the embeddings and output layer are whole."
+                if "ffn_percent" in chosen else "The FFNs, embeddings and output layer are whole."))
 
 
 def layers_line(choice: Dict) -> Optional[str]:

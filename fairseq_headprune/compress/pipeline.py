@@ -75,10 +75,11 @@ class CompressOptions:
     max_bleu_loss: Optional[float] = option(None, flag="--max-bleu-loss",
                                             help="instead: the fastest model that loses at most this much BLEU on a "
                                                  "held-out split of valid")
-    shape: Optional[str] = option(None, flag="--shape", metavar="[L x]ENC/[L x]DEC",
+    shape: Optional[str] = option(None, flag="--shape", metavar="[L x]ENC/[L x]DEC[:ffn=P%]",
                                   help="build this shape instead of choosing one (heads kept per layer of each "
-                                       "stack, the decoder's layers optionally: 8/3, 6x8/3x3, as deploy "
-                                       "--ceilings); which heads and layers go is chosen as for the choice's own")
+                                       "stack, the decoder's layers and the share of every FFN's units "
+                                       "optionally: 8/3, 6x8/3x3, 8/3:ffn=75%%, as deploy --ceilings); which "
+                                       "heads, layers and units go is chosen as for the choice's own and shrink's")
     engine: str = option("ct2-int8", flag="--engine", help=f"where the model runs: {', '.join(levers.ENGINES)}")
     budget_epochs: int = option(4, flag="--budget-epochs",
                                 help="recovery epochs at most (early stopping on valid; a rerun with more extends; "
@@ -193,13 +194,13 @@ class CompressOptions:
             raise UserError(f"--out: folder {parent} does not exist")
 
     def given_shape(self):
-        """--shape as deploy's CeilingShape: the levers the choice moves (heads per stack, the decoder's depth)."""
+        """--shape as deploy's CeilingShape: heads per stack, the decoder's depth, the FFNs' share of units."""
         from fairseq_headprune.studies.ceilings import CeilingShape
 
         shape = CeilingShape.parse(self.shape, "--shape")
-        if shape.ffn_percent < 100 or shape.vocab_percent < 100:
-            raise UserError(f"--shape {self.shape}: the FFN units and the output layer cannot be removed yet "
-                            "(heads per stack and the decoder's depth can)")
+        if shape.vocab_percent < 100:
+            raise UserError(f"--shape {self.shape}: the output layer cannot be removed yet (heads per stack, the "
+                            "decoder's depth and the FFN units can)")
         return shape
 
     @property
@@ -208,18 +209,23 @@ class CompressOptions:
                 else f"--max-bleu-loss {self.max_bleu_loss:g}")
 
 
-def shrink_options(options: CompressOptions, heads: str, dec_layers: Optional[int] = None):
+def shrink_options(options: CompressOptions, heads: str, dec_layers: Optional[int] = None,
+                   ffn_percent: float = 100.0):
     """The one place compress builds shrink's options (the removed heads given: the choice made them; with a
-    decoder depth, the layers shrink's importance selection keeps, the heads naming the kept layers renumbered)."""
+    decoder depth, the layers shrink's importance selection keeps, the heads naming the kept layers renumbered;
+    with an FFN share, the units shrink's mask Fisher keeps in every FFN, after the heads)."""
     from fairseq_headprune.compress.reconstruct import ReconstructionOptions
     from fairseq_headprune.compress.shrink import ShrinkOptions
     from fairseq_headprune.compress.window_fit import WindowOptions
 
+    fitted = bool(heads or dec_layers)  # the window fit refits sublayers that lost heads or inputs: none without
     return ShrinkOptions(heads=heads or None, keep_layers=f"dec:{dec_layers}" if dec_layers else None,
-                         layer_selection="importance", calibration_subset=options.calibration_subset,
+                         layer_selection="importance", ffn_keep=ffn_percent,
+                         calibration_subset=options.calibration_subset,
                          calibration_sentences=options.calibration_sentences, check_sentences=options.check_sentences,
-                         reconstruction=ReconstructionOptions(window=WindowOptions(steps=options.window_steps,
-                                                                                   lr=options.window_lr)))
+                         reconstruction=ReconstructionOptions(window=WindowOptions(
+                             steps=options.window_steps if fitted else 0, lr=options.window_lr if fitted else
+                             WindowOptions.lr)))
 
 
 def calibration_only_options(options: CompressOptions):
@@ -651,16 +657,18 @@ def split_valid(loaded, out: str, heldout: int) -> Tuple[str, Dict]:
 
 def label(point: Dict) -> str:
     heads = f"{point['enc_heads']}/{point['dec_heads']}"
-    return heads if "dec_layers" not in point else f"{heads}, decoder {point['dec_layers']} layers"
+    heads = heads if "dec_layers" not in point else f"{heads}, decoder {point['dec_layers']} layers"
+    return heads if "ffn_percent" not in point else f"{heads}, FFN {point['ffn_percent']:g}%"
 
 
 def shape_words(point: Dict) -> str:
     """The shape as the verdict and the card say it: "4/2 heads per stack (encoder/decoder)", or with a depth cut
-    "encoder 4 heads per layer, decoder 3 layers x 2 heads"."""
+    "encoder 4 heads per layer, decoder 3 layers x 2 heads"; ", every FFN at 50% of its units" when narrowed."""
+    ffn = f", every FFN at {point['ffn_percent']:g}% of its units" if "ffn_percent" in point else ""
     if "dec_layers" not in point:
-        return f"{label(point)} heads per stack (encoder/decoder)"
+        return f"{point['enc_heads']}/{point['dec_heads']} heads per stack (encoder/decoder){ffn}"
     return (f"encoder {point['enc_heads']} heads per layer, decoder {point['dec_layers']} layers x "
-            f"{point['dec_heads']} heads")
+            f"{point['dec_heads']} heads{ffn}")
 
 
 # --------------------------------------------------------------------------------------------- the run
@@ -879,10 +887,21 @@ class Run:
         self.log(f"cost table ({self.options.engine}, equal work): what half of each lever buys alone: {order}")
         if self.options.shape is not None:
             given = self.shape_point()
-            point = next(p for p in points if {k: p.get(k) for k in given} == given and
-                         ("dec_layers" in p) == ("dec_layers" in given))
+            heads = {k: v for k, v in given.items() if k != "ffn_percent"}
+            point = next((dict(p) for p in points if {k: p.get(k) for k in heads} == heads and
+                          ("dec_layers" in p) == ("dec_layers" in heads)), None)
+            if point is None:  # heads and depth whole: only the FFNs narrowed
+                point = {**heads, "predicted_speedup": 1.0}
+            note = ""
+            if "ffn_percent" in given:  # the FFN lever is not among the choice's points: predicted here
+                point["ffn_percent"] = given["ffn_percent"]
+                try:
+                    point["predicted_speedup"] = round(levers.predict(table, {**heads, "ffn_percent":
+                                                                              given["ffn_percent"]}), 4)
+                except ValueError:  # below the table's FFN rows: the FFN's share left out of the prediction
+                    note = ", the FFN's share not counted (below the cost table's rows)"
             self.log(f"--shape {self.options.shape}: {shape_words(point)}, predicted "
-                     f"{point['predicted_speedup']:.2f}x (the target {self.options.speedup:g}x)")
+                     f"{point['predicted_speedup']:.2f}x{note} (the target {self.options.speedup:g}x)")
             return [point]
         if self.options.speedup is not None:
             reach = [p for p in points if p["predicted_speedup"] >= self.options.speedup]
@@ -899,8 +918,8 @@ class Run:
         return points
 
     def shape_point(self) -> Dict[str, int]:
-        """--shape as a choice point {enc_heads, dec_heads[, dec_layers]}, or one line where this model cannot
-        take it (the encoder's depth cut, a stack's heads or layers out of range, nothing removed)."""
+        """--shape as a choice point {enc_heads, dec_heads[, dec_layers][, ffn_percent]}, or one line where this
+        model cannot take it (the encoder's depth cut, a stack's heads or layers out of range, nothing removed)."""
         shape, model = self.options.given_shape(), self.loaded.model
         shape.check(model, "--shape")
         whole = levers.stack_sizes(model)
@@ -910,6 +929,8 @@ class Run:
         point = {"enc_heads": shape.enc_heads, "dec_heads": shape.dec_heads}
         if shape.dec_layers not in (None, whole["dec_layers"]):
             point["dec_layers"] = shape.dec_layers
+        if shape.ffn_percent < 100:
+            point["ffn_percent"] = shape.ffn_percent
         if point == {"enc_heads": whole["enc_heads"], "dec_heads": whole["dec_heads"]}:
             raise UserError(f"--shape {self.options.shape} is the unpruned model's: nothing to remove")
         return point
@@ -1135,7 +1156,8 @@ class Run:
     def _shrink_identity(self, choice: Dict) -> Dict:
         chosen = choice["chosen"]
         return {**self._shrink_settings(), "heads": chosen["heads"],
-                **({"layers_kept": chosen["layers_kept"]} if chosen.get("layers_kept") else {})}
+                **({"layers_kept": chosen["layers_kept"]} if chosen.get("layers_kept") else {}),
+                **({"ffn_percent": chosen["ffn_percent"]} if "ffn_percent" in chosen else {})}
 
     def _shrink(self, folder: str, choice: Dict) -> Dict:
         probe = choice["chosen"].get("shrunk")
@@ -1148,15 +1170,19 @@ class Run:
                 shutil.copyfile(os.path.splitext(probe["checkpoint"])[0] + ".json", os.path.join(folder, "model.json"))
                 self.log("shrink: the choice's shrink of these heads, reused")
                 return {**probe, "checkpoint": path}
-        return self._shrink_heads(folder, choice["chosen"]["heads"], choice["chosen"].get("layers_kept"))
+        chosen = choice["chosen"]
+        return self._shrink_heads(folder, chosen["heads"], chosen.get("layers_kept"),
+                                  chosen.get("ffn_percent", 100.0))
 
-    def _shrink_heads(self, folder: str, heads: str, layers_kept: Optional[Dict] = None) -> Dict:
+    def _shrink_heads(self, folder: str, heads: str, layers_kept: Optional[Dict] = None,
+                      ffn_percent: float = 100.0) -> Dict:
         """shrink with these heads removed (and these decoder layers kept: shrink's importance selection, checked
-        to keep the very layers the choice recorded, the heads naming them renumbered 1..N)."""
+        to keep the very layers the choice recorded, the heads naming them renumbered 1..N; and every FFN at this
+        share of its units)."""
         from fairseq_headprune.compress.shrink import shrink, write_checkpoint
         from fairseq_headprune.core.masking import set_head_masks
 
-        opts = shrink_options(self.options, heads, len(layers_kept["dec"]) if layers_kept else None)
+        opts = shrink_options(self.options, heads, len(layers_kept["dec"]) if layers_kept else None, ffn_percent)
         path = os.path.join(folder, "model.pt")
         with max_tokens(self.loaded, self.options.calibration_max_tokens), \
                 open(os.path.join(folder, "shrink.log"), "a", encoding="utf-8") as log_file:
