@@ -10,7 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work=${1:-work/compress-en-fr} target=${2:---speedup 1.5}
-export PATH=$PWD/.venv/bin:$PATH OMP_NUM_THREADS=1 TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1
+export PATH=${VENV:-$PWD/.venv}/bin:$PATH PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} OMP_NUM_THREADS=1 TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1
 data=../shared/data model=checkpoints/en-fr bin=$work/data-bin
 fhp=${FHP:-fairseq-headprune}  # another build of the command (a snapshot of the tree) for long runs
 mkdir -p "$work/raw"

@@ -18,7 +18,7 @@
 set -euo pipefail
 main() {
   cd "$(dirname "$0")/.."
-  export PATH=$PWD/.venv/bin:$PATH OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1
+  export PATH=${VENV:-$PWD/.venv}/bin:$PATH PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1
   local work=${1:-work/de-en} n=${2:-5}
   local out=${OUT:-results/de-en/convergence} bin=$work/data-bin log=$work/train.log
   [ -f "$log" ] || { echo "converge_de_en: error: no training log at $log" >&2; exit 2; }

@@ -14,7 +14,7 @@ set -euo pipefail
 main() {
   cd "$(dirname "$0")/.."
   local work=${1:-work/de-en} max_epoch=${2:-25} patience=${3:-2}
-  export PATH=$PWD/.venv/bin:$PATH OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} OMP_WAIT_POLICY=PASSIVE
+  export PATH=${VENV:-$PWD/.venv}/bin:$PATH PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} OMP_WAIT_POLICY=PASSIVE
   export TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1
   [ -f "$work/checkpoints/checkpoint_last.pt" ] || {
     echo "cooldown_de_en: error: no $work/checkpoints/checkpoint_last.pt: run recipes/train_de_en.sh first" >&2; exit 2; }

@@ -19,7 +19,7 @@
 # The committed results/report-de-en/ is the full-size study (1000 sentences, beam 5, 10% steps).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export PATH=$PWD/.venv/bin:$PATH OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+export PATH=${VENV:-$PWD/.venv}/bin:$PATH PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 MODEL=checkpoints/de-en
 N=${DEMO_SENTENCES:-64}
 BEAM=${DEMO_BEAM:-1}

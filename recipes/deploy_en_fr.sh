@@ -6,7 +6,7 @@
 #   [RUNS=3] bash recipes/deploy_en_fr.sh   (RUNS interleaved timing rounds; about 25 minutes on one free core)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export PATH=$PWD/.venv/bin:$PATH OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1
+export PATH=${VENV:-$PWD/.venv}/bin:$PATH PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1
 DATA=${DATA:-../shared/data}
 MODEL=checkpoints/en-fr
 WORK=${WORK:-work/deploy-en-fr}

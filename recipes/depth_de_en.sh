@@ -27,7 +27,7 @@ set -euo pipefail
 main() {
   cd "$(dirname "$0")/.."
   local work=${1:-work/depth} lane=${2:-all}
-  export PATH=$PWD/.venv/bin:$PATH OMP_NUM_THREADS=1 TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1
+  export PATH=${VENV:-$PWD/.venv}/bin:$PATH PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} OMP_NUM_THREADS=1 TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1
   local data=../shared/data/multi30k model=checkpoints/de-en/model.pt
   local fhp=${FHP:-fairseq-headprune}  # another build of the command (a snapshot of the tree) for long runs
   local py=${PY:-python}  # and the Python with this project's dependencies (a snapshot has no .venv of its own)

@@ -18,7 +18,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 SETUP=${1:?usage: iwslt_dynamics.sh iwslt|multi30k DATA WORK [MAX_EPOCH] [N]}
 DATA=${2:?}; WORK=${3:?}; MAX_EPOCH=${4:-20}; N=${5:-400}
-export PATH=$PWD/.venv/bin:$PATH OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} OMP_WAIT_POLICY=PASSIVE
+export PATH=${VENV:-$PWD/.venv}/bin:$PATH PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} OMP_WAIT_POLICY=PASSIVE
 mkdir -p "$WORK"
 case $SETUP in
   iwslt)

@@ -11,7 +11,7 @@
 #               the first 72 heads of the whole-model importance order)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export PATH=$PWD/.venv/bin:$PATH OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1
+export PATH=${VENV:-$PWD/.venv}/bin:$PATH PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1
 HEADS=${1:-results/report-de-en/heads-importance-50.json}
 OUT=${2:-results/de-en/pruned-50}
 MODEL=checkpoints/de-en

@@ -20,7 +20,7 @@ set -euo pipefail
 main() {
   cd "$(dirname "$0")/.."
   local work=${1:-work/recover} lane=${2:-all}
-  export PATH=$PWD/.venv/bin:$PATH OMP_NUM_THREADS=1 TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1
+  export PATH=${VENV:-$PWD/.venv}/bin:$PATH PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} OMP_NUM_THREADS=1 TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1
   local data=../shared/data/multi30k model=checkpoints/de-en/model.pt
   local fhp=${FHP:-fairseq-headprune}  # another build of the command (a snapshot of the tree) for long runs
   mkdir -p "$work/runs"

@@ -10,7 +10,7 @@
 # Budget: encoding 2 min; each recovery about 12 CPU-minutes; decoding 4 models x 2 sets about 10 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export PATH=$PWD/.venv/bin:$PATH OMP_NUM_THREADS=1 TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1
+export PATH=${VENV:-$PWD/.venv}/bin:$PATH PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} OMP_NUM_THREADS=1 TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1
 DATA=${DATA:-../shared/data}
 WORK=${1:-work/recover-en-fr}
 LANE=${2:-all}

@@ -14,7 +14,7 @@
 # --keep-one-select bleu (it overrides) for the full search.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export PATH=$PWD/.venv/bin:$PATH OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+export PATH=${VENV:-$PWD/.venv}/bin:$PATH PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 MODEL=checkpoints/de-en
 BIN=${BIN:-work/de-en/data-bin}
 OUT=${OUT:-results/report-de-en}

@@ -24,7 +24,7 @@
 set -euo pipefail
 main() {
   cd "$(dirname "$0")/.."
-  export PATH=$PWD/.venv/bin:$PATH OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1
+  export PATH=${VENV:-$PWD/.venv}/bin:$PATH PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1
   local lane=${1:?usage: rerun_de_en.sh report|voita|render|jobs JOB...}
   local model=checkpoints/de-en sha BIN=work/de-en/data-bin
   local ENCODER_LAMBDAS="0.05 0.02 0.01 0.008 0.006 0.004 0.003 0.002 0"

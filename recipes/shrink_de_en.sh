@@ -14,7 +14,7 @@
 # usage: recipes/shrink_de_en.sh [PARTS]     PARTS: comma-separated of sweep,candidates,export,speed,targets
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export PATH=$PWD/.venv/bin:$PATH OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1
+export PATH=${VENV:-$PWD/.venv}/bin:$PATH PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1
 PARTS=${1:-sweep,candidates,export,speed,targets}
 MODEL=checkpoints/de-en
 BIN=${BIN:-work/de-en/data-bin}

@@ -14,7 +14,7 @@
 # (1020 sentences) twice that, a reconstruction with 1000 calibration sentences ~5 min.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export PATH=$PWD/.venv/bin:$PATH OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1
+export PATH=${VENV:-$PWD/.venv}/bin:$PATH PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1
 LADDER=fisher+rearrange,fisher+rearrange+scales,fisher+rearrange+out-proj
 DEFAULT=full+out-proj+ffn+min1  # the shrink command's default since stage 1 ran (a head kept in every sublayer)
 STAGES=("30,50,70 michel,fisher,full+out-proj+ffn" "30,50,70 $DEFAULT" "10,20,40,60,80 michel,fisher,$DEFAULT"

@@ -20,7 +20,7 @@ WMT=${1:-work/en-fr/data-bin}
 DATA=${2:-../shared/data}
 N=${3:-500}
 METRIC=${METRIC:-loss}
-export PATH=$PWD/.venv/bin:$PATH OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+export PATH=${VENV:-$PWD/.venv}/bin:$PATH PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 MODEL=checkpoints/en-fr
 OUT=${OUT:-results/en-fr}
 WORK=${WORK:-work/en-fr/study}

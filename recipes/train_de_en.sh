@@ -13,7 +13,7 @@ set -euo pipefail
 main() {
   cd "$(dirname "$0")/.."
   local data=${1:-../shared/data} work=${2:-work/de-en} max_epoch=${3:-100} patience=${4:-5}
-  export PATH=$PWD/.venv/bin:$PATH
+  export PATH=${VENV:-$PWD/.venv}/bin:$PATH PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
   local bin=$work/data-bin
   [ -f "$bin/train.de-en.de.bin" ] || bash data_prep/prepare-multi30k.sh "$data" "$bin" 6000
   # One process owns both cores; PASSIVE keeps OpenMP threads from spinning when another process shares the CPU.

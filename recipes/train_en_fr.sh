@@ -15,7 +15,7 @@ DATA=${1:-../shared/data}
 WORK=${2:-work/en-fr}
 MAX_EPOCH=${3:-30}
 shift $(( $# < 3 ? $# : 3 ))
-export PATH=$PWD/.venv/bin:$PATH
+export PATH=${VENV:-$PWD/.venv}/bin:$PATH PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 BIN=$WORK/data-bin
 mkdir -p "$WORK"
 [ -f "$BIN/train.en-fr.en.bin" ] || bash data_prep/prepare-wmt14en2fr.sh --data "$DATA" --merges 8000 --workers 2 "$BIN"

@@ -12,7 +12,7 @@
 set -euo pipefail
 main() {
   cd "$(dirname "$0")/.."
-  export PATH=$PWD/.venv/bin:$PATH OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} OMP_WAIT_POLICY=PASSIVE
+  export PATH=${VENV:-$PWD/.venv}/bin:$PATH PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} OMP_WAIT_POLICY=PASSIVE
   CLOSED=${1:?usage: voita_from_scratch.sh CLOSED_HEADS.json NAME [MAX_EPOCH] [PATIENCE]}
   NAME=${2:?usage: voita_from_scratch.sh CLOSED_HEADS.json NAME [MAX_EPOCH] [PATIENCE]}
   MAX_EPOCH=${3:-25}

@@ -28,7 +28,7 @@ set -euo pipefail
 # while a sweep runs cannot change what the running sweep does
 main() {
   cd "$(dirname "$0")/.."
-  export PATH=$PWD/.venv/bin:$PATH OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1
+  export PATH=${VENV:-$PWD/.venv}/bin:$PATH PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1
   MODEL=${MODEL:-checkpoints/de-en}
   WORK=${WORK:-work/voita}
   GATED_TYPES=${GATED_TYPES:-enc-self,enc-dec,dec-self}
