@@ -34,7 +34,7 @@ for split in train traintail valid val500 test; do
   [ -f "$bin/$split.de-en.en.idx" ] ||
     bash data_prep/encode-for-model.sh "$model" de en "$work/raw/$split" "$bin" "$split" > "$work/encode-$split.log" 2>&1
 done
-name=$(echo "$target" | tr -d ' -' | tr ./ _-)
+name=$(echo "$target" | tr -d ' %-' | tr ./ _- | tr := --)
 # shellcheck disable=SC2086
 $fhp compress "$bin" --path "$model/model.pt" -s de -t en --out "$work/de-en-$name" $target --engine ct2-int8 \
   --gen-subset test --references "$bin/test.raw.en" --also-report val500,traintail \

@@ -25,7 +25,7 @@ for split in train test mtnt valid; do
   [ -f "$bin/$split.en-fr.en.idx" ] || bash data_prep/encode-for-model.sh "$model" en fr "$work/raw/$split" "$bin" \
     "$split" $([ $split = valid ] && echo --tokenized) > "$work/encode-$split.log" 2>&1
 done
-name=$(echo "$target" | tr -d ' -' | tr ./ _-)
+name=$(echo "$target" | tr -d ' %-' | tr ./ _- | tr := --)
 # shellcheck disable=SC2086
 $fhp compress "$bin" --path "$model/model.pt" -s en -t fr --out "$work/en-fr-$name" $target --engine ct2-int8 \
   --budget-epochs 2 --gen-subset test --references "$bin/test.raw.fr" --also-report mtnt \

@@ -710,7 +710,9 @@ def snapshot_compress_runs(out: str, folder: Optional[str]) -> Optional[str]:
     target = os.path.join(out, names.INPUTS, "compress-runs.json")
     os.makedirs(os.path.dirname(target), exist_ok=True)
     with atomic_output(target) as f:
-        json.dump({"folder": os.path.abspath(folder), "rows": frontier.rows(folder),
+        shown = os.path.relpath(folder)  # as the user would type it: relative under the working directory
+        json.dump({"folder": os.path.abspath(folder) if shown.startswith(os.pardir) else shown,
+                   "rows": frontier.rows(folder),
                    "controls": frontier.controls(folder)}, f, indent=1)
     return target
 
