@@ -352,7 +352,7 @@ def test_of_the_shapes_timed_again_the_choice_takes_the_lowest_nll_that_measured
     """Fisher estimates of different cut models do not compare: of the timed shapes that reach the target, the one
     whose own calibration NLL is lowest (on the bundled model at 1.3x: 8/4 and decoder 5 layers x 6 heads both
     measured it, the order had put 8/4 first); none reaching it, the fastest; the NLL computed only to choose."""
-    from fairseq_headprune.compress.pipeline import pick_measured
+    from fairseq_headprune.compress.choice import pick_measured
 
     def timed():
         return [{"name": "8/4", "measured_speedup": 1.45}, {"name": "6/6", "measured_speedup": 1.23},
@@ -379,7 +379,7 @@ def test_a_depth_whose_timed_shapes_all_missed_the_target_is_timed_again_with_fe
     """The cost table misjudges a depth cut with heads (De-En at 2x: decoder 3 layers x 6-7 heads predicted 2.0x,
     measured 1.8x): such a depth gets its next shape whose prediction, scaled by the depth's worst measured/predicted
     ratio, reaches the target, instead of being left for the next depth; a depth that reached it, none."""
-    from fairseq_headprune.compress.pipeline import retime_candidates
+    from fairseq_headprune.compress.choice import retime_candidates
 
     def point(dec, fisher, speed, depth, nll):
         return {"enc_heads": 8, "dec_heads": dec, "fisher_estimate": fisher, "predicted_speedup": speed,
@@ -543,7 +543,7 @@ def test_the_hidden_state_term_takes_the_teacher_layers_the_shrink_reconstructed
 def test_a_shape_that_removes_more_than_another_candidate_is_tried_after_it():
     """The joint Fisher estimate can fall as heads whose gradients cancel are added (En-Fr: 7/3 below 8/3 at the
     same predicted speed, the encoder's heads buying nothing): the choice tries the shape that removes less first."""
-    from fairseq_headprune.compress.pipeline import candidate_order, removes_more
+    from fairseq_headprune.compress.choice import candidate_order, removes_more
 
     def point(enc, dec, fisher, speed, **depth):
         return {"enc_heads": enc, "dec_heads": dec, "fisher_estimate": fisher, "predicted_speedup": speed, **depth}

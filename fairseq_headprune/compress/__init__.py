@@ -2,6 +2,8 @@
 a model does not need.
 
   select        which heads to remove under a budget (Fisher fills, rearrangement, the per-stack shape)
+  layers        which whole layers to remove (greedy calibration loss, or evenly spaced), and removing them
+  ffn           which FFN hidden units to remove (mask Fisher), and removing them
   reconstruct   closed-form refit of each pruned sublayer towards the unpruned model (ReconstructionOptions);
   window_fit    its nonlinear upgrade: each pruned attention fitted whole by Adam (WindowOptions)
   sublayers     the sublayers both fits address, and the hooks that capture their streams
@@ -9,6 +11,9 @@ a model does not need.
   recover       a short distillation from the unpruned model on fairseq's training loop (RecoverOptions);
   sequence_targets  its sequence-level targets: the teacher's beam translations, cached
   export        a CTranslate2 model of the result, checked against fairseq (ExportOptions)
+
+and `compress`, which runs them for a stated speed: levers (what each structure buys in the engine: the cost table),
+choice (which shape to build), pipeline (the staged, resumable run; CompressOptions), model_card.
 
 Functions take loaded models and options dataclasses; none of them sees argparse.
 """

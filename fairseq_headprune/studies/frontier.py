@@ -24,7 +24,7 @@ LEGEND = ("Squares: the decoder's depth cut; marker size: recovery epochs; open 
 
 def row(name: str, record: Dict) -> Dict:
     """One run's row from its compress.json."""
-    from fairseq_headprune.compress.pipeline import shape_words
+    from fairseq_headprune.compress.choice import shape_words
 
     stages = record["stages"]
     report = stages["report"]

@@ -1,0 +1,185 @@
+"""The choice of compress --speedup: which shape (heads per stack, the decoder's depth) to build, as plain functions
+on shape points and the model, apart from the run that calls them (pipeline.Run._choice).
+
+A point is a dict {enc_heads, dec_heads[, dec_layers][, ffn_percent]} with the fields the choice adds as it goes
+(predicted_speedup from the cost table, fisher_estimate and heads from fisher_choice, depth_nll, measured_speedup,
+calibration_nll). The order: the Fisher estimate ranks shapes within a depth, the calibration NLL of each depth's
+best shape ranks the depths (candidate_order); the first few are timed as crude slices, a depth whose timed shapes
+all missed the target gets its next shape (retime_candidates), and of those that measured the target the lowest
+calibration NLL of its own wins (pick_measured).
+"""
+from __future__ import annotations
+
+import copy
+import math
+from typing import Callable, Dict, List, Optional, Tuple
+
+from fairseq_headprune.compress import levers
+
+
+def per_stack_points(model) -> List[Dict[str, int]]:
+    """Every per-stack shape with at least one head removed, as cost-table points {enc_heads, dec_heads}."""
+    from fairseq_headprune.compress import select
+    from fairseq_headprune.core.heads import HeadLayout
+
+    layout = HeadLayout.of(model)
+    points = []
+    for shape in select.per_stack_shapes(layout.heads):
+        if select.removed_count(layout.heads, shape):
+            points.append({"enc_heads": shape["encoder"], "dec_heads": shape["decoder"]})
+    return points
+
+
+def lever_points(model) -> List[Dict[str, int]]:
+    """Every point the choice moves: the per-stack shapes at the model's depth (per_stack_points), and every
+    per-stack shape (none removed included) at every shallower decoder depth {enc_heads, dec_heads, dec_layers}."""
+    from fairseq_headprune.compress import select
+    from fairseq_headprune.core.heads import HeadLayout
+
+    shapes = select.per_stack_shapes(HeadLayout.of(model).heads)  # a shallower model's layers hold the same heads
+    return per_stack_points(model) + [{"enc_heads": s["encoder"], "dec_heads": s["decoder"], "dec_layers": d}
+                                      for d in range(len(model.decoder.layers) - 1, 0, -1) for s in shapes]
+
+
+def kept_by_depth(steps: List[Dict], depth: int, depths) -> Dict[int, List[int]]:
+    """The decoder layers kept at each depth, from the steps of shrink's greedy removal (layers.select_by_loss,
+    down to the shallowest): at depth d, every layer but the first depth - d removed. The same layers a greedy
+    run down to d alone removes: each step reads only the layers left."""
+    removed = [int(step["removed"].split(":")[1]) for step in steps]
+    return {d: [i for i in range(1, depth + 1) if i not in removed[:depth - d]] for d in depths}
+
+
+TIMED_AGAIN = 4  # candidates (besides the fastest) whose crude slices the choice times again
+
+
+def choice_rank(point: Dict) -> Tuple[float, float, float]:
+    """The order the choice tries the candidates in: the depths by the calibration NLL of their best shape, then
+    the Fisher estimate within a depth (comparable there only), the faster first."""
+    return point.get("depth_nll", 0.0), point["fisher_estimate"], -point["predicted_speedup"]
+
+
+def removes_more(point: Dict, other: Dict) -> bool:
+    """`point` removes all `other` removes and more: no more heads kept in either stack, no more decoder layers (a
+    depth's layers are nested in the deeper ones': one greedy order), and not the same shape."""
+    fields = ("enc_heads", "dec_heads", "dec_layers")
+    mine, theirs = ([p.get(f, math.inf) for f in fields] for p in (point, other))
+    return mine != theirs and all(m <= t for m, t in zip(mine, theirs))
+
+
+def candidate_order(points: List[Dict]) -> List[Dict]:
+    """The candidates as the choice tries them: the shapes no other candidate removes less than first, each group
+    by choice_rank. The joint Fisher estimate Σ_x (Σ_removed g_x,h)² can fall when heads whose gradients cancel
+    are added; a shape that removes more than another one that also reaches the target is tried only after it."""
+    return sorted(points, key=lambda p: (any(removes_more(p, q) for q in points), choice_rank(p)))
+
+
+def fisher_choice(model, grads, points: List[Dict[str, int]]) -> List[Dict]:
+    """Each point's heads (every layer's, in the greedy order of its Fisher block, as shrink's per-stack fill) and
+    the Fisher estimate of the loss increase of removing them all: Σ_x (Σ_removed g_x,h)²."""
+    import torch
+
+    from fairseq_headprune.compress import select
+    from fairseq_headprune.core.heads import Head, HeadLayout, format_head_spec
+
+    layout = HeadLayout.of(model)
+    orders = {k: select._layer_removal_order(g) for k, g in grads.items()}
+    out = []
+    for point in points:
+        kept = {"encoder": point["enc_heads"], "decoder": point["dec_heads"]}
+        columns = [(k, i) for k in grads for i in orders[k][:len(layout.heads[k]) - kept[select._stack_of(k)]]]
+        estimate = float((torch.stack([grads[k][:, i] for k, i in columns], 1).sum(1) ** 2).sum()) if columns else 0.
+        heads = sorted(Head(k[0], k[1], layout.heads[k][i]) for k, i in columns)
+        out.append({**point, "fisher_estimate": estimate, "heads_removed": len(heads),
+                    "heads": format_head_spec(heads)})
+    return out
+
+
+def masked_nll(model, heads: str, samples, pad: int) -> float:
+    """The calibration NLL of the model with these heads masked (a head spec; "" for none), the masks cleared
+    after."""
+    from fairseq_headprune.compress import layers
+    from fairseq_headprune.core.heads import parse_head_spec
+    from fairseq_headprune.core.masking import set_head_masks
+
+    set_head_masks(model, parse_head_spec(heads) if heads else [])
+    try:
+        return round(layers.calibration_loss(model, samples, pad), 6)
+    finally:
+        set_head_masks(model, [])
+
+
+def shape_nll(model, point: Dict, samples, pad: int) -> float:
+    """A candidate's calibration NLL on the unpruned model: its decoder layers removed, its heads masked, no
+    reconstruction: one measure for shapes of any depth."""
+    from fairseq_headprune.compress import layers
+
+    cut = layers.remove_layers(copy.deepcopy(model), point["layers_kept"]) if "layers_kept" in point else model
+    return masked_nll(cut, point["heads"], samples, pad)
+
+
+def pick_measured(timed: List[Dict], target: float, nll: Callable[[Dict], float]) -> Tuple[Dict, bool]:
+    """Of the timed candidates whose `measured_speedup` reaches the target, the lowest `nll` (recorded as
+    `calibration_nll`; computed only when several reach it), and True; none reaching it, the fastest, and False."""
+    reached = [p for p in timed if p["measured_speedup"] >= target]
+    if not reached:
+        return max(timed, key=lambda p: p["measured_speedup"]), False
+    if len(reached) > 1:
+        for p in reached:
+            p["calibration_nll"] = nll(p)
+    return min(reached, key=lambda p: p.get("calibration_nll", 0.0)), True
+
+
+RETIMED_ROUNDS = 2  # further timing rounds for depths whose timed shapes all measured below the target
+
+
+def retime_candidates(scored: List[Dict], timed: List[Dict], target: float) -> List[Dict]:
+    """The shapes to time next: at each decoder depth whose timed shapes all measured below the target, the first
+    one in the choice's order, not timed yet, whose predicted speed-up scaled by that depth's measured/predicted
+    ratio (the least of its timed shapes) reaches the target. The cost table sums lever costs measured one at a
+    time, and it misjudges a depth cut with heads (De-En at 2x: decoder 3 layers x 6-7 heads predicted 2.0x,
+    measured 1.8x); without this the choice leaves such a depth for the next one instead of trying fewer heads."""
+    ratio: Dict[Optional[int], float] = {}
+    reached = set()
+    for p in timed:
+        depth = p.get("dec_layers")
+        ratio[depth] = min(ratio.get(depth, math.inf), p["measured_speedup"] / p["predicted_speedup"])
+        if p["measured_speedup"] >= target:
+            reached.add(depth)
+    out = []
+    for depth in ratio.keys() - reached:
+        for p in candidate_order([q for q in scored if q.get("dec_layers") == depth]):
+            if p not in timed and p["predicted_speedup"] * ratio[depth] >= target:
+                out.append(p)
+                break
+    return sorted(out, key=choice_rank)
+
+
+def moved_levers(points: List[Dict], whole: Dict[str, int]) -> List[str]:
+    """The names of the levers some candidate sets below the whole (what the choice chose among)."""
+    return [lever.name for lever in levers.LEVERS
+            if any(lever.field in p and p[lever.field] < whole.get(lever.field, 100.0) for p in points)]
+
+
+def pareto_frontier(points: List[Dict]) -> List[Dict]:
+    """The shapes no other beats on both predicted speed and Fisher estimate, fastest first."""
+    frontier: List[Dict] = []
+    for p in sorted(points, key=lambda p: (-p["predicted_speedup"], p["fisher_estimate"])):
+        if not frontier or p["fisher_estimate"] < frontier[-1]["fisher_estimate"]:
+            frontier.append(p)
+    return frontier
+
+
+def label(point: Dict) -> str:
+    heads = f"{point['enc_heads']}/{point['dec_heads']}"
+    heads = heads if "dec_layers" not in point else f"{heads}, decoder {point['dec_layers']} layers"
+    return heads if "ffn_percent" not in point else f"{heads}, FFN {point['ffn_percent']:g}%"
+
+
+def shape_words(point: Dict) -> str:
+    """The shape as the verdict and the card say it: "4/2 heads per stack (encoder/decoder)", or with a depth cut
+    "encoder 4 heads per layer, decoder 3 layers x 2 heads"; ", every FFN at 50% of its units" when narrowed."""
+    ffn = f", every FFN at {point['ffn_percent']:g}% of its units" if "ffn_percent" in point else ""
+    if "dec_layers" not in point:
+        return f"{point['enc_heads']}/{point['dec_heads']} heads per stack (encoder/decoder){ffn}"
+    return (f"encoder {point['enc_heads']} heads per layer, decoder {point['dec_layers']} layers x "
+            f"{point['dec_heads']} heads{ffn}")
