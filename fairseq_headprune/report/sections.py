@@ -384,9 +384,10 @@ def speed(doc: Document, files: Files, part, state) -> None:
                "pruned vs unpruned (tokens/s, not equal work)", "decoder state"], table)
     params = data.get("params", {})
     ratio = data.get("flop_ratio", data.get("flop_bound_speedup"))
-    doc.paragraph(f"FLOP ratio, unpruned over pruned, on the same sentences and hypothesis lengths (fairseq_headprune."
-                  f"flops: encoder-decoder keys and values projected for every beam row; the per-step reorder of "
-                  f"the key/value cache is a copy, counted apart, not as FLOPs): x{ratio or 0:.3f}. It is what the "
+    doc.paragraph(f"FLOP ratio, unpruned over pruned, on the same sentences and hypothesis lengths "
+                  f"(fairseq_headprune.core.flops: encoder-decoder keys and values projected for every beam row; "
+                  f"the per-step reorder of the key/value cache is a copy, counted apart, not as FLOPs): "
+                  f"x{ratio or 0:.3f}. It is what the "
                   f"speed-up would be if time followed the arithmetic, not a bound"
                   + (f"; the reorder copies x{data['reorder_ratio']:.3f} fewer elements in the pruned model, so "
                      f"where time is memory traffic the speed-up can exceed the FLOP ratio"
