@@ -30,7 +30,8 @@ def main(folders: List[str]) -> int:
             return 2
         sets = frontier.reported_sets(found)
         text = (f"# The frontier of `compress` in {os.path.basename(folder.rstrip('/'))} (benchmarks/frontier.py)\n\n"
-                f"{frontier.TEXT}\n\n{frontier.markdown(found, sets)}\n\n![frontier](frontier.png)\n\n"
+                f"{frontier.TEXT} {frontier.significance(found)}\n\n{frontier.markdown(found, sets)}\n\n"
+                "![frontier](frontier.png)\n\n"
                 f"{frontier.LEGEND}\n")
         with atomic_output(os.path.join(folder, "frontier.md")) as f:
             f.write(text)

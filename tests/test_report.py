@@ -637,7 +637,7 @@ def test_compress_section_shows_the_frontier_of_given_runs_and_whose_they_are(fu
         return {"options": {"shape": None}, "stages": {
             "cost-table": {"identity": {"model_sha256": sha}}, "choice": {"chosen": chosen},
             "recover": {"budget_epochs": epochs}, "measure": {"speedup_equal_work": speed, "flop_ratio": 0.9 * speed},
-            "report": {"subset": "test", "bleu_delta": test[0], "p": test[1],
+            "report": {"subset": "test", "bleu_delta": test[0], "p": test[1], "significance": "7 resamples",
                        "also": [{"subset": "second", "bleu_delta": also[0], "p": also[1]}]}}}
 
     runs = tmp_path / "runs"
@@ -656,6 +656,7 @@ def test_compress_section_shows_the_frontier_of_given_runs_and_whose_they_are(fu
     md = (out / "report.md").read_text()
     section = md[md.index("## Compressing for deployment"):md.index("## Commands")]
     assert "2 runs of `compress`" in section and "Not all of them" not in section
+    assert "Significance: 7 resamples." in section  # as the runs' records say it
     assert "| slow | 8/7 heads per stack (encoder/decoder) | 4 | 1.07x | 0.96 | +0.13 (0.313) | +0.24 (0.338) |" \
         in section
     assert "| fast | encoder 8 heads per layer, decoder 4 layers x 3 heads | 8 | 2.05x | 1.84 | -0.73 (0.025) | " \

@@ -656,8 +656,8 @@ def compress(doc: Document, out: str, path: Optional[str], checkpoint_sha: str) 
     foreign = sorted({r["teacher_sha256"] or "unknown" for r in found} - {checkpoint_sha})
     whose = "" if not foreign else (
         f" **Not all of them this model's: compressed from checkpoint(s) {', '.join(s[:12] for s in foreign)}.**")
-    doc.paragraph(f"{len(found)} runs of `compress` in `{runs['folder']}` (read from `{path}`). {frontier.TEXT}"
-                  f"{whose}")
+    doc.paragraph(f"{len(found)} runs of `compress` in `{runs['folder']}` (read from `{path}`). {frontier.TEXT} "
+                  f"{frontier.significance(found)}{whose}")
     doc.table(frontier.headers(sets), frontier.cells(found, sets))
     if runs["controls"]:
         doc.paragraph("The control (the unpruned model through the same recovery, scored in the same engine): "

@@ -3,8 +3,7 @@ alone: nothing is decoded or timed again. One row per run (its shape, recovery e
 at equal work in the run's engine, FLOP ratio, and the BLEU difference to the unpruned model on every reported set
 with its paired-bootstrap p); the control (the unpruned model through the same recovery, control-bleu.json of
 benchmarks/engine_bleu.py) when the folder holds one. Speeds come from different runs and machine loads: read them
-to about +-0.1. Shown by `report` and written by benchmarks/frontier.py;
-the figure is plots.compress_frontier.
+to about +-0.1. Shown by `report` and written by benchmarks/frontier.py; the figure is plots.compress_frontier.
 """
 from __future__ import annotations
 
@@ -16,7 +15,7 @@ from typing import Dict, List
 RECORD = "compress.json"
 CONTROL = "control-bleu.json"
 TEXT = ("From each run's compress.json; speeds from different runs and loads (read to about +-0.1); ΔBLEU against "
-        "the unpruned model in the same engine, paired-bootstrap p (1000 resamples, seed 1, one-sided).")
+        "the unpruned model in the same engine, with its p.")
 LEGEND = ("Squares: the decoder's depth cut; marker size: recovery epochs; open markers: the hidden-state term; gray "
           "dashes at 1.0x: the control (the unpruned model through the same recovery), where there is one; dashed "
           "line: -0.5.")
@@ -34,7 +33,8 @@ def row(name: str, record: Dict) -> Dict:
             "epochs": stages["recover"].get("budget_epochs", 0), "given": bool(record["options"].get("shape")),
             "hidden": (stages["recover"].get("distill_hidden") or {}).get("weight"),
             "speed": stages["measure"]["speedup_equal_work"], "flops": stages["measure"]["flop_ratio"],
-            "sets": {s: (r["bleu_delta"], r["p"]) for s, r in sets.items()}}
+            "sets": {s: (r["bleu_delta"], r["p"]) for s, r in sets.items()},
+            "significance": report.get("significance", "not recorded")}
 
 
 def rows(folder: str) -> List[Dict]:
@@ -50,6 +50,11 @@ def rows(folder: str) -> List[Dict]:
 
 def reported_sets(found: List[Dict]) -> List[str]:
     return list(dict.fromkeys(s for r in found for s in r["sets"]))
+
+
+def significance(found: List[Dict]) -> str:
+    """The significance settings of the runs, as their records say them (one sentence; several when they differ)."""
+    return "Significance: " + "; ".join(dict.fromkeys(r["significance"] for r in found)) + "."
 
 
 def controls(folder: str) -> Dict[str, Dict[str, float]]:
