@@ -166,6 +166,10 @@ def test_refusals_are_one_line_before_any_work(tiny_data, stock_checkpoint, tmp_
         assert proc.returncode == 2, (target, proc.stderr[-500:])
         assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
         assert not out.exists()  # refused before anything was made
+    out = tmp_path / "a:b"  # fairseq's --path would read it as an ensemble of two checkpoints, at the export
+    proc = run(compress_argv(tiny_data, stock_checkpoint, out, cache), check=False)
+    assert proc.returncode == 2 and "splits a checkpoint path on ':'" in proc.stderr and not out.exists()
+    assert len(proc.stderr.strip().splitlines()) == 1
     # a target no shape reaches: refused after the cost table, before the choice (the long work), with the best
     out = tmp_path / "far"
     proc = run(compress_argv(tiny_data, stock_checkpoint, out, cache, target=("--speedup", "1000")), check=False)

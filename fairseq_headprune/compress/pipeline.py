@@ -196,6 +196,10 @@ class CompressOptions:
         parent = os.path.dirname(os.path.abspath(self.out))
         if not os.path.isdir(parent):
             raise UserError(f"--out: folder {parent} does not exist")
+        if os.pathsep in os.path.abspath(self.out):  # found at the export of an 8-epoch run, after the training
+            raise UserError(f"--out {self.out}: fairseq's --path splits a checkpoint path on '{os.pathsep}' (an "
+                            f"ensemble), so the stages could not load the models written there; name a folder "
+                            f"without it")
 
     def given_shape(self):
         """--shape as deploy's CeilingShape: heads per stack, the decoder's depth, the FFNs' share of units."""
