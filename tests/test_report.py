@@ -674,3 +674,7 @@ def test_compress_section_shows_the_frontier_of_given_runs_and_whose_they_are(fu
                   check=False)
     assert proc.returncode == 2 and "--compress-runs: no finished compress run in" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+    (runs / "unfinished" / "compress.json").write_text("{")  # a broken record: one line, never a traceback
+    proc = report(slice_data, stock_checkpoint, out, "--render-only", "--compress-runs", runs, check=False)
+    assert proc.returncode == 2 and "unfinished/compress.json: not a finished compress record" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1

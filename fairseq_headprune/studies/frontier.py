@@ -12,6 +12,8 @@ import json
 import os
 from typing import Dict, List
 
+from fairseq_headprune.errors import UserError
+
 RECORD = "compress.json"
 CONTROL = "control-bleu.json"
 TEXT = ("From each run's compress.json; speeds from different runs and loads (read to about +-0.1); ΔBLEU against "
@@ -41,10 +43,13 @@ def rows(folder: str) -> List[Dict]:
     """The finished runs of a folder (FOLDER/*/compress.json with a report stage), slowest first."""
     out = []
     for path in sorted(glob.glob(os.path.join(folder, "*", RECORD))):
-        with open(path, encoding="utf-8") as f:
-            record = json.load(f)
-        if "report" in record.get("stages", {}):
-            out.append(row(os.path.basename(os.path.dirname(path)), record))
+        try:
+            with open(path, encoding="utf-8") as f:
+                record = json.load(f)
+            if "report" in record.get("stages", {}):
+                out.append(row(os.path.basename(os.path.dirname(path)), record))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:  # a file of another tool or version: one line
+            raise UserError(f"{path}: not a finished compress record ({type(e).__name__}: {e})") from None
     return sorted(out, key=lambda r: (r["speed"], r["epochs"]))
 
 
