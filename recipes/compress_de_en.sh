@@ -18,7 +18,6 @@ cd "$(dirname "$0")/.."
 work=${1:-work/compress-de-en} target=${2:---speedup 1.5}
 export PATH=${VENV:-$PWD/.venv}/bin:$PATH PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} OMP_NUM_THREADS=1 TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1
 data=${MULTI30K:-../shared/data/multi30k} model=checkpoints/de-en bin=$work/data-bin
-fhp=${FHP:-fairseq-headprune}  # another build of the command (a snapshot of the tree) for long runs
 for f in train val test_2016_flickr; do
   [ -f "$data/$f.de" ] && [ -f "$data/$f.en" ] || { echo "$0: no Multi30k $f.{de,en} in $data (set MULTI30K=DIR)" >&2; exit 2; }
 done
@@ -36,7 +35,7 @@ for split in train traintail valid val500 test; do
 done
 name=$(echo "$target" | tr -d ' %-' | tr ./ _- | tr := --)
 # shellcheck disable=SC2086
-$fhp compress "$bin" --path "$model/model.pt" -s de -t en --out "$work/de-en-$name" $target --engine ct2-int8 \
+fairseq-headprune compress "$bin" --path "$model/model.pt" -s de -t en --out "$work/de-en-$name" $target --engine ct2-int8 \
   --gen-subset test --references "$bin/test.raw.en" --also-report val500,traintail \
   --also-references "$bin/val500.raw.en,$bin/traintail.raw.en" --beam 5 --batch-size 64 \
   --tokenizer moses --bpe subword_nmt --bpe-codes "$model/code" ${STOP:+--stop-after $STOP} \

@@ -12,7 +12,6 @@ cd "$(dirname "$0")/.."
 work=${1:-work/compress-en-fr} target=${2:---speedup 1.5}
 export PATH=${VENV:-$PWD/.venv}/bin:$PATH PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} OMP_NUM_THREADS=1 TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1
 data=../shared/data model=checkpoints/en-fr bin=$work/data-bin
-fhp=${FHP:-fairseq-headprune}  # another build of the command (a snapshot of the tree) for long runs
 mkdir -p "$work/raw"
 for l in en fr; do
   [ -f "$work/raw/train.$l" ] || { cat "$data/europarl_en_fr/europarl-v7.sampleA.$l"
@@ -27,7 +26,7 @@ for split in train test mtnt valid; do
 done
 name=$(echo "$target" | tr -d ' %-' | tr ./ _- | tr := --)
 # shellcheck disable=SC2086
-$fhp compress "$bin" --path "$model/model.pt" -s en -t fr --out "$work/en-fr-$name" $target --engine ct2-int8 \
+fairseq-headprune compress "$bin" --path "$model/model.pt" -s en -t fr --out "$work/en-fr-$name" $target --engine ct2-int8 \
   --budget-epochs 2 --gen-subset test --references "$bin/test.raw.fr" --also-report mtnt \
   --also-references "$bin/mtnt.raw.fr" --beam 5 --batch-size 64 --max-len-a 1.5 --max-len-b 10 \
   --tokenizer moses --bpe subword_nmt --bpe-codes "$model/code" ${STOP:+--stop-after $STOP} \

@@ -11,7 +11,7 @@
 # CEILINGS="8/4 8/3 ..." adds `deploy --ceilings`: shapes timed as crude slices of the unpruned model (int8, equal
 # work), what each lever would buy; CEILINGS=grid is the grid below (results/deploy-de-en/ceilings/: OUT=that
 # CEILINGS=grid RUNS=3, alone on the machine, after `recover_de_en.sh WORK f` rebuilt the candidate).
-#   [RUNS=2] [FHP=command] [OUT=DIR] [CEILINGS=...] bash recipes/deploy_de_en.sh [WORK]   (about 12 minutes a round
+#   [RUNS=2] [OUT=DIR] [CEILINGS=...] bash recipes/deploy_de_en.sh [WORK]   (about 12 minutes a round
 #   on one free core)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,7 +31,7 @@ for item in shrink-50=shrink-50 rt50-w1000=runs/rt50-w1000-3e-4 rtps50-w1000=run
   if [ -f "$path" ]; then compare+=("${item%%=*}$(recovered_label "$path")=$path")
   else echo "deploy_de_en: skipping ${item%%=*}: no $path"; fi
 done
-${FHP:-fairseq-headprune} deploy "$WORK/data-bin" --path checkpoints/de-en/model.pt --gen-subset test \
+fairseq-headprune deploy "$WORK/data-bin" --path checkpoints/de-en/model.pt --gen-subset test \
   --references "$WORK/data-bin/test.raw.en" --results-dir "$OUT" --shrink-percent 50 --calibration-subset valid \
   --compare "${compare[@]}" --candidate rtdps62-w1000-e4 --runs "${RUNS:-2}" --beam 5 --batch-size 64 \
   --bpe subword_nmt --bpe-codes checkpoints/de-en/code --tokenizer moses -s de -t en ${CEILINGS:+--ceilings $CEILINGS}

@@ -40,7 +40,7 @@ for item in r50=r50 rdps50-w1000=rdps50-w1000; do
     [ "${item%%=*}" != rdps50-w1000 ] || candidate="${item%%=*}$(recovered_label "$path")"
   else echo "deploy_en_fr: skipping ${item%%=*}: no $path"; fi
 done
-${FHP:-fairseq-headprune} deploy "$WORK/data" --path "$MODEL/model.pt" --gen-subset test \
+fairseq-headprune deploy "$WORK/data" --path "$MODEL/model.pt" --gen-subset test \
   --references "$WORK/data/test.raw.fr" --results-dir "$OUT" --shrink-percent 50 --calibration-subset valid \
   --calibration-sentences 1000 --compare "${compare[@]}" --candidate "$candidate" --runs "${RUNS:-3}" --beam 5 \
   --batch-size 64 "${GEN[@]}"

@@ -29,8 +29,6 @@ main() {
   local work=${1:-work/depth} lane=${2:-all}
   export PATH=${VENV:-$PWD/.venv}/bin:$PATH PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} OMP_NUM_THREADS=1 TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1
   local data=../shared/data/multi30k model=checkpoints/de-en/model.pt
-  local fhp=${FHP:-fairseq-headprune}  # another build of the command (a snapshot of the tree) for long runs
-  local py=${PY:-python}  # and the Python with this project's dependencies (a snapshot has no .venv of its own)
   local sel=${SEL:-importance} cand=${CAND:-d3h3}
   mkdir -p "$work/runs" "$work/raw"
   for l in de en; do  # train minus its last 1000 sentences; those 1000 are the held-out set
@@ -43,14 +41,14 @@ main() {
   done
   shrink() {  # NAME OPTIONS...: calibrated on the first 1000 train sentences (val stays unseen for the choices)
     local name=$1; shift
-    [ -f "$work/shrink-$name.pt" ] || $fhp shrink "$work/data-bin" --path "$model" -s de -t en "$@" \
+    [ -f "$work/shrink-$name.pt" ] || fairseq-headprune shrink "$work/data-bin" --path "$model" -s de -t en "$@" \
       --calibration-subset train --max-tokens 1000 --out "$work/shrink-$name.pt" > "$work/shrink-$name.log" 2>&1
   }
   recover() {  # NAME STUDENT EPOCHS OPTIONS...  (recover's defaults are the chosen recipe of results/recover-de-en)
     local name=$1 student=$2 epochs=$3; shift 3
     # (EPOCHS=N with N below 8 writes OUT.pt from the epochs run so far: the run is resumed and ends at once)
     [ -f "$work/runs/$name.recover/checkpoint$epochs.pt" ] && [ -f "$work/runs/$name.pt" ] ||
-      /usr/bin/time -v $fhp recover \
+      /usr/bin/time -v fairseq-headprune recover \
       "$work/data-bin" --path "$student" --teacher "$model" --out "$work/runs/$name.pt" --force --epochs "$epochs" \
       --work-dir "$work/runs/$name.recover" -s de -t en "$@" >> "$work/runs/$name.log" 2>&1
   }
@@ -61,19 +59,19 @@ main() {
         shrink "d$n-$rule" --keep-layers "dec:$n" --layer-selection "$rule"
       done
     done
-    $py benchmarks/depth_study.py "$work" results/depth-de-en --subset valid
+    python benchmarks/depth_study.py "$work" results/depth-de-en --subset valid
   fi
   if [ "$lane" = cand ] || [ "$lane" = all ]; then
     local heads="--types enc-dec,dec-self --shape per-stack"
     shrink "d3h3-$sel" --keep-layers dec:3 --layer-selection "$sel" --remove 62.5% $heads $window
     shrink "d2h4-$sel" --keep-layers dec:2 --layer-selection "$sel" --remove 50% $heads $window
-    $py benchmarks/depth_study.py "$work" results/depth-de-en --subset valid
+    python benchmarks/depth_study.py "$work" results/depth-de-en --subset valid
   fi
   if [ "$lane" = ffn ] || [ "$lane" = all ]; then
     shrink ffn50 --ffn-keep 50%  # (no attention sublayer loses a head: nothing for the window fit)
     shrink d5 --keep-layers dec:5 $window
     shrink h6 --remove 25% --types enc-dec,dec-self --shape per-stack $window
-    $py benchmarks/depth_study.py "$work" results/depth-de-en --subset valid
+    python benchmarks/depth_study.py "$work" results/depth-de-en --subset valid
   fi
   if [ "$lane" = rec ] || [ "$lane" = all ]; then
     recover "r-$cand-$sel" "$work/shrink-$cand-$sel.pt" "${EPOCHS:-8}"
@@ -83,14 +81,14 @@ main() {
   fi
   if [ "$lane" = deploy ] || [ "$lane" = all ]; then  # speed: CTranslate2 int8 at equal work against the unpruned
     # model, in one run (the recovered model, and crude slices of the unpruned one at the candidate depths)
-    $fhp deploy "$work/data-bin" --path "$model" --gen-subset test --references "$work/data-bin/test.raw.en" \
+    fairseq-headprune deploy "$work/data-bin" --path "$model" --gen-subset test --references "$work/data-bin/test.raw.en" \
       --results-dir results/depth-de-en/deploy --shrink-percent 0 --compare "$cand=$work/runs/r-$cand-$sel.pt" \
       --candidate "$cand" --runs "${RUNS:-2}" --beam 5 --batch-size 64 --bpe subword_nmt \
       --bpe-codes checkpoints/de-en/code --tokenizer moses -s de -t en --ceilings 6x8/6x8 6x8/3x3 6x8/2x4 6x8/4x8 \
       > "$work/deploy.log" 2>&1
   fi
   if [ "$lane" = levers ] || [ "$lane" = all ]; then
-    $fhp deploy "$work/data-bin" --path "$model" --gen-subset valid --references "$work/data-bin/valid.raw.en" \
+    fairseq-headprune deploy "$work/data-bin" --path "$model" --gen-subset valid --references "$work/data-bin/valid.raw.en" \
       --results-dir results/depth-de-en/levers --shrink-percent 0 --runs "${RUNS:-2}" --beam 5 --batch-size 64 \
       --compare "ffn50=$work/shrink-ffn50.pt" "d5=$work/shrink-d5.pt" "h6=$work/shrink-h6.pt" --candidate ffn50 \
       --bpe subword_nmt --bpe-codes checkpoints/de-en/code --tokenizer moses -s de -t en \
@@ -98,12 +96,12 @@ main() {
       > "$work/levers.log" 2>&1
   fi
   if [ "$lane" = eval ] || [ "$lane" = all ]; then
-    $py benchmarks/depth_study.py "$work" results/depth-de-en --subset valid
-    $py benchmarks/depth_study.py "$work" results/depth-de-en --subset test --final
-    $py benchmarks/depth_study.py "$work" results/depth-de-en --subset heldout --final
+    python benchmarks/depth_study.py "$work" results/depth-de-en --subset valid
+    python benchmarks/depth_study.py "$work" results/depth-de-en --subset test --final
+    python benchmarks/depth_study.py "$work" results/depth-de-en --subset heldout --final
     [ -f "$work/data-bin/bible.de-en.en.idx" ] ||  # a De-En set the teacher never saw (out of domain), once
       bash data_prep/encode-for-model.sh checkpoints/de-en de en ../shared/data/bible_de_en/test "$work/data-bin" bible
-    $py benchmarks/depth_study.py "$work" results/depth-de-en --subset bible --final
+    python benchmarks/depth_study.py "$work" results/depth-de-en --subset bible --final
   fi
 }
 main "$@"

@@ -22,7 +22,6 @@ main() {
   local work=${1:-work/recover} lane=${2:-all}
   export PATH=${VENV:-$PWD/.venv}/bin:$PATH PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} OMP_NUM_THREADS=1 TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1
   local data=../shared/data/multi30k model=checkpoints/de-en/model.pt
-  local fhp=${FHP:-fairseq-headprune}  # another build of the command (a snapshot of the tree) for long runs
   mkdir -p "$work/runs"
   for split in train:train valid:val test:test_2016_flickr; do
     [ -f "$work/data-bin/${split%%:*}.de-en.en.idx" ] ||
@@ -30,18 +29,18 @@ main() {
   done
   shrink() {  # NAME OPTIONS...
     local name=$1; shift
-    [ -f "$work/$name.pt" ] || $fhp shrink "$work/data-bin" --path "$model" -s de -t en "$@" \
+    [ -f "$work/$name.pt" ] || fairseq-headprune shrink "$work/data-bin" --path "$model" -s de -t en "$@" \
       --out "$work/$name.pt" --max-tokens 4000 > "$work/$name.log" 2>&1
   }
   recover() {  # NAME STUDENT EPOCHS OPTIONS...  (a run with fewer epochs is extended: --force rewrites OUT.pt)
     local name=$1 student=$2 epochs=$3; shift 3
-    [ -f "$work/runs/$name.recover/checkpoint$epochs.pt" ] || /usr/bin/time -v $fhp recover \
+    [ -f "$work/runs/$name.recover/checkpoint$epochs.pt" ] || /usr/bin/time -v fairseq-headprune recover \
       "$work/data-bin" --path "$student" --teacher "$model" --out "$work/runs/$name.pt" --force --epochs "$epochs" \
       --work-dir "$work/runs/$name.recover" -s de -t en "$@" >> "$work/runs/$name.log" 2>&1
   }
   window() {  # NAME OPTIONS...: shrink calibrated on 1000 train sentences (val stays unseen for the choices)
     local name=$1; shift
-    [ -f "$work/shrink-$name.pt" ] || $fhp shrink "$work/data-bin" --path "$model" -s de -t en "$@" \
+    [ -f "$work/shrink-$name.pt" ] || fairseq-headprune shrink "$work/data-bin" --path "$model" -s de -t en "$@" \
       --calibration-subset train --max-tokens 1000 --out "$work/shrink-$name.pt" > "$work/shrink-$name.log" 2>&1
   }
   local old="--distill logits --dropout 0.3 --distill-temperature 1"  # the student's own dropout, T 1: the first recipe

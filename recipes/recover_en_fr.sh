@@ -16,7 +16,6 @@ WORK=${1:-work/recover-en-fr}
 LANE=${2:-all}
 MODEL=checkpoints/en-fr
 BIN=$WORK/data-bin
-FHP=${FHP:-fairseq-headprune}  # another build of the command (a snapshot of the tree) for long runs
 mkdir -p "$WORK/raw" "$WORK/runs"
 encode() {  # SPLIT: raw files made by the caller, encoded once
   [ -f "$BIN/$1.en-fr.en.bin" ] || bash data_prep/encode-for-model.sh "$MODEL" en fr "$WORK/raw/$1" "$BIN" "$1" \
@@ -35,12 +34,12 @@ fi
 [ -f "$BIN/valid.en-fr.en.bin" ] || bash data_prep/encode-for-model.sh "$MODEL" en fr "$WORK/raw/valid" "$BIN" valid \
   --tokenized > "$WORK/encode-valid.log" 2>&1
 GEN=(-s en -t fr --max-len-a 1.5 --max-len-b 10)
-[ -f "$WORK/shrink-50.pt" ] || $FHP shrink "$BIN" --path "$MODEL/model.pt" "${GEN[@]}" --max-tokens 4000 \
+[ -f "$WORK/shrink-50.pt" ] || fairseq-headprune shrink "$BIN" --path "$MODEL/model.pt" "${GEN[@]}" --max-tokens 4000 \
   --remove 50% --calibration-subset valid --calibration-sentences 1000 --out "$WORK/shrink-50.pt" \
   > "$WORK/shrink-50.log" 2>&1
 recover() {  # NAME STUDENT [EPOCHS]  (a run with fewer epochs is extended: --force rewrites OUT.pt)
   local epochs=${3:-1}
-  [ -f "$WORK/runs/$1.recover/checkpoint$epochs.pt" ] || /usr/bin/time -v $FHP recover "$BIN" --path "$2" \
+  [ -f "$WORK/runs/$1.recover/checkpoint$epochs.pt" ] || /usr/bin/time -v fairseq-headprune recover "$BIN" --path "$2" \
     --teacher "$MODEL/model.pt" --out "$WORK/runs/$1.pt" --force --epochs "$epochs" \
     --work-dir "$WORK/runs/$1.recover" -s en -t fr >> "$WORK/runs/$1.log" 2>&1
 }
@@ -49,7 +48,7 @@ case $LANE in control|all) recover ctl "$MODEL/model.pt" ;; esac
 # the deployment table's per-stack candidate (recipes/deploy_en_fr.sh): the decoder at 4 of 8 heads in every self-
 # and cross-attention (CTranslate2's shape), the window fit on the same calibration, then the same one epoch
 if [ "$LANE" = per-stack ] || [ "$LANE" = all ]; then
-  [ -f "$WORK/shrink-dps50-w1000.pt" ] || /usr/bin/time -v $FHP shrink "$BIN" --path "$MODEL/model.pt" "${GEN[@]}" \
+  [ -f "$WORK/shrink-dps50-w1000.pt" ] || /usr/bin/time -v fairseq-headprune shrink "$BIN" --path "$MODEL/model.pt" "${GEN[@]}" \
     --max-tokens 4000 --remove 50% --types enc-dec,dec-self --shape per-stack --window-steps 1000 \
     --calibration-subset valid --calibration-sentences 1000 --out "$WORK/shrink-dps50-w1000.pt" \
     > "$WORK/shrink-dps50-w1000.log" 2>&1
