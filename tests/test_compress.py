@@ -176,8 +176,9 @@ def test_refusals_are_one_line_before_any_work(tiny_data, stock_checkpoint, tmp_
     assert proc.returncode == 2
     error = proc.stderr.strip().splitlines()[-1]
     assert "--speedup 1000: no shape reaches it in ct2-int8" in error and "the fastest" in error
-    assert "x the unpruned model" in error and "FFN units at 50%" in error  # what the lever not yet removable would add
-    assert re.search(r"the fastest, encoder heads \d+, decoder heads \d+(, decoder layers \d+)?, is ", error), error
+    assert "x the unpruned model" in error and "output layer at 50%" in error  # what the one not yet removable adds
+    assert re.search(r"the fastest, encoder heads \d+, decoder heads \d+(, decoder layers \d+)?(, FFN units 50%)?, is ",
+                     error), error
     assert (out / "stages" / "cost-table" / "stage.json").exists() and not (out / "stages" / "choice").exists()
 
 
@@ -439,7 +440,7 @@ def test_a_target_only_depth_and_heads_reach_cuts_the_decoder_in_the_written_mod
     assert "layer search: remove dec:" in printed
     choice = json.loads((out / "stages" / "choice" / "stage.json").read_text())["result"]
     chosen = choice["chosen"]
-    assert choice["levers"] == ["encoder heads", "decoder heads", "decoder layers"]
+    assert choice["levers"] == ["encoder heads", "decoder heads", "decoder layers", "FFN units"]
     assert all(p["dec_layers"] in (1, 2) and p["dec_heads"] <= 2 for p in choice["candidates"])
     assert {p["dec_layers"] for p in choice["candidates"]} == {1, 2} and "depth_nll" in chosen
     removed = [int(s["removed"].split(":")[1]) for s in choice["layer_order"]["steps"]]
@@ -464,6 +465,43 @@ def test_a_target_only_depth_and_heads_reach_cuts_the_decoder_in_the_written_mod
     card = (out / "MODEL_CARD.md").read_text()
     assert f"| decoder layers | 3 | {chosen['dec_layers']} |" in card
     assert f"The decoder keeps {chosen['dec_layers']} of its 3 layers" in card and "- The layers: " in card
+
+
+def test_a_target_only_the_ffn_reaches_narrows_every_ffn_by_its_mask_fisher_units(tiny_data, stock_checkpoint,
+                                                                                   tmp_path):
+    """FFN units are a lever of the choice: with a cost table (edited, so that the answer is known) where only half
+    of every FFN buys the target, every candidate narrows the FFNs, their Fisher estimate counts the units removed
+    (the unpruned heads with half the FFNs: above zero), the chosen shape's own calibration NLL is that of the model
+    with those units gone (test_ffn), and the model shrink writes has every FFN at half its width."""
+    from fairseq_headprune.compress import ffn
+    from fairseq_headprune.fairseq_io.loading import trust_fairseq_checkpoints
+    from test_surgery import reload
+
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    beam = ("--beam", "1")  # a cut decoder may run to the length limit, where the engines' beams differ
+    run(compress_argv(tiny_data, stock_checkpoint, out, cache, *beam, "--stop-after", "cost-table"))
+    path = out / "stages" / "cost-table" / "stage.json"
+    record = json.loads(path.read_text())
+    for r in record["result"]["rows"]:
+        r["time_saved"] = 0.4 if r["field"] == "ffn_percent" else 0.0
+        r["speedup"] = round(1 / (1 - r["time_saved"]), 4)
+        r["sign_test"] = {"faster_batches": 10, "batches": 10, "p": 0.001}
+    path.write_text(json.dumps(record))
+
+    printed = run(compress_argv(tiny_data, stock_checkpoint, out, cache, *beam, "--stop-after", "shrink",
+                                target=("--speedup", "1.5"))).stdout
+    choice = json.loads((out / "stages" / "choice" / "stage.json").read_text())["result"]
+    chosen, candidates = choice["chosen"], choice["candidates"]
+    assert "FFN units" in choice["levers"] and all(p["ffn_percent"] == 50.0 for p in candidates)
+    whole = next(p for p in candidates if "dec_layers" not in p and p["heads"] == "")
+    assert whole["fisher_estimate"] > 0 and chosen["ffn_percent"] == 50.0
+    assert "every FFN at 50% of its units" in printed
+    trust_fairseq_checkpoints()
+    model = reload(out / "stages" / "shrink" / "model.pt", tiny_data)
+    assert set(ffn.widths(model).values()) == {32}  # the tiny FFNs have 64 units
+    assert len(model.decoder.layers) == chosen.get("dec_layers", 3)
+    shrink_record = json.loads((out / "stages" / "shrink" / "model.json").read_text())
+    assert shrink_record["options"]["ffn_keep"] == 50.0
 
 
 def test_a_given_shape_is_built_in_place_of_the_choice(tiny_data, stock_checkpoint, tmp_path):

@@ -17,6 +17,9 @@ from typing import Callable, Dict, List, Optional, Tuple
 from fairseq_headprune.compress import levers
 
 
+SHAPE_FIELDS = ("enc_heads", "dec_heads", "dec_layers", "ffn_percent")  # what a point sets (the others: its scores)
+
+
 def per_stack_points(model) -> List[Dict[str, int]]:
     """Every per-stack shape with at least one head removed, as cost-table points {enc_heads, dec_heads}."""
     from fairseq_headprune.compress import select
@@ -30,15 +33,21 @@ def per_stack_points(model) -> List[Dict[str, int]]:
     return points
 
 
-def lever_points(model) -> List[Dict[str, int]]:
-    """Every point the choice moves: the per-stack shapes at the model's depth (per_stack_points), and every
-    per-stack shape (none removed included) at every shallower decoder depth {enc_heads, dec_heads, dec_layers}."""
+def lever_points(model) -> List[Dict]:
+    """Every point the choice moves: the per-stack shapes at the model's depth (per_stack_points), every per-stack
+    shape (none removed included) at every shallower decoder depth {enc_heads, dec_heads, dec_layers}, and each of
+    these shapes (the unpruned one included) with every FFN at each value the FFN lever is measured at
+    {..., ffn_percent}."""
     from fairseq_headprune.compress import select
     from fairseq_headprune.core.heads import HeadLayout
 
     shapes = select.per_stack_shapes(HeadLayout.of(model).heads)  # a shallower model's layers hold the same heads
-    return per_stack_points(model) + [{"enc_heads": s["encoder"], "dec_heads": s["decoder"], "dec_layers": d}
-                                      for d in range(len(model.decoder.layers) - 1, 0, -1) for s in shapes]
+    depth = len(model.decoder.layers)
+    heads_and_depth = per_stack_points(model) + [{"enc_heads": s["encoder"], "dec_heads": s["decoder"],
+                                                  "dec_layers": d} for d in range(depth - 1, 0, -1) for s in shapes]
+    whole = {"enc_heads": max(s["encoder"] for s in shapes), "dec_heads": max(s["decoder"] for s in shapes)}
+    return heads_and_depth + [{**p, "ffn_percent": float(v)} for v in levers.FFN.values(100)
+                              for p in [whole] + heads_and_depth]
 
 
 def kept_by_depth(steps: List[Dict], depth: int, depths) -> Dict[int, List[int]]:
@@ -60,9 +69,8 @@ def choice_rank(point: Dict) -> Tuple[float, float, float]:
 
 def removes_more(point: Dict, other: Dict) -> bool:
     """`point` removes all `other` removes and more: no more heads kept in either stack, no more decoder layers (a
-    depth's layers are nested in the deeper ones': one greedy order), and not the same shape."""
-    fields = ("enc_heads", "dec_heads", "dec_layers")
-    mine, theirs = ([p.get(f, math.inf) for f in fields] for p in (point, other))
+    depth's layers are nested in the deeper ones': one greedy order), no more FFN units, and not the same shape."""
+    mine, theirs = ([p.get(f, math.inf) for f in SHAPE_FIELDS] for p in (point, other))
     return mine != theirs and all(m <= t for m, t in zip(mine, theirs))
 
 
@@ -73,9 +81,25 @@ def candidate_order(points: List[Dict]) -> List[Dict]:
     return sorted(points, key=lambda p: (any(removes_more(p, q) for q in points), choice_rank(p)))
 
 
-def fisher_choice(model, grads, points: List[Dict[str, int]]) -> List[Dict]:
+def ffn_removed_sums(unit_grads, percents) -> Dict[float, object]:
+    """{percent: (sentences,) Σ of ∂L_s/∂m_u over the FFN units fisher_kept leaves out at that percent}: the FFN's
+    part of a point's joint Fisher estimate (a unit mask's gradient adds to the head masks' as one Taylor step)."""
+    import torch
+
+    from fairseq_headprune.compress import ffn
+
+    out = {}
+    for percent in percents:
+        kept = ffn.fisher_kept(unit_grads, percent)
+        out[percent] = sum((g.sum(1) - g[:, kept[key]].sum(1) for key, g in unit_grads.items()),
+                           torch.zeros(next(iter(unit_grads.values())).size(0), dtype=torch.float64))
+    return out
+
+
+def fisher_choice(model, grads, points: List[Dict], unit_grads=None) -> List[Dict]:
     """Each point's heads (every layer's, in the greedy order of its Fisher block, as shrink's per-stack fill) and
-    the Fisher estimate of the loss increase of removing them all: Σ_x (Σ_removed g_x,h)²."""
+    the Fisher estimate of the loss increase of removing them all, with its FFN units (the mask-Fisher ones shrink
+    removes, from `unit_grads`, compress.ffn.unit_gradients) where it narrows the FFNs: Σ_x (Σ_removed g_x)²."""
     import torch
 
     from fairseq_headprune.compress import select
@@ -83,11 +107,17 @@ def fisher_choice(model, grads, points: List[Dict[str, int]]) -> List[Dict]:
 
     layout = HeadLayout.of(model)
     orders = {k: select._layer_removal_order(g) for k, g in grads.items()}
+    percents = sorted({p["ffn_percent"] for p in points if "ffn_percent" in p})
+    if percents and unit_grads is None:
+        raise ValueError("points narrowing the FFNs need the FFN units' gradients")
+    ffn_sums = ffn_removed_sums(unit_grads, percents) if percents else {}
     out = []
     for point in points:
         kept = {"encoder": point["enc_heads"], "decoder": point["dec_heads"]}
         columns = [(k, i) for k in grads for i in orders[k][:len(layout.heads[k]) - kept[select._stack_of(k)]]]
-        estimate = float((torch.stack([grads[k][:, i] for k, i in columns], 1).sum(1) ** 2).sum()) if columns else 0.
+        removed = [grads[k][:, i] for k, i in columns] + ([ffn_sums[point["ffn_percent"]]]
+                                                           if "ffn_percent" in point else [])
+        estimate = float((torch.stack(removed, 1).sum(1) ** 2).sum()) if removed else 0.0
         heads = sorted(Head(k[0], k[1], layout.heads[k][i]) for k, i in columns)
         out.append({**point, "fisher_estimate": estimate, "heads_removed": len(heads),
                     "heads": format_head_spec(heads)})
@@ -109,11 +139,25 @@ def masked_nll(model, heads: str, samples, pad: int) -> float:
 
 
 def shape_nll(model, point: Dict, samples, pad: int) -> float:
-    """A candidate's calibration NLL on the unpruned model: its decoder layers removed, its heads masked, no
-    reconstruction: one measure for shapes of any depth."""
-    from fairseq_headprune.compress import layers
+    """A candidate's calibration NLL on the unpruned model: its decoder layers removed, its heads masked, its FFN
+    units removed (the mask-Fisher ones, scored with those heads masked, as shrink scores them after the heads go),
+    no reconstruction: one measure for shapes of any depth and width."""
+    from fairseq_headprune.compress import ffn, layers
+    from fairseq_headprune.core.heads import parse_head_spec
+    from fairseq_headprune.core.masking import set_head_masks
 
-    cut = layers.remove_layers(copy.deepcopy(model), point["layers_kept"]) if "layers_kept" in point else model
+    cut = model
+    if "layers_kept" in point or "ffn_percent" in point:
+        cut = copy.deepcopy(model)
+        if "layers_kept" in point:
+            cut = layers.remove_layers(cut, point["layers_kept"])
+    if "ffn_percent" in point:
+        set_head_masks(cut, parse_head_spec(point["heads"]) if point["heads"] else [])
+        try:
+            kept = ffn.fisher_kept(ffn.unit_gradients(cut, samples, pad), point["ffn_percent"])
+        finally:
+            set_head_masks(cut, [])
+        ffn.prune_ffn(cut, kept)
     return masked_nll(cut, point["heads"], samples, pad)
 
 

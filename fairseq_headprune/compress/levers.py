@@ -3,13 +3,12 @@
 A lever is a structure `compress` can take away, as data: a name, the values it can be set to (what a layer keeps),
 how a shape with that value is cut from the unpruned model (studies.ceilings.CeilingShape: the first heads of every
 layer, evenly spaced layers, the first FFN units) and whether `shrink` can remove it from a trained model today.
-Heads per stack (encoder, decoder: CTranslate2's one head count per stack) and the decoder's depth (layers kept,
-`shrink --keep-layers`) are removable; FFN units (which `shrink --ffn-keep` removes and `compress --shape
-...:ffn=P%` builds, but the choice does not move yet: half of them buys 1.0-1.14x on the whole bundled models, 1.17x
-on De-En's decoder cut to 5 x 4, where they hold more of the time) and the output layer are measured so that a
-missed target can say what they would buy, and plug into the same table and the same choice once the choice moves
-them. A lever whose field ends in `_percent` is set in percent of the whole; any other counts what the model holds
-(heads per layer, layers), its whole read from the model (stack_sizes).
+Heads per stack (encoder, decoder: CTranslate2's one head count per stack), the decoder's depth (layers kept,
+`shrink --keep-layers`) and every FFN's share of hidden units (`shrink --ffn-keep`: half of them buys 1.0-1.14x on
+the whole bundled models, 1.17x on De-En's decoder cut to 5 x 4, where they hold more of the time) are removable;
+the output layer is measured so that a missed target can say what it would buy, and plugs into the same table and
+the same choice once shrink removes it. A lever whose field ends in `_percent` is set in percent of the whole; any
+other counts what the model holds (heads per layer, layers), its whole read from the model (stack_sizes).
 
 Each row of the table is one lever at one value, every other lever left whole: a crude slice of the unpruned model
 (its translations mean nothing, its speed is that of any model of its shape) timed at equal work (every hypothesis
@@ -72,11 +71,12 @@ class Lever:
         return full if self.counted else 100.0
 
 
+FFN = Lever("FFN units", "ffn_percent", "% of every FFN's hidden units kept", True, (50.0,))
 LEVERS: Tuple[Lever, ...] = (
     Lever("encoder heads", "enc_heads", "heads kept in every encoder layer", True),
     Lever("decoder heads", "dec_heads", "heads kept in every decoder self- and cross-attention layer", True),
     Lever("decoder layers", "dec_layers", "decoder layers kept", True),
-    Lever("FFN units", "ffn_percent", "% of every FFN's hidden units kept", False, (50.0,)),
+    FFN,
     Lever("output layer", "vocab_percent", "% of the target words kept", False, (50.0,)),
 )
 

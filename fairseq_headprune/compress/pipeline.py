@@ -55,8 +55,8 @@ from dataclasses import asdict, dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
 from fairseq_headprune.compress import levers
-from fairseq_headprune.compress.choice import (RETIMED_ROUNDS, TIMED_AGAIN, candidate_order, fisher_choice,
-                                               kept_by_depth, label, lever_points, masked_nll, moved_levers,
+from fairseq_headprune.compress.choice import (RETIMED_ROUNDS, SHAPE_FIELDS, TIMED_AGAIN, candidate_order,
+                                               fisher_choice, kept_by_depth, label, lever_points, moved_levers,
                                                pareto_frontier, per_stack_points, pick_measured, retime_candidates,
                                                shape_nll, shape_words)
 from fairseq_headprune.compress.window_fit import WindowOptions
@@ -448,6 +448,9 @@ def estimates(loaded, options: CompressOptions, rates: Dict[str, float], rows: i
         depth = len(loaded.model.decoder.layers)  # at most: the greedy layer order down to one layer, a gradient
         out["choice"] += ((depth * (depth + 1) // 2 - 1 + depth) * calib_tok / rates["forward_tok_s"]  # pass and
                           + (depth - 1) * calib_tok / rates["train_tok_s"])  # an NLL per depth
+        ffn_passes = (depth + 2 if options.shape is None  # the FFN units' gradients at every depth and (expected)
+                      else int(options.given_shape().ffn_percent < 100))  # two timed shapes' own, for their NLL
+        out["choice"] += ffn_passes * calib_tok / rates["train_tok_s"]
     shrink = (options.window_steps * sublayers * rates["window_step_s"] + 3 * calib_tok / rates["forward_tok_s"]
               + 2 * min(options.check_sentences, calib_n) / rates["fairseq_sent_s"])
     if options.max_bleu_loss is not None:  # shrinks and held-out decodes: a bisection over the frontier, whose
@@ -726,19 +729,16 @@ class Run:
         self.log(f"cost table ({self.options.engine}, equal work): what half of each lever buys alone: {order}")
         if self.options.shape is not None:
             given = self.shape_point()
-            heads = {k: v for k, v in given.items() if k != "ffn_percent"}
-            point = next((dict(p) for p in points if {k: p.get(k) for k in heads} == heads and
-                          ("dec_layers" in p) == ("dec_layers" in heads)), None)
-            if point is None:  # heads and depth whole: only the FFNs narrowed
-                point = {**heads, "predicted_speedup": 1.0}
-            note = ""
-            if "ffn_percent" in given:  # the FFN lever is not among the choice's points: predicted here
-                point["ffn_percent"] = given["ffn_percent"]
+            point, note = next((dict(p) for p in points if {k: v for k, v in p.items() if k in SHAPE_FIELDS} == given),
+                               None), ""
+            if point is None:  # an FFN share the table did not measure
+                point = dict(given)
                 try:
-                    point["predicted_speedup"] = round(levers.predict(table, {**heads, "ffn_percent":
-                                                                              given["ffn_percent"]}), 4)
+                    point["predicted_speedup"] = round(levers.predict(table, given), 4)
                 except ValueError:  # below the table's FFN rows: the FFN's share left out of the prediction
                     note = ", the FFN's share not counted (below the cost table's rows)"
+                    point["predicted_speedup"] = round(levers.predict(
+                        table, {k: v for k, v in given.items() if k != "ffn_percent"}), 4)
             self.log(f"--shape {self.options.shape}: {shape_words(point)}, predicted "
                      f"{point['predicted_speedup']:.2f}x{note} (the target {self.options.speedup:g}x)")
             return [point]
@@ -813,8 +813,9 @@ class Run:
     def _choice(self, folder: str, points: List[Dict]) -> Dict:
         grads, calibration = self._gradients()
         provenance = {**calibration.provenance(), "data": os.path.abspath(self.loaded.cfg.task.data)}
-        if self.options.speedup is None:  # the Fisher frontier compares heads only: depth points left out, said
-            scored = fisher_choice(self.loaded.model, grads, [p for p in points if "dec_layers" not in p])
+        if self.options.speedup is None:  # the Fisher frontier compares heads only: depth and FFN points left out
+            scored = fisher_choice(self.loaded.model, grads, [p for p in points
+                                                              if "dec_layers" not in p and "ffn_percent" not in p])
             return {**self._choice_by_bleu(folder, scored, provenance),
                     "levers": moved_levers(scored, levers.stack_sizes(self.loaded.model))}
         scored, layer_order = self._scored_by_depth(grads, calibration, points)
@@ -824,12 +825,13 @@ class Run:
                 "layers by the calibration loss)" if self.options.shape is not None else
                 f"of the shapes predicted to reach {self.options.speedup:g}x, {len(scored)} at {depths} decoder "
                 f"depth(s), the first {min(TIMED_AGAIN, len(scored))} in the choice's order (the lowest Fisher "
-                "estimate of the loss increase within a depth, removing no more than another one first"
+                "estimate of the loss increase (heads and FFN units) within a depth, removing no more than another "
+                "one first"
                 + ("" if depths == 1 else ", the depths by the calibration NLL of their best shape")
                 + ") and the fastest timed again as crude slices (then, at a depth where every timed shape missed "
                 "the target, the next whose prediction scaled by the depth's measured/predicted ratio reaches it); "
-                "of those that measured the target, the lowest calibration NLL (layers removed, heads masked, no "
-                "reconstruction)")
+                "of those that measured the target, the lowest calibration NLL (layers removed, heads masked, FFN "
+                "units removed, no reconstruction)")
         self.log(f"choice: {shape_words(best)}, {best['measured_speedup']:.2f}x measured (predicted "
                  f"{best['predicted_speedup']:.2f}x): {rule}"
                  + ("" if confirmed else "; it measured below the target" if self.options.shape is not None
@@ -846,10 +848,10 @@ class Run:
         """fisher_choice at each decoder depth among the points: on the model with the layers shrink's importance
         selection removes (one greedy run down to the shallowest depth, on the same calibration sentences: its
         order gives every depth's layers) and that model's own head-mask gradients (as shrink's head search in
-        the kept layers). Each point gets its depth's `depth_nll` (when several depths compete): the calibration
-        NLL of the depth's lowest-Fisher shape with its layers removed and its heads masked. Returns the scored
-        points and the greedy layer order (None without a depth cut)."""
-        from fairseq_headprune.compress import layers, select
+        the kept layers), and its FFN unit-mask gradients where a point narrows the FFNs. Each point gets its
+        depth's `depth_nll` (when several depths compete): the calibration NLL of the depth's lowest-Fisher shape
+        (shape_nll). Returns the scored points and the greedy layer order (None without a depth cut)."""
+        from fairseq_headprune.compress import ffn, layers, select
 
         model, pad = self.loaded.model, self.loaded.task.target_dictionary.pad()
         whole = levers.stack_sizes(model)
@@ -870,13 +872,15 @@ class Run:
                           for p in groups[depth])
             own = grads if depth == full else (select.sentence_gradients(cut, calibration.samples, pad)
                                                if removes else {})
-            out = fisher_choice(cut, own, groups[depth])
+            units = (ffn.unit_gradients(cut, calibration.samples, pad)
+                     if any("ffn_percent" in p for p in groups[depth]) else None)
+            out = fisher_choice(cut, own, groups[depth], units)
             if depth < full:
                 for p in out:
                     p["layers_kept"] = {"dec": kept[depth]}
             if len(groups) > 1:
                 best = candidate_order(out)[0]
-                nll = masked_nll(cut, best["heads"], calibration.samples, pad)
+                nll = shape_nll(cut, {k: v for k, v in best.items() if k != "layers_kept"}, calibration.samples, pad)
                 self.log(f"choice: at {depth} decoder layers, {label(best)} has the lowest Fisher estimate of "
                          f"{len(out)} shapes: calibration NLL {nll:.4f}")
                 for p in out:
