@@ -440,7 +440,7 @@ def test_a_target_only_depth_and_heads_reach_cuts_the_decoder_in_the_written_mod
     assert "layer search: remove dec:" in printed
     choice = json.loads((out / "stages" / "choice" / "stage.json").read_text())["result"]
     chosen = choice["chosen"]
-    assert choice["levers"] == ["encoder heads", "decoder heads", "decoder layers", "FFN units"]
+    assert choice["levers"][:3] == ["encoder heads", "decoder heads", "decoder layers"]  # FFN units: when timed
     assert all(p["dec_layers"] in (1, 2) and p["dec_heads"] <= 2 for p in choice["candidates"])
     assert {p["dec_layers"] for p in choice["candidates"]} == {1, 2} and "depth_nll" in chosen
     removed = [int(s["removed"].split(":")[1]) for s in choice["layer_order"]["steps"]]
@@ -470,9 +470,8 @@ def test_a_target_only_depth_and_heads_reach_cuts_the_decoder_in_the_written_mod
 def test_a_target_only_the_ffn_reaches_narrows_every_ffn_by_its_mask_fisher_units(tiny_data, stock_checkpoint,
                                                                                    tmp_path):
     """FFN units are a lever of the choice: with a cost table (edited, so that the answer is known) where only half
-    of every FFN buys the target, every candidate narrows the FFNs, their Fisher estimate counts the units removed
-    (the unpruned heads with half the FFNs: above zero), the chosen shape's own calibration NLL is that of the model
-    with those units gone (test_ffn), and the model shrink writes has every FFN at half its width."""
+    of every FFN buys the target, every shape is ranked with its FFNs whole and timed with them halved (the variant
+    priced by its own slice), the FFNs alone among them; the model shrink writes has every FFN at half its width."""
     from fairseq_headprune.compress import ffn
     from fairseq_headprune.fairseq_io.loading import trust_fairseq_checkpoints
     from test_surgery import reload
@@ -491,17 +490,46 @@ def test_a_target_only_the_ffn_reaches_narrows_every_ffn_by_its_mask_fisher_unit
     printed = run(compress_argv(tiny_data, stock_checkpoint, out, cache, *beam, "--stop-after", "shrink",
                                 target=("--speedup", "1.5"))).stdout
     choice = json.loads((out / "stages" / "choice" / "stage.json").read_text())["result"]
-    chosen, candidates = choice["chosen"], choice["candidates"]
-    assert "FFN units" in choice["levers"] and all(p["ffn_percent"] == 50.0 for p in candidates)
-    whole = next(p for p in candidates if "dec_layers" not in p and p["heads"] == "")
-    assert whole["fisher_estimate"] > 0 and chosen["ffn_percent"] == 50.0
-    assert "every FFN at 50% of its units" in printed
+    chosen, candidates, timed = choice["chosen"], choice["candidates"], choice["timed"]
+    assert all("ffn_percent" not in p and p["ffn_predicted_speedup"] == pytest.approx(1 / 0.6, abs=1e-3)
+               for p in candidates)
+    assert {"enc_heads": 8, "dec_heads": 4, "predicted_speedup": 1.0} in [
+        {k: p[k] for k in ("enc_heads", "dec_heads", "predicted_speedup") if k in p} for p in candidates
+        if "dec_layers" not in p and p["heads"] == ""]  # the FFNs alone
+    assert timed and all(p["ffn_percent"] == 50.0 for p in timed) and chosen["ffn_percent"] == 50.0
+    assert "FFN units" in choice["levers"] and "every FFN at 50% of its units" in printed
     trust_fairseq_checkpoints()
     model = reload(out / "stages" / "shrink" / "model.pt", tiny_data)
     assert set(ffn.widths(model).values()) == {32}  # the tiny FFNs have 64 units
     assert len(model.decoder.layers) == chosen.get("dec_layers", 3)
     shrink_record = json.loads((out / "stages" / "shrink" / "model.json").read_text())
     assert shrink_record["options"]["ffn_keep"] == 50.0
+
+
+def test_a_shape_that_misses_the_target_has_its_ffn_variant_timed_next():
+    """The FFN lever is priced where it is cut: each shape timed with its FFNs whole that measured below the target
+    gets its variant with half of every FFN timed in the next round; one that reached it, or an FFN variant, none."""
+    from fairseq_headprune.compress.choice import ffn_variants, retime_candidates, shapes_reaching
+
+    points = [{"enc_heads": 8, "dec_heads": 3, "dec_layers": 4, "predicted_speedup": 2.1},
+              {"enc_heads": 8, "dec_heads": 3, "dec_layers": 4, "ffn_percent": 50.0, "predicted_speedup": 2.3},
+              {"enc_heads": 8, "dec_heads": 4, "dec_layers": 4, "predicted_speedup": 1.9},
+              {"enc_heads": 8, "dec_heads": 4, "dec_layers": 4, "ffn_percent": 50.0, "predicted_speedup": 2.05},
+              {"enc_heads": 8, "dec_heads": 5, "dec_layers": 4, "predicted_speedup": 1.7},
+              {"enc_heads": 8, "dec_heads": 5, "dec_layers": 4, "ffn_percent": 50.0, "predicted_speedup": 1.85},
+              {"enc_heads": 8, "dec_heads": 8, "ffn_percent": 50.0, "predicted_speedup": 1.1}]
+    reach = shapes_reaching(points, 2.0)
+    assert [(p["dec_heads"], p["predicted_speedup"], p["ffn_predicted_speedup"]) for p in reach] == [
+        (3, 2.1, 2.3), (4, 1.9, 2.05)]  # 5 heads reach it with neither; the FFNs alone neither
+    assert [p["enc_heads"] for p in shapes_reaching(points, 1.05)][-1:] == [8]  # the FFNs alone: 1.1x
+    timed = [dict(reach[0], measured_speedup=1.95, fisher_estimate=1.0),
+             dict(reach[1], measured_speedup=2.02, fisher_estimate=0.5)]
+    variants = ffn_variants(timed, 2.0)
+    assert [(v["dec_heads"], v["ffn_percent"], v["predicted_speedup"]) for v in variants] == [(3, 50.0, 2.3)]
+    assert "measured_speedup" not in variants[0]
+    assert ffn_variants([dict(variants[0], measured_speedup=1.9)], 2.0) == []
+    # an FFN variant's timing says nothing of the depth's heads: retime_candidates reads the others only
+    assert retime_candidates(reach, [dict(variants[0], measured_speedup=2.4)], 2.0) == []
 
 
 def test_a_given_shape_is_built_in_place_of_the_choice(tiny_data, stock_checkpoint, tmp_path):
@@ -555,6 +583,7 @@ def test_a_given_shape_narrows_the_ffns_and_the_exported_model_keeps_their_width
     assert export["check"]["float32"]["differing"] == 0 == export["check"]["int8"]["differing"]
     card = (out / "MODEL_CARD.md").read_text()
     assert "| FFN units kept | 100% | 50% |" in card and "Every FFN keeps 50% of its hidden units" in card
+    assert re.search(r"1-minute load average: this measurement [\d.]+, the choice's timing [\d.]+;", card)
 
 
 def test_the_hidden_state_term_takes_the_teacher_layers_the_shrink_reconstructed_towards(tiny_data,

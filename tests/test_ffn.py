@@ -107,43 +107,30 @@ def test_fisher_kept_keeps_each_layers_highest_units():
     assert ffn.fisher_kept(grads, 1)[("dec", 1)] == [1]  # at least one unit
 
 
-def test_the_choice_counts_the_units_shrink_would_remove():
-    """compress's joint Fisher estimate adds, per sentence, the gradients of the units fisher_kept leaves out."""
-    from fairseq_headprune.compress.choice import ffn_removed_sums
+def test_the_choice_compares_an_ffn_narrowed_shape_after_the_fits_shrink_applies(stock):
+    """reconstructed_nll: a shape that narrows the FFNs is judged as shrink leaves it (the units with the lowest mask
+    Fisher gone, every fc2 refit), not as the bare removal leaves it; with nothing removed, the model's own NLL."""
+    from types import SimpleNamespace
 
-    grads = {("dec", 1): torch.tensor([[1.0, -3.0, 0.5, 2.0], [1.0, 0.0, 0.1, -2.0]], dtype=torch.float64),
-             ("enc", 1): torch.tensor([[0.5, 0.25, 0.0, 4.0], [0.0, 0.0, 1.0, 1.0]], dtype=torch.float64)}
-    sums = ffn_removed_sums(grads, [50.0])  # dec 1 keeps units 1 and 3, enc 1 units 2 and 3
-    torch.testing.assert_close(sums[50.0], torch.tensor([1.0 + 0.5 + 0.5 + 0.25, 1.0 + 0.1 + 0.0 + 0.0],
-                                                        dtype=torch.float64))
-
-
-def test_a_candidates_own_nll_is_that_of_the_model_without_its_units(stock):
-    """shape_nll of a point narrowing the FFNs: the model with the units shrink removes (mask Fisher, scored with
-    the point's heads masked) gone, its heads masked; the same point without the FFN share, a lower NLL."""
     from fairseq_headprune.compress import layers
-    from fairseq_headprune.compress.choice import masked_nll, shape_nll
-    from fairseq_headprune.core.heads import parse_head_spec
-    from fairseq_headprune.core.masking import install_head_masks, set_head_masks
+    from fairseq_headprune.compress.choice import reconstructed_nll
+    from fairseq_headprune.compress.shrink import ShrinkOptions, with_fit
+    from fairseq_headprune.compress.window_fit import WindowOptions
+    from fairseq_headprune.core.masking import install_head_masks
 
     model, task = stock
     install_head_masks(model := copy.deepcopy(model))
     pad = task.target_dictionary.pad()
-    samples = [sample_batch(task, n=8)]
-    point = {"enc_heads": 4, "dec_heads": 4, "heads": "", "ffn_percent": 50.0}
-    narrowed = shape_nll(model, point, samples, pad)
-    whole = shape_nll(model, {k: v for k, v in point.items() if k != "ffn_percent"}, samples, pad)
-    by_hand = copy.deepcopy(model)
-    ffn.prune_ffn(by_hand, ffn.fisher_kept(ffn.unit_gradients(by_hand, samples, pad), 50.0))
-    assert narrowed == pytest.approx(masked_nll(by_hand, "", samples, pad)) and narrowed > whole
-    assert whole == pytest.approx(round(layers.calibration_loss(model, samples, pad), 6))
+    calibration = SimpleNamespace(samples=[sample_batch(task, n=16)])
+    whole = layers.calibration_loss(model, calibration.samples, pad)
+    options = with_fit(ShrinkOptions(ffn_keep=25.0), window=WindowOptions(steps=0))
+    fitted = reconstructed_nll(model, {"heads": "", "ffn_percent": 25.0}, calibration, options, pad)
+    bare = copy.deepcopy(model)
+    ffn.prune_ffn(bare, ffn.fisher_kept(ffn.unit_gradients(bare, calibration.samples, pad), 25.0))
+    assert whole < fitted < layers.calibration_loss(bare, calibration.samples, pad)
     assert set(ffn.widths(model).values()) == {64}  # the model given is left whole
-    heads = "dec-self:1:1,enc-dec:2:2"
-    with_heads = shape_nll(model, {**point, "heads": heads}, samples, pad)
-    set_head_masks(by_hand := copy.deepcopy(model), parse_head_spec(heads))
-    kept = ffn.fisher_kept(ffn.unit_gradients(by_hand, samples, pad), 50.0)
-    set_head_masks(by_hand, [])
-    assert with_heads == pytest.approx(masked_nll(ffn.prune_ffn(by_hand, kept), heads, samples, pad))
+    plain = with_fit(ShrinkOptions(), window=WindowOptions(steps=0))
+    assert reconstructed_nll(model, {"heads": ""}, calibration, plain, pad) == pytest.approx(whole, abs=1e-6)
 
 
 def test_a_narrowed_checkpoint_reloads_and_fairseq_generate_decodes_it(stock, stock_checkpoint, tiny_data, tmp_path):

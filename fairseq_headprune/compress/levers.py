@@ -267,6 +267,19 @@ def store_table(cache_dir: Optional[str], table: Dict) -> Optional[str]:
         return None
 
 
+LOADED = 1.5  # a 1-minute load average above this while timing: another CPU-bound process ran beside the timing
+
+
+def load_average() -> Optional[float]:
+    """The 1-minute load average (None where the system has none): what a timing says about the machine's load.
+    One thread timing alone reads about 1; another CPU-bound process beside it, about 2, and slices time lower
+    then (docs/compress.md, Limits)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (OSError, AttributeError):
+        return None
+
+
 def time_shapes(loaded, engine: str, samples, runs: int, shapes: Mapping[str, object], log=print, progress=None,
                 decoder_factory=None) -> Dict:
     """Time crude slices of the unpruned model (studies.ceilings.crude_model, one per CeilingShape) beside the
@@ -299,6 +312,7 @@ def time_shapes(loaded, engine: str, samples, runs: int, shapes: Mapping[str, ob
     beam, batch = int(loaded.cfg.generation.beam), max(s["id"].numel() for s in samples)
     base = shape_of(loaded.model)
     return {"forced_length": length, "unpruned_seconds": round(statistics.mean(seconds["unpruned"]), 4),
+            "load_average": load_average(),
             "speedup": {k: round(paired_speedup(seconds["unpruned"], seconds[k]), 4) for k in shapes},
             "faster": {k: sign_test(seconds["unpruned"], seconds[k]) for k in shapes},
             "flop_ratio": {k: round(flops.flop_ratio(base, cost_shapes[k], src, [length + 1] * len(src), beam, batch),

@@ -43,7 +43,7 @@ def render(record: Dict) -> str:
         f"*equal work*: every hypothesis forced to {measured['forced_length']} tokens + 1 step (the unpruned "
         f"model's mean); *as decoded*: each model's own translations. BLEU: sacreBLEU ({reported['signature']}) "
         f"against {reported['references']}; {reported['significance']}. The machine's load moves sentences/s; the "
-        "ratios much less.", "",
+        "ratios much less" + load_words(measured, chosen) + ".", "",
         "## What was removed", "",
         removed_line(chosen, whole), "",
         "## How each choice was made, and on which data", "",
@@ -144,3 +144,11 @@ def recover_line(recovered: Dict) -> str:
 def record_command(record: Dict) -> str:
     command = record["options"].get("command") or ""
     return command if command else "fairseq-headprune compress " + shlex.join([record["data"]])
+
+
+def load_words(measured: Dict, chosen: Dict) -> str:
+    """The 1-minute load average while the model and its slice were timed, where recorded (records before it: none)."""
+    parts = [f"{what} {value:.1f}" for what, value in (("this measurement", measured.get("load_average")),
+                                                         ("the choice's timing", chosen.get("timing_load")))
+             if value is not None]
+    return f" (1-minute load average: {', '.join(parts)}; one timing alone reads about 1)" if parts else ""

@@ -56,9 +56,10 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from fairseq_headprune.compress import levers
 from fairseq_headprune.compress.choice import (RETIMED_ROUNDS, SHAPE_FIELDS, TIMED_AGAIN, candidate_order,
-                                               fisher_choice, kept_by_depth, label, lever_points, moved_levers,
-                                               pareto_frontier, per_stack_points, pick_measured, retime_candidates,
-                                               shape_nll, shape_words)
+                                               ffn_variants, fisher_choice, kept_by_depth, label, lever_points,
+                                               masked_nll, moved_levers, pareto_frontier, per_stack_points,
+                                               pick_measured, reconstructed_nll, retime_candidates, shapes_reaching,
+                                               shape_words, with_ffn)
 from fairseq_headprune.compress.window_fit import WindowOptions
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.options import option
@@ -443,14 +444,13 @@ def estimates(loaded, options: CompressOptions, rates: Dict[str, float], rows: i
     out = {"cost-table": (rows + 1) * ((options.runs + 2) * timing_n / engine + rates["export_s"])}
     out["choice"] = calib_tok / rates["train_tok_s"]
     if options.speedup is not None:  # up to five shapes timed again beside the unpruned model, and (expected) one
-        models = 2 if options.shape is not None else 6 + 3  # more round of two (retime_candidates); --shape: one
+        models = 2 if options.shape is not None else 6 + 6  # more round of five (ffn_variants, retime_candidates)
         out["choice"] += models * ((options.runs + 2) * timing_n / engine + rates["export_s"])
         depth = len(loaded.model.decoder.layers)  # at most: the greedy layer order down to one layer, a gradient
         out["choice"] += ((depth * (depth + 1) // 2 - 1 + depth) * calib_tok / rates["forward_tok_s"]  # pass and
                           + (depth - 1) * calib_tok / rates["train_tok_s"])  # an NLL per depth
-        ffn_passes = (depth + 2 if options.shape is None  # the FFN units' gradients at every depth and (expected)
-                      else int(options.given_shape().ffn_percent < 100))  # two timed shapes' own, for their NLL
-        out["choice"] += ffn_passes * calib_tok / rates["train_tok_s"]
+        if options.shape is None:  # (expected) three timed shapes reach the target, each compared by its NLL after
+            out["choice"] += 3 * 3 * calib_tok / rates["forward_tok_s"]  # shrink's closed-form fits
     shrink = (options.window_steps * sublayers * rates["window_step_s"] + 3 * calib_tok / rates["forward_tok_s"]
               + 2 * min(options.check_sentences, calib_n) / rates["fairseq_sent_s"])
     if options.max_bleu_loss is not None:  # shrinks and held-out decodes: a bisection over the frontier, whose
@@ -743,16 +743,16 @@ class Run:
                      f"{point['predicted_speedup']:.2f}x{note} (the target {self.options.speedup:g}x)")
             return [point]
         if self.options.speedup is not None:
-            reach = [p for p in points if p["predicted_speedup"] >= self.options.speedup]
+            reach = shapes_reaching(points, self.options.speedup)
             if not reach:
                 best = points[0]
                 fields = {lever.field for lever in levers.LEVERS if lever.removable}
                 levers.refuse_unreachable(self.options.speedup,
                                           ({k: v for k, v in best.items() if k in fields},
                                            best["predicted_speedup"]), table, self.options.engine)
-            self.log(f"{len(reach)} of {len(points)} per-stack shapes (at every decoder depth) reach "
-                     f"{self.options.speedup:g}x "
-                     f"(predicted): fastest {shape_words(points[0])} {points[0]['predicted_speedup']:.2f}x")
+            self.log(f"{len(reach)} per-stack shapes (at every decoder depth) reach {self.options.speedup:g}x as they "
+                     f"are or with half of every FFN (predicted): fastest {shape_words(points[0])} "
+                     f"{points[0]['predicted_speedup']:.2f}x")
             return reach
         return points
 
@@ -819,26 +819,27 @@ class Run:
             return {**self._choice_by_bleu(folder, scored, provenance),
                     "levers": moved_levers(scored, levers.stack_sizes(self.loaded.model))}
         scored, layer_order = self._scored_by_depth(grads, calibration, points)
-        best, confirmed = self._confirmed(scored, calibration)
+        best, confirmed, timed = self._confirmed(scored, calibration)
         depths = len({p.get("dec_layers") for p in scored})
         rule = (f"given by --shape {self.options.shape} (its heads by the Fisher estimate in the kept layers, its "
                 "layers by the calibration loss)" if self.options.shape is not None else
-                f"of the shapes predicted to reach {self.options.speedup:g}x, {len(scored)} at {depths} decoder "
-                f"depth(s), the first {min(TIMED_AGAIN, len(scored))} in the choice's order (the lowest Fisher "
-                "estimate of the loss increase (heads and FFN units) within a depth, removing no more than another "
-                "one first"
+                f"of the shapes predicted to reach {self.options.speedup:g}x as they are or with half of every FFN, "
+                f"{len(scored)} at {depths} decoder depth(s), the first {min(TIMED_AGAIN, len(scored))} in the "
+                "choice's order (the lowest Fisher estimate of the loss increase within a depth, removing no more "
+                "than another one first"
                 + ("" if depths == 1 else ", the depths by the calibration NLL of their best shape")
-                + ") and the fastest timed again as crude slices (then, at a depth where every timed shape missed "
-                "the target, the next whose prediction scaled by the depth's measured/predicted ratio reaches it); "
-                "of those that measured the target, the lowest calibration NLL (layers removed, heads masked, FFN "
-                "units removed, no reconstruction)")
+                + ") and the fastest timed again as crude slices (then the FFN variant of each that measured below "
+                "the target, and at a depth where every timed shape missed it, the next whose prediction scaled by "
+                "the depth's measured/predicted ratio reaches it); of those that measured the target, the lowest "
+                "calibration NLL after shrink's closed-form fits (layers removed, heads masked, FFN units removed, "
+                "every changed sublayer refit; no window fit)")
         self.log(f"choice: {shape_words(best)}, {best['measured_speedup']:.2f}x measured (predicted "
                  f"{best['predicted_speedup']:.2f}x): {rule}"
                  + ("" if confirmed else "; it measured below the target" if self.options.shape is not None
                     else "; none of them measured it: the fastest of them")
                  + f" ({calibration.sentences} sentences of '{calibration.subset}')")
-        return {"chosen": best, "candidates": scored, "confirmed": confirmed,
-                "levers": moved_levers(scored, levers.stack_sizes(self.loaded.model)),
+        return {"chosen": best, "candidates": scored, "timed": timed, "confirmed": confirmed,
+                "levers": moved_levers(scored + timed, levers.stack_sizes(self.loaded.model)),
                 "layer_order": layer_order,
                 "chosen_by": rule if confirmed or self.options.shape is not None
                 else "none of the shapes timed again measured the target: the fastest of them",
@@ -848,10 +849,10 @@ class Run:
         """fisher_choice at each decoder depth among the points: on the model with the layers shrink's importance
         selection removes (one greedy run down to the shallowest depth, on the same calibration sentences: its
         order gives every depth's layers) and that model's own head-mask gradients (as shrink's head search in
-        the kept layers), and its FFN unit-mask gradients where a point narrows the FFNs. Each point gets its
-        depth's `depth_nll` (when several depths compete): the calibration NLL of the depth's lowest-Fisher shape
-        (shape_nll). Returns the scored points and the greedy layer order (None without a depth cut)."""
-        from fairseq_headprune.compress import ffn, layers, select
+        the kept layers). Each point gets its depth's `depth_nll` (when several depths compete): the calibration
+        NLL of the depth's lowest-Fisher shape with its layers removed and its heads masked. Returns the scored
+        points and the greedy layer order (None without a depth cut)."""
+        from fairseq_headprune.compress import layers, select
 
         model, pad = self.loaded.model, self.loaded.task.target_dictionary.pad()
         whole = levers.stack_sizes(model)
@@ -872,15 +873,13 @@ class Run:
                           for p in groups[depth])
             own = grads if depth == full else (select.sentence_gradients(cut, calibration.samples, pad)
                                                if removes else {})
-            units = (ffn.unit_gradients(cut, calibration.samples, pad)
-                     if any("ffn_percent" in p for p in groups[depth]) else None)
-            out = fisher_choice(cut, own, groups[depth], units)
+            out = fisher_choice(cut, own, groups[depth])
             if depth < full:
                 for p in out:
                     p["layers_kept"] = {"dec": kept[depth]}
             if len(groups) > 1:
                 best = candidate_order(out)[0]
-                nll = shape_nll(cut, {k: v for k, v in best.items() if k != "layers_kept"}, calibration.samples, pad)
+                nll = masked_nll(cut, best["heads"], calibration.samples, pad)
                 self.log(f"choice: at {depth} decoder layers, {label(best)} has the lowest Fisher estimate of "
                          f"{len(out)} shapes: calibration NLL {nll:.4f}")
                 for p in out:
@@ -888,16 +887,24 @@ class Run:
             scored += out
         return scored, order
 
-    def _confirmed(self, scored: List[Dict], calibration, tries: int = TIMED_AGAIN) -> Tuple[Dict, bool]:
+    def _confirmed(self, scored: List[Dict], calibration, tries: int = TIMED_AGAIN) -> Tuple[Dict, bool, List[Dict]]:
         """The candidates in the choice's order (candidate_order: the Fisher estimate within a depth, a shape that
         removes more than another candidate after it), the first `tries` (and the fastest predicted) timed again as
-        crude slices in one interleaved run; then, for depths where every timed shape missed the target, the next
-        shapes retime_candidates names (at most RETIMED_ROUNDS more runs). Of those that measure the target, the
-        lowest calibration NLL of its own (shape_nll: comparable across depths and head counts, where the Fisher
+        crude slices in one interleaved run, each as it is or, when only its FFN variant is predicted to reach the
+        target, as that; then, in at most RETIMED_ROUNDS more runs, the FFN variant of each shape that measured
+        below it (ffn_variants) and, for depths where every timed shape missed it, the next shapes
+        retime_candidates names. Of those that measure the target, the lowest calibration NLL after shrink's
+        closed-form fits (reconstructed_nll: comparable across depths, head counts and FFN widths, where the Fisher
         estimates of different cut models are not); none measuring it, the fastest timed."""
+        target = self.options.speedup
+
+        def as_timed(p: Dict) -> Dict:
+            given = self.options.shape is not None
+            return p if given or "ffn_percent" in p or p["predicted_speedup"] >= target else with_ffn(p)
+
         ranked = candidate_order(scored)
-        batch = ranked[:tries]
-        fastest = max(scored, key=lambda p: p["predicted_speedup"])
+        batch = [as_timed(p) for p in ranked[:tries]]
+        fastest = as_timed(max(scored, key=lambda p: max(p["predicted_speedup"], p.get("ffn_predicted_speedup", 0))))
         if fastest not in batch:
             batch.append(fastest)
         timed: List[Dict] = []
@@ -907,17 +914,34 @@ class Run:
                                           self.log)
             for p in batch:
                 p["measured_speedup"] = measured["speedup"][label(p)]
+                p["timing_load"] = measured["load_average"]
+            if (measured["load_average"] or 0.0) > levers.LOADED:
+                self.log(f"choice: timed under a 1-minute load average of {measured['load_average']:.1f} (another "
+                         "CPU-bound process beside the timing): slices time lower under load, and the shape taken "
+                         "can move with it (docs/compress.md, Limits); a quiet machine gives the choice its figures")
             timed += batch
-            batch = [] if self.options.shape is not None else retime_candidates(scored, timed, self.options.speedup)
+            if self.options.shape is not None:
+                break
+            seen = {label(p) for p in timed}
+            batch = [p for p in ffn_variants(batch, target) + retime_candidates(scored, timed, target)
+                     if label(p) not in seen]
             if not batch:
                 break
         pad = self.loaded.task.target_dictionary.pad()
-        best, confirmed = pick_measured(timed, self.options.speedup,
-                                        lambda p: shape_nll(self.loaded.model, p, calibration.samples, pad))
+        best, confirmed = pick_measured(timed, target, lambda p: self._reconstructed_nll(p, calibration, pad))
         self.log("choice: timed again " + ", ".join(
-            f"{label(p)} {p['measured_speedup']:.2f}x" + (f" (calibration NLL {p['calibration_nll']:.4f})"
+            f"{label(p)} {p['measured_speedup']:.2f}x" + (f" (calibration NLL after the closed-form fits "
+                                                          f"{p['calibration_nll']:.4f})"
                                                           if "calibration_nll" in p else "") for p in timed))
-        return best, confirmed
+        return best, confirmed, timed
+
+    def _reconstructed_nll(self, point: Dict, calibration, pad: int) -> float:
+        from fairseq_headprune.compress.shrink import with_fit
+        from fairseq_headprune.compress.window_fit import WindowOptions
+
+        options = with_fit(shrink_options(self.options, point["heads"], point.get("dec_layers"),
+                                          point.get("ffn_percent", 100.0)), window=WindowOptions(steps=0))
+        return reconstructed_nll(self.loaded.model, point, calibration, options, pad)
 
     def _choice_by_bleu(self, folder: str, scored: List[Dict], provenance: Dict) -> Dict:
         """The fastest shape on the (speed, Fisher estimate) frontier whose shrunk model (before recovery) loses at
@@ -1143,12 +1167,13 @@ class Run:
             decoders = {k: m.run for k, m in models.items()}
             forced = levers.timed_rounds(decoders, timing, self.options.runs, length)
             as_decoded = levers.timed_rounds(decoders, timing, self.options.runs, 0)
+            load = levers.load_average()
         src = [int(n) for s in timing for n in s["net_input"]["src_lengths"].tolist()]
         beam, batch = int(self.loaded.cfg.generation.beam), max(s["id"].numel() for s in timing)
         shape_of = flops.ModelShape.of if self.options.engine == "fairseq" else ct2_shape
         n = sum(s["id"].numel() for s in timing)
         return {"subset": self.options.timing_subset, "sentences": n, "runs": self.options.runs,
-                "forced_length": length, "largest_batch": batch,
+                "forced_length": length, "largest_batch": batch, "load_average": load,
                 "speedup_equal_work": round(levers.paired_speedup(forced["unpruned"], forced["compressed"]), 3),
                 "speedup_as_decoded": round(levers.paired_speedup(as_decoded["unpruned"], as_decoded["compressed"]),
                                             3),
