@@ -509,7 +509,7 @@ def test_a_target_only_the_ffn_reaches_narrows_every_ffn_by_its_mask_fisher_unit
 def test_a_shape_that_misses_the_target_has_its_ffn_variant_timed_next():
     """The FFN lever is priced where it is cut: each shape timed with its FFNs whole that measured below the target
     gets its variant with half of every FFN timed in the next round; one that reached it, or an FFN variant, none."""
-    from fairseq_headprune.compress.choice import ffn_variants, retime_candidates, shapes_reaching
+    from fairseq_headprune.compress.choice import as_timed, ffn_variants, retime_candidates, shapes_reaching
 
     points = [{"enc_heads": 8, "dec_heads": 3, "dec_layers": 4, "predicted_speedup": 2.1},
               {"enc_heads": 8, "dec_heads": 3, "dec_layers": 4, "ffn_percent": 50.0, "predicted_speedup": 2.3},
@@ -518,18 +518,32 @@ def test_a_shape_that_misses_the_target_has_its_ffn_variant_timed_next():
               {"enc_heads": 8, "dec_heads": 5, "dec_layers": 4, "predicted_speedup": 1.7},
               {"enc_heads": 8, "dec_heads": 5, "dec_layers": 4, "ffn_percent": 50.0, "predicted_speedup": 1.85},
               {"enc_heads": 8, "dec_heads": 8, "ffn_percent": 50.0, "predicted_speedup": 1.1}]
-    reach = shapes_reaching(points, 2.0)
-    assert [(p["dec_heads"], p["predicted_speedup"], p["ffn_predicted_speedup"]) for p in reach] == [
-        (3, 2.1, 2.3), (4, 1.9, 2.05)]  # 5 heads reach it with neither; the FFNs alone neither
-    assert [p["enc_heads"] for p in shapes_reaching(points, 1.05)][-1:] == [8]  # the FFNs alone: 1.1x
+    def shapes(reach):
+        return [(p["dec_heads"], p["predicted_speedup"], p["ffn_predicted_speedup"]) for p in reach]
+
+    assert shapes(shapes_reaching(points, 1.8)) == [(3, 2.1, 2.3), (4, 1.9, 2.05)]  # as they are (not 5 heads)
+    assert shapes(shapes_reaching(points, 2.2)) == [(3, 2.1, 2.3)]  # none as it is: those the FFN variant takes there
+    assert shapes(shapes_reaching(points[-1:], 1.05)) == [(8, 1.0, 1.1)]  # the FFNs alone
+    assert shapes_reaching(points, 2.5) == []
+    reach = shapes_reaching(points, 1.8)
     timed = [dict(reach[0], measured_speedup=1.95, fisher_estimate=1.0),
              dict(reach[1], measured_speedup=2.02, fisher_estimate=0.5)]
     variants = ffn_variants(timed, 2.0)
     assert [(v["dec_heads"], v["ffn_percent"], v["predicted_speedup"]) for v in variants] == [(3, 50.0, 2.3)]
     assert "measured_speedup" not in variants[0]
     assert ffn_variants([dict(variants[0], measured_speedup=1.9)], 2.0) == []
-    # an FFN variant's timing says nothing of the depth's heads: retime_candidates reads the others only
+    # a depth whose FFN variant measured the target is a depth that reached it: no fewer heads timed there
     assert retime_candidates(reach, [dict(variants[0], measured_speedup=2.4)], 2.0) == []
+    # a shape only its FFN variant brings to the target is timed as that variant, and not twice
+    reach = [dict(p, fisher_estimate=i) for i, p in enumerate(shapes_reaching(points, 2.2))] + [
+        {"enc_heads": 8, "dec_heads": 2, "dec_layers": 4, "predicted_speedup": 2.15, "ffn_predicted_speedup": 2.5,
+         "fisher_estimate": 9.0}]
+    first = as_timed(reach[0], 2.2)
+    assert first["ffn_percent"] == 50.0 and first["predicted_speedup"] == 2.3 and as_timed(first, 2.2) is first
+    again = retime_candidates(reach, [dict(first, measured_speedup=2.0)], 2.2)  # 2.0 / 2.3: 2.5 -> 2.17 < 2.2
+    assert again == []
+    again = retime_candidates(reach, [dict(first, measured_speedup=2.1)], 2.2)  # 2.5 x 2.1 / 2.3 = 2.28
+    assert [(p["dec_heads"], p.get("ffn_percent")) for p in again] == [(2, 50.0)]
 
 
 def test_a_given_shape_is_built_in_place_of_the_choice(tiny_data, stock_checkpoint, tmp_path):

@@ -51,20 +51,30 @@ def lever_points(model) -> List[Dict]:
 
 
 def shapes_reaching(points: List[Dict], target: float) -> List[Dict]:
-    """The shapes the choice ranks (heads and depth, every FFN whole): those predicted to reach the target as they
-    are or with their FFN variant (lever_points), each with that variant's prediction (`ffn_predicted_speedup`).
-    Which FFN units go is not ranked with the heads: the variant of a shape is timed (ffn_variants) and compared by
-    its NLL after shrink's fits (reconstructed_nll)."""
+    """The shapes the choice ranks (heads and depth, every FFN whole), each with its half-FFN variant's prediction
+    (`ffn_predicted_speedup`): those predicted to reach the target as they are; none doing so, those whose FFN
+    variant is (the FFNs alone among them: the unpruned heads and depth). Which FFN units go is not ranked with the
+    heads: a shape's variant is timed (ffn_variants) and compared by its NLL after shrink's fits
+    (reconstructed_nll)."""
     def shape(p):
         return tuple(p.get(f) for f in SHAPE_FIELDS[:3])
 
     ffn = {shape(p): p["predicted_speedup"] for p in points if "ffn_percent" in p}
     whole = {shape(p): p for p in points if "ffn_percent" not in p}
-    for key in ffn:  # the FFNs alone: the unpruned heads and depth
+    as_they_are = [{**p, "ffn_predicted_speedup": ffn.get(key, p["predicted_speedup"])} for key, p in whole.items()
+                   if p["predicted_speedup"] >= target]
+    if as_they_are:
+        return as_they_are
+    for key in ffn:
         whole.setdefault(key, {f: v for f, v in zip(SHAPE_FIELDS[:3], key) if v is not None} |
                          {"predicted_speedup": 1.0})
-    return [{**p, "ffn_predicted_speedup": ffn.get(key, p["predicted_speedup"])} for key, p in whole.items()
-            if max(p["predicted_speedup"], ffn.get(key, 0.0)) >= target]
+    return [{**p, "ffn_predicted_speedup": ffn[key]} for key, p in whole.items()
+            if key in ffn and ffn[key] >= target]
+
+
+def as_timed(point: Dict, target: float) -> Dict:
+    """What is timed of a shape: itself, or its half-FFN variant when only that is predicted to reach the target."""
+    return point if "ffn_percent" in point or point["predicted_speedup"] >= target else with_ffn(point)
 
 
 def kept_by_depth(steps: List[Dict], depth: int, depths) -> Dict[int, List[int]]:
@@ -133,15 +143,6 @@ def masked_nll(model, heads: str, samples, pad: int) -> float:
         set_head_masks(model, [])
 
 
-def shape_nll(model, point: Dict, samples, pad: int) -> float:
-    """A candidate's calibration NLL on the unpruned model: its decoder layers removed, its heads masked, no
-    reconstruction: one cheap measure for shapes of any depth (the depths' order)."""
-    from fairseq_headprune.compress import layers
-
-    cut = layers.remove_layers(copy.deepcopy(model), point["layers_kept"]) if "layers_kept" in point else model
-    return masked_nll(cut, point["heads"], samples, pad)
-
-
 def reconstructed_nll(model, point: Dict, calibration, options, pad: int) -> float:
     """A candidate's calibration NLL as shrink's closed-form fits leave it (`options`: shrink's, no window fit): its
     decoder layers removed, its heads masked, its FFN units removed (mask Fisher, after the heads), every changed
@@ -197,7 +198,6 @@ def retime_candidates(scored: List[Dict], timed: List[Dict], target: float) -> L
     ratio (the least of its timed shapes) reaches the target. The cost table sums lever costs measured one at a
     time, and it misjudges a depth cut with heads (De-En at 2x: decoder 3 layers x 6-7 heads predicted 2.0x,
     measured 1.8x); without this the choice leaves such a depth for the next one instead of trying fewer heads."""
-    timed = [p for p in timed if "ffn_percent" not in p]  # the FFN variants: ffn_variants
     ratio: Dict[Optional[int], float] = {}
     reached = set()
     for p in timed:
@@ -205,11 +205,13 @@ def retime_candidates(scored: List[Dict], timed: List[Dict], target: float) -> L
         ratio[depth] = min(ratio.get(depth, math.inf), p["measured_speedup"] / p["predicted_speedup"])
         if p["measured_speedup"] >= target:
             reached.add(depth)
+    labels = {label(p) for p in timed}
     out = []
     for depth in ratio.keys() - reached:
         for p in candidate_order([q for q in scored if q.get("dec_layers") == depth]):
-            if p not in timed and p["predicted_speedup"] * ratio[depth] >= target:
-                out.append(p)
+            if (label(as_timed(p, target)) not in labels
+                    and max(p["predicted_speedup"], p.get("ffn_predicted_speedup", 0.0)) * ratio[depth] >= target):
+                out.append(as_timed(p, target))
                 break
     return sorted(out, key=choice_rank)
 

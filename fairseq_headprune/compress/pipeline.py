@@ -55,11 +55,11 @@ from dataclasses import asdict, dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
 from fairseq_headprune.compress import levers
-from fairseq_headprune.compress.choice import (RETIMED_ROUNDS, SHAPE_FIELDS, TIMED_AGAIN, candidate_order,
+from fairseq_headprune.compress.choice import (RETIMED_ROUNDS, SHAPE_FIELDS, TIMED_AGAIN, as_timed, candidate_order,
                                                ffn_variants, fisher_choice, kept_by_depth, label, lever_points,
                                                masked_nll, moved_levers, pareto_frontier, per_stack_points,
                                                pick_measured, reconstructed_nll, retime_candidates, shapes_reaching,
-                                               shape_words, with_ffn)
+                                               shape_words)
 from fairseq_headprune.compress.window_fit import WindowOptions
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.options import option
@@ -897,14 +897,12 @@ class Run:
         closed-form fits (reconstructed_nll: comparable across depths, head counts and FFN widths, where the Fisher
         estimates of different cut models are not); none measuring it, the fastest timed."""
         target = self.options.speedup
-
-        def as_timed(p: Dict) -> Dict:
-            given = self.options.shape is not None
-            return p if given or "ffn_percent" in p or p["predicted_speedup"] >= target else with_ffn(p)
-
+        if self.options.shape is not None:  # the shape given is timed as it is
+            target = 0.0
         ranked = candidate_order(scored)
-        batch = [as_timed(p) for p in ranked[:tries]]
-        fastest = as_timed(max(scored, key=lambda p: max(p["predicted_speedup"], p.get("ffn_predicted_speedup", 0))))
+        batch = [as_timed(p, target) for p in ranked[:tries]]
+        fastest = as_timed(max(scored, key=lambda p: max(p["predicted_speedup"], p.get("ffn_predicted_speedup", 0))),
+                           target)
         if fastest not in batch:
             batch.append(fastest)
         timed: List[Dict] = []
@@ -928,7 +926,8 @@ class Run:
             if not batch:
                 break
         pad = self.loaded.task.target_dictionary.pad()
-        best, confirmed = pick_measured(timed, target, lambda p: self._reconstructed_nll(p, calibration, pad))
+        best, confirmed = pick_measured(timed, self.options.speedup,
+                                        lambda p: self._reconstructed_nll(p, calibration, pad))
         self.log("choice: timed again " + ", ".join(
             f"{label(p)} {p['measured_speedup']:.2f}x" + (f" (calibration NLL after the closed-form fits "
                                                           f"{p['calibration_nll']:.4f})"
