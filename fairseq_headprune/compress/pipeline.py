@@ -750,9 +750,10 @@ class Run:
                 levers.refuse_unreachable(self.options.speedup,
                                           ({k: v for k, v in best.items() if k in fields},
                                            best["predicted_speedup"]), table, self.options.engine)
-            self.log(f"{len(reach)} per-stack shapes (at every decoder depth) reach {self.options.speedup:g}x as they "
-                     f"are or with half of every FFN (predicted): fastest {shape_words(points[0])} "
-                     f"{points[0]['predicted_speedup']:.2f}x")
+            how = ("as they are" if reach[0]["predicted_speedup"] >= self.options.speedup else
+                   "with half of every FFN, none as it is")
+            self.log(f"{len(reach)} per-stack shapes (at every decoder depth) reach {self.options.speedup:g}x {how} "
+                     f"(predicted): fastest {shape_words(points[0])} {points[0]['predicted_speedup']:.2f}x")
             return reach
         return points
 
@@ -823,10 +824,10 @@ class Run:
         depths = len({p.get("dec_layers") for p in scored})
         rule = (f"given by --shape {self.options.shape} (its heads by the Fisher estimate in the kept layers, its "
                 "layers by the calibration loss)" if self.options.shape is not None else
-                f"of the shapes predicted to reach {self.options.speedup:g}x as they are or with half of every FFN, "
-                f"{len(scored)} at {depths} decoder depth(s), the first {min(TIMED_AGAIN, len(scored))} in the "
-                "choice's order (the lowest Fisher estimate of the loss increase within a depth, removing no more "
-                "than another one first"
+                f"of the shapes predicted to reach {self.options.speedup:g}x (as they are; with half of every FFN "
+                f"when none does), {len(scored)} at {depths} decoder depth(s), the first "
+                f"{min(TIMED_AGAIN, len(scored))} in the choice's order (the lowest Fisher estimate of the loss "
+                "increase within a depth, removing no more than another one first"
                 + ("" if depths == 1 else ", the depths by the calibration NLL of their best shape")
                 + ") and the fastest timed again as crude slices (then the FFN variant of each that measured below "
                 "the target, and at a depth where every timed shape missed it, the next whose prediction scaled by "
