@@ -155,7 +155,7 @@ def test_refusals_are_one_line_before_any_work(tiny_data, stock_checkpoint, tmp_
         (("--speedup", "1.5", "--shape", "2/2:vocab=50%"), "the output layer cannot be removed yet"),
         (("--speedup", "1.5", "--shape", "8/3x4:ffn=100%"), "--shape 8/3x4:ffn=100% is the unpruned model's"),
         (("--speedup", "1.5", "--shape", "2/x"), "--shape: '2/x' is not [L x]ENC/[L x]DEC"),
-        (("--speedup", "1.5", "--shape", "2x4/2"), "compress keeps the encoder's 4 layers"),
+        (("--speedup", "1.5", "--shape", "5x4/2"), "--shape 5x4/2: the encoder keeps 1 to 4 layers, not 5"),
         (("--speedup", "1.5", "--shape", "4/9"), "--shape 4/9: the decoder keeps 1 to 4 heads per layer"),
         (("--speedup", "1.5", "--shape", "8/3x4"), "--shape 8/3x4 is the unpruned model's"),
     ]
@@ -598,6 +598,33 @@ def test_a_given_shape_narrows_the_ffns_and_the_exported_model_keeps_their_width
     card = (out / "MODEL_CARD.md").read_text()
     assert "| FFN units kept | 100% | 50% |" in card and "Every FFN keeps 50% of its hidden units" in card
     assert re.search(r"1-minute load average: this measurement [\d.]+, the choice's timing [\d.]+;", card)
+
+
+def test_a_given_shape_cuts_the_encoder_and_the_exported_model_keeps_its_depth(tiny_data, stock_checkpoint,
+                                                                              tmp_path):
+    """--shape 2x8/...: the encoder's depth cut as the decoder's is (the layers by the calibration loss, shrink
+    checked to keep the same ones, every sublayer from the first changed one refit); the checkpoint and the
+    CTranslate2 model have that depth (CTranslate2 translates as fairseq does: the export's check); the card says it."""
+    from fairseq_headprune.fairseq_io.loading import trust_fairseq_checkpoints
+    from test_surgery import reload
+
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    printed = run(compress_argv(tiny_data, stock_checkpoint, out, cache, "--beam", "1", "--shape", "2x8/3x4",
+                                target=("--speedup", "1.01"))).stdout
+    assert ("--shape 2x8/3x4: encoder 2 layers x 8 heads, decoder 4 heads per layer, predicted 1.00x, the encoder's "
+            "depth not counted (the cost table has no row for it)") in printed
+    choice = json.loads((out / "stages" / "choice" / "stage.json").read_text())["result"]
+    chosen = choice["chosen"]
+    assert chosen["enc_layers"] == 2 and len(chosen["layers_kept"]["enc"]) == 2 and "dec" not in chosen["layers_kept"]
+    trust_fairseq_checkpoints()
+    model = reload(out / "stages" / "shrink" / "model.pt", tiny_data)
+    assert len(model.encoder.layers) == 2 and len(model.decoder.layers) == 3
+    shrunk = json.loads((out / "stages" / "shrink" / "model.json").read_text())
+    assert shrunk["layers"]["kept"] == {"enc": chosen["layers_kept"]["enc"]}
+    export = json.loads((out / "stages" / "export" / "stage.json").read_text())["result"]
+    assert export["check"]["float32"]["differing"] == 0 == export["check"]["int8"]["differing"]
+    card = (out / "MODEL_CARD.md").read_text()
+    assert "| encoder layers | 4 | 2 |" in card and "The encoder keeps 2 of its 4 layers (layers " in card
 
 
 def test_the_hidden_state_term_takes_the_teacher_layers_the_shrink_reconstructed_towards(tiny_data,

@@ -18,7 +18,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 from fairseq_headprune.compress import levers
 
 
-SHAPE_FIELDS = ("enc_heads", "dec_heads", "dec_layers", "ffn_percent")  # what a point sets (the others: its scores)
+SHAPE_FIELDS = ("enc_heads", "dec_heads", "dec_layers", "ffn_percent", "enc_layers")  # what a point sets
 
 
 def per_stack_points(model) -> List[Dict[str, int]]:
@@ -234,6 +234,7 @@ def pareto_frontier(points: List[Dict]) -> List[Dict]:
 
 def label(point: Dict) -> str:
     heads = f"{point['enc_heads']}/{point['dec_heads']}"
+    heads = heads if "enc_layers" not in point else f"{heads}, encoder {point['enc_layers']} layers"
     heads = heads if "dec_layers" not in point else f"{heads}, decoder {point['dec_layers']} layers"
     return heads if "ffn_percent" not in point else f"{heads}, FFN {point['ffn_percent']:g}%"
 
@@ -242,7 +243,10 @@ def shape_words(point: Dict) -> str:
     """The shape as the verdict and the card say it: "4/2 heads per stack (encoder/decoder)", or with a depth cut
     "encoder 4 heads per layer, decoder 3 layers x 2 heads"; ", every FFN at 50% of its units" when narrowed."""
     ffn = f", every FFN at {point['ffn_percent']:g}% of its units" if "ffn_percent" in point else ""
-    if "dec_layers" not in point:
+    if "dec_layers" not in point and "enc_layers" not in point:
         return f"{point['enc_heads']}/{point['dec_heads']} heads per stack (encoder/decoder){ffn}"
-    return (f"encoder {point['enc_heads']} heads per layer, decoder {point['dec_layers']} layers x "
-            f"{point['dec_heads']} heads{ffn}")
+    enc = (f"{point['enc_layers']} layers x {point['enc_heads']} heads" if "enc_layers" in point else
+           f"{point['enc_heads']} heads per layer")
+    dec = (f"{point['dec_layers']} layers x {point['dec_heads']} heads" if "dec_layers" in point else
+           f"{point['dec_heads']} heads per layer")
+    return f"encoder {enc}, decoder {dec}{ffn}"

@@ -107,6 +107,7 @@ def ceiling_shape(model, point: Mapping[str, float]):
     return CeilingShape(int(point.get("enc_heads", sizes["enc_heads"])),
                         int(point.get("dec_heads", sizes["dec_heads"])),
                         float(point.get("ffn_percent", 100.0)), float(point.get("vocab_percent", 100.0)),
+                        enc_layers=int(point["enc_layers"]) if "enc_layers" in point else None,
                         dec_layers=layers if layers < sizes["dec_layers"] else None)
 
 

@@ -24,6 +24,7 @@ def render(record: Dict) -> str:
         "| | unpruned | compressed |", "|---|---|---|",
         f"| heads per layer, encoder / decoder | {whole['enc_heads']} / {whole['dec_heads']} | "
         f"{chosen['enc_heads']} / {chosen['dec_heads']} |",
+        f"| encoder layers | {encoder_depth(choice)} | {chosen['enc_layers']} |" if "enc_layers" in chosen else None,
         f"| decoder layers | {whole['dec_layers']} | {chosen['dec_layers']} |" if "dec_layers" in chosen else None,
         f"| FFN units kept | 100% | {chosen['ffn_percent']:g}% |" if "ffn_percent" in chosen else None,
         f"| heads in all | {shrunk['heads_total']} | {shrunk['heads_kept']} |",
@@ -45,7 +46,8 @@ def render(record: Dict) -> str:
         f"against {reported['references']}; {reported['significance']}. The machine's load moves sentences/s; the "
         "ratios much less" + load_words(measured, chosen) + ".", "",
         "## What was removed", "",
-        removed_line(chosen, whole), "",
+        removed_line(chosen, {**whole, "enc_layers": encoder_depth(choice)} if "enc_layers" in chosen else whole),
+        "",
         "## How each choice was made, and on which data", "",
         f"- The shape: {choice['chosen_by']}. Predicted {chosen['predicted_speedup']:.2f}x by the cost table below"
         + (f", {chosen['measured_speedup']:.2f}x when its slice was timed again." if "measured_speedup" in chosen
@@ -108,9 +110,12 @@ def also_line(reported: Dict) -> str:
 def removed_line(chosen: Dict, whole: Dict) -> str:
     """What the chosen shape removed: the decoder's layers (if any), then the heads of every layer kept."""
     depth = ""
+    if "enc_layers" in chosen:
+        depth = (f"The encoder keeps {chosen['enc_layers']} of its {whole['enc_layers']} layers (layers "
+                 f"{', '.join(map(str, chosen['layers_kept']['enc']))}, renumbered 1..{chosen['enc_layers']}). ")
     if "dec_layers" in chosen:
-        depth = (f"The decoder keeps {chosen['dec_layers']} of its {whole['dec_layers']} layers (layers "
-                 f"{', '.join(map(str, chosen['layers_kept']['dec']))}, renumbered 1..{chosen['dec_layers']}). ")
+        depth += (f"The decoder keeps {chosen['dec_layers']} of its {whole['dec_layers']} layers (layers "
+                  f"{', '.join(map(str, chosen['layers_kept']['dec']))}, renumbered 1..{chosen['dec_layers']}). ")
     heads = (f"({chosen['heads_removed']} heads removed: `{chosen['heads']}`)" if chosen["heads_removed"] else
              "(no head removed)")
     return (f"{depth}Every encoder layer keeps {chosen['enc_heads']} of {whole['enc_heads']} heads and every "
@@ -122,12 +127,12 @@ def removed_line(chosen: Dict, whole: Dict) -> str:
 
 
 def layers_line(choice: Dict) -> Optional[str]:
-    """How the decoder's layers were chosen, when the chosen shape cut the depth."""
-    if "dec_layers" not in choice["chosen"]:
+    """How the layers were chosen, when the chosen shape cut a stack's depth."""
+    if "dec_layers" not in choice["chosen"] and "enc_layers" not in choice["chosen"]:
         return None
-    return ("- The layers: removed one at a time, each the decoder layer whose removal left the lowest calibration "
-            "loss on the same sentences (`shrink --keep-layers --layer-selection importance`); the heads, on the "
-            "model without them.")
+    return ("- The layers: removed one at a time, each the layer whose removal left the lowest calibration loss on "
+            "the same sentences (`shrink --keep-layers --layer-selection importance`); the heads, on the model "
+            "without them.")
 
 
 def recover_line(recovered: Dict) -> str:
@@ -152,3 +157,9 @@ def load_words(measured: Dict, chosen: Dict) -> str:
                                                          ("the choice's timing", chosen.get("timing_load")))
              if value is not None]
     return f" (1-minute load average: {', '.join(parts)}; one timing alone reads about 1)" if parts else ""
+
+
+def encoder_depth(choice: Dict) -> int:
+    """The unpruned encoder's depth, from a choice that cut it: the layers kept and those its layer search removed."""
+    return choice["chosen"]["enc_layers"] + sum(step["removed"].startswith("enc:")
+                                                for step in choice["layer_order"]["steps"])

@@ -82,8 +82,8 @@ class CompressOptions:
                                                  "held-out split of valid")
     shape: Optional[str] = option(None, flag="--shape", metavar="[L x]ENC/[L x]DEC[:ffn=P%]",
                                   help="build this shape instead of choosing one (heads kept per layer of each "
-                                       "stack, the decoder's layers and the share of every FFN's units "
-                                       "optionally: 8/3, 6x8/3x3, 8/3:ffn=75%%, as deploy --ceilings); which "
+                                       "stack, each stack's layers and the share of every FFN's units "
+                                       "optionally: 8/3, 6x8/3x3, 4x8/3, 8/3:ffn=75%%, as deploy --ceilings); which "
                                        "heads, layers and units go is chosen as for the choice's own and shrink's")
     engine: str = option("ct2-int8", flag="--engine", help=f"where the model runs: {', '.join(levers.ENGINES)}")
     budget_epochs: int = option(4, flag="--budget-epochs",
@@ -218,8 +218,14 @@ class CompressOptions:
                 else f"--max-bleu-loss {self.max_bleu_loss:g}")
 
 
+def keep_layers_spec(dec_layers: Optional[int] = None, enc_layers: Optional[int] = None) -> Optional[str]:
+    """shrink's --keep-layers for a shape's depths (the choice's layer search reads the same counts)."""
+    parts = [f"{s}:{n}" for s, n in (("dec", dec_layers), ("enc", enc_layers)) if n]
+    return ",".join(parts) or None
+
+
 def shrink_options(options: CompressOptions, heads: str, dec_layers: Optional[int] = None,
-                   ffn_percent: float = 100.0):
+                   ffn_percent: float = 100.0, enc_layers: Optional[int] = None):
     """The one place compress builds shrink's options (the removed heads given: the choice made them; with a
     decoder depth, the layers shrink's importance selection keeps, the heads naming the kept layers renumbered;
     with an FFN share, the units shrink's mask Fisher keeps in every FFN, after the heads)."""
@@ -227,8 +233,8 @@ def shrink_options(options: CompressOptions, heads: str, dec_layers: Optional[in
     from fairseq_headprune.compress.shrink import ShrinkOptions
     from fairseq_headprune.compress.window_fit import WindowOptions
 
-    fitted = bool(heads or dec_layers)  # the window fit refits sublayers that lost heads or inputs: none without
-    return ShrinkOptions(heads=heads or None, keep_layers=f"dec:{dec_layers}" if dec_layers else None,
+    fitted = bool(heads or dec_layers or enc_layers)  # the window fit refits sublayers that lost heads or inputs
+    return ShrinkOptions(heads=heads or None, keep_layers=keep_layers_spec(dec_layers, enc_layers),
                          layer_selection="importance", ffn_keep=ffn_percent,
                          calibration_subset=options.calibration_subset,
                          calibration_sentences=options.calibration_sentences, check_sentences=options.check_sentences,
@@ -731,14 +737,16 @@ class Run:
             given = self.shape_point()
             point, note = next((dict(p) for p in points if {k: v for k, v in p.items() if k in SHAPE_FIELDS} == given),
                                None), ""
-            if point is None:  # an FFN share the table did not measure
-                point = dict(given)
+            if point is None:  # an FFN share the table did not measure, or the encoder's depth (no row)
+                point, priced = dict(given), {k: v for k, v in given.items() if k != "enc_layers"}
+                if "enc_layers" in given:
+                    note = ", the encoder's depth not counted (the cost table has no row for it)"
                 try:
-                    point["predicted_speedup"] = round(levers.predict(table, given), 4)
+                    point["predicted_speedup"] = round(levers.predict(table, priced), 4)
                 except ValueError:  # below the table's FFN rows: the FFN's share left out of the prediction
-                    note = ", the FFN's share not counted (below the cost table's rows)"
+                    note += ", the FFN's share not counted (below the cost table's rows)"
                     point["predicted_speedup"] = round(levers.predict(
-                        table, {k: v for k, v in given.items() if k != "ffn_percent"}), 4)
+                        table, {k: v for k, v in priced.items() if k != "ffn_percent"}), 4)
             self.log(f"--shape {self.options.shape}: {shape_words(point)}, predicted "
                      f"{point['predicted_speedup']:.2f}x{note} (the target {self.options.speedup:g}x)")
             return [point]
@@ -758,17 +766,16 @@ class Run:
         return points
 
     def shape_point(self) -> Dict[str, int]:
-        """--shape as a choice point {enc_heads, dec_heads[, dec_layers][, ffn_percent]}, or one line where this
-        model cannot take it (the encoder's depth cut, a stack's heads or layers out of range, nothing removed)."""
+        """--shape as a choice point {enc_heads, dec_heads[, dec_layers][, ffn_percent][, enc_layers]}, or one line
+        where this model cannot take it (a stack's heads or layers out of range, nothing removed)."""
         shape, model = self.options.given_shape(), self.loaded.model
         shape.check(model, "--shape")
         whole = levers.stack_sizes(model)
-        if shape.enc_layers not in (None, len(model.encoder.layers)):
-            raise UserError(f"--shape {self.options.shape}: compress keeps the encoder's {len(model.encoder.layers)} "
-                            "layers (shrink --keep-layers enc:M cuts them)")
         point = {"enc_heads": shape.enc_heads, "dec_heads": shape.dec_heads}
         if shape.dec_layers not in (None, whole["dec_layers"]):
             point["dec_layers"] = shape.dec_layers
+        if shape.enc_layers not in (None, len(model.encoder.layers)):
+            point["enc_layers"] = shape.enc_layers
         if shape.ffn_percent < 100:
             point["ffn_percent"] = shape.ffn_percent
         if point == {"enc_heads": whole["enc_heads"], "dec_heads": whole["dec_heads"]}:
@@ -862,22 +869,29 @@ class Run:
         for p in points:
             groups.setdefault(p.get("dec_layers", full), []).append(p)
         order, kept = None, {}
-        if min(groups) < full:
+        enc = {p["enc_layers"] for p in points if "enc_layers" in p}  # --shape only: one shape
+        if enc:
+            counts = layers.parse_keep_layers(keep_layers_spec(min(groups) if min(groups) < full else None, *enc))
+            chosen = layers.select_by_loss(model, counts,
+                                           lambda m: layers.calibration_loss(m, calibration.samples, pad), self.log)
+            order, kept = chosen.as_json(), {min(groups): {s: list(v) for s, v in chosen.kept.items()}}
+        elif min(groups) < full:
             chosen = layers.select_by_loss(model, {"dec": min(groups)},
                                            lambda m: layers.calibration_loss(m, calibration.samples, pad), self.log)
             order = chosen.as_json()
-            kept = kept_by_depth(chosen.steps, full, [d for d in groups if d < full])
+            kept = {d: {"dec": v} for d, v in kept_by_depth(chosen.steps, full, [d for d in groups if d < full]
+                                                            ).items()}
         scored = []
         for depth in sorted(groups, reverse=True):
-            cut = model if depth == full else layers.remove_layers(copy.deepcopy(model), {"dec": kept[depth]})
+            cut = layers.remove_layers(copy.deepcopy(model), kept[depth]) if depth in kept else model
             removes = any(p["enc_heads"] < whole["enc_heads"] or p["dec_heads"] < whole["dec_heads"]
                           for p in groups[depth])
-            own = grads if depth == full else (select.sentence_gradients(cut, calibration.samples, pad)
-                                               if removes else {})
+            own = grads if cut is model else (select.sentence_gradients(cut, calibration.samples, pad)
+                                              if removes else {})
             out = fisher_choice(cut, own, groups[depth])
-            if depth < full:
+            if depth in kept:
                 for p in out:
-                    p["layers_kept"] = {"dec": kept[depth]}
+                    p["layers_kept"] = kept[depth]
             if len(groups) > 1:
                 best = candidate_order(out)[0]
                 nll = masked_nll(cut, best["heads"], calibration.samples, pad)
@@ -940,7 +954,8 @@ class Run:
         from fairseq_headprune.compress.window_fit import WindowOptions
 
         options = with_fit(shrink_options(self.options, point["heads"], point.get("dec_layers"),
-                                          point.get("ffn_percent", 100.0)), window=WindowOptions(steps=0))
+                                          point.get("ffn_percent", 100.0), point.get("enc_layers")),
+                           window=WindowOptions(steps=0))
         return reconstructed_nll(self.loaded.model, point, calibration, options, pad)
 
     def _choice_by_bleu(self, folder: str, scored: List[Dict], provenance: Dict) -> Dict:
@@ -1043,13 +1058,14 @@ class Run:
 
     def _shrink_heads(self, folder: str, heads: str, layers_kept: Optional[Dict] = None,
                       ffn_percent: float = 100.0) -> Dict:
-        """shrink with these heads removed (and these decoder layers kept: shrink's importance selection, checked
-        to keep the very layers the choice recorded, the heads naming them renumbered 1..N; and every FFN at this
-        share of its units)."""
+        """shrink with these heads removed (and these layers kept: shrink's importance selection, checked to keep
+        the very layers the choice recorded, the heads naming them renumbered 1..N; and every FFN at this share of
+        its units)."""
         from fairseq_headprune.compress.shrink import shrink, write_checkpoint
         from fairseq_headprune.core.masking import set_head_masks
 
-        opts = shrink_options(self.options, heads, len(layers_kept["dec"]) if layers_kept else None, ffn_percent)
+        kept = {s: len(v) for s, v in (layers_kept or {}).items()}
+        opts = shrink_options(self.options, heads, kept.get("dec"), ffn_percent, kept.get("enc"))
         path = os.path.join(folder, "model.pt")
         with max_tokens(self.loaded, self.options.calibration_max_tokens), \
                 open(os.path.join(folder, "shrink.log"), "a", encoding="utf-8") as log_file:
@@ -1059,8 +1075,8 @@ class Run:
 
             result, calibration = shrink(self.loaded, opts, log)
             if layers_kept and {s: list(v) for s, v in result.layers.kept.items()} != layers_kept:
-                raise RuntimeError(f"shrink kept decoder layers {list(result.layers.kept['dec'])}, the choice "
-                                   f"{layers_kept['dec']}: the layer selection differs on the same sentences")
+                raise RuntimeError(f"shrink kept the layers {dict(result.layers.kept)}, the choice {layers_kept}: "
+                                   "the layer selection differs on the same sentences")
             record = write_checkpoint(self.loaded, result, calibration, opts, path, os.path.join(folder, "model.json"),
                                       log)
         set_head_masks(self.loaded.model, [])
