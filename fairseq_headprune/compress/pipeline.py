@@ -838,9 +838,9 @@ class Run:
                 + ("" if depths == 1 else ", the depths by the calibration NLL of their best shape")
                 + ") and the fastest timed again as crude slices (then the FFN variant of each that measured below "
                 "the target, and at a depth where every timed shape missed it, the next whose prediction scaled by "
-                "the depth's measured/predicted ratio reaches it); of those that measured the target, the lowest "
-                "calibration NLL after shrink's closed-form fits (layers removed, heads masked, FFN units removed, "
-                "every changed sublayer refit; no window fit)")
+                "the depth's measured/predicted ratio reaches it); of those that measured the target (clearing it "
+                "by 3% when any does), the lowest calibration NLL after shrink's closed-form fits (layers removed, "
+                "heads masked, FFN units removed, every changed sublayer refit; no window fit)")
         self.log(f"choice: {shape_words(best)}, {best['measured_speedup']:.2f}x measured (predicted "
                  f"{best['predicted_speedup']:.2f}x): {rule}"
                  + ("" if confirmed else "; it measured below the target" if self.options.shape is not None
