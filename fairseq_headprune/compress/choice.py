@@ -18,7 +18,8 @@ from typing import Callable, Dict, List, Optional, Tuple
 from fairseq_headprune.compress import levers
 
 
-SHAPE_FIELDS = ("enc_heads", "dec_heads", "dec_layers", "ffn_percent", "enc_layers")  # what a point sets
+HEADS_AND_DEPTH = ("enc_heads", "dec_heads", "dec_layers")  # what the choice ranks (the FFN share: timed after)
+SHAPE_FIELDS = HEADS_AND_DEPTH + ("ffn_percent", "enc_layers")  # what a point sets (the others: its scores)
 
 
 def per_stack_points(model) -> List[Dict[str, int]]:
@@ -58,7 +59,7 @@ def shapes_reaching(points: List[Dict], target: float) -> List[Dict]:
     heads: a shape's variant is timed (ffn_variants) and compared by its NLL after shrink's fits
     (reconstructed_nll)."""
     def shape(p):
-        return tuple(p.get(f) for f in SHAPE_FIELDS[:3])
+        return tuple(p.get(f) for f in HEADS_AND_DEPTH)
 
     ffn = {shape(p): p["predicted_speedup"] for p in points if "ffn_percent" in p}
     whole = {shape(p): p for p in points if "ffn_percent" not in p}
@@ -67,7 +68,7 @@ def shapes_reaching(points: List[Dict], target: float) -> List[Dict]:
     if as_they_are:
         return as_they_are
     for key in ffn:
-        whole.setdefault(key, {f: v for f, v in zip(SHAPE_FIELDS[:3], key) if v is not None} |
+        whole.setdefault(key, {f: v for f, v in zip(HEADS_AND_DEPTH, key) if v is not None} |
                          {"predicted_speedup": 1.0})
     return [{**p, "ffn_predicted_speedup": ffn[key]} for key, p in whole.items()
             if key in ffn and ffn[key] >= target]
