@@ -150,6 +150,10 @@ def test_refusals_are_one_line_before_any_work(tiny_data, stock_checkpoint, tmp_
         (("--speedup", "1.5", "--also-report", "train"), "that is the recovery's training set"),
         (("--speedup", "1.5", "--also-report", "a,b", "--also-references", "x"), "1 file(s) for 2"),
         (("--speedup", "1.5", "--distill-hidden-weight", "-1"), "--distill-hidden-weight must be at least 0"),
+        (("--speedup", "1.5", "--distill", "kl"), "--distill must be one of logits, sequences, both, none, not kl"),
+        (("--speedup", "1.5", "--budget-epochs", "0", "--distill", "both"), "--distill both: --budget-epochs 0"),
+        (("--speedup", "1.5", "--distill", "sequences", "--distill-hidden-weight", "0.2"),
+         "--distill sequences compares no states with the teacher"),
         (("--speedup", "1.5", "--recover-args", "--distill-weight 0.5"), "--distill-weight is set by recover itself"),
         (("--max-bleu-loss", "0.3", "--shape", "2/2"), "--shape gives the shape --max-bleu-loss would choose"),
         (("--speedup", "1.5", "--shape", "2/2:vocab=50%"), "the output layer cannot be removed yet"),
@@ -580,6 +584,27 @@ def test_a_given_shape_is_built_in_place_of_the_choice(tiny_data, stock_checkpoi
     counts = {t: {len(ids) for (tt, _), ids in HeadLayout.of(model).heads.items() if tt == t}
               for t in ("enc-self", "enc-dec", "dec-self")}
     assert counts == {"enc-self": {3}, "enc-dec": {1}, "dec-self": {1}}
+
+
+def test_the_recovery_distills_on_the_teachers_translations_with_distill_both(tiny_data, stock_checkpoint,
+                                                                                 tmp_path):
+    """compress --distill both: the recovery trains on the teacher's beam translations of train (decoded once,
+    cached beside the data), with the KL term; the stage's identity holds the signal, so --distill logits on the
+    same folder recovers again (the shrink kept); the card names the signal."""
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    args = ("--beam", "1", "--shape", "3/2x1", "--distill", "both")
+    printed = run(compress_argv(tiny_data, stock_checkpoint, out, cache, *args, target=("--speedup", "1.2"))).stdout
+    recovered = json.loads((out / "compress.json").read_text())["stages"]["recover"]
+    assert recovered["distill"] == "both" and "translations" in printed
+    run_record = json.loads((out / "stages" / "recover" / "model.json").read_text())
+    assert run_record["distill"] == "both" and run_record["criterion"] == "label_smoothed_cross_entropy_distill"
+    teacher_data = [p for p in tiny_data.parent.glob(tiny_data.name + ".teacher-*") if p.is_dir()]
+    assert teacher_data and os.path.realpath(run_record["data"]) == os.path.realpath(tiny_data)
+    assert "on its own beam translations of it (`--distill both`)" in (out / "MODEL_CARD.md").read_text()
+    again = run(compress_argv(tiny_data, stock_checkpoint, out, cache, "--beam", "1", "--shape", "3/2x1",
+                              "--stop-after", "recover", target=("--speedup", "1.2"))).stdout
+    assert stage_names(again, "cached") == ["cost-table", "choice", "shrink"] and "recover: done" in again
+    assert json.loads((out / "stages" / "recover" / "model.json").read_text())["distill"] == "logits"
 
 
 def test_a_given_shape_narrows_the_ffns_and_the_exported_model_keeps_their_width(tiny_data, stock_checkpoint,

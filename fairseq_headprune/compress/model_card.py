@@ -141,7 +141,11 @@ def recover_line(recovered: Dict) -> str:
     hidden = recovered.get("distill_hidden")
     term = (f" and a hidden-state term (β {hidden['weight']:g}; teacher decoder layers {hidden['teacher_layers']})"
             if hidden else "")
-    return (f"- The recovery: fairseq-train on 'train', distillation from the unpruned model{term}, early stopping "
+    signal = {"logits": "distillation from the unpruned model",  # records before --distill: logits
+              "sequences": "the unpruned model's beam translations of it as targets (sequence-level distillation)",
+              "both": "distillation from the unpruned model on its own beam translations of it (`--distill both`)",
+              "none": "the references alone (no distillation)"}[recovered.get("distill") or "logits"]
+    return (f"- The recovery: fairseq-train on 'train', {signal}{term}, early stopping "
             f"on 'valid' (best valid loss at {recovered['updates_at_best']} of {recovered['updates']} updates, "
             f"budget {recovered['budget_epochs']} epochs).")
 

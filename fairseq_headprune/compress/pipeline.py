@@ -120,6 +120,10 @@ class CompressOptions:
                                  help="a cost-table row's time saving counts when its slice was faster in "
                                       "significantly more batches than not: sign test p below this (1: every "
                                       "measured saving counts)")
+    distill: str = option("logits", flag="--distill", metavar="logits|sequences|both|none",
+                          help="the recovery's signal (recover --distill): the teacher's token distributions on "
+                               "the references; its beam translations of train as targets (Kim & Rush 2016, "
+                               "decoded once and cached); both (the distributions on those translations); none")
     distill_hidden_weight: float = option(0.0, flag="--distill-hidden-weight",
                                           help="β of the recovery's hidden-state term: each kept decoder layer's "
                                                "output pulled towards the teacher layer the shrink reconstructed it "
@@ -164,6 +168,15 @@ class CompressOptions:
             raise UserError(f"--window-lr must be above 0, not {self.window_lr:g}")
         if not self.window_steps and self.window_lr != CompressOptions.window_lr:
             raise UserError("--window-lr sets the window fit's learning rate: it needs --window-steps N (above 0)")
+        from fairseq_headprune.compress.recover import DISTILL
+
+        if self.distill not in DISTILL:
+            raise UserError(f"--distill must be one of {', '.join(DISTILL)}, not {self.distill}")
+        if self.budget_epochs == 0 and self.distill != "logits":
+            raise UserError(f"--distill {self.distill}: --budget-epochs 0 runs no recovery")
+        if self.distill_hidden_weight and self.distill in ("sequences", "none"):
+            raise UserError(f"--distill-hidden-weight: --distill {self.distill} compares no states with the teacher "
+                            "(logits or both do)")
         if self.budget_epochs == 0 and self.recover_args:
             raise UserError("--recover-args: --budget-epochs 0 runs no recovery")
         if self.distill_hidden_weight < 0:
@@ -466,6 +479,8 @@ def estimates(loaded, options: CompressOptions, rates: Dict[str, float], rows: i
     out["shrink"] = shrink
     out["recover"] = options.budget_epochs * (train_tok / rates["train_tok_s"] + train_tok / rates["forward_tok_s"]
                                               + valid_tok / rates["forward_tok_s"])
+    if options.distill in ("sequences", "both"):  # the teacher's translations of train (cached: once per teacher)
+        out["recover"] += train_n / rates["fairseq_sent_s"]
     out["export"] = (2 * options.check_sentences / rates["fairseq_sent_s"] + 2 * rates["export_s"]
                      if options.engine != "fairseq" else 0.0)
     out["measure"] = 2 * (2 * options.runs + 2) * timing_n / engine + rates["export_s"]
@@ -690,6 +705,11 @@ class Run:
         argv = recover.training_argv(self.loaded.cfg.task.data, self.loaded.checkpoint, options,
                                      self.loaded.cfg.task._name, arch or "transformer")
         recover.fairseq_train_cfg(argv, self.loaded.saved_cfg, options)
+        if options.distill in ("sequences", "both"):  # what recover would refuse after the choice and the shrink
+            recover.refuse_teacher_decoding(options.distill, recover.saved_task_name(self.loaded.saved_cfg))
+            from fairseq_headprune.compress.sequence_targets import language_pair
+
+            language_pair(self.loaded.cfg.task.data, options.train_subset)
 
     def _cached_stages(self, table_identity: Dict) -> set:
         """The stages a rerun will find done: the cost table by its identity (here or in the cache); each later one
@@ -912,14 +932,14 @@ class Run:
         closed-form fits (reconstructed_nll: comparable across depths, head counts and FFN widths, where the Fisher
         estimates of different cut models are not); none measuring it, the fastest timed."""
         target = self.options.speedup
-        if self.options.shape is not None:  # the shape given is timed as it is
-            target = 0.0
-        ranked = candidate_order(scored)
-        batch = [as_timed(p, target) for p in ranked[:tries]]
-        fastest = as_timed(max(scored, key=lambda p: max(p["predicted_speedup"], p.get("ffn_predicted_speedup", 0))),
-                           target)
-        if fastest not in batch:
-            batch.append(fastest)
+        if self.options.shape is not None:  # the shape given, timed as it is
+            batch = list(scored)
+        else:
+            batch = [as_timed(p, target) for p in candidate_order(scored)[:tries]]
+            fastest = as_timed(max(scored, key=lambda p: max(p["predicted_speedup"],
+                                                             p.get("ffn_predicted_speedup", 0))), target)
+            if fastest not in batch:
+                batch.append(fastest)
         timed: List[Dict] = []
         for _ in range(1 + RETIMED_ROUNDS):
             shapes = {label(p): levers.ceiling_shape(self.loaded.model, p) for p in batch}
@@ -1097,6 +1117,8 @@ class Run:
                "recover_args": list(o.recover_args)}
         if o.distill_hidden_weight:  # (absent when off: the records of runs before the option still resume)
             key["distill_hidden_weight"] = o.distill_hidden_weight
+        if o.distill != "logits":  # (likewise)
+            key["distill"] = o.distill
         record = self.store.record("recover")
         if record and record["identity"].get("run") == key and record["result"]["budget_epochs"] > o.budget_epochs:
             raise UserError(f"{self.store.folder('recover')} holds a recovery of {record['result']['budget_epochs']} "
@@ -1114,6 +1136,7 @@ class Run:
         languages = ["-s", cfg.task.source_lang, "-t", cfg.task.target_lang] if cfg.task.get("source_lang") else []
         hidden_map = ((layers or {}).get("teacher_outputs") or {}).get("dec")
         return RecoverOptions(teacher=self.loaded.checkpoint, out=out, epochs=self.options.budget_epochs,
+                              distill=self.options.distill,
                               distill_hidden_weight=self.options.distill_hidden_weight,
                               distill_hidden_layers=",".join(map(str, hidden_map)) if hidden_map and
                               self.options.distill_hidden_weight else "",
@@ -1137,7 +1160,7 @@ class Run:
         return {"checkpoint": out, "checkpoint_sha256": file_sha256(out), "budget_epochs": o.budget_epochs,
                 "recovered": True, "updates": record["updates"], "updates_at_best": record["updates_at_best"],
                 "epochs": record["epochs"], "best_checkpoint": record["best_checkpoint"],
-                "peak_rss_gib": record["peak_rss_gib"],
+                "peak_rss_gib": record["peak_rss_gib"], "distill": options.distill,
                 "distill_hidden": {"weight": options.distill_hidden_weight,
                                    "teacher_layers": options.distill_hidden_layers or "one to one"}
                 if options.distill_hidden_weight else None}

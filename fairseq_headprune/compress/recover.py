@@ -200,6 +200,14 @@ def saved_task_name(student_cfg) -> str:
     return task.get("_name") or task.get("task") or "translation"
 
 
+def refuse_teacher_decoding(distill: str, task_name: str) -> None:
+    """`sequences` and `both` decode the teacher under the translation task: another task's language tokens would
+    be dropped."""
+    if distill in ("sequences", "both") and task_name not in ("translation", "translation_headprune"):
+        raise UserError(f"--distill {distill} decodes the teacher under the translation task, which would drop "
+                        f"{task_name}'s language tokens: use --distill logits or none")
+
+
 def _set(section, key, value) -> None:
     if isinstance(section, argparse.Namespace):
         setattr(section, key, value)
@@ -456,9 +464,7 @@ def recover(data: str, student: str, options: RecoverOptions, log=print) -> dict
         if not glob.glob(os.path.join(data.split(os.pathsep)[0], subset + ".*")):
             raise UserError(f"no '{subset}' subset in {data}")
     task_name = saved_task_name(student_cfg)
-    if options.distill in ("sequences", "both") and task_name not in ("translation", "translation_headprune"):
-        raise UserError(f"--distill {options.distill} decodes the teacher under the translation task, which would "
-                        f"drop {task_name}'s language tokens: use --distill logits or none")
+    refuse_teacher_decoding(options.distill, task_name)
     cfg = fairseq_train_cfg(training_argv(data, student, options, task_name, arch), student_cfg, options)
     preflight(cfg, data, student_state["model"], options)
     del student_state

@@ -19,7 +19,8 @@ from fairseq_headprune.errors import UserError
 from fairseq_headprune.records.identity import file_sha256
 
 
-def _pair_files(data: str, subset: str):
+def language_pair(data: str, subset: str):
+    """(source, target) of single-pair translation data; refused in one line otherwise."""
     found = glob.glob(os.path.join(data, f"{subset}.*-*.*.idx"))
     pairs = sorted({os.path.basename(p).split(".")[1] for p in found})
     if len(pairs) != 1:
@@ -30,7 +31,7 @@ def _pair_files(data: str, subset: str):
 
 
 def cache_key(teacher: str, data: str, subset: str, beam: int, max_len_a: float, max_len_b: int) -> str:
-    src, tgt = _pair_files(data, subset)
+    src, tgt = language_pair(data, subset)
     parts = [file_sha256(teacher)] + [file_sha256(p) for p in sorted(glob.glob(os.path.join(
         data, f"{subset}.{src}-{tgt}.{src}.*")))] + [file_sha256(os.path.join(data, f"dict.{tgt}.txt")),
                                                     f"beam={beam} a={max_len_a} b={max_len_b}"]
@@ -53,7 +54,7 @@ def _read_done(path: str) -> Dict[int, List[int]]:
 def teacher_targets_data(data: str, options, log=print) -> str:
     """The data folder whose training targets are the teacher's translations (built or resumed); its path."""
     subset = options.train_subset
-    src, tgt = _pair_files(data, subset)
+    src, tgt = language_pair(data, subset)
     key = cache_key(options.teacher, data, subset, options.sequence_beam, options.sequence_max_len_a,
                     options.sequence_max_len_b)
     folder = os.path.join(os.path.dirname(os.path.abspath(data.rstrip("/"))),
