@@ -7,6 +7,9 @@
 # first epoch best on valid).
 #
 # usage: recipes/compress_en_fr.sh [WORK] [TARGET]   (work/compress-en-fr, "--speedup 1.5"). Resumable.
+# TARGET "control": the control instead, the unpruned model through compress's recovery (its defaults, 2 epochs,
+# every epoch kept) on the same data, scored as compress scores (benchmarks/engine_bleu.py) into
+# results/compress-en-fr/control-bleu.json (about 50 CPU minutes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work=${1:-work/compress-en-fr} target=${2:---speedup 1.5}
@@ -24,10 +27,20 @@ for split in train test mtnt valid; do
   [ -f "$bin/$split.en-fr.en.idx" ] || bash data_prep/encode-for-model.sh "$model" en fr "$work/raw/$split" "$bin" \
     "$split" $([ $split = valid ] && echo --tokenized) > "$work/encode-$split.log" 2>&1
 done
+dec=(-s en -t fr --beam 5 --batch-size 64 --max-len-a 1.5 --max-len-b 10 --tokenizer moses --bpe subword_nmt
+     --bpe-codes "$model/code")
+if [ "$target" = control ]; then
+  run=$work/control/run && mkdir -p "$work/control"
+  [ -f "$run/checkpoint2.pt" ] || fairseq-headprune recover "$bin" --path "$model/model.pt" --teacher "$model/model.pt" \
+    --out "$work/control/ctl.pt" --force --epochs 2 --work-dir "$run" -s en -t fr >> "$work/control.log" 2>&1
+  python benchmarks/engine_bleu.py "$bin" --path "$model/model.pt" --other "ctl-e1=$run/checkpoint1.pt" \
+    --other "ctl-e2=$run/checkpoint2.pt" --subsets "test=$bin/test.raw.fr,mtnt=$bin/mtnt.raw.fr" --engine ct2-int8 \
+    --out results/compress-en-fr/control-bleu.json "${dec[@]}" 2>&1 | tee -a "$work/control.log"
+  exit 0
+fi
 name=$(echo "$target" | tr -d ' %-' | tr ./ _- | tr := --)
 # shellcheck disable=SC2086
 fairseq-headprune compress "$bin" --path "$model/model.pt" -s en -t fr --out "$work/en-fr-$name" $target --engine ct2-int8 \
   --budget-epochs 2 --gen-subset test --references "$bin/test.raw.fr" --also-report mtnt \
-  --also-references "$bin/mtnt.raw.fr" --beam 5 --batch-size 64 --max-len-a 1.5 --max-len-b 10 \
-  --tokenizer moses --bpe subword_nmt --bpe-codes "$model/code" ${STOP:+--stop-after $STOP} \
+  --also-references "$bin/mtnt.raw.fr" "${dec[@]:4}" ${STOP:+--stop-after $STOP} \
   2>&1 | tee -a "$work/en-fr-$name.log"
