@@ -322,16 +322,17 @@ def deploy_frontier(rows: Sequence[Dict], path: str, speed_key: str = "x_unprune
 def compress_frontier(found: Sequence[Dict], sets: Sequence[str], controls: Dict[str, Dict[str, float]],
                       path: str) -> str:
     """ΔBLEU against speed of compress runs (studies.frontier rows), one panel per reported set: squares cut the
-    decoder's depth, marker size grows with the recovery epochs, open markers used the hidden-state term; the
-    controls as gray dashes at 1.0x; -0.5 dashed."""
+    decoder's depth, marker size grows with the recovery epochs, open markers used the hidden-state term, orange
+    ones another --distill than logits; the controls as gray dashes at 1.0x; -0.5 dashed."""
     fig, axes = plt.subplots(1, len(sets), figsize=(5.6 * len(sets), 4.6), squeeze=False)
     for ax, s in zip(axes[0], sets):
         for r in found:
             if s not in r["sets"]:
                 continue
             marker = "s" if "layers" in r["shape"] else "o"
-            ax.scatter(r["speed"], r["sets"][s][0], marker=marker, s=20 + 8 * r["epochs"],
-                       facecolors="none" if r["hidden"] else None, edgecolors="C0")
+            color = "C0" if r.get("distill", "logits") == "logits" else "C1"
+            ax.scatter(r["speed"], r["sets"][s][0], marker=marker, s=20 + 8 * r["epochs"], color=color,
+                       facecolors="none" if r["hidden"] else color, edgecolors=color)
             ax.annotate(f"{r['run']} ({r['epochs']} ep.)", (r["speed"], r["sets"][s][0]), fontsize=6,
                         xytext=(3, 3), textcoords="offset points")
         for name, deltas in controls.items():

@@ -7,10 +7,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def record(chosen, epochs, speed, test, also, shape=None, hidden=None):
+def record(chosen, epochs, speed, test, also, shape=None, hidden=None, distill=None):
+    recover = {"budget_epochs": epochs, "distill_hidden": {"weight": hidden} if hidden else None}
     return {"options": {"shape": shape}, "stages": {
         "choice": {"chosen": chosen},
-        "recover": {"budget_epochs": epochs, "distill_hidden": {"weight": hidden} if hidden else None},
+        "recover": {**recover, "distill": distill} if distill else recover,  # (records before --distill: none)
         "measure": {"speedup_equal_work": speed, "flop_ratio": speed * 0.9},
         "report": {"subset": "test", "bleu_delta": test[0], "p": test[1],
                    "also": [{"subset": "second", "bleu_delta": also[0], "p": also[1]}]}}}
@@ -19,7 +20,9 @@ def record(chosen, epochs, speed, test, also, shape=None, hidden=None):
 def test_frontier_tables_every_run_by_speed_with_its_sets(tmp_path):
     runs = {"fast": record({"enc_heads": 8, "dec_heads": 3, "dec_layers": 4}, 8, 2.05, (-0.73, 0.025), (-0.28, 0.288),
                            hidden=0.2),
-            "slow": record({"enc_heads": 8, "dec_heads": 7}, 4, 1.07, (0.13, 0.313), (0.24, 0.338), shape="8/7")}
+            "slow": record({"enc_heads": 8, "dec_heads": 7}, 4, 1.07, (0.13, 0.313), (0.24, 0.338), shape="8/7"),
+            "seq": record({"enc_heads": 8, "dec_heads": 3, "dec_layers": 4}, 8, 2.02, (-0.5, 0.1), (-0.2, 0.3),
+                          shape="8/4x3", distill="both")}
     for name, rec in runs.items():
         (tmp_path / name).mkdir()
         (tmp_path / name / "compress.json").write_text(json.dumps(rec))
@@ -32,6 +35,8 @@ def test_frontier_tables_every_run_by_speed_with_its_sets(tmp_path):
     assert rows[0].endswith("| +0.13 (0.313) | +0.24 (0.338) |")
     assert "decoder 4 layers x 3 heads (hidden-state term β 0.2) | 8 | 2.05x | 1.84 | -0.73 (0.025) | -0.28 (0.288)" \
         in rows[1]
+    assert "| seq | encoder 8 heads per layer, decoder 4 layers x 3 heads (given by --shape) (--distill both) | 8 |" \
+        in text
     assert (tmp_path / "frontier.png").stat().st_size > 1000
     empty = tmp_path / "none"
     empty.mkdir()

@@ -18,7 +18,8 @@ RECORD = "compress.json"
 CONTROL = "control-bleu.json"
 TEXT = ("From each run's compress.json; speeds from different runs and loads (read to about +-0.1); ΔBLEU against "
         "the unpruned model in the same engine, with its p.")
-LEGEND = ("Squares: the decoder's depth cut; marker size: recovery epochs; open markers: the hidden-state term; gray "
+LEGEND = ("Squares: the decoder's depth cut; marker size: recovery epochs; open markers: the hidden-state term; "
+          "orange: a recovery signal other than the KL on the references (--distill); gray "
           "dashes at 1.0x: the control (the unpruned model through the same recovery), where there is one; dashed "
           "line: -0.5.")
 
@@ -34,6 +35,7 @@ def row(name: str, record: Dict) -> Dict:
             "teacher_sha256": (stages.get("cost-table", {}).get("identity") or {}).get("model_sha256"),
             "epochs": stages["recover"].get("budget_epochs", 0), "given": bool(record["options"].get("shape")),
             "hidden": (stages["recover"].get("distill_hidden") or {}).get("weight"),
+            "distill": stages["recover"].get("distill") or "logits",  # (records before --distill: logits)
             "speed": stages["measure"]["speedup_equal_work"], "flops": stages["measure"]["flop_ratio"],
             "sets": {s: (r["bleu_delta"], r["p"]) for s, r in sets.items()},
             "significance": report.get("significance", "not recorded")}
@@ -81,6 +83,7 @@ def cells(found: List[Dict], sets: List[str]) -> List[List[str]]:
     for r in found:
         extra = " (given by --shape)" if r["given"] else ""
         extra += f" (hidden-state term β {r['hidden']:g})" if r["hidden"] else ""
+        extra += f" (--distill {r['distill']})" if r["distill"] != "logits" else ""
         out.append([r["run"], r["shape"] + extra, str(r["epochs"]), f"{r['speed']:.2f}x", f"{r['flops']:.2f}"]
                    + [f"{r['sets'][s][0]:+.2f} ({r['sets'][s][1]:.3f})" if s in r["sets"] else "" for s in sets])
     return out
