@@ -237,3 +237,16 @@ def test_shrink_then_recover_in_one_call(stock_checkpoint, tiny_data, tmp_path):
     assert record["student_sha256"] == file_sha256(tmp_path / "small.shrunk.pt")
     assert record["teacher_sha256"] == shrunk["source_sha256"] == file_sha256(stock_checkpoint)
     assert [e["epoch"] for e in record["epochs"]] == [1]
+
+
+def test_the_epoch_of_a_checkpoint_saved_at_an_epoch_end_is_that_epoch():
+    """fairseq's iterator state saved at the end of epoch 1 names epoch 2 with no iterations in it (found in the
+    En-Fr control's record: best at 520 updates, "epoch 2", of 520 updates an epoch); a mid-epoch save names its own."""
+    from fairseq_headprune.compress.recover import checkpoint_epoch
+
+    def state(epoch, iterations):
+        return {"extra_state": {"train_iterator": {"version": 2, "epoch": epoch, "iterations_in_epoch": iterations}}}
+
+    assert checkpoint_epoch(state(2, 0)) == 1 and checkpoint_epoch(state(3, 0)) == 2
+    assert checkpoint_epoch(state(2, 17)) == 2 and checkpoint_epoch(state(1, 0)) == 1
+    assert checkpoint_epoch({"extra_state": {}}) is None and checkpoint_epoch({}) is None

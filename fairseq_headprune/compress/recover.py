@@ -622,8 +622,13 @@ def last_valid_loss(state: dict):
 
 
 def checkpoint_epoch(state: dict):
-    """The epoch a fairseq checkpoint was saved in (its train iterator's; None when it has none)."""
-    return ((state.get("extra_state") or {}).get("train_iterator") or {}).get("epoch")
+    """The epoch a fairseq checkpoint was saved in (None when it has no train iterator state). fairseq's iterator
+    saved at the end of an epoch names the next one, with no iterations in it (EpochBatchIterator.state_dict)."""
+    iterator = (state.get("extra_state") or {}).get("train_iterator") or {}
+    if iterator.get("epoch") is None:
+        return None
+    return iterator["epoch"] - 1 if iterator.get("iterations_in_epoch") == 0 and iterator["epoch"] > 1 \
+        else iterator["epoch"]
 
 
 def epoch_history(work_dir: str) -> List[dict]:
