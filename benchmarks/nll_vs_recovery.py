@@ -105,7 +105,7 @@ def main(argv) -> int:
     pad = loaded.task.target_dictionary.pad()
     rows = []
     for name, chosen, losses in distinct_runs(args.runs):
-        nll = run._reconstructed_nll(chosen, calibration, pad)
+        nll = run.nll_after_fits(chosen, calibration, pad)
         rows.append({"run": name, "shape": shape_words(chosen), "reconstructed_nll": nll, "valid_loss": losses})
         print(f"{name}: {rows[-1]['shape']}: NLL after the fits {nll:.4f}; valid loss {losses}", flush=True)
     correlations = rank_correlations(rows)

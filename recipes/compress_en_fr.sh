@@ -27,20 +27,19 @@ for split in train test mtnt valid; do
   [ -f "$bin/$split.en-fr.en.idx" ] || bash data_prep/encode-for-model.sh "$model" en fr "$work/raw/$split" "$bin" \
     "$split" $([ $split = valid ] && echo --tokenized) > "$work/encode-$split.log" 2>&1
 done
-dec=(-s en -t fr --beam 5 --batch-size 64 --max-len-a 1.5 --max-len-b 10 --tokenizer moses --bpe subword_nmt
-     --bpe-codes "$model/code")
+dec=(--beam 5 --batch-size 64 --max-len-a 1.5 --max-len-b 10 --tokenizer moses --bpe subword_nmt --bpe-codes "$model/code")
 if [ "$target" = control ]; then
   run=$work/control/run && mkdir -p "$work/control"
   [ -f "$run/checkpoint2.pt" ] || fairseq-headprune recover "$bin" --path "$model/model.pt" --teacher "$model/model.pt" \
     --out "$work/control/ctl.pt" --force --epochs 2 --work-dir "$run" -s en -t fr >> "$work/control.log" 2>&1
   python benchmarks/engine_bleu.py "$bin" --path "$model/model.pt" --other "ctl-e1=$run/checkpoint1.pt" \
     --other "ctl-e2=$run/checkpoint2.pt" --subsets "test=$bin/test.raw.fr,mtnt=$bin/mtnt.raw.fr" --engine ct2-int8 \
-    --out results/compress-en-fr/control-bleu.json "${dec[@]}" 2>&1 | tee -a "$work/control.log"
+    --out results/compress-en-fr/control-bleu.json -s en -t fr "${dec[@]}" 2>&1 | tee -a "$work/control.log"
   exit 0
 fi
 name=$(echo "$target" | tr -d ' %-' | tr ./ _- | tr := --)
 # shellcheck disable=SC2086
 fairseq-headprune compress "$bin" --path "$model/model.pt" -s en -t fr --out "$work/en-fr-$name" $target --engine ct2-int8 \
   --budget-epochs 2 --gen-subset test --references "$bin/test.raw.fr" --also-report mtnt \
-  --also-references "$bin/mtnt.raw.fr" "${dec[@]:4}" ${STOP:+--stop-after $STOP} \
+  --also-references "$bin/mtnt.raw.fr" "${dec[@]}" ${STOP:+--stop-after $STOP} \
   2>&1 | tee -a "$work/en-fr-$name.log"

@@ -962,14 +962,16 @@ class Run:
                 break
         pad = self.loaded.task.target_dictionary.pad()
         best, confirmed = pick_measured(timed, self.options.speedup,
-                                        lambda p: self._reconstructed_nll(p, calibration, pad))
+                                        lambda p: self.nll_after_fits(p, calibration, pad))
         self.log("choice: timed again " + ", ".join(
             f"{label(p)} {p['measured_speedup']:.2f}x" + (f" (calibration NLL after the closed-form fits "
                                                           f"{p['calibration_nll']:.4f})"
                                                           if "calibration_nll" in p else "") for p in timed))
         return best, confirmed, timed
 
-    def _reconstructed_nll(self, point: Dict, calibration, pad: int) -> float:
+    def nll_after_fits(self, point: Dict, calibration, pad: int) -> float:
+        """A shape's calibration NLL after shrink's closed-form fits (choice.reconstructed_nll) with this run's
+        shrink options: what the pick compares (benchmarks/nll_vs_recovery.py reads it too)."""
         from fairseq_headprune.compress.shrink import with_fit
         from fairseq_headprune.compress.window_fit import WindowOptions
 
