@@ -20,6 +20,7 @@ from fairseq_headprune.fairseq_io import fairseq_errors
 from fairseq_headprune.fairseq_io import fairseq_options
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.fairseq_io.loading import PACKAGE_DIR, trust_fairseq_checkpoints
+from fairseq_headprune.options import one_line_errors
 
 COMMANDS = {
     "score": ("fairseq_headprune.cli.score", "head importance I_h = E|dL/dxi_h| (Michel et al.)"),
@@ -50,21 +51,31 @@ def usage() -> str:
     return "\n".join(lines)
 
 
+def parser_for(command: str, module) -> argparse.ArgumentParser:
+    """The command's parser: fairseq-generate's options and the command's own (or its own only), every usage error
+    one line (options.one_line_errors)."""
+    from fairseq import options
+
+    if not getattr(module, "USES_FAIRSEQ_OPTIONS", True):
+        parser = argparse.ArgumentParser(prog=f"fairseq-headprune {command}", description=module.__doc__.split("\n")[0])
+    else:
+        parser = options.get_generation_parser(default_task="translation_headprune")
+        parser.prog = f"fairseq-headprune {command}"
+    module.add_args(parser)
+    return one_line_errors(parser)  # a usage error is one line, not fairseq's option list
+
+
 def parse(command: str, module, argv: List[str]):
     if hasattr(module, "parse_argv"):  # a command that parses for itself (recover: fairseq-train's options)
         return module.parse_argv(argv)
+    parser = parser_for(command, module)
     if not getattr(module, "USES_FAIRSEQ_OPTIONS", True):
-        parser = argparse.ArgumentParser(prog=f"fairseq-headprune {command}", description=module.__doc__.split("\n")[0])
-        module.add_args(parser)
         return None, parser.parse_args(argv)
     from fairseq import options
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
     if not any(a == "--user-dir" or a.startswith("--user-dir=") for a in argv):
         argv = ["--user-dir", PACKAGE_DIR] + argv
-    parser = options.get_generation_parser(default_task="translation_headprune")
-    parser.prog = f"fairseq-headprune {command}"
-    module.add_args(parser)
     try:
         args = options.parse_args_and_arch(parser, input_args=argv)
     except ValueError as e:  # fairseq's own checks of option combinations ("Cannot combine --fp16 and --tpu")

@@ -16,6 +16,7 @@ import os
 import time
 
 from fairseq_headprune.errors import UserError
+from fairseq_headprune.options import one_line_errors
 
 USES_FAIRSEQ_OPTIONS = False
 
@@ -53,7 +54,7 @@ def parse_argv(argv):
     """recover's own options; every other token is a fairseq-train option, passed through."""
     parser = argparse.ArgumentParser(prog="fairseq-headprune recover", description=__doc__.split("\n")[0])
     add_args(parser)
-    args, rest = parser.parse_known_args(argv)
+    args, rest = one_line_errors(parser).parse_known_args(argv)
     args.train_args = rest
     return None, args
 
