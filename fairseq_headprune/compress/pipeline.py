@@ -54,7 +54,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
-from fairseq_headprune.compress import levers
+from fairseq_headprune.compress import levers, preflight
 from fairseq_headprune.compress.choice import (RETIMED_ROUNDS, SHAPE_FIELDS, TIMED_AGAIN, as_timed, candidate_order,
                                                ffn_variants, fisher_choice, kept_by_depth, label, lever_points,
                                                masked_nll, moved_levers, pareto_frontier, per_stack_points,
@@ -62,7 +62,7 @@ from fairseq_headprune.compress.choice import (RETIMED_ROUNDS, SHAPE_FIELDS, TIM
                                                shape_words)
 from fairseq_headprune.compress.window_fit import WindowOptions
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.options import option
+from fairseq_headprune.options import non_finite, option
 
 STAGES = ("cost-table", "choice", "shrink", "recover", "export", "measure", "report")
 HELDOUT = "heldout"  # the choice's split of valid (--max-bleu-loss)
@@ -141,6 +141,7 @@ class CompressOptions:
 
     def check(self) -> None:
         """Every option applied or refused in one line, before anything loads."""
+        non_finite(self)
         if (self.speedup is None) == (self.max_bleu_loss is None):
             raise UserError("give exactly one target: --speedup X (times the unpruned model's speed) or "
                             "--max-bleu-loss X (BLEU points on held-out data)")
@@ -207,9 +208,6 @@ class CompressOptions:
                 raise UserError(f"--also-references: no such file: {path}")
         if os.path.exists(self.out) and not os.path.isdir(self.out):
             raise UserError(f"--out {self.out} is a file; name a folder")
-        parent = os.path.dirname(os.path.abspath(self.out))
-        if not os.path.isdir(parent):
-            raise UserError(f"--out: folder {parent} does not exist")
         if os.pathsep in os.path.abspath(self.out):  # found at the export of an 8-epoch run, after the training
             raise UserError(f"--out {self.out}: fairseq's --path splits a checkpoint path on '{os.pathsep}' (an "
                             f"ensemble), so the stages could not load the models written there; name a folder "
@@ -598,6 +596,7 @@ class Run:
             problems = unsupported_parts(loaded.model, activation)
             if problems:
                 raise UserError(f"--engine {options.engine}: CTranslate2 cannot express {problems[0]}")
+        preflight.check(self)  # references, BPE files, the recovery's fairseq-train options against this machine
         self.check_recover_args()
         for subset in ("train", "valid", options.gen_subset, options.calibration_subset, options.timing_subset,
                        *options.also_report):
@@ -1280,6 +1279,7 @@ class Run:
                                   if name in self.results},
                   "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)}
         record["verdict"] = verdict(record)
+        preflight.output_folder(o.out)  # a file of the user's put there while the run went on stays untouched
         record_path = os.path.join(o.out, "compress.json")
         if os.path.exists(record_path):  # the outputs are a set only while compress.json is there: written last
             os.remove(record_path)
@@ -1381,10 +1381,14 @@ def run(loaded, options: CompressOptions, log: Callable = print, progress: bool 
     from fairseq_headprune.records.log import FolderLock
 
     options.check()
+    inputs = preflight.command_inputs(loaded.cfg.task.data, loaded.checkpoint,
+                                      (options.references, *options.also_references))
+    preflight.output_folder(options.out, inputs)
     compress = Run(loaded, options, log, progress)
     compress.check()
     os.makedirs(options.out, exist_ok=True)
-    with FolderLock(options.out):
+    with FolderLock(options.out, option="--out"):
+        preflight.output_folder(options.out, inputs)  # as it is now that this process holds it
         return compress.run()
 
 
