@@ -12,6 +12,8 @@ written) instead of failing after the cost table, the choice, the shrink or the 
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
 import tempfile
@@ -148,10 +150,13 @@ def text_processing(loaded) -> None:
         name = getattr(section, "_name", None) if section is not None else None
         if not name:
             continue
+        said = io.StringIO()
         try:
-            build(section)
-        except (OSError, ValueError, AssertionError, ImportError) as e:
-            message = str(e).splitlines()[0] if str(e) else type(e).__name__
+            with contextlib.redirect_stderr(said):  # subword-nmt prints its error, then exits
+                build(section)
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - the report stage would fail on it, after the work
+            lines = (str(e) if not isinstance(e, SystemExit) else said.getvalue()).strip().splitlines()
+            message = lines[0] if lines else type(e).__name__
             raise UserError(f"{option} {name} cannot be built: {message}") from None
 
 
