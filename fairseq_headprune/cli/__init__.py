@@ -9,6 +9,7 @@ of this package, named as the command: `add_args(parser)` and `run(cfg, args)`, 
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import logging
 import os
@@ -110,7 +111,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
-        print(f"fairseq-headprune: error: unknown command '{command}'\n\n{usage()}", file=sys.stderr)
+        near = difflib.get_close_matches(command, COMMANDS, n=1, cutoff=0.6)
+        hint = f" (did you mean {near[0]}?)" if near else ""
+        print(f"fairseq-headprune: error: unknown command '{command}'{hint}; fairseq-headprune --help lists them",
+              file=sys.stderr)
         return 2
     trust_fairseq_checkpoints()
     _quiet_dependencies()

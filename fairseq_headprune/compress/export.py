@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
+import sacrebleu
 import torch
 
 from fairseq_headprune.errors import UserError
@@ -486,7 +487,16 @@ def compare(evaluator, reference: Dict[int, List[int]], other: Dict[int, List[in
     refs = [evaluator.references[i] for i in ids]
     bleu = lambda hyps: round(float(evaluator.bleu_metric().corpus_score(hyps, [refs]).score), 2)  # noqa: E731
     return {"sentences": len(ids), "differing": sum(reference[i] != other[i] for i in ids),
-            "bleu_fairseq": bleu([text(reference[i]) for i in ids]), "bleu_ct2": bleu([text(other[i]) for i in ids])}
+            "bleu_fairseq": bleu([text(reference[i]) for i in ids]), "bleu_ct2": bleu([text(other[i]) for i in ids]),
+            "agreement": token_agreement([reference[i] for i in ids], [other[i] for i in ids])}
+
+
+def token_agreement(reference: List[List[int]], other: List[List[int]]) -> float:
+    """BLEU (0-100) of one engine's hypotheses against another's as the references, on token ids: 100 when they
+    are the same; what int8 kernels, which round differently on each CPU, keep of fairseq's translations."""
+    words = lambda hyps: [" ".join(map(str, h)) for h in hyps]  # noqa: E731
+    score = sacrebleu.BLEU(tokenize="none").corpus_score(words(other), [words(reference)]).score
+    return round(float(score), 2)
 
 
 # --------------------------------------------------------------------------------------------- the command
