@@ -155,7 +155,7 @@ def test_refusals_are_one_line_before_any_work(tiny_data, stock_checkpoint, tmp_
         (("--speedup", "1.5", "--budget-epochs", "0", "--distill", "both"), "--distill both: --budget-epochs 0"),
         (("--speedup", "1.5", "--distill", "sequences", "--distill-hidden-weight", "0.2"),
          "--distill sequences compares no states with the teacher"),
-        (("--speedup", "1.5", "--recover-args", "--distill-weight 0.5"), "--distill-weight is set by recover itself"),
+        (("--speedup", "1.5", "--recover-args", "--distill-weight 0.5"), "--recover-args: --distill-weight is set by compress itself"),
         (("--max-bleu-loss", "0.3", "--shape", "2/2"), "--shape gives the shape --max-bleu-loss would choose"),
         (("--speedup", "1.5", "--shape", "2/2:vocab=50%"), "the output layer cannot be removed yet"),
         (("--speedup", "1.5", "--shape", "8/3x4:ffn=100%"), "--shape 8/3x4:ffn=100% is the unpruned model's"),
