@@ -20,13 +20,16 @@ from fairseq_headprune.errors import UserError
 
 def option(default: Any = dataclasses.MISSING, *, flag: str, help: str, choices: Optional[Sequence[str]] = None,
            metavar: Optional[str] = None, negate: bool = False, parse: Optional[Callable[[str], Any]] = None,
-           shown: Optional[str] = None, group: Optional[str] = None, nargs: Optional[str] = None):
+           shown: Optional[str] = None, group: Optional[str] = None, nargs: Optional[str] = None,
+           always: bool = False):
     """A dataclass field with its command-line form: `negate` makes a True default a `--no-...` switch, `parse`
     turns the given text into the field's value (shown: the default as the user would type it; a ValueError it
     raises is the user's one-line error), and fields of one `group` are mutually exclusive on the command line;
-    nargs as argparse's (parse then takes the list). A float field takes finite numbers only (`finite_float`)."""
+    nargs as argparse's (parse then takes the list). A flag without a leading '-' is a positional argument. A float
+    field takes finite numbers only (`finite_float`). `always`: a rendered command line says it even at its default
+    (report.pipeline.options_argv)."""
     metadata = {"flag": flag, "help": help, "choices": choices, "metavar": metavar, "negate": negate, "parse": parse,
-                "shown": shown, "group": group, "nargs": nargs}
+                "shown": shown, "group": group, "nargs": nargs, "always": always}
     return dataclasses.field(default=default, metadata=metadata)
 
 
@@ -126,10 +129,14 @@ def add_arguments(parser, cls, groups: Optional[Dict[str, Any]] = None) -> None:
         kwargs = {"help": text, "metavar": meta["metavar"], "choices": meta["choices"], "nargs": meta["nargs"]}
         if meta["parse"] is None and _scalar_type(hint):
             kwargs["type"] = finite_float if _scalar_type(hint) is float else _scalar_type(hint)
-        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            kwargs["required"] = True
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         if default not in (None, (), ""):
             kwargs["help"] = f"{text} (default {str(default).replace('%', '%%')})"
+        if not meta["flag"].startswith("-"):  # a positional argument: required unless nargs says otherwise
+            target.add_argument(meta["flag"], **{k: v for k, v in kwargs.items() if v is not None})
+            continue
+        if required:
+            kwargs["required"] = True
         target.add_argument(meta["flag"], default=None, **{k: v for k, v in kwargs.items() if v is not None})
 
 

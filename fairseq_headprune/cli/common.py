@@ -5,7 +5,7 @@ import os
 from typing import Any, Optional, Tuple, Type, TypeVar
 
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.options import from_arguments
+from fairseq_headprune.options import from_arguments, option
 from fairseq_headprune.records.log import FolderLock
 
 T = TypeVar("T")
@@ -14,6 +14,11 @@ T = TypeVar("T")
 def options_from(cls: Type[T], args, **overrides: Any) -> T:
     """A study's options dataclass filled from argparse's namespace (options.from_arguments), then `overrides`."""
     return from_arguments(cls, args, **overrides)
+
+
+def results_dir(help: str = "the results folder (created if needed; one process writes it at a time)"):
+    """The --results-dir field of a command's options: one name and one declaration for every command."""
+    return option(flag="--results-dir", metavar="DIR", help=help)
 
 
 def results_folder(folder: str, shard: Optional[Tuple[int, int]] = None) -> FolderLock:
