@@ -33,6 +33,9 @@ from fairseq_headprune.studies.ranking import (
 )
 from fairseq_headprune.studies.scoring import estimate_importance
 from fairseq_headprune.decoding.workers import parse_workers, pool_for
+from fairseq_headprune.options import option
+from fairseq_headprune.decoding.mask_batching import masks_per_batch_option
+from fairseq_headprune.decoding.workers import workers_option
 
 ORDERS = ("importance", "oracle", "random")
 
@@ -42,19 +45,27 @@ class PruneOptions:
     """What `prune` sweeps; field names are the command's options."""
 
     subset: str = field(metadata={"flag": "--gen-subset"})
-    order: str = field(default="importance", metadata={"always": True})
-    types: str = ",".join(ATTENTION_TYPES)
-    step: float = 0.1
-    importance: Optional[str] = None
-    importance_subset: str = "valid"
-    reestimate: bool = False
-    ablation: Optional[str] = None
-    random_seed: int = 1
-    references: Optional[str] = None
-    masks_per_batch: Union[int, str] = "auto"
-    workers: Union[int, str] = "auto"
-    save_percent: float = 50.0
-    save_pruned: Optional[str] = None
+    order: str = option("importance", flag="--order", always=True,
+                        help=f"comma-separated, from {', '.join(ORDERS)}")
+    types: str = option(",".join(ATTENTION_TYPES), flag="--types", help="attention types to prune, comma-separated")
+    step: float = option(0.1, flag="--step", help="share of the heads masked at each step")
+    importance: Optional[str] = option(None, flag="--importance",
+                                       help="importance.json of `score` (default: computed on --importance-subset)")
+    importance_subset: str = option("valid", flag="--importance-subset", help="the subset I_h is scored on")
+    reestimate: bool = option(False, flag="--reestimate", help="re-score I_h on the remaining heads after each step")
+    ablation: Optional[str] = option(None, flag="--ablation",
+                                     help="ablation-single.jsonl of `ablate`, for --order oracle")
+    random_seed: int = option(1, flag="--random-seed", help="seed of --order random")
+    references: Optional[str] = option(None, flag="--references",
+                                       help="raw reference file of the subset (default: its decoded targets)")
+    masks_per_batch: Union[int, str] = masks_per_batch_option()
+    workers: Union[int, str] = workers_option()
+    save_percent: float = option(50.0, flag="--save-percent",
+                                 help="write DIR/heads-ORDER[-TYPES]-PCT.json, the heads each order prunes at this "
+                                      "percent")
+    save_pruned: Optional[str] = option(None, flag="--save-pruned", metavar="OUT.pt",
+                                        help="also write a checkpoint with those heads (of the first order) "
+                                             "physically removed")
 
     def orders(self) -> List[str]:
         orders = [o.strip() for o in self.order.split(",") if o.strip()]
