@@ -216,3 +216,18 @@ def test_every_float_option_of_recover_is_finite():
     for flag in ("--distill-weight", "--distill-temperature", "--distill-hidden-weight"):
         with pytest.raises(UserError, match=f"argument {flag}: 'nan' is not a finite number"):
             recover.parse_argv(["data", "--path", "p.pt", "--out", "o.pt", flag, "nan"])
+
+
+def test_every_option_of_every_command_is_declared_once_on_a_dataclass():
+    """No hand-written add_argument in cli/: each command's own options come from option() fields (the default
+    the dataclass's, so every default of the command's own arguments in the parser is None or a switch's False)."""
+    from fairseq import options as fairseq_options
+
+    folder = Path(cli.__file__).parent
+    assert [p.name for p in sorted(folder.glob("*.py")) if "add_argument(" in p.read_text()] == []
+    fairseq_flags = {s for a in fairseq_options.get_generation_parser()._actions for s in a.option_strings}
+    for command, (name, _) in cli.COMMANDS.items():
+        parser = cli.parser_for(command, importlib.import_module(name))
+        own = [a for a in parser._actions if a.dest != "help" and not set(a.option_strings) & fairseq_flags]
+        assert own, command
+        assert [a.dest for a in own if a.default not in (None, False)] == [], command

@@ -239,7 +239,7 @@ def _export_length(p: Probe) -> str:
                      names="reach the length limit")
 
 
-# ---------------------------------------------------------------- 5. compress: before any work, never over a user's file
+# ------------------------------------------------------- 5. compress: before any work, never over a user's file
 
 COMPRESS = ["--beam", "2", "--max-tokens", "2000", "--max-len-b", "12", "--timing-sentences", "60", "--runs", "1",
             "--calibration-sentences", "48", "--window-steps", "10", "--check-sentences", "16", "--budget-epochs", "1",

@@ -34,6 +34,7 @@ import sacrebleu
 import torch
 
 from fairseq_headprune.errors import UserError
+from fairseq_headprune.options import option
 from fairseq_headprune.core.heads import attention_modules
 from fairseq_headprune.core.masking import head_gates
 
@@ -47,11 +48,18 @@ ACTIVATIONS = {"relu": "RELU", "gelu": "GELU", "gelu_accurate": "GELUTanh", "gel
 class ExportOptions:
     """What `export-ct2` does; field names are the command's options (`inputs`: the paths the command reads)."""
 
-    out: str
-    quantization: Optional[str] = None
-    force: bool = False
-    check_sentences: int = 100
-    max_differing: float = 0.05
+    out: str = option(flag="--out", metavar="DIR", help="the CTranslate2 model folder to write")
+    quantization: Optional[str] = option(None, flag="--quantization", metavar="TYPE",
+                                         help=f"weight type of the written model: {', '.join(QUANTIZATIONS)} (default: "
+                                              "float32)")
+    force: bool = option(False, flag="--force",
+                         help="replace an existing --out folder: an empty one or a CTranslate2 model folder only")
+    check_sentences: int = option(100, flag="--check-sentences",
+                                  help="sentences of --gen-subset (the first ones) both engines translate before "
+                                       "writing")
+    max_differing: float = option(0.05, flag="--max-differing",
+                                  help="share of float32 hypotheses allowed to differ from fairseq's (float rounding) "
+                                       "before the export is refused")
     inputs: Tuple[str, ...] = ()
 
     def check(self) -> None:
