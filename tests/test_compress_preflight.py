@@ -231,3 +231,11 @@ def test_every_option_of_every_command_is_declared_once_on_a_dataclass():
         own = [a for a in parser._actions if a.dest != "help" and not set(a.option_strings) & fairseq_flags]
         assert own, command
         assert [a.dest for a in own if a.default not in (None, False)] == [], command
+
+
+def test_the_probe_tool_replays_the_compress_cases():
+    """`tools/probe_compression.py --only compress` (docs/reliability.md): every compress case held."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+    import probe_compression
+
+    assert probe_compression.main(["--only", "compress"]) == 0
