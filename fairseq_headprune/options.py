@@ -64,7 +64,7 @@ def usage_error(parser: argparse.ArgumentParser, message: str) -> str:
     flags = [t.split("=", 1)[0] for t in tokens if t.startswith("-")]
     if not flags:
         return f"unexpected argument {tokens[0]!r}"
-    near = difflib.get_close_matches(flags[0], option_strings(parser), n=1, cutoff=0.6)
+    near = difflib.get_close_matches(flags[0], option_strings(parser), n=1, cutoff=0.8)
     return f"unknown option {flags[0]}" + (f" (did you mean {near[0]}?)" if near else "")
 
 
