@@ -154,9 +154,10 @@ def reconstructed_nll(model, point: Dict, calibration, options, pad: int) -> flo
     0.484)."""
     from fairseq_headprune.compress import layers, shrink
     from fairseq_headprune.core.heads import parse_head_spec
+    from fairseq_headprune.core.surgery import remove_layers
 
     kept = point.get("layers_kept")
-    cut = layers.remove_layers(copy.deepcopy(model), kept) if kept else model
+    cut = remove_layers(copy.deepcopy(model), kept) if kept else model
     selection = shrink.Selection(parse_head_spec(point["heads"]) if point["heads"] else [], "the choice's", False,
                                  shrink.Budget("remove", 0.0, False))
     student = shrink.build_student(cut, selection, calibration, options, pad, teacher=model if kept else None,

@@ -1,7 +1,7 @@
 """The cost table: what each lever buys in speed on this model, on this machine, in the engine it is deployed in.
 
 A lever is a structure `compress` can take away, as data: a name, the values it can be set to (what a layer keeps),
-how a shape with that value is cut from the unpruned model (studies.ceilings.CeilingShape: the first heads of every
+how a shape with that value is cut from the unpruned model (core.shape.CeilingShape: the first heads of every
 layer, evenly spaced layers, the first FFN units) and whether `shrink` can remove it from a trained model today.
 Heads per stack (encoder, decoder: CTranslate2's one head count per stack), the decoder's depth (layers kept,
 `shrink --keep-layers`) and every FFN's share of hidden units (`shrink --ffn-keep`: half of them buys 1.0-1.14x on
@@ -100,7 +100,7 @@ def lever_rows(model, levers: Sequence[Lever] = LEVERS) -> List[Tuple[Lever, flo
 
 def ceiling_shape(model, point: Mapping[str, float]):
     """The CeilingShape of a point {field: value} (the fields not given left whole)."""
-    from fairseq_headprune.studies.ceilings import CeilingShape
+    from fairseq_headprune.core.shape import CeilingShape
 
     sizes = stack_sizes(model)
     layers = int(point.get("dec_layers", sizes["dec_layers"]))
@@ -283,11 +283,11 @@ def load_average() -> Optional[float]:
 
 def time_shapes(loaded, engine: str, samples, runs: int, shapes: Mapping[str, object], log=print, progress=None,
                 decoder_factory=None) -> Dict:
-    """Time crude slices of the unpruned model (studies.ceilings.crude_model, one per CeilingShape) beside the
+    """Time crude slices of the unpruned model (core.surgery.crude_model, one per CeilingShape) beside the
     unpruned model at equal work, interleaved: each shape's speed-up (seconds paired per round) and FLOP ratio.
     `decoder_factory(model, target_dictionary, folder)` -> run(samples, forced) replaces the engine (tests)."""
     from fairseq_headprune.core import flops
-    from fairseq_headprune.studies.ceilings import crude_model
+    from fairseq_headprune.core.surgery import crude_model
     from fairseq_headprune.studies.speed_ct2 import ct2_shape
 
     shape_of = flops.ModelShape.of if engine == "fairseq" else ct2_shape

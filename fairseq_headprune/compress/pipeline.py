@@ -217,7 +217,7 @@ class CompressOptions:
 
     def given_shape(self):
         """--shape as deploy's CeilingShape: heads per stack, the decoder's depth, the FFNs' share of units."""
-        from fairseq_headprune.studies.ceilings import CeilingShape
+        from fairseq_headprune.core.shape import CeilingShape
 
         shape = CeilingShape.parse(self.shape, "--shape")
         if shape.vocab_percent < 100:
@@ -881,6 +881,7 @@ class Run:
         NLL of the depth's lowest-Fisher shape with its layers removed and its heads masked. Returns the scored
         points and the greedy layer order (None without a depth cut)."""
         from fairseq_headprune.compress import layers, select
+        from fairseq_headprune.core.surgery import remove_layers
 
         model, pad = self.loaded.model, self.loaded.task.target_dictionary.pad()
         whole = levers.stack_sizes(model)
@@ -903,7 +904,7 @@ class Run:
                                                             ).items()}
         scored = []
         for depth in sorted(groups, reverse=True):
-            cut = layers.remove_layers(copy.deepcopy(model), kept[depth]) if depth in kept else model
+            cut = remove_layers(copy.deepcopy(model), kept[depth]) if depth in kept else model
             removes = any(p["enc_heads"] < whole["enc_heads"] or p["dec_heads"] < whole["dec_heads"]
                           for p in groups[depth])
             own = grads if cut is model else (select.sentence_gradients(cut, calibration.samples, pad)
@@ -1145,7 +1146,7 @@ class Run:
                               work_dir=work_dir, train_args=languages + list(self.options.recover_args))
 
     def _recover(self, folder: str, shrunk: Dict) -> Dict:
-        from fairseq_headprune.compress.recover import recover, record_path
+        from fairseq_headprune.compress import recover
         from fairseq_headprune.records.identity import file_sha256
 
         o, cfg = self.options, self.loaded.cfg
@@ -1153,12 +1154,12 @@ class Run:
             return {"checkpoint": shrunk["checkpoint"], "checkpoint_sha256": shrunk["checkpoint_sha256"],
                     "budget_epochs": 0, "recovered": False}
         out = os.path.join(folder, "model.pt")
-        for path in (out, record_path(out)):  # a shorter run's result: recovery goes on from its checkpoints
+        for path in (out, recover.record_path(out)):  # a shorter run's result: recovery goes on from its checkpoints
             if os.path.exists(path):
                 os.remove(path)
         options = self._recover_options(out, os.path.join(folder, "run"), shrunk.get("layers"))
         data = self.results["choice"].get("data") or cfg.task.data  # --max-bleu-loss: valid less the held-out split
-        record = recover(data, shrunk["checkpoint"], options, log=self.log)
+        record = recover.recover(data, shrunk["checkpoint"], options, log=self.log)
         return {"checkpoint": out, "checkpoint_sha256": file_sha256(out), "budget_epochs": o.budget_epochs,
                 "recovered": True, "updates": record["updates"], "updates_at_best": record["updates_at_best"],
                 "epochs": record["epochs"], "best_checkpoint": record["best_checkpoint"],

@@ -227,6 +227,7 @@ def validate_layers(options: ShrinkOptions, model) -> Optional[Budget]:
     """--keep-layers: the counts, the options it works with, and the head budget (if any) checked on a model of
     the kept depth (any selection of layers gives an unpruned model the same head layout)."""
     from fairseq_headprune.compress import layers
+    from fairseq_headprune.core.surgery import remove_layers
 
     counts = layers.parse_keep_layers(options.keep_layers)
     layers.check_counts(model, counts)
@@ -247,7 +248,7 @@ def validate_layers(options: ShrinkOptions, model) -> Optional[Budget]:
             raise UserError(f"--calibration-targets must be one of {', '.join(TARGETS)}, --refit one of "
                             f"{', '.join(METHODS)}, --calibration-sentences at least 1")
         return None
-    shallow = layers.remove_layers(copy.deepcopy(model), layers.select_even(model, counts).kept)
+    shallow = remove_layers(copy.deepcopy(model), layers.select_even(model, counts).kept)
     return validate(_without_layers(options), shallow)
 
 
@@ -605,10 +606,12 @@ def narrow_ffn(student, calibration: Calibration, options: ShrinkOptions, pad: i
     """--ffn-keep: every FFN of the student (its heads already masked, its layers already cut) keeps its
     highest-Fisher units, in place; returns {stack: {layer: units kept}}."""
     from fairseq_headprune.compress import ffn
+    from fairseq_headprune.core.shape import ffn_widths
+    from fairseq_headprune.core.surgery import prune_ffn
 
     kept = ffn.fisher_kept(ffn.unit_gradients(student, calibration.samples, pad), options.ffn_keep)
-    before = ffn.widths(student)
-    ffn.prune_ffn(student, kept)
+    before = ffn_widths(student)
+    prune_ffn(student, kept)
     if log:
         log(f"FFN units: every FFN keeps {options.ffn_keep:g}% of its units by mask Fisher ("
             + ", ".join(f"{s}:{i} {len(units)}/{before[(s, i)]}" for (s, i), units in kept.items()) + ")")
@@ -699,6 +702,7 @@ def shrink_layers(loaded, options: ShrinkOptions, calibration: Calibration, pad:
     of the kept layers (if a head budget is given) on the cut model, and reconstruct every sublayer from the first
     changed one towards the unpruned model's residual stream (each kept layer mapped to its teacher layer)."""
     from fairseq_headprune.compress import layers
+    from fairseq_headprune.core.surgery import remove_layers
 
     counts = layers.parse_keep_layers(options.keep_layers)
     start = time.perf_counter()
@@ -709,7 +713,7 @@ def shrink_layers(loaded, options: ShrinkOptions, calibration: Calibration, pad:
                                        lambda m: layers.calibration_loss(m, calibration.samples, pad), log)
     t_layers = time.perf_counter() - start
     log(f"layers kept ({chosen.rule}): " + "; ".join(f"{s} {list(v)}" for s, v in chosen.kept.items()))
-    model = layers.remove_layers(copy.deepcopy(loaded.model), chosen.kept)
+    model = remove_layers(copy.deepcopy(loaded.model), chosen.kept)
     grads, t_grads, t_search = None, 0.0, 0.0
     if options.heads is not None:  # selected elsewhere (compress's choice), named in the cut model's numbering
         selection = Selection(given_heads(_without_layers(options), model), "given (--heads)", False,
@@ -753,8 +757,6 @@ def hypotheses(task, generator, model, samples) -> Dict[int, List[int]]:
 def check_pruned(loaded, student, pruned, samples: List[dict]) -> dict:
     """The physically pruned model against the in-memory reconstructed one: largest logit difference on the first
     batch and identical best hypotheses (the command's beam) on the given samples; raises UserError otherwise."""
-    from fairseq_headprune.core.surgery import PRUNED_ARCH  # noqa: F401  (the pruned model's architecture)
-
     with torch.no_grad():
         a = student(**samples[0]["net_input"])[0]
         b = pruned(**samples[0]["net_input"])[0]
@@ -817,7 +819,9 @@ def write_checkpoint(loaded, result: ShrinkResult, calibration: Calibration, opt
     record as one pair (fairseq_headprune.fairseq_io.checkpoint_io: written once, atomically, under a lock on `out`)."""
     from fairseq_headprune.fairseq_io.checkpoint_io import save_state, write_checkpoint_pair
     from fairseq_headprune.records.identity import file_sha256
-    from fairseq_headprune.core.surgery import kept_heads, prune_model, pruned_checkpoint_state
+    from fairseq_headprune.core.shape import kept_heads
+    from fairseq_headprune.core.surgery import prune_model
+    from fairseq_headprune.fairseq_io.pruned_checkpoint import pruned_checkpoint_state
 
     output_path_ok(loaded.checkpoint, out)
     start = time.perf_counter()

@@ -109,7 +109,7 @@ class DeployOptions:
         self.ceiling_shapes()
 
     def ceiling_shapes(self):
-        from fairseq_headprune.studies.ceilings import CeilingShape
+        from fairseq_headprune.core.shape import CeilingShape
 
         shapes = [CeilingShape.parse(text) for text in self.ceilings]
         if len(set(shapes)) != len(shapes):
@@ -265,14 +265,14 @@ def ct2_run(translator_, loaded, decoding: Dict, samples, forced: int = 0) -> Di
 
 
 class Ceiling:
-    """A crude slice of the unpruned model to a shape (studies.ceilings), exported to CTranslate2 int8 and timed at
+    """A crude slice of the unpruned model to a shape (core.surgery.crude_model), exported to CTranslate2 int8 and timed at
     equal work only: the speed any model of that shape runs at."""
 
     engine = "ct2-int8"
 
     def __init__(self, shape, base: Contender, tmp: str):
         from fairseq_headprune.compress.export import stack_heads
-        from fairseq_headprune.studies.ceilings import crude_model
+        from fairseq_headprune.core.surgery import crude_model
         from fairseq_headprune.studies.speed_ct2 import ct2_shape
 
         loaded = base.loaded
