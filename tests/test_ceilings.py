@@ -1,5 +1,6 @@
-"""Speed ceilings (core/shape.py, core/surgery.py): the shape grammar, and a crude slice of a tiny model that holds exactly the
-heads, FFN units and target words asked for, exports to CTranslate2 and decodes as the slice does in fairseq."""
+"""Speed ceilings (core/shape.py, core/surgery.py): the shape grammar, and a crude slice of a tiny model that holds
+exactly the heads, FFN units and target words asked for, exports to CTranslate2 and decodes as the slice does in
+fairseq."""
 from __future__ import annotations
 
 import pytest

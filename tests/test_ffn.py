@@ -1,5 +1,5 @@
-"""FFN hidden units as units of pruning (compress.ffn, core.surgery): exact removal, per-sentence mask gradients, checkpoints that
-fairseq and CTranslate2 run, and `shrink --ffn-keep` end to end."""
+"""FFN hidden units as units of pruning (compress.ffn, core.surgery): exact removal, per-sentence mask gradients,
+checkpoints that fairseq and CTranslate2 run, and `shrink --ffn-keep` end to end."""
 import copy
 import json
 

@@ -1,4 +1,5 @@
-"""Whole layers as units of pruning (compress.layers; their removal in core.surgery): exact removal, checkpoints, selection, the teacher map."""
+"""Whole layers as units of pruning (compress.layers; their removal in core.surgery): exact removal, checkpoints,
+selection, the teacher map."""
 import copy
 import json
 import math

@@ -30,6 +30,14 @@ from fairseq_headprune.compress.reconstruct import METHODS, ReconstructionOption
 from fairseq_headprune.compress.window_fit import WindowOptions
 from fairseq_headprune.options import nested, option
 from fairseq_headprune.compress.sublayers import SublayerFit
+from fairseq_headprune.compress import ffn, layers
+from fairseq_headprune.compress.layers import depths
+from fairseq_headprune.core.shape import ffn_widths, kept_heads
+from fairseq_headprune.core.surgery import prune_ffn, prune_model, remove_layers
+from fairseq_headprune.fairseq_io.checkpoint_io import save_state, write_checkpoint_pair
+from fairseq_headprune.fairseq_io.loading import load_subset
+from fairseq_headprune.fairseq_io.pruned_checkpoint import pruned_checkpoint_state
+from fairseq_headprune.records.identity import file_sha256
 
 Key = Tuple[str, int]
 TARGETS = ("references", "self")
@@ -226,9 +234,6 @@ def _head_budget_given(options: ShrinkOptions) -> bool:
 def validate_layers(options: ShrinkOptions, model) -> Optional[Budget]:
     """--keep-layers: the counts, the options it works with, and the head budget (if any) checked on a model of
     the kept depth (any selection of layers gives an unpruned model the same head layout)."""
-    from fairseq_headprune.compress import layers
-    from fairseq_headprune.core.surgery import remove_layers
-
     counts = layers.parse_keep_layers(options.keep_layers)
     layers.check_counts(model, counts)
     if options.layer_selection not in layers.SELECTIONS:
@@ -380,8 +385,6 @@ class Calibration:
 
 def calibration_samples(loaded, subset: str, n: int, max_tokens: Optional[int] = None) -> Tuple[List[dict], str]:
     """The first n sentences (by id) of a subset, in batches of similar length; the ids' hash."""
-    from fairseq_headprune.fairseq_io.loading import load_subset
-
     try:
         dataset = load_subset(loaded, subset)
     except UserError as e:
@@ -605,10 +608,6 @@ def narrow_ffn(student, calibration: Calibration, options: ShrinkOptions, pad: i
                log: Optional[Callable]) -> Dict[str, Dict[str, int]]:
     """--ffn-keep: every FFN of the student (its heads already masked, its layers already cut) keeps its
     highest-Fisher units, in place; returns {stack: {layer: units kept}}."""
-    from fairseq_headprune.compress import ffn
-    from fairseq_headprune.core.shape import ffn_widths
-    from fairseq_headprune.core.surgery import prune_ffn
-
     kept = ffn.fisher_kept(ffn.unit_gradients(student, calibration.samples, pad), options.ffn_keep)
     before = ffn_widths(student)
     prune_ffn(student, kept)
@@ -701,9 +700,6 @@ def shrink_layers(loaded, options: ShrinkOptions, calibration: Calibration, pad:
     """--keep-layers: choose the layers (greedy calibration loss or evenly spaced), cut them out, choose the heads
     of the kept layers (if a head budget is given) on the cut model, and reconstruct every sublayer from the first
     changed one towards the unpruned model's residual stream (each kept layer mapped to its teacher layer)."""
-    from fairseq_headprune.compress import layers
-    from fairseq_headprune.core.surgery import remove_layers
-
     counts = layers.parse_keep_layers(options.keep_layers)
     start = time.perf_counter()
     if options.layer_selection == "even":
@@ -803,8 +799,6 @@ def in_dtypes(weights: Dict[str, torch.Tensor], dtypes: Dict[str, torch.dtype]) 
 
 
 def layers_of(model) -> Dict[str, int]:
-    from fairseq_headprune.compress.layers import depths
-
     return depths(model)
 
 
@@ -817,12 +811,6 @@ def write_checkpoint(loaded, result: ShrinkResult, calibration: Calibration, opt
            json_path: Optional[str] = None, log: Callable = print) -> dict:
     """Physically prune the reconstructed model, check it, write the checkpoint (in its source's dtypes) and the JSON
     record as one pair (fairseq_headprune.fairseq_io.checkpoint_io: written once, atomically, under a lock on `out`)."""
-    from fairseq_headprune.fairseq_io.checkpoint_io import save_state, write_checkpoint_pair
-    from fairseq_headprune.records.identity import file_sha256
-    from fairseq_headprune.core.shape import kept_heads
-    from fairseq_headprune.core.surgery import prune_model
-    from fairseq_headprune.fairseq_io.pruned_checkpoint import pruned_checkpoint_state
-
     output_path_ok(loaded.checkpoint, out)
     start = time.perf_counter()
     dtypes = source_dtypes(loaded.checkpoint)

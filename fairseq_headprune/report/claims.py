@@ -40,6 +40,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from fairseq_headprune.core.heads import ATTENTION_TYPES
 from fairseq_headprune.records.log import read_log
 from fairseq_headprune.records.rows import best_per_layer as rows_best_per_layer
+from fairseq_headprune.core.heads import parse_head_spec
 
 SUPPORTED, NOT_SUPPORTED, NOT_RUN, INCOMPLETE = "supported", "not supported", "not run", "incomplete"
 TYPES = ATTENTION_TYPES
@@ -433,8 +434,6 @@ def l0_points(path: str) -> List[Dict]:
 
     Each point: method, lambda, updates, types, heads_kept, heads_total, kept_per_type, closed_per_type (from
     `masked`; None without it), bleu."""
-    from fairseq_headprune.core.heads import parse_head_spec
-
     header, rows = read_jsonl(path)
     total = header.get("total_heads")
     points = []

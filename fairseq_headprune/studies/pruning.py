@@ -33,6 +33,8 @@ from fairseq_headprune.studies.ranking import (
 )
 from fairseq_headprune.studies.scoring import estimate_importance
 from fairseq_headprune.decoding.workers import parse_workers, pool_for
+from fairseq_headprune.plots import pruning_curves
+from fairseq_headprune.studies.removal import remove_and_save
 
 ORDERS = ("importance", "oracle", "random")
 
@@ -125,11 +127,8 @@ def run(loaded, options: PruneOptions, results_dir: str) -> List[str]:
         write_json_atomic(spec_path, heads_to_json(chosen))
         print(f"wrote {spec_path} ({len(chosen)} heads)")
         if options.save_pruned and label == next(iter(rankings)):
-            from fairseq_headprune.studies.removal import remove_and_save
-
             info = remove_and_save(loaded, chosen, options.save_pruned, evaluator.samples[0])
             print(f"wrote {options.save_pruned}: {info['kept']} heads kept, {info['params_after']:,} parameters")
-    from fairseq_headprune.plots import pruning_curves
 
     png = pruning_curves(log.rows, os.path.join(results_dir, names.PRUNING_FIGURE))
     return [log.path, png]

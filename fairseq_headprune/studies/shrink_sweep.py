@@ -41,6 +41,10 @@ from fairseq_headprune.compress.shrink import (
     select_heads,
     with_fit,
 )
+from fairseq_headprune.compress.shrink import validate
+from fairseq_headprune.decoding.evaluate import SubsetEvaluator
+from fairseq_headprune.records.identity import canonical_fingerprint, run_identity
+from fairseq_headprune.records.log import ResultsLog, atomic_output, read_log
 
 # ShrinkOptions fields a sweep method name sets (method_options); the others are the sweep's fixed settings
 METHOD_FIELDS = ("remove", "keep", "flops", "search", "rearrange", "refit", "teacher_mildness", "refit_unpruned",
@@ -231,7 +235,6 @@ def l0_rows(path: Optional[str], sweep_header: Optional[dict] = None) -> List[di
     header, only when they were scored like the sweep (same checkpoint, data, subset and beam): else none."""
     if not path or not os.path.exists(path):
         return []
-    from fairseq_headprune.records.log import read_log
 
     header, rows = read_log(path)
     if sweep_header is not None and _scoring(header) != _scoring(sweep_header):
@@ -242,7 +245,6 @@ def l0_rows(path: Optional[str], sweep_header: Optional[dict] = None) -> List[di
 def _scoring(header: dict) -> tuple:
     decoding = header.get("decoding") or {}
     beam = decoding.get("beam", (decoding.get("generation") or {}).get("beam"))
-    from fairseq_headprune.records.identity import canonical_fingerprint
 
     return (header.get("checkpoint_sha256"), canonical_fingerprint(header.get("data_fingerprint")),
             header.get("subset"), beam)
@@ -362,11 +364,6 @@ def run(loaded, options: SweepOptions, results_dir: str, subset: str, references
     """The study over budgets into DIR: shrink-sweep.jsonl (rows appended as they are measured, resumable),
     shrink-sweep.md and shrink-sweep.png; returns the files written. `command` and `report` both call this."""
     from dataclasses import replace as with_fields
-
-    from fairseq_headprune.decoding.evaluate import SubsetEvaluator
-    from fairseq_headprune.records.identity import run_identity
-    from fairseq_headprune.records.log import ResultsLog, atomic_output
-    from fairseq_headprune.compress.shrink import validate
 
     for method in options.methods:  # unknown methods and budgets a method cannot meet fail here, before decoding
         for percent in options.percents:
