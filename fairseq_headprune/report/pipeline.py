@@ -39,7 +39,8 @@ from fairseq_headprune.studies.ranking import heads_to_json, importance_scores, 
 from fairseq_headprune.decoding.workers import kept_pools, parse_workers
 from fairseq_headprune.compress.export import ct2_decoding
 from fairseq_headprune.decoding.evaluate import SubsetEvaluator
-from fairseq_headprune.fairseq_io.loading import load, progress_for
+from fairseq_headprune.fairseq_io import loading
+from fairseq_headprune.fairseq_io.loading import progress_for
 from fairseq_headprune.report import sections
 from fairseq_headprune.report.sections import checkpoints_named
 from fairseq_headprune.studies import frontier
@@ -595,7 +596,7 @@ def run(cfg, options: ReportOptions, base: Sequence[str], out: str) -> List[str]
     if "deploy" in parts_wanted:
         ct2_decoding(cfg.generation)  # decoding options CTranslate2 cannot apply: refused before any part runs
     started = time.time()
-    loaded = load(cfg)
+    loaded = loading.load(cfg)
     if "deploy" in parts_wanted and not options.render_only:
         try:
             deploy.check_task(loaded.cfg.task)
