@@ -220,8 +220,8 @@ def moved_levers(points: List[Dict], whole: Dict[str, int]) -> List[str]:
             if any(lever.field in p and p[lever.field] < whole.get(lever.field, 100.0) for p in points)]
 
 
-def pareto_frontier(points: List[Dict]) -> List[Dict]:
-    """The shapes no other beats on both predicted speed and Fisher estimate, fastest first."""
+def fisher_frontier(points: List[Dict]) -> List[Dict]:
+    """The shapes no other beats on both predicted speed and Fisher estimate (lower is better), fastest first."""
     frontier: List[Dict] = []
     for p in sorted(points, key=lambda p: (-p["predicted_speedup"], p["fisher_estimate"])):
         if not frontier or p["fisher_estimate"] < frontier[-1]["fisher_estimate"]:

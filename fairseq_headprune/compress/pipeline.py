@@ -57,7 +57,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 from fairseq_headprune.compress import levers
 from fairseq_headprune.compress.choice import (RETIMED_ROUNDS, SHAPE_FIELDS, TIMED_AGAIN, as_timed, candidate_order,
                                                ffn_variants, fisher_choice, kept_by_depth, label, lever_points,
-                                               masked_nll, moved_levers, pareto_frontier, per_stack_points,
+                                               masked_nll, moved_levers, fisher_frontier, per_stack_points,
                                                pick_measured, reconstructed_nll, retime_candidates, shapes_reaching,
                                                shape_words)
 from fairseq_headprune.compress.window_fit import WindowOptions
@@ -966,7 +966,7 @@ class Run:
         data, split = split_valid(self.loaded, os.path.join(folder, "data"), o.heldout_sentences)
         self.log(f"choice: valid split in two: sentences {split['heldout'][0]}-{split['heldout'][1] - 1} choose "
                  f"(subset '{HELDOUT}'), {split['valid'][0]}-{split['valid'][1] - 1} early-stop the recovery")
-        frontier = pareto_frontier(scored)
+        frontier = fisher_frontier(scored)
         base = self._heldout_bleu(data, self.loaded.checkpoint, os.path.join(folder, "unpruned"))
         probes: Dict[str, Dict] = {}
 

@@ -58,7 +58,7 @@ class ShrinkOptions:
     heads: Optional[str] = option(None, flag="--heads", metavar="SPEC", group="budget",
                                   help="no search: remove and reconstruct these heads (TYPE:LAYER:HEADS,... or "
                                        "@file.json, e.g. an L0 run's closed heads from `gates`)")
-    types: Tuple[str, ...] = option(ATTENTION_TYPES, flag="--types", parse=lambda text: parse_types(text),
+    types: Tuple[str, ...] = option(ATTENTION_TYPES, flag="--types", parse=lambda text: parse_type_set(text),
                                     shown=",".join(ATTENTION_TYPES), help="attention types that may lose heads")
     calibration_subset: str = option("valid", flag="--calibration-subset",
                                      help="the subset whose sentences the search and the fits read")
@@ -172,7 +172,9 @@ def parse_budget(options: ShrinkOptions) -> Budget:
     return Budget(kind, value, percent)
 
 
-def parse_types(text) -> Tuple[str, ...]:
+def parse_type_set(text) -> Tuple[str, ...]:
+    """`--types` (text or a sequence) as the attention types it names, in the model's order (ATTENTION_TYPES), not
+    the order given (studies.ranking.parse_type_list keeps that); an unknown type is one line."""
     items = [t.strip() for t in (text.split(",") if isinstance(text, str) else text) if t.strip()]
     bad = [t for t in items if t not in ATTENTION_TYPES]
     if bad or not items:
@@ -286,7 +288,7 @@ def validate(options: ShrinkOptions, model) -> Budget:
     if head_gates(model):
         raise UserError("the checkpoint has L0 head gates: fold them into a stock checkpoint first "
                         "(fairseq-headprune gates CKPT --results-dir DIR --fold-out stock.pt) and shrink that")
-    parse_types(options.types)
+    parse_type_set(options.types)
     if options.calibration_targets not in TARGETS:
         raise UserError(f"--calibration-targets must be one of {', '.join(TARGETS)}")
     if options.search not in SEARCHES:
@@ -316,9 +318,9 @@ def validate(options: ShrinkOptions, model) -> Budget:
     if options.shape != "free":
         _validate_per_stack(options, budget, layout)
     if budget.kind != "flops":
-        n = heads_to_remove(budget, layout, parse_types(options.types))
+        n = heads_to_remove(budget, layout, parse_type_set(options.types))
         removable = sum(max(len(ids) - options.min_heads, 0) for (t, _), ids in layout.heads.items()
-                        if t in parse_types(options.types))
+                        if t in parse_type_set(options.types))
         if n > removable:
             raise UserError(f"cannot remove {n} heads keeping at least {options.min_heads} in every attention "
                             f"sublayer: at most {removable} can go ({layout.describe()})")
@@ -354,11 +356,11 @@ def _validate_per_stack(options: ShrinkOptions, budget: Budget, layout: HeadLayo
     if options.search_steps > 1:
         raise UserError("--shape per-stack removes the budget in one step (--search-steps 1)")
     try:
-        shapes = select.per_stack_shapes(layout.heads, parse_types(options.types), options.min_heads)
+        shapes = select.per_stack_shapes(layout.heads, parse_type_set(options.types), options.min_heads)
     except ValueError as e:
         raise UserError(f"--shape per-stack: {e}") from None
     if budget.kind != "flops":
-        n = heads_to_remove(budget, layout, parse_types(options.types))
+        n = heads_to_remove(budget, layout, parse_type_set(options.types))
         reachable = sorted({select.removed_count(layout.heads, s) for s in shapes} - {0})
         if n not in reachable:
             raise UserError(f"--shape per-stack cannot remove exactly {n} heads ({budget.describe()}): with one "
@@ -506,7 +508,7 @@ def select_heads(model, grads: Dict[Key, torch.Tensor], budget: Budget, options:
     Heads in `already` are removed in any case (they rank first and stay out of the rearrangement)."""
     layout = HeadLayout.of(model)
     ids = dict(layout.heads)
-    types = parse_types(options.types)
+    types = parse_type_set(options.types)
     if options.shape == "per-stack":
         return _select_per_stack(model, grads, budget, options, lengths, beam)
     scores = select.fisher_scores(grads) if options.search == "fisher" else select.michel_scores(grads)
@@ -554,7 +556,7 @@ def select_heads(model, grads: Dict[Key, torch.Tensor], budget: Budget, options:
 def _select_per_stack(model, grads, budget: Budget, options: ShrinkOptions, lengths, beam: int) -> Selection:
     """One head count per encoder and one per decoder (self- and cross-attention), chosen by the Fisher estimate."""
     layout = HeadLayout.of(model)
-    types = parse_types(options.types)
+    types = parse_type_set(options.types)
     flops = FlopBudget.of(model, budget, lengths, beam) if budget.kind == "flops" else None
     n = None if flops else heads_to_remove(budget, layout, types)
     head_cost, to_remove = (flops.per_head, flops.to_remove) if flops else (None, None)
@@ -634,7 +636,7 @@ def search_with_reconstruction(model, grads, budget: Budget, options: ShrinkOpti
     """Remove the budget in options.search_steps equal steps: after each step the student is reconstructed and its
     mask gradients recomputed, so the next heads are scored on the model they will be removed from."""
     layout = HeadLayout.of(model)
-    n_total = heads_to_remove(budget, layout, parse_types(options.types))
+    n_total = heads_to_remove(budget, layout, parse_type_set(options.types))
     removed: List[Head] = []
     result = None
     step_grads = grads

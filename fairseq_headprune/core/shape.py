@@ -1,5 +1,6 @@
-"""A model's shape as data: the heads each attention layer holds, the layers each stack keeps, each FFN's width and
-the target vocabulary; how a checkpoint records it, and the crude shapes speed ceilings are cut to.
+"""A model's shape as data (ModelShape): the heads each attention layer holds, the layers each stack keeps, each FFN's
+width and the target vocabulary; what its decoding costs (core.flops), how a checkpoint records it, and the crude
+shapes speed ceilings are cut to (CeilingShape).
 
 Read here, removed in `surgery`: a shape never changes a model. Heads are named by their original 1-indexed ids
 (`heads.HeadLayout`), layers and FFNs by (stack, 1-indexed layer) with stack "enc" or "dec". A pruned checkpoint
@@ -11,8 +12,8 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
-from typing import Dict, List, Mapping, Optional, Tuple, Union
+from dataclasses import dataclass, field, replace
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from fairseq_headprune.core.heads import ATTENTION_TYPES, HeadLayout, HeadSpecError, attention_modules
 from fairseq_headprune.errors import UserError
@@ -46,29 +47,66 @@ def ffn_widths(model) -> Dict[Key, int]:
 
 @dataclass(frozen=True)
 class ModelShape:
-    """What surgery may have changed in a model: heads per attention layer, layers per stack, FFN widths, and the
-    target words its output layer scores."""
+    """What surgery may have changed in a model, and all its decoding cost depends on (core.flops): the width, the
+    target vocabulary, each layer's FFN units (the number of layers with them), the heads each (type, layer) holds
+    and their dimension; read from a model, also which original heads those are (`layout`)."""
 
-    heads: HeadLayout
-    layers: Mapping[str, int]
-    ffn: Mapping[Key, int]
-    vocabulary: int
+    embed_dim: int
+    vocab: int
+    enc_ffn: Tuple[int, ...]
+    dec_ffn: Tuple[int, ...]
+    heads: Mapping[Tuple[str, int], int]  # (type, 1-indexed layer) -> heads it holds
+    head_dims: Mapping[Tuple[str, int], int]  # (type, 1-indexed layer) -> head dimension
+    layout: Optional[HeadLayout] = field(default=None, compare=False)  # the original ids held (`of` a model)
+
+    @classmethod
+    def uniform(cls, *, enc_layers: int, dec_layers: int, heads: int, embed_dim: int, ffn: int, vocab: int,
+                head_dim: Optional[int] = None) -> "ModelShape":
+        """A model with the same number of heads in every attention module (head_dim = embed_dim / heads)."""
+        keys = [("enc-self", i) for i in range(1, enc_layers + 1)]
+        keys += [(t, i) for i in range(1, dec_layers + 1) for t in ("enc-dec", "dec-self")]
+        return cls(embed_dim, vocab, (ffn,) * enc_layers, (ffn,) * dec_layers, {k: heads for k in keys},
+                   {k: head_dim or embed_dim // heads for k in keys})
 
     @classmethod
     def of(cls, model) -> "ModelShape":
-        output = getattr(model.decoder, "output_projection", None)
-        vocabulary = output.out_features if output is not None else model.decoder.embed_tokens.num_embeddings
-        return cls(HeadLayout.of(model), depths(model), ffn_widths(model), int(vocabulary))
+        """Read a fairseq transformer (pruned or not); attention modules report their own head counts and ids."""
+        modules = attention_modules(model)
+        return cls(model.encoder.embed_tokens.embedding_dim, model.decoder.output_projection.out_features,
+                   tuple(layer.fc1.out_features for layer in model.encoder.layers),
+                   tuple(layer.fc1.out_features for layer in model.decoder.layers),
+                   {k: m.num_heads for k, m in modules.items()}, {k: m.head_dim for k, m in modules.items()},
+                   HeadLayout.of(model))
+
+    def without(self, heads: Iterable[Sequence]) -> "ModelShape":
+        """The shape after removing heads given as (type, layer, head) (heads.Head or tuples); ids may repeat."""
+        removed: Dict[Tuple[str, int], set] = {}
+        for h in heads:
+            removed.setdefault((h[0], int(h[1])), set()).add(int(h[2]))
+        counts = dict(self.heads)
+        for key, ids in removed.items():
+            if key not in counts:
+                raise ValueError(f"{key[0]} layer {key[1]} is not in this model")
+            if len(ids) > counts[key]:
+                raise ValueError(f"{key[0]} layer {key[1]} holds {counts[key]} heads, {len(ids)} removed")
+            counts[key] -= len(ids)
+        return replace(self, heads=counts, layout=None)
+
+    def width(self, attn_type: str, layer: int) -> int:
+        """heads x head_dim of one attention module: the size its cost scales with (0 if it has no heads)."""
+        return self.heads.get((attn_type, layer), 0) * self.head_dims.get((attn_type, layer), 0)
+
+    @property
+    def ffn(self) -> Dict[Key, int]:
+        """{(stack, layer): the FFN's hidden units}."""
+        return {(s, i): units for s, widths in (("enc", self.enc_ffn), ("dec", self.dec_ffn))
+                for i, units in enumerate(widths, 1)}
 
     def kept_heads(self) -> Dict[str, Dict[str, List[int]]]:
-        """{type: {layer: [original ids still held]}} for the layers that lost heads (JSON-ready)."""
-        out: Dict[str, Dict[str, List[int]]] = {}
-        for attn_type in ATTENTION_TYPES:
-            for layer in self.heads.layers(attn_type):
-                held = self.heads.heads[(attn_type, layer)]
-                if len(held) < self.heads.original_heads[(attn_type, layer)]:
-                    out.setdefault(attn_type, {})[str(layer)] = list(held)
-        return out
+        """{type: {layer: [original ids still held]}} for the layers that lost heads (JSON-ready); needs `layout`."""
+        if self.layout is None:
+            raise ValueError("a shape not read from a model does not know which heads it holds")
+        return kept_in(self.layout)
 
     def kept_heads_json(self) -> str:
         """The `--kept-heads` value that rebuilds these heads; "" when no layer lost one."""
@@ -77,21 +115,39 @@ class ModelShape:
 
     def kept_ffn_json(self, configured: Mapping[str, int]) -> str:
         """The `--kept-ffn` value that rebuilds these FFN widths (the layers narrower than `configured`)."""
-        out: Dict[str, Dict[str, int]] = {}
-        for (s, i), units in self.ffn.items():
-            if units != configured.get(s):
-                out.setdefault(s, {})[str(i)] = units
-        return json.dumps(out, separators=(",", ":")) if out else ""
+        return kept_ffn_json(self.ffn, configured)
+
+
+def kept_in(layout: HeadLayout) -> Dict[str, Dict[str, List[int]]]:
+    """{type: {layer: [original ids still held]}} for the layers of a head layout that lost heads (JSON-ready)."""
+    out: Dict[str, Dict[str, List[int]]] = {}
+    for attn_type in ATTENTION_TYPES:
+        for layer in layout.layers(attn_type):
+            held = layout.heads[(attn_type, layer)]
+            if len(held) < layout.original_heads[(attn_type, layer)]:
+                out.setdefault(attn_type, {})[str(layer)] = list(held)
+    return out
 
 
 def kept_heads(model) -> Dict[str, Dict[str, List[int]]]:
     """{type: {layer: [original ids still held]}} for the pruned layers only (JSON-ready)."""
-    return ModelShape.of(model).kept_heads()
+    return kept_in(HeadLayout.of(model))
+
+
+def kept_ffn_json(widths: Mapping[Key, int], configured: Mapping[str, int]) -> str:
+    """The `--kept-ffn` value that rebuilds these FFN widths ({(stack, layer): units}, ffn_widths): the layers
+    narrower than `configured` ({stack: width}, configured_widths)."""
+    out: Dict[str, Dict[str, int]] = {}
+    for (s, i), units in widths.items():
+        if units != configured.get(s):
+            out.setdefault(s, {})[str(i)] = units
+    return json.dumps(out, separators=(",", ":")) if out else ""
 
 
 def kept_heads_json(model) -> str:
     """The `--kept-heads` value that rebuilds this model's shape; "" for an unpruned model."""
-    return ModelShape.of(model).kept_heads_json()
+    kept = kept_heads(model)
+    return json.dumps(kept, separators=(",", ":")) if kept else ""
 
 
 # --------------------------------------------------------------------------------------------- as a config records it

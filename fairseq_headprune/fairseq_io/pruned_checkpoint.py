@@ -14,7 +14,7 @@ from typing import Mapping
 import torch
 from omegaconf import OmegaConf
 
-from fairseq_headprune.core.shape import ModelShape, configured_widths
+from fairseq_headprune.core.shape import configured_widths, ffn_widths, kept_ffn_json, kept_heads_json
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.fairseq_io.checkpoint_io import save_state, write_checkpoint_pair
 
@@ -74,11 +74,10 @@ def pruned_checkpoint_state(model, source_checkpoint) -> dict:
               for part in ("encoder", "decoder")}
     if set(weights) != _names_within(state["model"], layers):
         raise UserError(f"the model does not come from {source_checkpoint}: its parameter names differ")
-    shape = ModelShape.of(model)
     state["model"] = weights
-    kept = shape.kept_heads_json()
+    kept = kept_heads_json(model)
     source_cfg = state["cfg"]["model"] if state.get("cfg") is not None else state.get("args")
-    ffn = shape.kept_ffn_json(configured_widths(source_cfg)) if source_cfg is not None else ""
+    ffn = kept_ffn_json(ffn_widths(model), configured_widths(source_cfg)) if source_cfg is not None else ""
     if state.get("cfg") is not None:
         state["cfg"]["model"] = _with_depth(pruned_model_cfg(state["cfg"]["model"], kept, ffn), layers)
     if state.get("args") is not None:

@@ -39,7 +39,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from fairseq_headprune.core.heads import ATTENTION_TYPES
 from fairseq_headprune.records.log import read_log
-from fairseq_headprune.records.rows import best_per_layer as rows_best_per_layer
+from fairseq_headprune.records.rows import best_per_layer
 from fairseq_headprune.core.heads import parse_head_spec
 
 SUPPORTED, NOT_SUPPORTED, NOT_RUN, INCOMPLETE = "supported", "not supported", "not run", "incomplete"
@@ -153,11 +153,6 @@ def claim_single_heads(rows: Optional[Sequence[Dict]], expected: Optional[int] =
     ours = (f"enc-self: {fine_enc} of {len(enc)} heads removable ({share_enc:.0f}%; {len(enc) - fine_enc} "
             f"significant drops, {enc_gains} significant gains); all types: {pooled}")
     return _claim("C1", ours, SUPPORTED if share_enc > 50 else NOT_SUPPORTED, rule, (source,))
-
-
-def best_per_layer(rows: Sequence[Dict]) -> List[Dict]:
-    """The keep-one row with the highest BLEU for each (type, layer)."""
-    return rows_best_per_layer(rows, "bleu")
 
 
 def claim_keep_one(rows: Optional[Sequence[Dict]], expected_layers: Optional[int] = None,

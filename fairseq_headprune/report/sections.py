@@ -18,6 +18,7 @@ from fairseq_headprune.core.heads import ATTENTION_TYPES, TYPE_DESCRIPTIONS
 from fairseq_headprune.records import layout as names
 from fairseq_headprune.records.identity import file_sha256
 from fairseq_headprune.records.log import read_json
+from fairseq_headprune.records.rows import best_per_layer
 from fairseq_headprune import plots
 from fairseq_headprune.plots import dynamics_figure, head_heatmap, pruning_curves
 from fairseq_headprune.studies import deploy as study, frontier, recover_table as table, shrink_sweep as sweep
@@ -302,7 +303,7 @@ def keep_one(doc: Document, files: Files, part, state, layout=None) -> None:
                       f"and only the chosen head was decoded and scored by BLEU on `{subset}`. BLEU change against "
                       f"the unpruned model{bleu}; **bold**: significant ({bootstrap_settings(header)}).")
         table = []
-        for r in cl.best_per_layer(rows):
+        for r in best_per_layer(rows):
             nll = selection.get(r["key"], {}).get("delta")
             table.append([r["type"], str(r["layer"]), str(r["head"]), "" if nll is None else f"{nll:+.3f}",
                           f"{r['bleu']:.2f}", _change(r)])
@@ -314,7 +315,7 @@ def keep_one(doc: Document, files: Files, part, state, layout=None) -> None:
         doc.paragraph("One layer at a time keeps a single head (each head tried; the best one shown), all other "
                       f"layers intact. Change against the unpruned model{bleu}; **bold**: significant.")
         table = []
-        for r in cl.best_per_layer(rows):
+        for r in best_per_layer(rows):
             table.append([r["type"], str(r["layer"]), str(r["head"]), f"{r['bleu']:.2f}", _change(r)])
         doc.table(["type", "layer", "best head", "BLEU", "change"], table)
     _provenance(doc, part, state)

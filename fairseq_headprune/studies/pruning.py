@@ -26,7 +26,7 @@ from fairseq_headprune.studies.ranking import (
     heads_to_json,
     importance_scores,
     oracle_scores,
-    parse_types,
+    parse_type_list,
     random_ranking,
     rank_by_scores,
     steps,
@@ -70,7 +70,7 @@ class PruneOptions:
         orders = self.orders()
         if "oracle" in orders and not self.ablation:
             raise UserError("--order oracle needs --ablation ablation-single.jsonl (from `fairseq-headprune ablate`)")
-        parse_types(self.types)
+        parse_type_list(self.types)
         steps(1, self.step)
         self.masks_per_batch = parse_masks_per_batch(self.masks_per_batch)
         self.workers = parse_workers(self.workers)
@@ -101,7 +101,7 @@ def run(loaded, options: PruneOptions, results_dir: str) -> List[str]:
     """Every step of every order into DIR/pruning.jsonl (resumable), the heads each order prunes at
     save_percent, the figure; returns the files written."""
     orders = options.orders()
-    types = parse_types(options.types)
+    types = parse_type_list(options.types)
     evaluator = SubsetEvaluator(loaded, options.subset, options.references)
     layout = HeadLayout.of(loaded.model)
     candidates = layout.all_heads(types)

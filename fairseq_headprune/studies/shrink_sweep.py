@@ -36,7 +36,7 @@ from fairseq_headprune.compress.shrink import (
     build_student,
     calibrate,
     flat_fields,
-    parse_types,
+    parse_type_set,
     search_with_reconstruction,
     select_heads,
     with_fit,
@@ -153,7 +153,7 @@ def run_sweep(loaded, evaluator, options: SweepOptions, log, say: Callable = pri
     """Every method at every budget (heads removed, share of the allowed types), BLEU on the evaluator's subset."""
     model = loaded.model
     pad = loaded.task.target_dictionary.pad()
-    types = parse_types(options.shrink.types)
+    types = parse_type_set(options.shrink.types)
     layout = HeadLayout.of(model)
     n_allowed = len(layout.all_heads(types))
     set_head_masks(model, [])
@@ -371,7 +371,7 @@ def run(loaded, options: SweepOptions, results_dir: str, subset: str, references
     evaluator = SubsetEvaluator(loaded, subset, references)
     # calibration and reconstruction settings may differ between rows (tagged variants): each row records its own
     identity = run_identity("shrink-sweep", loaded, evaluator, metric="bleu",
-                            inputs={"types": list(parse_types(options.shrink.types))})
+                            inputs={"types": list(parse_type_set(options.shrink.types))})
     log = ResultsLog(os.path.join(results_dir, SWEEP_LOG), identity)
     # the settings the methods do not set (calibration, ridge, guards) are fixed per tag: a rerun with others under
     # the same tag is refused instead of resuming its rows; another tag is another variant and joins the file
