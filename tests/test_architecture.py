@@ -10,6 +10,9 @@ PACKAGE = "fairseq_headprune"
 ROOT = Path(__file__).resolve().parent.parent
 MAX_LOCAL_IMPORTS = 20
 CORE_MAY_IMPORT = ("fairseq_headprune.core", "fairseq_headprune.errors")
+# the package's floors, lowest first (docs/development.md's layout): a module imports from its own floor or below
+FLOORS = (("errors",), ("options", "stats"), ("core",), ("tasks", "models", "criterions"), ("records",),
+          ("fairseq_io",), ("plots",), ("decoding",), ("analysis",), ("studies", "compress"), ("report",), ("cli",))
 
 
 class Import(NamedTuple):
@@ -150,8 +153,44 @@ def test_few_imports_inside_functions_each_with_its_reason():
         f"  {i.module}:{i.line}: {i.text.strip()}" for i in unexplained)
 
 
+def floor_of(module: str) -> int:
+    """The floor of a package module (its subpackage or top-level module); the package's __init__ is above all."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return len(FLOORS)
+    return next(i for i, names in enumerate(FLOORS) if parts[1] in names)
+
+
+def test_every_import_points_down_the_floors():
+    """No module imports from a floor above its own, inside a function or not (the layout docs/development.md
+    draws); studies and compress share a floor."""
+    up = [i for i in imports() if floor_of(i.target) > floor_of(i.module)]
+    assert not up, "imports from a higher floor: " + ", ".join(f"{i.module}:{i.line} -> {i.target}" for i in up)
+
+
 def test_core_imports_nothing_above_it():
     """core/ is tensors and fairseq modules: it reads no files and knows no study, stage or command."""
     above = [i for i in imports() if i.module.startswith("fairseq_headprune.core.")
              and not i.target.startswith(CORE_MAY_IMPORT)]
     assert not above, "core imports from above it: " + ", ".join(f"{i.module}:{i.line} -> {i.target}" for i in above)
+
+
+def top_level_functions() -> Dict[str, List[str]]:
+    """{function or class name: the modules that define it at their top level}."""
+    defined: Dict[str, List[str]] = {}
+    for module, path in package_modules().items():
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                defined.setdefault(node.name, []).append(module)
+    return defined
+
+
+def test_names_that_meant_two_things_mean_one():
+    """Functions that once shared a name while doing different things (the type list in the order given and the
+    type set in the model's; the speed/BLEU frontier and the shapes' Fisher frontier; the keep-one rows) and the
+    shape of a model: each name is defined once."""
+    defined = top_level_functions()
+    for name in ("parse_type_list", "parse_type_set", "pareto_frontier", "fisher_frontier", "best_per_layer",
+                 "ModelShape", "CeilingShape", "select_linear", "remove_units", "remove_layers", "crude_model"):
+        assert len(defined.get(name, [])) == 1, f"{name} is defined in {defined.get(name)}"
+    assert "parse_types" not in defined
