@@ -32,7 +32,7 @@ from fairseq_headprune.options import nested, option
 from fairseq_headprune.compress.sublayers import SublayerFit
 from fairseq_headprune.compress import ffn, layers
 from fairseq_headprune.compress.layers import depths
-from fairseq_headprune.core.shape import ffn_widths, kept_heads
+from fairseq_headprune.core.shape import ModelShape, ffn_widths, kept_heads
 from fairseq_headprune.core.surgery import prune_ffn, prune_model, remove_layers
 from fairseq_headprune.fairseq_io.checkpoint_io import save_state, write_checkpoint_pair
 from fairseq_headprune.fairseq_io.loading import load_subset
@@ -481,7 +481,7 @@ def calibration_lengths(calibration: Calibration, pad: int) -> Tuple[List[int], 
 class FlopBudget:
     """A --flops budget in FLOPs of beam decoding the calibration sentences with their target lengths (flops.py)."""
 
-    shape: "flop_model.ModelShape"
+    shape: ModelShape
     lengths: Tuple[List[int], List[int]]
     beam: int
     total: float  # the unpruned model's
@@ -490,7 +490,7 @@ class FlopBudget:
 
     @classmethod
     def of(cls, model, budget: Budget, lengths: Tuple[List[int], List[int]], beam: int) -> "FlopBudget":
-        shape = flop_model.ModelShape.of(model)
+        shape = ModelShape.of(model)
         total = flop_model.decode_flops(shape, *lengths, beam)
         return cls(shape, lengths, beam, total, flop_model.flops_per_head(shape, *lengths, beam),
                    total * (1 - budget.value / 100))
