@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
-from fairseq_headprune.core.heads import ATTENTION_TYPES, HeadLayout, HeadSpecError, attention_modules
+from fairseq_headprune.core.heads import ATTENTION_TYPES, HeadLayout, HeadSpecError, attention_modules, head_ids
 from fairseq_headprune.errors import UserError
 
 Key = Tuple[str, int]  # ("enc" | "dec", 1-indexed layer)
@@ -71,12 +71,18 @@ class ModelShape:
     @classmethod
     def of(cls, model) -> "ModelShape":
         """Read a fairseq transformer (pruned or not); attention modules report their own head counts and ids."""
-        modules = attention_modules(model)
+        modules = {("enc-self", i): layer.self_attn for i, layer in enumerate(model.encoder.layers, start=1)}
+        for i, layer in enumerate(model.decoder.layers, start=1):
+            modules[("dec-self", i)] = layer.self_attn
+            if getattr(layer, "encoder_attn", None) is not None:
+                modules[("enc-dec", i)] = layer.encoder_attn
+        layout = HeadLayout({k: tuple(head_ids(m)) for k, m in modules.items()},
+                            {k: int(getattr(m, "original_num_heads", m.num_heads)) for k, m in modules.items()})
         return cls(model.encoder.embed_tokens.embedding_dim, model.decoder.output_projection.out_features,
                    tuple(layer.fc1.out_features for layer in model.encoder.layers),
                    tuple(layer.fc1.out_features for layer in model.decoder.layers),
                    {k: m.num_heads for k, m in modules.items()}, {k: m.head_dim for k, m in modules.items()},
-                   HeadLayout.of(model))
+                   layout)
 
     def without(self, heads: Iterable[Sequence]) -> "ModelShape":
         """The shape after removing heads given as (type, layer, head) (heads.Head or tuples); ids may repeat."""
