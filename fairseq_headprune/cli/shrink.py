@@ -21,7 +21,14 @@ import time
 from fairseq_headprune.fairseq_io.checkpoint_io import check_pair_paths, record_path_for
 from fairseq_headprune.cli.common import output_checkpoint, results_folder
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.compress.shrink import ShrinkOptions, inert_options, parse_ffn_keep
+from fairseq_headprune.compress.shrink import (
+    ShrinkOptions,
+    flat_fields,
+    inert_options,
+    parse_ffn_keep,
+    shrink,
+    write_checkpoint,
+)
 from fairseq_headprune.options import add_arguments, from_arguments
 from fairseq_headprune.studies.shrink_sweep import DEFAULT_METHODS
 from fairseq_headprune.cli.recover import summary
@@ -32,7 +39,6 @@ from fairseq_headprune.compress.recover import (
     refuse_output_of_another_run,
     reusable_student,
 )
-from fairseq_headprune.compress.shrink import flat_fields, shrink, write_checkpoint
 from fairseq_headprune.fairseq_io.loading import load
 from fairseq_headprune.studies import shrink_sweep as sweep
 

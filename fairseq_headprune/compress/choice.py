@@ -15,8 +15,7 @@ import copy
 import math
 from typing import Callable, Dict, List, Optional, Tuple
 
-from fairseq_headprune.compress import levers
-from fairseq_headprune.compress import layers, select, shrink
+from fairseq_headprune.compress import layers, levers, select, shrink
 from fairseq_headprune.core.heads import Head, HeadLayout, format_head_spec, parse_head_spec
 from fairseq_headprune.core.masking import set_head_masks
 from fairseq_headprune.core.surgery import remove_layers

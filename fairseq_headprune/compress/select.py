@@ -21,9 +21,8 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
-from fairseq_headprune.core.heads import ATTENTION_TYPES, Head
+from fairseq_headprune.core.heads import ATTENTION_TYPES, Head, HeadLayout
 from fairseq_headprune.core.masking import masked_modules, row_head_masks
-from fairseq_headprune.core.heads import HeadLayout
 
 Key = Tuple[str, int]
 

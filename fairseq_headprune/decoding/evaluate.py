@@ -13,10 +13,9 @@ from fairseq.sequence_generator import EnsembleModel
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.core.heads import Head, attention_modules, head_ids
 from fairseq_headprune.decoding.layer_inputs import LayerInputCache, lowest_masked_layers
-from fairseq_headprune.fairseq_io.loading import Loaded, batches
+from fairseq_headprune.fairseq_io.loading import Loaded, batches, load
 from fairseq_headprune.core.masking import set_head_masks
 from fairseq_headprune.decoding.mask_batching import timed_translation
-from fairseq_headprune.fairseq_io.loading import load
 from fairseq_headprune.records.identity import remember_legacy_fingerprint
 
 

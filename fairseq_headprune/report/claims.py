@@ -37,10 +37,9 @@ from dataclasses import asdict, dataclass, replace
 from statistics import mean
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from fairseq_headprune.core.heads import ATTENTION_TYPES
+from fairseq_headprune.core.heads import ATTENTION_TYPES, parse_head_spec
 from fairseq_headprune.records.log import read_log
 from fairseq_headprune.records.rows import best_per_layer
-from fairseq_headprune.core.heads import parse_head_spec
 
 SUPPORTED, NOT_SUPPORTED, NOT_RUN, INCOMPLETE = "supported", "not supported", "not run", "incomplete"
 TYPES = ATTENTION_TYPES

@@ -34,7 +34,7 @@ from fairseq_headprune.decoding.mask_batching import parse_masks_per_batch
 from fairseq_headprune.records import layout as names
 from fairseq_headprune.records.identity import file_sha256, upgrade_fingerprints
 from fairseq_headprune.records.log import atomic_output, read_json, write_json_atomic
-from fairseq_headprune.studies import ablation, analysis, deploy, pruning, scoring, shrink_sweep, speed
+from fairseq_headprune.studies import ablation, analysis, deploy, frontier, pruning, scoring, shrink_sweep, speed
 from fairseq_headprune.studies.ranking import heads_to_json, importance_scores, rank_by_scores, steps
 from fairseq_headprune.decoding.workers import kept_pools, parse_workers
 from fairseq_headprune.compress.export import ct2_decoding
@@ -43,7 +43,6 @@ from fairseq_headprune.fairseq_io import loading
 from fairseq_headprune.fairseq_io.loading import progress_for
 from fairseq_headprune.report import sections
 from fairseq_headprune.report.sections import checkpoints_named
-from fairseq_headprune.studies import frontier
 
 PARTS = ("score", "single", "keep-one", "prune", "prune-types", "speed", "analyze", "shrink", "deploy")
 STATE = names.REPORT_STATE

@@ -39,9 +39,9 @@ from fairseq_headprune.compress.shrink import (
     parse_type_set,
     search_with_reconstruction,
     select_heads,
+    validate,
     with_fit,
 )
-from fairseq_headprune.compress.shrink import validate
 from fairseq_headprune.decoding.evaluate import SubsetEvaluator
 from fairseq_headprune.records.identity import canonical_fingerprint, run_identity
 from fairseq_headprune.records.log import ResultsLog, atomic_output, read_log
