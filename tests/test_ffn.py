@@ -10,6 +10,7 @@ from conftest import run, run_fairseq
 from fairseq_headprune.compress import ffn
 from fairseq_headprune.core import shape, surgery
 from fairseq_headprune.fairseq_io.pruned_checkpoint import save_pruned_checkpoint
+from fairseq_headprune.core.heads import Head
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.fairseq_io.loading import PACKAGE_DIR
 from helpers import beam_hypotheses, incremental_logits, load_stock, sample_batch, teacher_forced_logits
@@ -158,6 +159,29 @@ def test_a_narrowed_checkpoint_reloads_and_fairseq_generate_decodes_it(stock, st
         surgery.apply_kept_ffn(copy.deepcopy(model), '{"dec": {"2": 9999}}')
     with pytest.raises(UserError, match="--kept-ffn must be"):
         shape.parse_kept_ffn('{"mid": {"2": 3}}')
+
+
+def test_the_shape_of_a_cut_model_is_what_its_checkpoint_records(stock):
+    """core.shape.ModelShape read from a model with heads removed, FFNs narrowed and a layer cut: the counts its
+    FLOPs read, and the kept_heads / kept_ffn its checkpoint config records; a shape priced without heads
+    (ModelShape.without) no longer claims to know which heads it holds."""
+    model, _ = stock
+    cut = surgery.remove_layers(copy.deepcopy(model), {"dec": [1, 3]})
+    surgery.prune_model(cut, [Head("enc-self", 2, 3), Head("enc-self", 2, 5), Head("enc-dec", 2, 1)])
+    surgery.prune_ffn(cut, {("dec", 1): list(range(16))})
+    read = shape.ModelShape.of(cut)
+    assert len(read.enc_ffn) == 4 and read.dec_ffn == (16, 64) and read.ffn[("dec", 1)] == 16
+    assert read.heads[("enc-self", 2)] == 6 and read.heads[("enc-dec", 2)] == 3 and ("dec-self", 3) not in read.heads
+    assert read.kept_heads() == shape.kept_heads(cut) == {"enc-self": {"2": [1, 2, 4, 6, 7, 8]},
+                                                           "enc-dec": {"2": [2, 3, 4]}}
+    assert read.kept_heads_json() == shape.kept_heads_json(cut)
+    assert read.kept_ffn_json({"enc": 64, "dec": 64}) == '{"dec":{"1":16}}'
+    assert read.vocab == model.decoder.output_projection.out_features
+    priced = read.without([Head("enc-self", 1, 1)])
+    assert priced.heads[("enc-self", 1)] == 7 and priced == shape.ModelShape.of(
+        surgery.prune_model(copy.deepcopy(cut), [Head("enc-self", 1, 1)]))
+    with pytest.raises(ValueError, match="does not know which heads"):
+        priced.kept_heads()
 
 
 def _shrink(data, ckpt, *extra):
