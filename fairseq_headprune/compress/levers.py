@@ -37,7 +37,7 @@ from fairseq_headprune.errors import UserError
 from fairseq_headprune.compress.export import ct2_decoding
 from fairseq_headprune.core import flops
 from fairseq_headprune.core.heads import attention_modules
-from fairseq_headprune.core.shape import CeilingShape
+from fairseq_headprune.core.shape import CeilingShape, ModelShape
 from fairseq_headprune.core.surgery import crude_model
 from fairseq_headprune.records.identity import decoding_identity, file_sha256
 from fairseq_headprune.records.log import read_json, write_json_atomic
@@ -275,7 +275,7 @@ def time_shapes(loaded, engine: str, samples, runs: int, shapes: Mapping[str, ob
     """Time crude slices of the unpruned model (core.surgery.crude_model, one per CeilingShape) beside the
     unpruned model at equal work, interleaved: each shape's speed-up (seconds paired per round) and FLOP ratio.
     `decoder_factory(model, target_dictionary, folder)` -> run(samples, forced) replaces the engine (tests)."""
-    shape_of = flops.ModelShape.of if engine == "fairseq" else ct2_shape
+    shape_of = ModelShape.of if engine == "fairseq" else ct2_shape
     with tempfile.TemporaryDirectory(prefix="cost-table-") as tmp:
         def build(model, dictionary, name):
             if decoder_factory:

@@ -79,7 +79,7 @@ from fairseq_headprune.compress.shrink import (
 from fairseq_headprune.core import flops
 from fairseq_headprune.core.heads import attention_modules
 from fairseq_headprune.core.masking import set_head_masks
-from fairseq_headprune.core.shape import CeilingShape
+from fairseq_headprune.core.shape import CeilingShape, ModelShape
 from fairseq_headprune.core.surgery import remove_layers
 from fairseq_headprune.decoding.evaluate import SubsetEvaluator
 from fairseq_headprune.fairseq_io.loading import load, load_subset
@@ -1167,7 +1167,7 @@ class Run:
             load = levers.load_average()
         src = [int(n) for s in timing for n in s["net_input"]["src_lengths"].tolist()]
         beam, batch = int(self.loaded.cfg.generation.beam), max(s["id"].numel() for s in timing)
-        shape_of = flops.ModelShape.of if self.options.engine == "fairseq" else ct2_shape
+        shape_of = ModelShape.of if self.options.engine == "fairseq" else ct2_shape
         n = sum(s["id"].numel() for s in timing)
         return {"subset": self.options.timing_subset, "sentences": n, "runs": self.options.runs,
                 "forced_length": length, "largest_batch": batch, "load_average": load,

@@ -47,7 +47,8 @@ from fairseq_headprune.compress.sublayers import (ENCODER_OUT, ENCODER_TYPES, FF
                                                   sublayer_keys, token_mask)
 from fairseq_headprune.compress.window_fit import WindowOptions, fit_window
 from fairseq_headprune.options import nested, option
-from fairseq_headprune.compress.layers import depths, teacher_key
+from fairseq_headprune.compress.layers import teacher_key
+from fairseq_headprune.core.shape import depths
 
 METHODS = ("none", "scales", "out-proj")
 

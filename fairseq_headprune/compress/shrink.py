@@ -30,7 +30,7 @@ from fairseq_headprune.compress.reconstruct import METHODS, ReconstructionOption
 from fairseq_headprune.compress.window_fit import WindowOptions
 from fairseq_headprune.options import nested, option
 from fairseq_headprune.compress.sublayers import SublayerFit
-from fairseq_headprune.compress.layers import depths
+from fairseq_headprune.core.shape import depths
 from fairseq_headprune.core.shape import ModelShape, ffn_widths, kept_heads
 from fairseq_headprune.core.surgery import prune_ffn, prune_model, remove_layers
 from fairseq_headprune.fairseq_io.checkpoint_io import save_state, write_checkpoint_pair

@@ -21,7 +21,7 @@ from fairseq_headprune.records.log import read_json
 from fairseq_headprune.records.rows import best_per_layer
 from fairseq_headprune import plots
 from fairseq_headprune.plots import dynamics_figure, head_heatmap, pruning_curves
-from fairseq_headprune.studies import deploy as study, frontier, recover_table as table, shrink_sweep as sweep
+from fairseq_headprune.studies import deploy as study, frontier, recover_table, shrink_sweep as sweep
 from fairseq_headprune.studies.ranking import importance_scores
 
 VERDICT_CLASS = {cl.SUPPORTED: "verdict-supported", cl.NOT_SUPPORTED: "verdict-not-supported",
@@ -620,13 +620,13 @@ def recover(doc: Document, path: Optional[str], checkpoint_sha: str) -> None:
                   "shrink + `recover` (distillation from the unpruned model on fairseq's training loop) after each "
                   "epoch, and the control (the unpruned model put through the same recovery), whose change is "
                   f"subtracted in the last column. Significance: {result['settings']}.{whose}")
-    doc.table(table.HEADERS, table.cells(result))
+    doc.table(recover_table.HEADERS, recover_table.cells(result))
     figure = result.get("figure") and os.path.join(os.path.dirname(path), result["figure"])
     if figure and os.path.exists(figure):
         doc.image(figure, "BLEU against heads removed: shrink alone, recovered, the controls, L0 and from scratch")
     doc.paragraph("Targets (issue 30), each recovery judged by the model it delivers (the epoch of lowest valid "
                   "loss), never by its best epoch on this set:")
-    doc.bullets(table.target_lines(table.targets(result)))
+    doc.bullets(recover_table.target_lines(recover_table.targets(result)))
 
 
 def compress(doc: Document, out: str, path: Optional[str], checkpoint_sha: str) -> None:
