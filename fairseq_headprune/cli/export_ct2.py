@@ -16,6 +16,8 @@ import os
 from fairseq_headprune.cli.common import options_from, readable_file
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.compress.export import QUANTIZATIONS, ExportOptions, ct2_decoding, export
+from fairseq_headprune.decoding.evaluate import SubsetEvaluator
+from fairseq_headprune.fairseq_io.loading import load
 
 
 def add_args(parser) -> None:
@@ -48,8 +50,6 @@ def run(cfg, args) -> None:
         raise UserError("CTranslate2 cannot decode as translation_from_pretrained_bart (mBART) does: it starts and "
                         "ends every hypothesis with the target language token instead of EOS")
     readable_file("--references", args.references)
-    from fairseq_headprune.decoding.evaluate import SubsetEvaluator
-    from fairseq_headprune.fairseq_io.loading import load
 
     loaded = load(cfg)
     evaluator = SubsetEvaluator(loaded, cfg.dataset.gen_subset, args.references)

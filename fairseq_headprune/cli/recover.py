@@ -16,6 +16,9 @@ import os
 import time
 
 from fairseq_headprune.errors import UserError
+from fairseq_headprune.cli.common import output_checkpoint, readable_file
+from fairseq_headprune.compress.recover import RecoverOptions, record_path, recover
+from fairseq_headprune.fairseq_io.checkpoint_io import check_pair_paths
 
 USES_FAIRSEQ_OPTIONS = False
 
@@ -59,10 +62,6 @@ def parse_argv(argv):
 
 
 def run(cfg, args) -> None:
-    from fairseq_headprune.fairseq_io.checkpoint_io import check_pair_paths
-    from fairseq_headprune.cli.common import output_checkpoint, readable_file
-    from fairseq_headprune.compress.recover import RecoverOptions, recover, record_path
-
     for option, path in (("--path", args.path), ("--teacher", args.teacher)):
         readable_file(option, path)
     if not os.path.isdir(args.data.split(os.pathsep)[0]):

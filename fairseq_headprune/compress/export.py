@@ -35,6 +35,7 @@ import torch
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.core.heads import attention_modules
 from fairseq_headprune.core.masking import head_gates
+from fairseq_headprune.fairseq_io.loading import load_subset
 
 QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16", "float32")
 # fairseq's activation names -> CTranslate2's (common_spec.Activation); others cannot be expressed
@@ -403,8 +404,6 @@ def check_batches(loaded, subset: str, n: int):
     """The first n sentences of the subset (by id), batched as fairseq-generate batches (--max-tokens,
     --batch-size, sorted by length), without dropping any."""
     from fairseq import utils
-
-    from fairseq_headprune.fairseq_io.loading import load_subset
 
     dataset = load_subset(loaded, subset)
     ids = np.arange(min(n, len(dataset)), dtype=np.int64)

@@ -33,6 +33,9 @@ from fairseq_headprune.errors import UserError
 from fairseq_headprune.fairseq_io.loading import PACKAGE_DIR
 from fairseq_headprune.records.identity import file_sha256
 from fairseq_headprune.records.log import FolderLock, atomic_output, read_json, write_json_atomic
+from fairseq_headprune.compress.sequence_targets import teacher_targets_data
+from fairseq_headprune.criterions.label_smoothed_cross_entropy_distill import parse_hidden_layers
+from fairseq_headprune.fairseq_io.checkpoint_io import output_lock
 
 DISTILL = ("logits", "sequences", "both", "none")
 CRITERION = "label_smoothed_cross_entropy_distill"
@@ -234,8 +237,6 @@ def same_shape_except_heads(student_model_cfg, teacher_model_cfg) -> Optional[st
 def check_hidden_layers(options: RecoverOptions, student_layers: int, teacher_layers: int) -> None:
     """The hidden-state term compares each student decoder layer with one teacher layer: one to one at equal depth,
     else through --distill-hidden-layers (one teacher layer per student layer, 1..teacher_layers)."""
-    from fairseq_headprune.criterions.label_smoothed_cross_entropy_distill import parse_hidden_layers
-
     layers = parse_hidden_layers(options.distill_hidden_layers)
     if layers is not None and options.distill_hidden_weight <= 0:
         raise UserError("--distill-hidden-layers maps the hidden-state term, which --distill-hidden-weight 0 turns off")
@@ -439,8 +440,6 @@ def recover(data: str, student: str, options: RecoverOptions, log=print) -> dict
     """Fine-tune `student` towards `options.teacher` with fairseq-train and write `options.out` and its record.
     Everything a user can get wrong is refused before anything is written (no run folder, teacher cache or
     identity a corrected rerun would trip on); OUT is locked for the whole run, so two runs cannot both write it."""
-    from fairseq_headprune.fairseq_io.checkpoint_io import output_lock
-
     start = time.perf_counter()
     options.check()
     student_state = _load_state(student)
@@ -472,8 +471,6 @@ def recover(data: str, student: str, options: RecoverOptions, log=print) -> dict
         refuse_output_of_another_run(options, student)
         train_data = data
         if options.distill in ("sequences", "both"):
-            from fairseq_headprune.compress.sequence_targets import teacher_targets_data
-
             train_data = teacher_targets_data(data, options, log=log)
             cfg = fairseq_train_cfg(training_argv(train_data, student, options, task_name, arch), student_cfg,
                                     options)

@@ -17,6 +17,7 @@ from typing import Dict, List
 
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.records.identity import file_sha256
+from fairseq_headprune.fairseq_io.loading import PACKAGE_DIR
 
 
 def language_pair(data: str, subset: str):
@@ -78,8 +79,6 @@ def translate_missing(data, options, subset, src, tgt, done, hyp_path, log) -> N
     from fairseq import checkpoint_utils, tasks, utils
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from fairseq import options as fairseq_options
-
-    from fairseq_headprune.fairseq_io.loading import PACKAGE_DIR
 
     parser = fairseq_options.get_generation_parser(default_task="translation")
     args = fairseq_options.parse_args_and_arch(parser, input_args=[
