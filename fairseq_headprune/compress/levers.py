@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from fairseq_headprune.errors import UserError
+from fairseq_headprune.compress.vocab_map import translate_options
 
 ENGINES = ("ct2-int8", "ct2-float32", "fairseq")
 QUANTIZATION = {"ct2-int8": "int8", "ct2-float32": None, "fairseq": None}
@@ -130,10 +131,11 @@ class EngineModel:
             self.translator = None
             return
         self.decoding = ct2_decoding(loaded.cfg.generation)
-        if ct2_folder:  # an exported model (compress's own export)
+        if ct2_folder:  # an exported model (compress's own export), with its vocabulary map when it has one
             from fairseq_headprune.studies.speed_ct2 import translator
 
             self.translator = translator(ct2_folder, COMPUTE_TYPE[engine], 1)
+            self.decoding = {**self.decoding, **translate_options(ct2_folder)}
         else:
             from fairseq_headprune.studies.deploy import ct2_translator
 
