@@ -20,7 +20,9 @@ def test_candidates_are_the_most_co_occurring_targets_and_the_most_frequent_ones
     assert most_frequent(targets, 9, 2) == [5, 6]  # 6 three times; 5 and 7 twice: the lower id
     lines = vmap_lines(sources, targets, ["a", "b", "c"], [f"t{i}" for i in range(9)],
                        VocabMapOptions(vocab_map_per_source=1, vocab_map_frequent=1), skip_source=[2])
-    assert lines == ["\tt6", "a\tt6", "b\tt6"]
+    # the most frequent token is every batch's already: each source token's list holds the next ones
+    assert lines == ["\tt6", "a\tt5", "b\tt5"]
+    assert top_targets(cooccurrence(sources, targets, 3, 9), 1, exclude=[5, 6]) == {0: [7], 1: [8], 2: [7]}
 
 
 def _translate(folder, task, batch, **kw):

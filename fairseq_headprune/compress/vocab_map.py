@@ -2,9 +2,10 @@
 word may bring into a batch, so that the output layer scores only the candidates of the batch's source words instead
 of the whole target vocabulary. No retraining: the model is unchanged, the search is restricted.
 
-The candidates come from co-occurrence in sentence pairs (the training pairs, and the teacher's translations when
-the recovery made them): each source token's `per_source` target tokens that co-occur with it most often, plus the
-`frequent` most frequent target tokens, which every batch may use (CTranslate2's line with an empty source).
+The candidates come from co-occurrence in sentence pairs (the training pairs): the `frequent` most frequent target
+tokens, which every batch may use (CTranslate2's line with an empty source), and each source token's `per_source`
+target tokens, besides those, that co-occur with it most often (ranked without the frequent ones, which would
+otherwise fill every source token's list).
 CTranslate2 adds its unknown, start and end tokens itself. The format is CTranslate2's (`vocabulary_map.cc`): one
 line per source token, `SOURCE<TAB>TARGET TARGET ...`.
 """
@@ -65,15 +66,17 @@ def cooccurrence(sources: Sequence[Sequence[int]], targets: Sequence[Sequence[in
     return (incidence(sources, source_size, binary=True).T @ incidence(targets, target_size, binary=False)).tocsr()
 
 
-def top_targets(counts: sparse.csr_matrix, k: int) -> Dict[int, List[int]]:
-    """Each source token's k most co-occurring target tokens (ties broken by the lower id), source tokens with none
-    left out."""
-    out = {}
+def top_targets(counts: sparse.csr_matrix, k: int, exclude: Sequence[int] = ()) -> Dict[int, List[int]]:
+    """Each source token's k most co-occurring target tokens but `exclude` (the tokens every batch has anyway; ties
+    broken by the lower id), source tokens with none left out."""
+    out, excluded = {}, np.asarray(sorted(set(exclude)), dtype=np.int64)
     for source in range(counts.shape[0]):
         start, end = counts.indptr[source], counts.indptr[source + 1]
-        if start == end:
-            continue
         cols, vals = counts.indices[start:end], counts.data[start:end]
+        keep = ~np.isin(cols, excluded)
+        cols, vals = cols[keep], vals[keep]
+        if not len(cols):
+            continue
         order = np.lexsort((cols, -vals))[:k]
         out[source] = sorted(int(c) for c in cols[order])
     return out
@@ -93,10 +96,10 @@ def vmap_lines(sources, targets, source_symbols: Sequence[str], target_symbols: 
     """CTranslate2's vocabulary map for these pairs (token ids of the two vocabularies, no EOS): the line of the
     always-allowed tokens first, then one line per source token that occurs (but `skip_source`, e.g. padding)."""
     counts = cooccurrence(sources, targets, len(source_symbols), len(target_symbols))
-    lines = ["\t" + " ".join(target_symbols[t] for t in most_frequent(targets, len(target_symbols),
-                                                                       options.vocab_map_frequent))]
+    always = most_frequent(targets, len(target_symbols), options.vocab_map_frequent)
+    lines = ["\t" + " ".join(target_symbols[t] for t in always)]
     skip = set(skip_source)
-    for source, candidates in top_targets(counts, options.vocab_map_per_source).items():
+    for source, candidates in top_targets(counts, options.vocab_map_per_source, exclude=always).items():
         if source not in skip:
             lines.append(source_symbols[source] + "\t" + " ".join(target_symbols[t] for t in candidates))
     return lines
