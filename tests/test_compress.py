@@ -607,6 +607,35 @@ def test_the_recovery_distills_on_the_teachers_translations_with_distill_both(ti
     assert json.loads((out / "stages" / "recover" / "model.json").read_text())["distill"] == "logits"
 
 
+def test_a_distillation_set_and_a_vocabulary_map_reach_the_recovery_and_the_exported_model(tiny_data,
+                                                                                            stock_checkpoint,
+                                                                                            tmp_path):
+    """compress --distill-source translates raw text with the model's own tokenizer and BPE (fairseq-generate's
+    options of the run) and trains on it beside train; --vocab-map ships vmap.txt in ct2/, and the measure and the
+    report decode with it (the exported folder's map is what EngineModel applies)."""
+    from conftest import SLICE
+
+    from fairseq_headprune.compress.vocab_map import translate_options
+
+    raw = tmp_path / "mono.de"
+    raw.write_text("\n".join((SLICE / "test.de").read_text(encoding="utf-8").splitlines()[:40]) + "\n")
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    encoders = ("-s", "de", "-t", "en", "--tokenizer", "moses", "--bpe", "subword_nmt", "--bpe-codes",
+                str(tiny_data / "code"))
+    run(compress_argv(tiny_data, stock_checkpoint, out, cache, "--beam", "1", "--shape", "3/2x1", *encoders,
+                      "--distill-source", raw, "--distill-nbest", "2", "--vocab-map", "--vocab-map-frequent", "50",
+                      target=("--speedup", "1.2")))
+    record = json.loads((out / "stages" / "recover" / "model.json").read_text())
+    assert record["options"]["distill_source"] == [str(raw)] and record["options"]["distill_nbest"] == 2
+    folder, = tiny_data.parent.glob(f"{tiny_data.name}.distill-*")
+    assert json.loads((folder / "distillation-set.json").read_text())["pairs"] == 80
+    assert (out / "ct2" / "vmap.txt").exists() and translate_options(str(out / "ct2")) == {"use_vmap": True}
+    exported = json.loads((out / "compress.json").read_text())["stages"]["export"]
+    assert exported["check"]["vocab_map"]["always"] == 50
+    assert json.loads((out / "stages" / "export" / "stage.json").read_text())["identity"]["vocab_map"] == {
+        "vocab_map_per_source": 100, "vocab_map_frequent": 50}
+
+
 def test_a_given_shape_narrows_the_ffns_and_the_exported_model_keeps_their_width(tiny_data, stock_checkpoint,
                                                                                 tmp_path):
     """--shape ...:ffn=P% builds the FFN share with shrink's mask-Fisher units (heads whole here: no window fit,

@@ -43,6 +43,7 @@ from fairseq_headprune.records.identity import decoding_identity, file_sha256
 from fairseq_headprune.records.log import read_json, write_json_atomic
 from fairseq_headprune.studies.deploy import ct2_run, ct2_translator, fairseq_run
 from fairseq_headprune.studies.speed_ct2 import ct2_shape, translator
+from fairseq_headprune.compress.vocab_map import translate_options
 
 ENGINES = ("ct2-int8", "ct2-float32", "fairseq")
 QUANTIZATION = {"ct2-int8": "int8", "ct2-float32": None, "fairseq": None}
@@ -133,9 +134,9 @@ class EngineModel:
             self.translator = None
             return
         self.decoding = ct2_decoding(loaded.cfg.generation)
-        if ct2_folder:  # an exported model (compress's own export)
-
+        if ct2_folder:  # an exported model (compress's own export), with its vocabulary map when it has one
             self.translator = translator(ct2_folder, COMPUTE_TYPE[engine], 1)
+            self.decoding = {**self.decoding, **translate_options(ct2_folder)}
         else:
             self.translator = ct2_translator(loaded, self.model, folder, QUANTIZATION[engine], target_dictionary)
 

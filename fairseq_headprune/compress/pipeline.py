@@ -60,9 +60,10 @@ from fairseq_headprune.compress.choice import (RETIMED_ROUNDS, SHAPE_FIELDS, TIM
                                                masked_nll, moved_levers, fisher_frontier, per_stack_points,
                                                pick_measured, reconstructed_nll, retime_candidates, shapes_reaching,
                                                shape_words)
+from fairseq_headprune.compress.vocab_map import VocabMapOptions
 from fairseq_headprune.compress.window_fit import WindowOptions
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.options import option
+from fairseq_headprune.options import nested, option
 from fairseq_headprune.compress import layers, model_card, recover, select
 from fairseq_headprune.compress.export import ExportOptions, check_batches, ct2_decoding, export, unsupported_parts
 from fairseq_headprune.compress.reconstruct import ReconstructionOptions
@@ -154,6 +155,20 @@ class CompressOptions:
                                           help="β of the recovery's hidden-state term: each kept decoder layer's "
                                                "output pulled towards the teacher layer the shrink reconstructed it "
                                                "towards (recover --distill-hidden-weight; 0: off)")
+    distill_source: Tuple[str, ...] = option((), flag="--distill-source", metavar="FILE", nargs="+",
+                                             parse=tuple,
+                                             help="raw source text the unpruned model translates once (with the "
+                                                  "model's --tokenizer and --bpe), trained on beside train: a "
+                                                  "distillation set beyond the parallel data (recover "
+                                                  "--distill-source)")
+    distill_nbest: int = option(1, flag="--distill-nbest", metavar="N",
+                                help="the unpruned model's N best translations of each --distill-source sentence, "
+                                     "each a pair (recover --distill-nbest)")
+    vocab_map: bool = option(False, flag="--vocab-map",
+                             help="ct2 engines: ship a vocabulary map (vmap.txt, from the training pairs) the model is "
+                                  "measured, checked and reported with: the output layer scores only the target "
+                                  "words the batch's source words bring in (export-ct2 --vocab-map)")
+    vocab_map_options: VocabMapOptions = nested(VocabMapOptions)
     recover_args: Tuple[str, ...] = option((), flag="--recover-args", metavar="'FAIRSEQ-TRAIN OPTIONS'",
                                            parse=lambda text: recover_args(text),
                                            help="fairseq-train options of the recovery, as one argument: "
@@ -208,6 +223,19 @@ class CompressOptions:
             raise UserError(f"--distill-hidden-weight must be at least 0, not {self.distill_hidden_weight:g}")
         if self.budget_epochs == 0 and self.distill_hidden_weight:
             raise UserError("--distill-hidden-weight: --budget-epochs 0 runs no recovery")
+        if self.distill_source and self.budget_epochs == 0:
+            raise UserError("--distill-source: --budget-epochs 0 runs no recovery")
+        for path in self.distill_source:
+            if not os.path.isfile(path):
+                raise UserError(f"--distill-source: no such file: {path}")
+        if self.distill_nbest != 1 and not self.distill_source:
+            raise UserError("--distill-nbest sets how many translations of each --distill-source sentence are kept: "
+                            "give --distill-source")
+        if not 1 <= self.distill_nbest <= 5:  # recover's teacher beam
+            raise UserError(f"--distill-nbest must be between 1 and 5 (the teacher's beam), not {self.distill_nbest}")
+        if self.vocab_map and self.engine == "fairseq":
+            raise UserError("--vocab-map is CTranslate2's (use_vmap): --engine fairseq cannot apply it")
+        self.vocab_map_options.check()
         for name in ("calibration_subset", "timing_subset"):
             if getattr(self, name) == self.gen_subset:
                 raise UserError(f"--{name.replace('_', '-')} {self.gen_subset} is --gen-subset: the reported set "
@@ -656,7 +684,10 @@ class Run:
         recovered = self._recover_stage(shrunk)
         if self.stop_here("recover"):
             return None
-        exported = self.stage("export", {"engine": options.engine, "check_sentences": options.check_sentences},
+        export_key = {"engine": options.engine, "check_sentences": options.check_sentences}
+        if options.vocab_map:  # (absent without one: the records of runs before the option still resume)
+            export_key["vocab_map"] = asdict(options.vocab_map_options)
+        exported = self.stage("export", export_key,
                               lambda folder: self._export(folder, recovered), plan["export"])
         if self.stop_here("export"):
             return None
@@ -1089,6 +1120,9 @@ class Run:
             key["distill_hidden_weight"] = o.distill_hidden_weight
         if o.distill != "logits":  # (likewise)
             key["distill"] = o.distill
+        if o.distill_source:  # (likewise)
+            key["distill_source"] = [file_sha256(p) for p in o.distill_source]
+            key["distill_nbest"] = o.distill_nbest
         record = self.store.record("recover")
         if record and record["identity"].get("run") == key and record["result"]["budget_epochs"] > o.budget_epochs:
             raise UserError(f"{self.store.folder('recover')} holds a recovery of {record['result']['budget_epochs']} "
@@ -1108,7 +1142,10 @@ class Run:
                               distill_hidden_weight=self.options.distill_hidden_weight,
                               distill_hidden_layers=",".join(map(str, hidden_map)) if hidden_map and
                               self.options.distill_hidden_weight else "",
-                              work_dir=work_dir, train_args=languages + list(self.options.recover_args))
+                              distill_source=list(self.options.distill_source),
+                              distill_nbest=self.options.distill_nbest, work_dir=work_dir,
+                              train_args=languages + (encoder_args(cfg) if self.options.distill_source else [])
+                              + list(self.options.recover_args))
 
     def _recover(self, folder: str, shrunk: Dict) -> Dict:
         o, cfg = self.options, self.loaded.cfg
@@ -1143,7 +1180,9 @@ class Run:
         evaluator = SubsetEvaluator(pruned, self.options.timing_subset)
         out = os.path.join(folder, "ct2")
         info = export(pruned, evaluator, ExportOptions(out=out, quantization=levers.QUANTIZATION[self.options.engine],
-                                                       check_sentences=self.options.check_sentences),
+                                                       check_sentences=self.options.check_sentences,
+                                                       vocab_map=self.options.vocab_map,
+                                                       vocab_map_options=self.options.vocab_map_options),
                       self.options.timing_subset)
         return {"engine": self.options.engine, "ct2": out, "check": info}
 
@@ -1332,6 +1371,26 @@ def run(loaded, options: CompressOptions, log: Callable = print, progress: bool 
     os.makedirs(options.out, exist_ok=True)
     with FolderLock(options.out):
         return compress.run()
+
+
+def encoder_args(cfg) -> List[str]:
+    """The tokenizer and BPE options of a loaded config as command-line options (fairseq's own names), for a
+    fairseq-train that must encode raw text as fairseq-generate would: interpolated values (the language pair)
+    and false switches left to fairseq."""
+    argv = []
+    for kind in ("tokenizer", "bpe"):
+        section = cfg.get(kind)
+        if not section or not section.get("_name"):
+            continue
+        argv += [f"--{kind}", str(section["_name"])]
+        for key in section:
+            if key == "_name" or section._get_node(key)._is_interpolation():
+                continue
+            value = section[key]
+            if value is None or value is False:
+                continue
+            argv += [f"--{key.replace('_', '-')}"] + ([] if value is True else [str(value)])
+    return argv
 
 
 def comma_list(text: str) -> Tuple[str, ...]:
