@@ -18,7 +18,9 @@ from typing import Optional
 from fairseq_headprune.cli.common import options_from, readable_file
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.options import add_arguments, option
-from fairseq_headprune.compress.export import QUANTIZATIONS, ExportOptions, ct2_decoding, export
+from fairseq_headprune.compress.export import ExportOptions, ct2_decoding, export
+from fairseq_headprune.decoding.evaluate import SubsetEvaluator
+from fairseq_headprune.fairseq_io.loading import load
 
 
 @dataclass
@@ -32,7 +34,7 @@ class ExportCommand:
 
 def add_args(parser) -> None:
     g = parser.add_argument_group("export-ct2")
-    add_arguments(g, ExportOptions)
+    add_arguments(g, ExportOptions)  # its nested VocabMapOptions too
     add_arguments(g, ExportCommand)
 
 
@@ -52,8 +54,6 @@ def run(cfg, args) -> None:
         raise UserError("CTranslate2 cannot decode as translation_from_pretrained_bart (mBART) does: it starts and "
                         "ends every hypothesis with the target language token instead of EOS")
     readable_file("--references", references)
-    from fairseq_headprune.decoding.evaluate import SubsetEvaluator
-    from fairseq_headprune.fairseq_io.loading import load
 
     loaded = load(cfg)
     evaluator = SubsetEvaluator(loaded, cfg.dataset.gen_subset, references)
@@ -67,4 +67,9 @@ def run(cfg, args) -> None:
         q = info[info["quantization"]]
         print(f"{info['quantization']}: {q['differing']} hypotheses differ; BLEU fairseq {q['bleu_fairseq']:.2f}, "
               f"CTranslate2 {info['quantization']} {q['bleu_ct2']:.2f}")
+    if "vocab_map" in info:
+        m = info["vocab_map"]
+        print(f"vocabulary map: {m['source_tokens']} source tokens x {m['per_source']} candidates + {m['always']} "
+              f"always, from {m['sentence_pairs']} training pairs; with it {m['differing']} of {m['sentences']} "
+              f"hypotheses change, BLEU {m['bleu_without']:.2f} -> {m['bleu_with']:.2f}")
     print(f"wrote {info['out']} ({info['quantization']}) in {info['seconds']:.1f} s")

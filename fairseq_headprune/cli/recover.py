@@ -17,9 +17,11 @@ import time
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-from fairseq_headprune.compress.recover import DISTILL, RecoverOptions
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.options import add_arguments, from_arguments, one_line_errors, option
+from fairseq_headprune.cli.common import output_checkpoint, readable_file
+from fairseq_headprune.compress.recover import DISTILL, RecoverOptions, record_path, recover
+from fairseq_headprune.fairseq_io.checkpoint_io import check_pair_paths
 
 USES_FAIRSEQ_OPTIONS = False
 
@@ -64,6 +66,14 @@ class RecoverCommand:
         None, flag="--sequence-beam",
         help="beam of the teacher's translations (--distill sequences or both; default "
              f"{RecoverOptions.sequence_beam})")
+    distill_source: List[str] = option(
+        (), flag="--distill-source", nargs="+", metavar="FILE", parse=list,
+        help="raw source text (one sentence a line) the teacher translates once, with the model's --tokenizer and "
+             "--bpe, added to the training subset as its next shard (train1): a distillation set beyond the parallel "
+             "data; cached beside DATA")
+    distill_nbest: int = option(RecoverOptions.distill_nbest, flag="--distill-nbest", metavar="N",
+                                help="the teacher's N best translations of each --distill-source sentence, each a "
+                                     "pair (at most --sequence-beam)")
     force: bool = option(False, flag="--force", help="replace an existing OUT.pt")
     train_args: List[str] = field(default_factory=list)  # every other token: fairseq-train's options, passed through
 
@@ -81,10 +91,6 @@ def parse_argv(argv):
 
 
 def run(cfg, args) -> None:
-    from fairseq_headprune.fairseq_io.checkpoint_io import check_pair_paths
-    from fairseq_headprune.cli.common import output_checkpoint, readable_file
-    from fairseq_headprune.compress.recover import RecoverOptions, recover, record_path
-
     for option, path in (("--path", args.path), ("--teacher", args.teacher)):
         readable_file(option, path)
     if not os.path.isdir(args.data.split(os.pathsep)[0]):
@@ -100,9 +106,12 @@ def run(cfg, args) -> None:
     if given and args.distill in ("none", "sequences"):  # no teacher in the loss: recorded and ignored otherwise
         raise UserError(f"{given[0]} weighs a distance to the teacher's forward pass, which --distill "
                         f"{args.distill} does not use")
-    if args.sequence_beam is not None and args.distill not in ("sequences", "both"):
+    if args.sequence_beam is not None and args.distill not in ("sequences", "both") and not args.distill_source:
         raise UserError(f"--sequence-beam sets the beam of the teacher's translations, which --distill "
-                        f"{args.distill} does not use")
+                        f"{args.distill} without --distill-source does not use")
+    if args.distill_nbest != 1 and not args.distill_source:
+        raise UserError("--distill-nbest sets how many translations of each --distill-source sentence are kept: "
+                        "give --distill-source")
     defaults = RecoverOptions()
     options = RecoverOptions(
         teacher=args.teacher or "", out=args.out, distill=args.distill,
@@ -114,6 +123,7 @@ def run(cfg, args) -> None:
         epochs=args.epochs, updates=args.updates,
         train_subset=args.train_subset, valid_subset=args.valid_subset, work_dir=args.work_dir,
         sequence_beam=defaults.sequence_beam if args.sequence_beam is None else args.sequence_beam,
+        distill_source=list(args.distill_source), distill_nbest=args.distill_nbest,
         train_args=list(args.train_args), force=args.force)
     options.check()  # bad settings are refused before anything loads or is written
     start = time.perf_counter()
