@@ -76,7 +76,8 @@ def foreign_entries(folder: str) -> List[str]:
     names = sorted(os.listdir(folder))
     if not names:
         return []
-    foreign = [n for n in names if (n not in CT2_REQUIRED + deployable.FILES and not CT2_VOCABULARY.fullmatch(n))
+    ours = CT2_REQUIRED + (deployable.FILES if deployable.SETTINGS in names else ())  # a README.md alone: the user's
+    foreign = [n for n in names if (n not in ours and not CT2_VOCABULARY.fullmatch(n))
                or os.path.islink(os.path.join(folder, n)) or not os.path.isfile(os.path.join(folder, n))]
     return foreign + [f"no {n}" for n in CT2_REQUIRED if n not in names]
 
@@ -572,6 +573,7 @@ def export(loaded, evaluator, options: ExportOptions, subset: str) -> Dict:
             write_model(spec, final, options.quantization)
             info[options.quantization] = compare(evaluator, reference, ct2_hypotheses(
                 _translator(final), loaded, samples, decoding))
+        info["deployable"] = [deployable.SETTINGS, deployable.GUIDE, *settings["files"]]
         deployable.write(final, settings)  # the tokenizer's files and settings beside the model
         check_output_folder(options.out, options.force, options.inputs)  # as checked before the work began
         _replace_folder(final, options.out)
