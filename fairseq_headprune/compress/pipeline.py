@@ -601,8 +601,8 @@ class Run:
         from fairseq_headprune.studies.deploy import check_task
 
         options, loaded = self.options, self.loaded
-        check_task(loaded.cfg.task)
-        if options.engine != "fairseq":
+        if options.engine != "fairseq":  # CTranslate2 decodes as fairseq under translation and the multilingual task
+            check_task(loaded.cfg.task, f"compress --engine {options.engine}", "; --engine fairseq compresses it")
             from fairseq_headprune.compress.export import ct2_decoding, unsupported_parts
 
             ct2_decoding(loaded.cfg.generation)
@@ -1148,7 +1148,7 @@ class Run:
         from fairseq_headprune.compress.recover import RecoverOptions
 
         cfg = self.loaded.cfg
-        languages = ["-s", cfg.task.source_lang, "-t", cfg.task.target_lang] if cfg.task.get("source_lang") else []
+        languages = task_language_args(cfg.task)
         hidden_map = ((layers or {}).get("teacher_outputs") or {}).get("dec")
         return RecoverOptions(teacher=self.loaded.checkpoint, out=out, epochs=self.options.budget_epochs,
                               distill=self.options.distill,
@@ -1272,10 +1272,10 @@ class Run:
 
         def sources(name: str) -> set:
             dataset = load_subset(self.loaded, name)
-            return {tuple(dataset.src[i].tolist()) for i in range(len(dataset))}
+            return {tuple(dataset[i]["source"].tolist()) for i in range(len(dataset))}
 
-        mine = load_subset(self.loaded, subset)
-        mine = [tuple(mine.src[i].tolist()) for i in range(len(mine))]
+        mine = load_subset(self.loaded, subset)  # (the multilingual task's datasets have no .src)
+        mine = [tuple(mine[i]["source"].tolist()) for i in range(len(mine))]
         overlap = {}
         for name in dict.fromkeys(("train", "valid", self.options.calibration_subset)):
             seen = sources(name)
@@ -1346,6 +1346,17 @@ def scored_pair(loaded, models: Dict, folder: Optional[str], subset: str, refere
             "bleu_unpruned": bleu["unpruned"], "bleu_compressed": bleu["compressed"],
             "bleu_delta": round(bleu["compressed"] - bleu["unpruned"], 2), "p": round(float(p), 4),
             "signature": evaluator.bleu_signature()}
+
+
+def task_language_args(task_cfg) -> List[str]:
+    """fairseq-train's options for the directions this run reads: -s/-t, and the multilingual task's --lang-pairs
+    (a hydra task is a DictConfig, a legacy one such as the multilingual task's a Namespace)."""
+    def get(key):
+        return task_cfg.get(key) if hasattr(task_cfg, "get") else getattr(task_cfg, key, None)
+
+    args = ["-s", get("source_lang"), "-t", get("target_lang")] if get("source_lang") else []
+    pairs = get("lang_pairs")  # the multilingual task keeps it as a list once parsed
+    return args + (["--lang-pairs", pairs if isinstance(pairs, str) else ",".join(pairs)] if pairs else [])
 
 
 def single_sentences(loaded, subset: str, n: int):
