@@ -4,10 +4,13 @@ deployable ct2/ whose `translate` of the raw test sentences, from a copy of the 
 CTranslate2 model's own decoding in the run's report (so its BLEU is the card's). mBART's task is refused in one line
 for the CTranslate2 engines, naming compress and the reason, and compressed in fairseq."""
 import json
+import os
+import re
 import shutil
+import subprocess
 
 import families as fam
-from conftest import SLICE, run
+from conftest import BIN, ENV, ROOT, SLICE, run
 
 SPM = ["--bpe", "sentencepiece", "--sentencepiece-model"]
 SMALL_RUN = ["--shape", "4/2", "--speedup", "1.01", "--beam", "1", "--max-tokens", "2000", "--max-len-b", "20",
@@ -40,9 +43,19 @@ def test_multilingual_model_compresses_to_a_folder_that_translates_raw_text(tmp_
     elsewhere.mkdir()
     shutil.move(str(out), elsewhere / "small")
     source = (SLICE / "test.de").read_text(encoding="utf-8")
-    got = run(["fairseq-headprune", "translate", elsewhere / "small"], in_process=False, input=source).stdout
+    (elsewhere / "raw.de").write_text(source, encoding="utf-8")
+    # the README's command, as written, in the folder holding small/
+    readme = (ROOT / "README.md").read_text(encoding="utf-8").split("### Using the result")[1]
+    (command,) = [line.split("#")[0].strip() for line in readme.splitlines()
+                  if line.startswith("fairseq-headprune translate")]
+    assert re.fullmatch(r"fairseq-headprune translate small/ < raw\.de > out\.en", command)
+    subprocess.run(["bash", "-c", command], cwd=elsewhere, check=True,
+                   env={**ENV, "PATH": f"{BIN}{os.pathsep}{ENV.get('PATH', '')}"})
+    got = (elsewhere / "out.en").read_text(encoding="utf-8")
     reported = (elsewhere / "small" / "stages" / "report" / "compressed.test.txt").read_text(encoding="utf-8")
     assert got.splitlines() == reported.splitlines() and len(got.splitlines()) == len(source.splitlines())
+    also = run(["fairseq-headprune", "translate", elsewhere / "small" / "ct2"], in_process=False, input=source)
+    assert also.stdout == got  # the folder's ct2/ itself, as the compress folder
 
 
 def test_mbart_model_is_refused_for_ctranslate2_in_one_line_and_compressed_in_fairseq(tmp_path):
