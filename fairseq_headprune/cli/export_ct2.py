@@ -4,6 +4,9 @@ reads or writes (stock, `remove`d, `shrink`ed, folded-out gates), checked agains
   fairseq-headprune export-ct2 DATA --path CKPT --out DIR [--quantization int8] [--force] \\
       [--gen-subset test --check-sentences 100 --beam 5 --bpe subword_nmt --bpe-codes CODE --references REF]
 
+DIR also holds what goes from raw text to raw text (compress.deployable: the tokenizer's settings and files, the
+language tokens, a README): `fairseq-headprune translate DIR < raw.txt`.
+
 The check decodes the first --check-sentences sentences of --gen-subset with fairseq and with the exported model
 under the same decoding options (beam, lenpen, max/min length): float32 hypotheses are compared token by token;
 with --quantization, the BLEU of both is printed. DIR is written whole or not at all; --force replaces only an empty
@@ -63,4 +66,5 @@ def run(cfg, args) -> None:
         q = info[info["quantization"]]
         print(f"{info['quantization']}: {q['differing']} hypotheses differ; BLEU fairseq {q['bleu_fairseq']:.2f}, "
               f"CTranslate2 {info['quantization']} {q['bleu_ct2']:.2f}")
-    print(f"wrote {info['out']} ({info['quantization']}) in {info['seconds']:.1f} s")
+    print(f"wrote {info['out']} ({info['quantization']}) in {info['seconds']:.1f} s, with "
+          f"{', '.join(info['deployable'])}: fairseq-headprune translate {info['out']} < raw.txt")

@@ -22,5 +22,5 @@ def add_args(parser) -> None:
 
 def run(cfg, args) -> None:
     options = from_arguments(TranslateOptions, args)
-    translate(options, sys.stdin, lambda text: print(text, flush=False))
+    translate(options, sys.stdin, lambda text: sys.stdout.write(text + "\n"))
     sys.stdout.flush()
