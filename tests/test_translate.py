@@ -1,6 +1,6 @@
 """The deployable folder `export-ct2` writes and `fairseq-headprune translate`: raw sentences in, fairseq-generate's
 detokenised hypotheses out (float32), from a copy of the folder in another directory, for Moses + subword-nmt (the
-tiny model and the bundled De-En model) and SentencePiece under the multilingual task; the folder's README snippet
+tiny model and the bundled De-En model), SentencePiece under translation and under the multilingual task; the folder's README snippet
 run as written gives the same; bad folders and options are one line."""
 from __future__ import annotations
 
@@ -134,3 +134,19 @@ def test_bad_folders_and_options_are_one_line(tmp_path):
     (old / "model.bin").write_bytes(b"")
     got = translated(old, ["ein Hund"], check=False)
     assert got.returncode == 2 and "export it again" in got.stderr
+
+
+def test_sentencepiece_model_under_translation_translates_raw_text_as_fairseq_generate(tmp_path):
+    """SentencePiece without language tokens: the single-pair model under `translation` (test_families' view of
+    its data, the dictionaries with the multilingual task's language tokens appended)."""
+    from test_families import _translation_view
+
+    data, model = _translation_view(tmp_path), fam.single_pair_multi()
+    task = ["--task", "translation", "-s", "de", "-t", "en", "--bpe", "sentencepiece", "--sentencepiece-model",
+            fam.spm_data() / "spm.model", "--beam", "1", "--max-len-b", "30", "--max-tokens", "3000"]
+    folder = exported_copy(data, model, tmp_path, *task)
+    settings = (folder / "translate.json").read_text()
+    assert '"source_prefix": []' in settings and '"target_prefix": []' in settings
+    reference = generated(data, model, "--gen-subset", "test", *task)
+    source = raw_lines(SLICE / "test.de", fam.SLICE_SENTENCES)
+    assert translated(folder, source, "--compute-type", "float32").stdout.splitlines() == reference
