@@ -1,7 +1,7 @@
 """The deployable folder `export-ct2` writes and `fairseq-headprune translate`: raw sentences in, fairseq-generate's
 detokenised hypotheses out (float32), from a copy of the folder in another directory, for Moses + subword-nmt (the
-tiny model and the bundled De-En model), SentencePiece under translation and under the multilingual task; the folder's README snippet
-run as written gives the same; bad folders and options are one line."""
+tiny model and the bundled De-En model) and SentencePiece (under translation and under the multilingual task); the
+folder's README snippet run as written gives the same; bad folders and options are one line."""
 from __future__ import annotations
 
 import re
