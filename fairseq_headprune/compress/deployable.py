@@ -137,6 +137,8 @@ def guide(content: Dict) -> str:
         "--compute-type", "```", "",
         "One raw sentence per line in, one detokenised translation per line out.", "",
         "## With CTranslate2 alone", "",
+        "The same, one sentence at a time, with `ctranslate2` and the tokenizer's own libraries only (saved as "
+        "`translate.py`: `python translate.py THIS_FOLDER < input.txt > output.txt`):", "",
         "```python", snippet(content), "```", "",
     ])
 
@@ -184,7 +186,7 @@ def snippet(content: Dict) -> str:
              f"strip = set({content.get('strip') or []!r})",
              f"a, b, positions = {decoding['max_len_a']!r}, {decoding['max_len_b']!r}, {decoding['max_positions']!r}",
              "for line in sys.stdin:",
-             "    line = line.rstrip(\"\\n\")",
+             "    line = line.strip()  # as fairseq-interactive reads a line",
              *[f"    {x}" for x in encode],
              "    tokens = source_prefix + pieces.split()",
              "    cap = min(int(a * (len(tokens) + 1) + b), positions - 1)  # fairseq's max-len-a/b",
