@@ -1,6 +1,6 @@
 """The cost table of `compress` (fairseq_headprune.compress.levers) on the shapes of released fairseq translation
 models, randomly initialised: which lever buys what at which size, in CTranslate2 int8, one thread, batch 64 and
-batch 1 (issue 40, step 3).
+batch 1.
 
 Speed needs no trained weights: a model's decoding time at equal work (every hypothesis forced to the same length)
 depends on its shape, not on what its weights say, so a random model of a released checkpoint's shape times as the

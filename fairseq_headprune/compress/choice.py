@@ -150,8 +150,7 @@ def reconstructed_nll(model, point: Dict, calibration, options, pad: int) -> flo
     decoder layers removed, its heads masked, its FFN units removed (mask Fisher, after the heads), every changed
     sublayer refit towards the unpruned model. The measure the pick compares shapes by: a narrowed FFN's refit takes
     back most of what removing its units costs, so an NLL before any fit misjudges the FFN lever against the others
-    (after 8 epochs of recovery half the FFNs cost De-En's 5 x 4 decoder 0.023 of valid loss, 0.507 against
-    0.484)."""
+    (after recovery, a narrowed FFN costs little valid loss: results/compress-de-en)."""
     from fairseq_headprune.compress import layers, shrink
     from fairseq_headprune.core.heads import parse_head_spec
 
@@ -174,7 +173,7 @@ def with_ffn(point: Dict) -> Dict:
 def ffn_variants(timed: List[Dict], target: float) -> List[Dict]:
     """The FFN variants to time next: of every shape just timed that keeps its FFNs whole and measured below the
     target. The cost table prices the FFN on the whole model, where it holds a smaller share of the time than in a
-    cut decoder (De-En: half the FFNs 1.14x on the whole model, 1.17x on the decoder cut to 5 x 4): its own slice
+    cut decoder, where the FFNs buy more than the whole model's row says: its own slice
     prices it where it is cut."""
     return [with_ffn(p) for p in timed if "ffn_percent" not in p and p["measured_speedup"] < target]
 
@@ -186,8 +185,8 @@ def pick_measured(timed: List[Dict], target: float, nll: Callable[[Dict], float]
     """Of the timed candidates whose `measured_speedup` clears the target by MARGIN (none doing so: reaches it),
     the lowest `nll` (recorded as `calibration_nll`; computed only when several are eligible), and True; none
     reaching it, the fastest, and False. The lowest-loss shape among those that reach the target is the slowest, the
-    likeliest to measure below it once built (De-En at 1.5x: 5/4's slice 1.52x, the model 1.47x alone). Slices and
-    their models have differed by 1-5% in most runs, by 11% once (De-En at 1.3x: 1.47x and 1.31x;
+    likeliest to measure below it once built. Slices and
+    their models usually differ by a few percent, now and then by more (docs/compress.md, Limits;
     results/compress-de-en): the margin covers the usual noise, not every case."""
     reached = [p for p in timed if p["measured_speedup"] >= target]
     if not reached:
@@ -206,8 +205,8 @@ def retime_candidates(scored: List[Dict], timed: List[Dict], target: float) -> L
     """The shapes to time next: at each decoder depth whose timed shapes all measured below the target, the first
     one in the choice's order, not timed yet, whose predicted speed-up scaled by that depth's measured/predicted
     ratio (the least of its timed shapes) reaches the target. The cost table sums lever costs measured one at a
-    time, and it misjudges a depth cut with heads (De-En at 2x: decoder 3 layers x 6-7 heads predicted 2.0x,
-    measured 1.8x); without this the choice leaves such a depth for the next one instead of trying fewer heads."""
+    time, and it can overrate a depth cut with heads (a shallow decoder keeping most of its heads can measure below
+    its prediction); without this the choice leaves such a depth for the next one instead of trying fewer heads."""
     ratio: Dict[Optional[int], float] = {}
     reached = set()
     for p in timed:

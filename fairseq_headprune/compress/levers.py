@@ -4,8 +4,8 @@ A lever is a structure `compress` can take away, as data: a name, the values it 
 how a shape with that value is cut from the unpruned model (studies.ceilings.CeilingShape: the first heads of every
 layer, evenly spaced layers, the first FFN units) and whether `shrink` can remove it from a trained model today.
 Heads per stack (encoder, decoder: CTranslate2's one head count per stack), the decoder's depth (layers kept,
-`shrink --keep-layers`) and every FFN's share of hidden units (`shrink --ffn-keep`: half of them buys 1.0-1.14x on
-the whole bundled models, 1.17x on De-En's decoder cut to 5 x 4, where they hold more of the time) are removable;
+`shrink --keep-layers`) and every FFN's share of hidden units (`shrink --ffn-keep`: little on a small model whole,
+more once its decoder is cut, where they hold more of the time) are removable;
 the output layer is measured so that a missed target can say what it would buy, and plugs into the same table and
 the same choice once shrink removes it. A lever whose field ends in `_percent` is set in percent of the whole; any
 other counts what the model holds (heads per layer, layers), its whole read from the model (stack_sizes).

@@ -11,7 +11,7 @@ the parent, in task order, whatever order the workers finish in, so the parent i
 and writes the rows in the order one process would. `shared` reaches every worker once per run (e.g. the baseline a
 sweep compares against). `run_tasks` runs the same loop in this process when there is no pool (`--workers 1`).
 The sweeps (`pool_for`, `map_tasks`) count the parent as one of their `--workers`: it decodes too, from the first
-task on, while the spawned processes import torch and fairseq and load the model (5-10 s that one worker would
+task on, while the spawned processes import torch and fairseq and load the model (the seconds that one worker would
 otherwise wait through).
 
 Workers are spawned (never forked: torch and fairseq state does not survive a fork), start with OMP_NUM_THREADS=1

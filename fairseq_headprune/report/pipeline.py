@@ -67,8 +67,8 @@ class ReportOptions:
     keep_one_select: str = option("bleu", flag="--keep-one-select", choices=("bleu", "loss"),
                                   help="keep-one: choose each layer's head by BLEU on --gen-subset (every head "
                                        "decoded), or by teacher-forced NLL on --importance-subset (or --gen-subset) "
-                                       "and decode only the chosen heads on --gen-subset (BLEU, significance): about "
-                                       "20x faster")
+                                       "and decode only the chosen heads on --gen-subset (BLEU, significance): one "
+                                       "decode per layer instead of one per head")
     bootstrap_sample_ratio: float = option(0.5, flag="--bootstrap-sample-ratio",
                                            help="single, keep-one: size of each bootstrap resample as a share of the "
                                                 "set (compare-mt's 0.5, so the verdicts compare with Michel et al.'s; "

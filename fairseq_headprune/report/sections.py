@@ -593,7 +593,7 @@ def deploy(doc: Document, files: Files, part, state) -> None:
         doc.image(figure, "Left: BLEU against sentences/s relative to the unpruned model in fairseq, the frontier "
                           "dashed. Right: the CTranslate2 int8 models at equal work over the unpruned int8, the "
                           "targets' quadrant shaded, ceilings dotted")
-    doc.paragraph("Targets (issue 29: a per-stack model in CTranslate2 int8 at least "
+    doc.paragraph("Targets (a per-stack model in CTranslate2 int8 at least "
                   f"{study.SPEEDUP_TARGET}x the unpruned int8 at equal work, within {study.BLEU_TARGET} BLEU of the "
                   "unpruned fairseq model):")
     doc.bullets(study.target_lines(table["targets"]))
@@ -632,7 +632,7 @@ def recover(doc: Document, path: Optional[str], checkpoint_sha: str) -> None:
     figure = result.get("figure") and os.path.join(os.path.dirname(path), result["figure"])
     if figure and os.path.exists(figure):
         doc.image(figure, "BLEU against heads removed: shrink alone, recovered, the controls, L0 and from scratch")
-    doc.paragraph("Targets (issue 30), each recovery judged by the model it delivers (the epoch of lowest valid "
+    doc.paragraph("Targets, each recovery judged by the model it delivers (the epoch of lowest valid "
                   "loss), never by its best epoch on this set:")
     doc.bullets(table.target_lines(table.targets(result)))
 

@@ -446,7 +446,7 @@ def build_table(contenders: Sequence[Contender], measured: Dict, options: Deploy
 
 
 def targets(rows: List[Dict], candidate: Optional[str] = None) -> Dict:
-    """The issue's targets: unpruned CT2 float32 as fairseq; a per-stack model in CT2 int8 >= 1.5x the unpruned
+    """The deployment targets: unpruned CT2 float32 as fairseq; a per-stack model in CT2 int8 >= 1.5x the unpruned
     CT2 int8 (equal work, batched) within 0.5 BLEU of the unpruned fairseq model. The model judged is `candidate`
     when given (chosen beforehand on held-out data); else the best of this table, a choice made on the scored set
     itself, which flatters it when there are several."""

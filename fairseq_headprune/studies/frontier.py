@@ -1,4 +1,4 @@
-"""The speed/BLEU frontier of the models `compress` built (issue 41's study), read from the runs' compress.json
+"""The speed/BLEU frontier of the models `compress` built, read from the runs' compress.json
 alone: nothing is decoded or timed again. One row per run (its shape, recovery epochs, speed over the unpruned model
 at equal work in the run's engine, FLOP ratio, and the BLEU difference to the unpruned model on every reported set
 with its paired-bootstrap p); the control (the unpruned model through the same recovery, control-bleu.json of
