@@ -14,6 +14,8 @@ import shlex
 
 from fairseq_headprune.compress.pipeline import CompressOptions
 from fairseq_headprune.options import add_arguments, from_arguments
+from fairseq_headprune.compress import pipeline
+from fairseq_headprune.fairseq_io.loading import PACKAGE_DIR, load
 
 
 def add_args(parser) -> None:
@@ -22,8 +24,6 @@ def add_args(parser) -> None:
 
 def user_argv(argv):
     """The tokens as the user gave them (without the --user-dir the command adds for itself)."""
-    from fairseq_headprune.fairseq_io.loading import PACKAGE_DIR
-
     out = list(argv)
     if out[:2] == ["--user-dir", PACKAGE_DIR]:
         out = out[2:]
@@ -31,9 +31,6 @@ def user_argv(argv):
 
 
 def run(cfg, args) -> None:
-    from fairseq_headprune.compress import pipeline
-    from fairseq_headprune.fairseq_io.loading import load
-
     options = from_arguments(CompressOptions, args, gen_subset=cfg.dataset.gen_subset,
                              command="fairseq-headprune compress " + shlex.join(user_argv(args.command_argv)))
     options.check()  # every option applied or refused before the model loads

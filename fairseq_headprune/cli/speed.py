@@ -5,6 +5,7 @@ from __future__ import annotations
 from fairseq_headprune.cli.common import options_from, results_folder
 from fairseq_headprune.fairseq_io.loading import load
 from fairseq_headprune.studies import speed, speed_ct2
+from fairseq_headprune.studies.deploy import check_task
 
 
 def add_args(parser) -> None:
@@ -24,8 +25,6 @@ def add_args(parser) -> None:
 def check_ct2_task(task_cfg) -> None:
     """--engine ct2 decodes as fairseq does under translation and the multilingual task (its target language token
     as CTranslate2's target prefix); mBART's task is refused in one line (studies.deploy.check_task)."""
-    from fairseq_headprune.studies.deploy import check_task
-
     check_task(task_cfg, "speed --engine ct2")
 
 

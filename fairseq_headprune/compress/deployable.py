@@ -21,6 +21,7 @@ from typing import Dict, List, Optional
 
 from omegaconf import OmegaConf
 
+from fairseq_headprune.compress.vocab_map import translate_options
 from fairseq_headprune.errors import UserError
 
 SETTINGS = "translate.json"
@@ -77,6 +78,7 @@ def settings(cfg, decoding: Dict, source_prefix: List[str], target_prefix: List[
 def write(folder: str, content: Dict) -> None:
     """translate.json, the subword model's file and README.md into `folder` (a model folder being staged)."""
     files = content.pop("files")
+    content["decoding"].update(translate_options(folder))  # a folder with a vocabulary map decodes with it
     for name, source in files.items():
         shutil.copyfile(source, os.path.join(folder, name))
     with open(os.path.join(folder, SETTINGS), "w", encoding="utf-8") as f:
@@ -179,7 +181,7 @@ def snippet(content: Dict) -> str:
     if bpe and bpe["_name"] == "subword_nmt" or (bpe and bpe["_name"] == "sentencepiece"):
         imports.insert(0, "import os")
     options = {k: decoding[k] for k in ("beam_size", "length_penalty", "min_decoding_length",
-                                        "no_repeat_ngram_size")}
+                                        "no_repeat_ngram_size", "use_vmap") if k in decoding}
     prefix = content.get("target_prefix") or []
     lines = [*imports, "", *setup,
              f"source_prefix, target_prefix = {content.get('source_prefix') or []!r}, {prefix!r}",

@@ -71,7 +71,8 @@ class RawTranslator:
                                                  inter_threads=1, intra_threads=threads)
         decoding = self.settings["decoding"]
         self.options = {k: decoding[k] for k in ("beam_size", "length_penalty", "min_decoding_length",
-                                                 "no_repeat_ngram_size", "max_input_length", "num_hypotheses")}
+                                                 "no_repeat_ngram_size", "max_input_length", "num_hypotheses",
+                                                 "use_vmap") if k in decoding}
         if beam is not None:
             self.options["beam_size"] = beam
         self.generation = OmegaConf.create({"max_len_a": decoding["max_len_a"], "max_len_b": decoding["max_len_b"]})

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from fairseq_headprune.errors import UserError
+from fairseq_headprune.decoding.workers import map_tasks
 
 CANDIDATES = (1, 2, 4, 8, 16)
 # A larger size must be faster per output word than the best so far to keep doubling. No margin: stopping early
@@ -233,8 +234,6 @@ def translate_masks(evaluator, mask_sets: Sequence[Sequence], on_group: Callable
     searches, sized by `batching` (default auto); on a `workers.Workers` pool built with
     `evaluate.translate_worker` and this evaluator's spec, or in this process. on_group(indices, hypotheses) runs
     here, in order, as each group finishes. Returns the batching, settled, to record its `reason()`."""
-    from fairseq_headprune.decoding.workers import map_tasks
-
     batching = batching or MaskBatching()
 
     def on_result(group, result, seconds):

@@ -34,6 +34,7 @@ import weakref
 from typing import Any, Callable, Iterable, Iterator, Optional, Tuple
 
 from fairseq_headprune.errors import UserError
+from fairseq_headprune.fairseq_io.fairseq_errors import user_message
 
 AUTO = "auto"
 
@@ -94,8 +95,6 @@ def run_tasks(tasks: Iterable, handler: Callable[[Any, Any], Any], on_result: Ca
 
 
 def _describe(error: BaseException) -> Tuple[bool, str]:
-    from fairseq_headprune.fairseq_io.fairseq_errors import user_message
-
     message = user_message(error)  # a UserError, or fairseq's own failure on the user's input
     if message is not None:
         return True, message

@@ -13,6 +13,7 @@ import os
 from typing import Dict, List
 
 from fairseq_headprune.errors import UserError
+from fairseq_headprune.compress.choice import shape_words
 
 RECORD = "compress.json"
 CONTROL = "control-bleu.json"
@@ -26,8 +27,6 @@ LEGEND = ("Squares: the decoder's depth cut; marker size: recovery epochs; open 
 
 def row(name: str, record: Dict) -> Dict:
     """One run's row from its compress.json."""
-    from fairseq_headprune.compress.choice import shape_words
-
     stages = record["stages"]
     report = stages["report"]
     sets = {report["subset"]: report, **{a["subset"]: a for a in report.get("also") or []}}
