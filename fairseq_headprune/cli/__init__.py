@@ -42,6 +42,7 @@ COMMANDS = {
                    "a CTranslate2 model of any checkpoint, checked against fairseq"),
     "deploy": ("fairseq_headprune.cli.deploy", "BLEU and speed in fairseq and CTranslate2, unpruned vs pruned"),
     "compress": ("fairseq_headprune.cli.compress", "a deployable model at a stated speed, in one resumable run"),
+    "translate": ("fairseq_headprune.cli.translate", "raw text in, translations out, with an exported model folder"),
 }
 
 

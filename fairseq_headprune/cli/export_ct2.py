@@ -4,6 +4,9 @@ reads or writes (stock, `remove`d, `shrink`ed, folded-out gates), checked agains
   fairseq-headprune export-ct2 DATA --path CKPT --out DIR [--quantization int8] [--force] \\
       [--gen-subset test --check-sentences 100 --beam 5 --bpe subword_nmt --bpe-codes CODE --references REF]
 
+DIR also holds what goes from raw text to raw text (compress.deployable: the tokenizer's settings and files, the
+language tokens, a README): `fairseq-headprune translate DIR < raw.txt`.
+
 The check decodes the first --check-sentences sentences of --gen-subset with fairseq and with the exported model
 under the same decoding options (beam, lenpen, max/min length): float32 hypotheses are compared token by token;
 with --quantization, the BLEU of both is printed. DIR is written whole or not at all; --force replaces only an empty
@@ -72,4 +75,5 @@ def run(cfg, args) -> None:
         print(f"vocabulary map: {m['source_tokens']} source tokens x {m['per_source']} candidates + {m['always']} "
               f"always, from {m['sentence_pairs']} training pairs; with it {m['differing']} of {m['sentences']} "
               f"hypotheses change, BLEU {m['bleu_without']:.2f} -> {m['bleu_with']:.2f}")
-    print(f"wrote {info['out']} ({info['quantization']}) in {info['seconds']:.1f} s")
+    print(f"wrote {info['out']} ({info['quantization']}) in {info['seconds']:.1f} s, with "
+          f"{', '.join(info['deployable'])}: fairseq-headprune translate {info['out']} < raw.txt")

@@ -6,8 +6,7 @@ from fairseq_headprune.cli.common import ResultsDir, options_from, results_folde
 from fairseq_headprune.options import add_arguments
 from fairseq_headprune.fairseq_io.loading import load
 from fairseq_headprune.studies import speed, speed_ct2
-from fairseq_headprune.errors import UserError
-from fairseq_headprune.studies.deploy import PLAIN_TASKS
+from fairseq_headprune.studies.deploy import check_task
 
 
 def add_args(parser) -> None:
@@ -17,12 +16,9 @@ def add_args(parser) -> None:
 
 
 def check_ct2_task(task_cfg) -> None:
-    """--engine ct2 decodes from the source tokens alone: under a task that puts language tokens in the decoder
-    (multilingual, mBART) it would time other translations than the model's, so it is refused in one line."""
-    name = task_cfg.get("_name") if hasattr(task_cfg, "get") else getattr(task_cfg, "_name", None)
-    if name not in PLAIN_TASKS:
-        raise UserError(f"--engine ct2 times CTranslate2 on the translation task only, not {name}: its language "
-                        "tokens are not passed to CTranslate2 (time it with --engine fairseq)")
+    """--engine ct2 decodes as fairseq does under translation and the multilingual task (its target language token
+    as CTranslate2's target prefix); mBART's task is refused in one line (studies.deploy.check_task)."""
+    check_task(task_cfg, "speed --engine ct2")
 
 
 def run(cfg, args) -> None:
