@@ -272,7 +272,8 @@ def test_a_distillation_set_is_translated_by_the_teacher_and_trained_on_beside_t
     proc = _recover(tiny_data, student, stock_checkpoint, out, "--distill-source", raw, "--distill-nbest", "2",
                     "--sequence-beam", "2", "--updates", "3", *encoders)
     assert "distillation set: 200 source sentences, 400 pairs" in proc.stdout + proc.stderr
-    folder, = [p for p in tiny_data.parent.glob(f"{tiny_data.name}.distill-*")]
+    folder, = [p for p in tiny_data.parent.glob(f"{tiny_data.name}.distill-*")  # (beside other tests' sets)
+               if json.loads((p / "distillation-set.json").read_text())["sources"] == 200]
     src = indexed_dataset.make_dataset(str(folder / "train1.de-en.de"), impl="mmap")
     tgt = indexed_dataset.make_dataset(str(folder / "train1.de-en.en"), impl="mmap")
     assert len(src) == len(tgt) == 400

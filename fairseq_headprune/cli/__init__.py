@@ -56,11 +56,11 @@ def usage() -> str:
 def parser_for(command: str, module) -> argparse.ArgumentParser:
     """The command's parser: fairseq-generate's options and the command's own (or its own only), every usage error
     one line (options.one_line_errors)."""
-    from fairseq import options
-
-    if not getattr(module, "USES_FAIRSEQ_OPTIONS", True):
+    if not getattr(module, "USES_FAIRSEQ_OPTIONS", True):  # fairseq not imported: translate stays quiet and quick
         parser = argparse.ArgumentParser(prog=f"fairseq-headprune {command}", description=module.__doc__.split("\n")[0])
     else:
+        from fairseq import options  # fairseq's parser for the commands that take its options (an optional weight)
+
         parser = options.get_generation_parser(default_task="translation_headprune")
         parser.prog = f"fairseq-headprune {command}"
     module.add_args(parser)
