@@ -2,7 +2,8 @@
 and pruned models (Table 4), in fairseq or in CTranslate2."""
 from __future__ import annotations
 
-from fairseq_headprune.cli.common import options_from, results_folder
+from fairseq_headprune.cli.common import ResultsDir, options_from, results_folder
+from fairseq_headprune.options import add_arguments
 from fairseq_headprune.fairseq_io.loading import load
 from fairseq_headprune.studies import speed, speed_ct2
 from fairseq_headprune.studies.deploy import check_task
@@ -10,16 +11,8 @@ from fairseq_headprune.studies.deploy import check_task
 
 def add_args(parser) -> None:
     g = parser.add_argument_group("speed")
-    g.add_argument("--results-dir", required=True)
-    g.add_argument("--heads", required=True, help="heads to prune: TYPE:LAYER:HEADS,... or @file.json")
-    g.add_argument("--batch-sizes", default="1,4,16,64")
-    g.add_argument("--runs", type=int, default=3)
-    g.add_argument("--num-sentences", type=int, default=128, help="sentences decoded per run and batch size")
-    g.add_argument("--engine", default="fairseq",
-                   help="fairseq (fairseq's generator) or ct2 (both models exported to CTranslate2, one thread and "
-                        "all threads)")
-    g.add_argument("--compute-type", help="with --engine ct2: CTranslate2's compute type (float32, int8, "
-                                          "int8_float32, ...; default float32)")
+    add_arguments(g, ResultsDir)
+    add_arguments(g, speed.SpeedOptions)
 
 
 def check_ct2_task(task_cfg) -> None:

@@ -30,11 +30,12 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
+import sacrebleu
 import torch
 
 from fairseq_headprune.compress import deployable
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.options import nested
+from fairseq_headprune.options import nested, option
 from fairseq_headprune.core.heads import attention_modules
 from fairseq_headprune.core.masking import head_gates
 from fairseq_headprune.fairseq_io.loading import load_subset
@@ -50,13 +51,23 @@ ACTIVATIONS = {"relu": "RELU", "gelu": "GELU", "gelu_accurate": "GELUTanh", "gel
 class ExportOptions:
     """What `export-ct2` does; field names are the command's options (`inputs`: the paths the command reads)."""
 
-    out: str
-    quantization: Optional[str] = None
-    force: bool = False
-    check_sentences: int = 100
-    max_differing: float = 0.05
+    out: str = option(flag="--out", metavar="DIR", help="the CTranslate2 model folder to write")
+    quantization: Optional[str] = option(None, flag="--quantization", metavar="TYPE",
+                                         help=f"weight type of the written model: {', '.join(QUANTIZATIONS)} (default: "
+                                              "float32)")
+    force: bool = option(False, flag="--force",
+                         help="replace an existing --out folder: an empty one or a CTranslate2 model folder only")
+    check_sentences: int = option(100, flag="--check-sentences",
+                                  help="sentences of --gen-subset (the first ones) both engines translate before "
+                                       "writing")
+    max_differing: float = option(0.05, flag="--max-differing",
+                                  help="share of float32 hypotheses allowed to differ from fairseq's (float rounding) "
+                                       "before the export is refused")
     inputs: Tuple[str, ...] = ()
-    vocab_map: bool = False  # write vmap.txt from the training pairs (compress.vocab_map)
+    vocab_map: bool = option(False, flag="--vocab-map",  # compress.vocab_map
+                             help="write a vocabulary map (vmap.txt, translated with use_vmap) built from DATA's "
+                                  "train pairs: the output layer scores only the target words the batch's source "
+                                  "words bring in")
     vocab_map_options: VocabMapOptions = nested(VocabMapOptions)
     vocab_map_subsets: Tuple[str, ...] = ("train",)  # the subsets of DATA whose pairs the map is built from
 
@@ -522,7 +533,16 @@ def compare(evaluator, reference: Dict[int, List[int]], other: Dict[int, List[in
     refs = [evaluator.references[i] for i in ids]
     bleu = lambda hyps: round(float(evaluator.bleu_metric().corpus_score(hyps, [refs]).score), 2)  # noqa: E731
     return {"sentences": len(ids), "differing": sum(reference[i] != other[i] for i in ids),
-            "bleu_fairseq": bleu([text(reference[i]) for i in ids]), "bleu_ct2": bleu([text(other[i]) for i in ids])}
+            "bleu_fairseq": bleu([text(reference[i]) for i in ids]), "bleu_ct2": bleu([text(other[i]) for i in ids]),
+            "agreement": token_agreement([reference[i] for i in ids], [other[i] for i in ids])}
+
+
+def token_agreement(reference: List[List[int]], other: List[List[int]]) -> float:
+    """BLEU (0-100) of one engine's hypotheses against another's as the references, on token ids: 100 when they
+    are the same; what int8 kernels, which round differently on each CPU, keep of fairseq's translations."""
+    words = lambda hyps: [" ".join(map(str, h)) for h in hyps]  # noqa: E731
+    score = sacrebleu.BLEU(tokenize="none").corpus_score(words(other), [words(reference)]).score
+    return round(float(score), 2)
 
 
 # --------------------------------------------------------------------------------------------- the command

@@ -54,7 +54,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
-from fairseq_headprune.compress import levers
+from fairseq_headprune.compress import levers, preflight
 from fairseq_headprune.compress.choice import (RETIMED_ROUNDS, SHAPE_FIELDS, TIMED_AGAIN, as_timed, candidate_order,
                                                ffn_variants, fisher_choice, kept_by_depth, label, lever_points,
                                                masked_nll, moved_levers, fisher_frontier, per_stack_points,
@@ -63,7 +63,7 @@ from fairseq_headprune.compress.choice import (RETIMED_ROUNDS, SHAPE_FIELDS, TIM
 from fairseq_headprune.compress.vocab_map import VocabMapOptions
 from fairseq_headprune.compress.window_fit import WindowOptions
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.options import nested, option
+from fairseq_headprune.options import nested, non_finite, option
 from fairseq_headprune.compress import layers, model_card, recover, select
 from fairseq_headprune.compress.export import ExportOptions, check_batches, ct2_decoding, export, unsupported_parts
 from fairseq_headprune.compress.reconstruct import ReconstructionOptions
@@ -190,6 +190,7 @@ class CompressOptions:
 
     def check(self) -> None:
         """Every option applied or refused in one line, before anything loads."""
+        non_finite(self)
         if (self.speedup is None) == (self.max_bleu_loss is None):
             raise UserError("give exactly one target: --speedup X (times the unpruned model's speed) or "
                             "--max-bleu-loss X (BLEU points on held-out data)")
@@ -272,9 +273,6 @@ class CompressOptions:
                 raise UserError(f"--also-references: no such file: {path}")
         if os.path.exists(self.out) and not os.path.isdir(self.out):
             raise UserError(f"--out {self.out} is a file; name a folder")
-        parent = os.path.dirname(os.path.abspath(self.out))
-        if not os.path.isdir(parent):
-            raise UserError(f"--out: folder {parent} does not exist")
         if os.pathsep in os.path.abspath(self.out):  # found at the export of an 8-epoch run, after the training
             raise UserError(f"--out {self.out}: fairseq's --path splits a checkpoint path on '{os.pathsep}' (an "
                             f"ensemble), so the stages could not load the models written there; name a folder "
@@ -638,6 +636,7 @@ class Run:
             problems = unsupported_parts(loaded.model, activation)
             if problems:
                 raise UserError(f"--engine {options.engine}: CTranslate2 cannot express {problems[0]}")
+        preflight.check(self)  # references, BPE files, the recovery's fairseq-train options against this machine
         self.check_recover_args()
         for subset in ("train", "valid", options.gen_subset, options.calibration_subset, options.timing_subset,
                        *options.also_report):
@@ -1290,6 +1289,7 @@ class Run:
                   "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
                   "teacher_trained_on": list(o.teacher_trained_on)}
         record["verdict"] = verdict(record)
+        preflight.output_folder(o.out)  # a file of the user's put there while the run went on stays untouched
         # paths as OUT/..., DATA/... or file names: the record and the card travel without this machine's folders
         record = model_card.portable(record, os.path.abspath(o.out), os.path.abspath(self.loaded.cfg.task.data))
         record_path = os.path.join(o.out, "compress.json")
@@ -1413,10 +1413,14 @@ def verdict(record: Dict) -> Dict:
 def run(loaded, options: CompressOptions, log: Callable = print, progress: bool = True) -> Optional[Dict]:
     """The whole run under a lock on OUT (one process per folder)."""
     options.check()
+    inputs = preflight.command_inputs(loaded.cfg.task.data, loaded.checkpoint,
+                                      (options.references, *options.also_references))
+    preflight.output_folder(options.out, inputs)
     compress = Run(loaded, options, log, progress)
     compress.check()
     os.makedirs(options.out, exist_ok=True)
-    with FolderLock(options.out):
+    with FolderLock(options.out, option="--out"):
+        preflight.output_folder(options.out, inputs)  # as it is now that this process holds it
         return compress.run()
 
 
