@@ -6,11 +6,12 @@ fairseq's own commands as one line with exit code 2 (errors.report_user_errors).
 """
 import logging
 
-from fairseq_headprune.errors import report_user_errors
-from fairseq_headprune.fairseq_io.loading import trust_fairseq_checkpoints
-
 # fairseq's text-to-speech task logs an install hint for tensorboardX on every import; it concerns no user here
+# (set before anything imports fairseq: the modules below do)
 logging.getLogger("fairseq.tasks.text_to_speech").setLevel(logging.WARNING)
+
+from fairseq_headprune.errors import report_user_errors  # noqa: E402
+from fairseq_headprune.fairseq_io.loading import trust_fairseq_checkpoints  # noqa: E402
 
 trust_fairseq_checkpoints()
 report_user_errors()

@@ -16,8 +16,7 @@ USES_FAIRSEQ_OPTIONS = False
 
 
 def add_args(parser) -> None:
-    parser.add_argument("folder", metavar="DIR", help="the deployable model folder (a compress output or its ct2/)")
-    add_arguments(parser, TranslateOptions)  # declared once, on TranslateOptions
+    add_arguments(parser, TranslateOptions)  # declared once, on TranslateOptions (DIR too)
 
 
 def run(cfg, args) -> None:

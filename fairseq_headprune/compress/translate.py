@@ -29,7 +29,8 @@ COMPUTE_TYPES = ("default", "auto", "int8", "int8_float32", "int8_float16", "int
 class TranslateOptions:
     """What `fairseq-headprune translate` does; every field has the command's default."""
 
-    folder: str = ""  # DIR: the deployable folder (a compress output or its ct2/)
+    folder: str = option(flag="folder", metavar="DIR",
+                         help="the deployable model folder (a compress output or its ct2/)")
     beam: Optional[int] = option(None, flag="--beam",
                                  help="beam size (default: the one the model was exported and checked with)")
     batch_size: int = option(32, flag="--batch-size", help="sentences translated together")
