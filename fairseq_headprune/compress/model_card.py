@@ -64,7 +64,8 @@ def render(record: Dict) -> str:
         "after every choice, by both models" + also_line(reported) + ".", "",
         "## Cost table", "",
         f"Each lever alone, cut crudely from the unpruned model and timed in {record['engine']} at equal work "
-        f"({table['sentences']} sentences of '{o['timing_subset']}', {o['runs']} rounds). A row's saving counts "
+        f"({table['sentences']} sentences of '{o['timing_subset']}' in {table['identity']['batches']} batches, "
+        f"{table['identity']['runs']} rounds). A row's saving counts "
         "only when its slice was faster in significantly more batches than not (sign test, p < 0.05), made "
         "monotone over the values; a shape that moves several levers is predicted by multiplying the shares of "
         "time each leaves. *Not yet* removable: measured so "

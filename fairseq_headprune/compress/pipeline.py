@@ -110,7 +110,9 @@ class CompressOptions:
     window_lr: float = option(WindowOptions.lr, flag="--window-lr", help="their learning rate (shrink --window-lr)")
     timing_subset: str = option("valid", flag="--timing-subset", help="sentences the speeds are measured on")
     timing_sentences: int = option(300, flag="--timing-sentences", help="how many of them")
-    runs: int = option(3, flag="--runs", help="interleaved timing rounds")
+    runs: int = option(3, flag="--runs",
+                       help="interleaved timing rounds, at least (more when the timing batches are too few for every "
+                            "sign test to see 10 paired batches)")
     heldout_sentences: int = option(500, flag="--heldout-sentences",
                                     help="--max-bleu-loss: the first N sentences of valid choose; the rest early-stop "
                                          "the recovery")
@@ -450,21 +452,24 @@ def subset_tokens(loaded, subset: str, n: Optional[int] = None) -> Tuple[int, in
     return count, tokens
 
 
-def estimates(loaded, options: CompressOptions, rates: Dict[str, float], rows: int) -> Dict[str, float]:
-    """Seconds each stage will take, from the measured rates (not guesses of them)."""
+def estimates(loaded, options: CompressOptions, rates: Dict[str, float], rows: int,
+              rounds: Optional[int] = None) -> Dict[str, float]:
+    """Seconds each stage will take, from the measured rates (not guesses of them); `rounds`: the timing's
+    interleaved rounds (levers.timing_rounds; --runs when not given)."""
     from fairseq_headprune.core.heads import attention_modules
 
     timing_n = options.timing_sentences
+    runs = rounds or options.runs
     engine = rates["engine_sent_s"]
     calib_n, calib_tok = subset_tokens(loaded, options.calibration_subset, options.calibration_sentences)
     train_n, train_tok = subset_tokens(loaded, "train")
     valid_n, valid_tok = subset_tokens(loaded, "valid")
     sublayers = len(attention_modules(loaded.model))
-    out = {"cost-table": (rows + 1) * ((options.runs + 2) * timing_n / engine + rates["export_s"])}
+    out = {"cost-table": (rows + 1) * ((runs + 2) * timing_n / engine + rates["export_s"])}
     out["choice"] = calib_tok / rates["train_tok_s"]
     if options.speedup is not None:  # up to five shapes timed again beside the unpruned model, and (expected) one
         models = 2 if options.shape is not None else 6 + 6  # more round of five (ffn_variants, retime_candidates)
-        out["choice"] += models * ((options.runs + 2) * timing_n / engine + rates["export_s"])
+        out["choice"] += models * ((runs + 2) * timing_n / engine + rates["export_s"])
         depth = len(loaded.model.decoder.layers)  # at most: the greedy layer order down to one layer, a gradient
         out["choice"] += ((depth * (depth + 1) // 2 - 1 + depth) * calib_tok / rates["forward_tok_s"]  # pass and
                           + (depth - 1) * calib_tok / rates["train_tok_s"])  # an NLL per depth
@@ -483,7 +488,7 @@ def estimates(loaded, options: CompressOptions, rates: Dict[str, float], rows: i
         out["recover"] += train_n / rates["fairseq_sent_s"]
     out["export"] = (2 * options.check_sentences / rates["fairseq_sent_s"] + 2 * rates["export_s"]
                      if options.engine != "fairseq" else 0.0)
-    out["measure"] = 2 * (2 * options.runs + 2) * timing_n / engine + rates["export_s"]
+    out["measure"] = 2 * (2 * runs + 2) * timing_n / engine + rates["export_s"]
     reported = sum(subset_tokens(loaded, subset)[1] for subset in (options.gen_subset, *options.also_report))
     out["report"] = 2 * reported / rates["engine_tok_s"]  # both models, every reported set
     return out
@@ -619,20 +624,23 @@ class Run:
             torch.set_num_threads(threads)
 
     def _run(self) -> Optional[Dict]:
-        from fairseq_headprune.compress.export import check_batches
         from fairseq_headprune.compress.shrink import calibration_samples
 
         options, loaded = self.options, self.loaded
-        timing = self.timing = check_batches(loaded, options.timing_subset, options.timing_sentences)
+        timing = self.timing = levers.timing_batches(loaded, options.timing_subset, options.timing_sentences)
+        self.rounds = levers.timing_rounds(len(timing), options.runs)
+        if self.rounds > options.runs:
+            self.log(f"timing: {len(timing)} batches of '{options.timing_subset}', so {self.rounds} interleaved rounds "
+                     f"(--runs {options.runs}) give every sign test at least {levers.MIN_PAIRED} paired batches")
         from fairseq_headprune.compress.recover import TRAIN_DEFAULTS
 
         train_tokens = int(TRAIN_DEFAULTS["--max-tokens"])  # a batch as recovery trains on (the probe's rates)
         with max_tokens(loaded, train_tokens):
             calibration, _ = calibration_samples(loaded, "train", 200, train_tokens)
-        table_identity = levers.table_identity(loaded, options.engine, timing, options.runs)
+        table_identity = levers.table_identity(loaded, options.engine, timing, self.rounds)
         rows = len(levers.lever_rows(loaded.model))
         rates = probe(loaded, options, timing, calibration)
-        plan = estimates(loaded, options, rates, rows)
+        plan = estimates(loaded, options, rates, rows, self.rounds)
         cached = self._cached_stages(table_identity)
         todo = {name: (0.0 if name in cached else s) for name, s in plan.items()}
         done_epochs = self._recovered_epochs(cached)
@@ -738,8 +746,12 @@ class Run:
         if cached:
             self.log(f"cost table: measured before on this machine ({self.cost_cache})")
             return {**cached, "from_cache": True}
-        table = levers.measure(self.loaded, self.options.engine, self.timing, self.options.runs, log=self.log)
+        table = levers.measure(self.loaded, self.options.engine, self.timing, self.rounds, log=self.log)
         table["identity"] = identity
+        if not levers.decided(table):  # never cached: a rerun measures again rather than reuse an undecided table
+            self.log(f"cost table: its rows saw as few as {levers.fewest_paired(table)} paired batches, fewer than "
+                     f"{levers.MIN_PAIRED}: not kept in the cache")
+            return {**table, "from_cache": False, "cache_file": None}
         stored = levers.store_table(self.cost_cache, table)
         return {**table, "from_cache": False, "cache_file": stored}
 
@@ -943,7 +955,7 @@ class Run:
         timed: List[Dict] = []
         for _ in range(1 + RETIMED_ROUNDS):
             shapes = {label(p): levers.ceiling_shape(self.loaded.model, p) for p in batch}
-            measured = levers.time_shapes(self.loaded, self.options.engine, self.timing, self.options.runs, shapes,
+            measured = levers.time_shapes(self.loaded, self.options.engine, self.timing, self.rounds, shapes,
                                           self.log)
             for p in batch:
                 p["measured_speedup"] = measured["speedup"][label(p)]
@@ -1206,20 +1218,20 @@ class Run:
             natural = models["unpruned"].run(timing)
             length = max(1, round(statistics.mean(len(h) for h in natural["hypotheses"].values())))
             decoders = {k: m.run for k, m in models.items()}
-            forced = levers.timed_rounds(decoders, timing, self.options.runs, length)
-            as_decoded = levers.timed_rounds(decoders, timing, self.options.runs, 0)
+            forced = levers.timed_rounds(decoders, timing, self.rounds, length)
+            as_decoded = levers.timed_rounds(decoders, timing, self.rounds, 0)
             load = levers.load_average()
         src = [int(n) for s in timing for n in s["net_input"]["src_lengths"].tolist()]
         beam, batch = int(self.loaded.cfg.generation.beam), max(s["id"].numel() for s in timing)
         shape_of = flops.ModelShape.of if self.options.engine == "fairseq" else ct2_shape
         n = sum(s["id"].numel() for s in timing)
-        return {"subset": self.options.timing_subset, "sentences": n, "runs": self.options.runs,
+        return {"subset": self.options.timing_subset, "sentences": n, "runs": self.rounds, "batches": len(timing),
                 "forced_length": length, "largest_batch": batch, "load_average": load,
                 "speedup_equal_work": round(levers.paired_speedup(forced["unpruned"], forced["compressed"]), 3),
                 "speedup_as_decoded": round(levers.paired_speedup(as_decoded["unpruned"], as_decoded["compressed"]),
                                             3),
                 "speedup_equal_work_total": round(sum(forced["unpruned"]) / sum(forced["compressed"]), 3),
-                "sentences_per_s": {k: round(n * self.options.runs / sum(v), 1) for k, v in as_decoded.items()},
+                "sentences_per_s": {k: round(n * self.rounds / sum(v), 1) for k, v in as_decoded.items()},
                 "flop_ratio": round(flops.flop_ratio(shape_of(self.loaded.model), shape_of(pruned.model), src,
                                                      [length + 1] * len(src), beam, batch), 4)}
 
