@@ -629,9 +629,6 @@ class Run:
         options, loaded = self.options, self.loaded
         timing = self.timing = levers.timing_batches(loaded, options.timing_subset, options.timing_sentences)
         self.rounds = levers.timing_rounds(len(timing), options.runs)
-        if self.rounds > options.runs:
-            self.log(f"timing: {len(timing)} batches of '{options.timing_subset}', so {self.rounds} interleaved rounds "
-                     f"(--runs {options.runs}) give every sign test at least {levers.MIN_PAIRED} paired batches")
         from fairseq_headprune.compress.recover import TRAIN_DEFAULTS
 
         train_tokens = int(TRAIN_DEFAULTS["--max-tokens"])  # a batch as recovery trains on (the probe's rates)
@@ -652,6 +649,9 @@ class Run:
                  + f"; from rates measured just now in CPU time: {rates['engine_sent_s']:.0f} sentences/s in "
                  f"{options.engine}, {rates['train_tok_s']:.0f} training tokens/s)")
         self.rates, self.plan, self.todo = rates, plan, todo
+        if self.rounds > options.runs:
+            self.log(f"timing: {len(timing)} batches of '{options.timing_subset}', so {self.rounds} interleaved rounds "
+                     f"(--runs {options.runs}) give every sign test at least {levers.MIN_PAIRED} paired batches")
         plan = todo  # each stage's bar: what is left of it
 
         table = self.stage("cost-table", table_identity, lambda folder: self._cost_table(folder, table_identity),
