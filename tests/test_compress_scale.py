@@ -54,3 +54,85 @@ def test_a_table_too_few_batches_decide_says_so_and_is_never_cached(tmp_path):
     levers.store_table(str(tmp_path), {**table, "identity": identity})
     assert levers.cached_table(str(tmp_path), identity)["rows"] == rows
     assert levers.timing_rounds(1, 3) == 10 and levers.timing_rounds(19, 3) == 3 and levers.timing_rounds(4, 1) == 3
+
+
+# --------------------------------------------------------------------------------------------- the user's budget
+
+
+def test_dry_run_prints_the_plan_and_the_recoverys_command_and_writes_nothing(tiny_data, stock_checkpoint, tmp_path):
+    out = tmp_path / "out"
+    printed = run(compress_argv(tiny_data, stock_checkpoint, out, tmp_path / "cache", "--dry-run",
+                                "--recover-sentences", "100", "--budget-updates", "20", "--patience", "3",
+                                "--distributed-world-size", "2", "--seed", "7")).stdout
+    assert not out.exists() and not (tmp_path / "cache").exists()  # nothing written, no model
+    lines = printed.splitlines()
+    assert lines[0].startswith("compress (--speedup 1.01, ct2-int8): this run will cost about ")
+    for name in ("cost-table", "choice", "shrink", "recover", "export", "measure", "report"):
+        assert any(line.startswith(f"  {name} ") and "CPU min" in line for line in lines), name
+    assert "100 of the 3000 pairs of 'train' drawn at random (seed 1)" in printed
+    assert "at most 1 epochs and 20 updates" in printed
+    command = next(line.strip() for line in lines if line.strip().startswith("fairseq-train "))
+    # the fairseq-train options given to compress itself reach the recovery
+    for part in ("--patience 3", "--distributed-world-size 2", "--seed 7", "--max-update 20", "--max-epoch 1",
+                 "--max-tokens 4000", f"--save-dir {out}/stages/recover/run", f"{out}/stages/recover-data"):
+        assert part in command, (part, command)
+
+
+def test_fairseq_train_options_given_to_compress_reach_the_recovery_or_are_refused(tiny_data, stock_checkpoint,
+                                                                                  tmp_path):
+    cases = [(("--save-dir", "x"), "--save-dir is set by recover itself"),
+             (("--disable-validation",), "--disable-validation: the recovery early-stops on valid"),
+             (("--budget-updates", "0"), "--budget-updates must be at least 1"),
+             (("--recover-sentences", "0"), "--recover-sentences must be at least 1"),
+             (("--budget-epochs", "0", "--patience", "3"), "--patience: a fairseq-train option, and --budget-epochs "
+                                                             "0 runs no recovery"),
+             (("--recovered", str(tmp_path / "none.pt")), "--recovered: no such file")]
+    for extra, message in cases:
+        out = tmp_path / f"out{len(message)}"
+        argv = compress_argv(tiny_data, stock_checkpoint, out, tmp_path / "cache", *extra)
+        at = argv.index("--recover-args")  # (refused itself with --budget-epochs 0)
+        proc = run(argv[:at] + argv[at + 2:], check=False)
+        assert proc.returncode == 2 and message in proc.stderr, (extra, proc.stderr[-800:])
+        assert len(proc.stderr.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_the_recovery_runs_the_users_budget_on_a_sample_in_two_processes(tiny_data, stock_checkpoint, tmp_path):
+    from fairseq.data import data_utils
+
+    out = tmp_path / "out"
+    run(compress_argv(tiny_data, stock_checkpoint, out, tmp_path / "cache", "--budget-epochs", "40",
+                      "--budget-updates", "20", "--recover-sentences", "100", "--recover-args=--max-tokens 400",
+                      "--patience", "-1", "--distributed-world-size", "2", "--stop-after", "recover"))
+    recovered = stage(out, "recover")["result"]
+    assert recovered["updates"] == 20  # the budget, not the 40 epochs
+    assert (recovered["sentences"], recovered["processes"], recovered["device"]) == (100, 2, "CPU")
+    sample = out / "stages" / "recover-data"
+    assert len(data_utils.load_indexed_dataset(str(sample / "train.de-en.de"), None)) == 100
+    assert len(data_utils.load_indexed_dataset(str(sample / "train.de-en.en"), None)) == 100
+    drawn = json.loads((sample / "sample.json").read_text())["drawn"]["pairs"]["de-en"]
+    assert drawn["sentences"] == 100 and drawn["of"] == 3000
+    run_dir = out / "stages" / "recover" / "run"
+    assert (run_dir / "checkpoint_best.pt").exists() and not list(run_dir.glob("*rank*"))  # one writer
+    run(compress_argv(tiny_data, stock_checkpoint, out, tmp_path / "cache", "--budget-epochs", "40",
+                      "--budget-updates", "20", "--recover-sentences", "100", "--recover-args=--max-tokens 400",
+                      "--patience", "-1", "--distributed-world-size", "2"))
+    card = (out / "MODEL_CARD.md").read_text()
+    assert "recovery: 20 updates on 100 sentences (drawn at random from 3000, seed 1), 2 processes on CPU" in card
+
+
+def test_a_recovery_run_elsewhere_continues_to_the_card(tiny_data, stock_checkpoint, tmp_path):
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    printed = run(compress_argv(tiny_data, stock_checkpoint, out, cache, "--stop-after", "shrink")).stdout
+    command = next(line.strip() for line in printed.splitlines() if line.strip().startswith("fairseq-train "))
+    assert f"--save-dir {out}/recovery-run" in command
+    assert f"exec {command} \"$@\"" in (out / "recovery-run.sh").read_text()
+    run(["bash", out / "recovery-run.sh"])  # elsewhere: here, as written
+    best = out / "recovery-run" / "checkpoint_best.pt"
+    foreign = run(compress_argv(tiny_data, stock_checkpoint, out, cache, "--recovered", stock_checkpoint),
+                  check=False)
+    assert foreign.returncode == 2 and "is not a student of this run's shrink" in foreign.stderr
+    run(compress_argv(tiny_data, stock_checkpoint, out, cache, "--recovered", best))
+    record = json.loads((out / "compress.json").read_text())
+    assert record["stages"]["recover"]["elsewhere"] == str(best)
+    assert (out / "ct2" / "model.bin").exists()
+    assert "run elsewhere" in (out / "MODEL_CARD.md").read_text()
