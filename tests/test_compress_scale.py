@@ -4,6 +4,7 @@ printed before any work (--dry-run), the hardware the user has (threads, process
 torch.distributed) and a recovery run elsewhere (--stop-after shrink, then --recovered)."""
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -99,11 +100,23 @@ def test_fairseq_train_options_given_to_compress_reach_the_recovery_or_are_refus
 def test_the_recovery_runs_the_users_budget_on_a_sample_in_two_processes(tiny_data, stock_checkpoint, tmp_path):
     from fairseq.data import data_utils
 
+    import torch
+
     out = tmp_path / "out"
-    run(compress_argv(tiny_data, stock_checkpoint, out, tmp_path / "cache", "--budget-epochs", "40",
-                      "--budget-updates", "20", "--recover-sentences", "100", "--recover-args=--max-tokens 400",
-                      "--patience", "-1", "--distributed-world-size", "2", "--stop-after", "recover"))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # the threads the command is given: the recovery's (the timings run on one)
+    try:
+        run(compress_argv(tiny_data, stock_checkpoint, out, tmp_path / "cache", "--budget-epochs", "40",
+                          "--budget-updates", "20", "--recover-sentences", "100", "--recover-args=--max-tokens 400",
+                          "--patience", "-1", "--distributed-world-size", "2", "--stop-after", "recover"))
+    finally:
+        torch.set_num_threads(threads)
     recovered = stage(out, "recover")["result"]
+    assert recovered["threads"] == 2
+    # the calibration sentences drawn at random over train (seeded), not its first 48
+    calibration = stage(out, "choice")["result"]["calibration"]
+    first = hashlib.sha256(",".join(map(str, range(48))).encode()).hexdigest()[:16]
+    assert calibration["seed"] == 1 and calibration["sentences"] == 48 and calibration["ids_sha256"] != first
     assert recovered["updates"] == 20  # the budget, not the 40 epochs
     assert (recovered["sentences"], recovered["processes"], recovered["device"]) == (100, 2, "CPU")
     sample = out / "stages" / "recover-data"

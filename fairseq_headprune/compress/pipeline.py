@@ -524,6 +524,8 @@ def estimates(loaded, options: CompressOptions, rates: Dict[str, float], rows: i
                                + valid_tok / rates["forward_tok_s"])
     if options.distill in ("sequences", "both"):  # the teacher's translations of train (cached: once per teacher)
         out["recover"] += sample_n / rates["fairseq_sent_s"]
+    if options.recovered:  # run elsewhere: only adopted here
+        out["recover"] = 0.0
     out["export"] = (2 * options.check_sentences / rates["fairseq_sent_s"] + 2 * rates["export_s"]
                      if options.engine != "fairseq" else 0.0)
     out["measure"] = 2 * (2 * runs + 2) * timing_n / engine + rates["export_s"]
