@@ -829,6 +829,13 @@ class Run:
         model_cfg = self.loaded.saved_cfg.model
         arch = model_cfg.get("arch") if hasattr(model_cfg, "get") else getattr(model_cfg, "arch", None)
         _, _, train_options = split_subsets(self.options.train_options)
+        instead = {"--max-update": "--budget-updates N", "--max-epoch": "--budget-epochs N",
+                   "--train-subset": "--train-subset to compress itself", "--valid-subset":
+                   "--valid-subset to compress itself"}
+        for name in recover.option_names(list(self.options.recover_args)):
+            if name in instead:
+                raise UserError(f"--recover-args: {name} is the recovery's budget or data, which compress sets: give "
+                                f"{instead[name]}")
         recover.refuse_foreign_options(train_options + list(self.options.recover_args), arch or "transformer")
         if "--disable-validation" in train_options + list(self.options.recover_args):
             raise UserError("--disable-validation: the recovery early-stops on valid and keeps its best checkpoint")
