@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Issue 8's speed bar, measured side by side in one run on the bundled De-En model.
+"""The ablation sweep's speed bar, measured side by side in one run on the bundled De-En model.
 
   sweep ratio     time of an in-process BLEU sweep over N single-head masks / (N x one unmasked decode)   <= 1.0
   vs per-process  per-mask time of one `fairseq-generate --mask-heads` process per mask (the papers' way) /

@@ -1,4 +1,4 @@
-"""The depth study's BLEU table (recipes/depth_de_en.sh, issue 41): whole decoder layers removed, with and without
+"""The depth study's BLEU table (recipes/depth_de_en.sh): whole decoder layers removed, with and without
 heads, shrink alone and recovered, against the unpruned De-En model.
 
   benchmarks/depth_study.py WORK OUT_DIR --subset valid            # every shrink and recover epoch: the choices

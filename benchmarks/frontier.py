@@ -1,4 +1,4 @@
-"""The speed/BLEU frontier of the models `compress` built (issue 41's study): one table and one figure per folder of
+"""The speed/BLEU frontier of the models `compress` built: one table and one figure per folder of
 runs, read from each run's compress.json (fairseq_headprune.studies.frontier; `report --compress-runs` shows it too).
 
   python benchmarks/frontier.py results/compress-de-en [results/compress-en-fr ...]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 3's speed bar: generation speed of the bundled De-En model with 50% of its heads removed (chosen by
+# Removal's speed bar: generation speed of the bundled De-En model with 50% of its heads removed (chosen by
 # importance on Multi30k val), at batch sizes 1/4/16/64, against the unpruned and the masked model, with the
 # FLOP bound; then the same on the papers' IWSLT 8-head shape (d=512, FFN 1024) with random weights and 50% of
 # heads removed at random, where attention weighs more. Run on an otherwise idle machine: the numbers are

@@ -1,10 +1,10 @@
 """The cost table of `compress` (fairseq_headprune.compress.levers) on the shapes of released fairseq translation
 models, randomly initialised: which lever buys what at which size, in CTranslate2 int8, one thread, batch 64 and
-batch 1 (issue 40, step 3).
+batch 1.
 
 Speed needs no trained weights: a model's decoding time at equal work (every hypothesis forced to the same length)
 depends on its shape, not on what its weights say, so a random model of a released checkpoint's shape times as the
-checkpoint would. Each row is one lever at one value, the others whole (studies.ceilings.crude_model: the first
+checkpoint would. Each row is one lever at one value, the others whole (core.surgery.crude_model: the first
 heads of every layer, the first FFN units, the first target words), timed against the unpruned model of the same
 shape, the two interleaved batch by batch (each pair decoded one right after the other, in a random order per
 batch; the unpruned model is timed beside every row, so only two models are in memory at a time). Speed-up: the
@@ -103,7 +103,7 @@ def random_batches(dictionary, sentences: int, batch: int, seed: int = 1) -> Lis
 def measure_shape(name: str, runs: int, length: int, batch1_sentences: int, log=print) -> Dict:
     from fairseq_headprune.compress import levers
     from fairseq_headprune.core import flops
-    from fairseq_headprune.studies.ceilings import crude_model
+    from fairseq_headprune.core.surgery import crude_model
     from fairseq_headprune.studies.speed_ct2 import ct2_shape
 
     start = time.perf_counter()

@@ -1,4 +1,4 @@
-"""How sure issue 16's verdicts are: each pruned checkpoint against the unpruned model on test2016, by the paired
+"""How sure shrink's target verdicts are: each pruned checkpoint against the unpruned model on test2016, by the paired
 bootstrap (never in CI). For each: BLEU and its change, the 95% interval of the change over full-size resamples
 (what another draw of a test set this size could give), and the one-sided p of the ordering with full-size and with
 half-size resamples (compare-mt's default, the report's setting).

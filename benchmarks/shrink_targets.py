@@ -1,4 +1,4 @@
-"""Issue 16's targets, measured side by side in one run (never in CI): `fairseq-headprune shrink` on the bundled
+"""shrink's targets, measured side by side in one run (never in CI): `fairseq-headprune shrink` on the bundled
 De-En model at 30/50/70/80% of the heads removed, calibration on Multi30k val, BLEU of each written checkpoint on
 test2016 (beam 5, sacreBLEU on detokenised text against the raw references) beside the unpruned model's, and each
 pipeline's wall time (calibration of 1000 sentences to saved checkpoint, the check included) and peak memory

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Issue 18's speed targets, measured side by side in one run on the bundled De-En model (one thread per process).
+"""The sweeps' speed targets, measured side by side in one run on the bundled De-En model (one thread per process).
 
   demo      masks-per-batch auto vs each fixed 1, 2, 4, 8, 16 on the demo slice (the first 64 sentences of Multi30k
             test2016, greedy, hypotheses capped at 1.2 x source + 10, as recipes/demo.sh decodes them): the same

@@ -38,7 +38,7 @@ def trimmed_translator(loaded, words, folder: str):
     """A CTranslate2 int8 translator of the model with only these target words, and the shape it runs."""
     import copy
 
-    from fairseq_headprune.studies.ceilings import cut_target_vocabulary
+    from fairseq_headprune.core.surgery import cut_target_vocabulary
     from fairseq_headprune.studies.deploy import ct2_translator
     from fairseq_headprune.studies.speed_ct2 import ct2_shape
 

@@ -259,7 +259,8 @@ def survivors_figure(rows: Sequence[Dict], functions: Sequence[str], path: str) 
 
 
 def pareto_frontier(points: Sequence[Tuple[float, float]]) -> List[Tuple[float, float]]:
-    """The (speed, quality) points no other point beats on both, by increasing speed."""
+    """The (speed, quality) points no other point beats on both, by increasing speed (the shapes compress chooses
+    among: compress.choice.fisher_frontier)."""
     front, best = [], float("-inf")
     for speed, quality in sorted(points, key=lambda p: (-p[0], -p[1])):
         if quality > best:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 17: is the De-En training run of recipes/train_de_en.sh converged, and which of its checkpoints becomes the
+# Is the De-En training run of recipes/train_de_en.sh converged, and which of its checkpoints becomes the
 # bundled model?
 #   1. the run's valid loss per epoch and its best epoch (from its train.log); a run still training is refused
 #      (FORCE=1 to look at it anyway)
@@ -8,7 +8,7 @@
 #      (beam 5, recipes/eval_bleu.sh) chooses among them; test2016 is scored for the record, never to choose
 #   3. the convergence test: the chosen model fine-tuned 300 more updates with no penalty (the lambda = 0 control
 #      of recipes/voita_l0.sh, the fine-tuning every L0 run gets); converged when that gains at most 0.3 BLEU on
-#      test2016 (issue 17)
+#      test2016
 #   4. results/de-en/convergence/convergence.md with every figure, and the chosen bundle in WORK/bundle/ (model.pt,
 #      code, dictionaries) to copy into checkpoints/de-en after reading it
 #

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Issue 29's deployment table for the bundled De-En model (results/deploy-de-en/): the unpruned model, deploy's own
+# The deployment table for the bundled De-En model (results/deploy-de-en/): the unpruned model, deploy's own
 # per-stack 50% shrink, and the shrunk and recovered models of the recover study (recipes/recover_de_en.sh, WORK):
 # free and per-stack shapes, closed-form fits and the window fit, each recovered by `recover`'s defaults (-eN: the
 # epochs its recover ran, read from its record; the checkpoint is the one of lowest valid loss). The decoder-only

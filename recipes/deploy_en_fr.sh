@@ -1,5 +1,5 @@
 #!/bin/bash
-# Issue 29's deployment table for the bundled En-Fr model: the unpruned model and shrink's 50% models (free and
+# The deployment table for the bundled En-Fr model: the unpruned model and shrink's 50% models (free and
 # per-stack shape) in fairseq, CTranslate2 float32 and int8, BLEU on the first N sentences of newstest2014 (the
 # shrink study's test slice), calibration on the first 1000 of newstest2013; beside them the recover study's free and
 # decoder-only per-stack (8/4) models, recovered (-eN: N epochs). Resumable: finished steps are skipped.

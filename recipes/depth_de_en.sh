@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The depth study on the bundled De-En model (results/depth-de-en/, issue 41): whole decoder layers removed with
+# The depth study on the bundled De-En model (results/depth-de-en/): whole decoder layers removed with
 # `shrink --keep-layers`, alone or with a head budget, towards 2x in CTranslate2 int8 at equal work.
 #
 # Data: Multi30k train MINUS its last 1000 sentences (train: calibration and recovery), those 1000 as `heldout` (a

@@ -2,7 +2,7 @@
 # The recover study on the bundled De-En model (results/recover-de-en/), as it was run: shrink at 25/50/75% (and
 # 50% by Michel's I_h, and 50% in the per-stack shape); at 50% the first recipe (the student's dropout 0.3, T 1) and
 # two variants for one epoch, the choice made on Multi30k val; then the chosen recipe at every budget, and for each
-# recipe its control (the unpruned model put through the same recovery); the second session extended the chosen
+# recipe its control (the unpruned model put through the same recovery); the second round of runs extended the chosen
 # recipe's 50% and 75% runs and its control to 4 epochs, added sequence-level distillation (and its control), and
 # the window fit (shrink --window-steps, calibrated on train so that val can choose its settings) with and without
 # recovery; the third extended the window-fitted 50% and 75% runs to 4 epochs, added 30%, `--distill both` (and its
@@ -75,7 +75,7 @@ main() {
     recover rt50-ridge "$work/shrink-t50-ridge.pt" 1
     recover rt75-w1000-3e-4 "$work/shrink-t75-w1000-3e-4.pt" 2
   fi
-  if [ "$lane" = c ] || [ "$lane" = all ]; then  # the third session: the window-fitted runs to 4 epochs, 30%, both
+  if [ "$lane" = c ] || [ "$lane" = all ]; then  # the third round: the window-fitted runs to 4 epochs, 30%, both
     recover rt50-w1000-3e-4 "$work/shrink-t50-w1000-3e-4.pt" 4
     recover rt75-w1000-3e-4 "$work/shrink-t75-w1000-3e-4.pt" 4
     window t30-w1000-3e-4 --remove 30% --window-steps 1000 --window-lr 3e-4
@@ -91,7 +91,7 @@ main() {
       --window-lr 3e-4
     recover rtdps50-w1000-3e-4 "$work/shrink-tdps50-w1000-3e-4.pt" 2
   fi
-  if [ "$lane" = e ] || [ "$lane" = all ]; then  # the fourth session: the decoder-only shapes to 4 epochs, and 8/3
+  if [ "$lane" = e ] || [ "$lane" = all ]; then  # the fourth round: the decoder-only shapes to 4 epochs, and 8/3
     recover rtdps50-w1000-3e-4 "$work/shrink-tdps50-w1000-3e-4.pt" 4
   fi
   if [ "$lane" = f ] || [ "$lane" = all ]; then
@@ -102,7 +102,7 @@ main() {
   if [ "$lane" = h ]; then  # after recipes/deploy_de_en.sh timed the 4-epoch 8/3 model: the same run to 6 epochs
     recover rtdps62-w1000-3e-4 "$work/shrink-tdps62-w1000-3e-4.pt" 6   # (OUT.pt becomes its lowest-valid-loss epoch)
   fi
-  if [ "$lane" = i ] || [ "$lane" = all ]; then  # the fifth session: the 8/3 shape at 3x the lr (4 epochs; compared on val)
+  if [ "$lane" = i ] || [ "$lane" = all ]; then  # the fifth round: the 8/3 shape at 3x the lr (4 epochs; compared on val)
     recover rtdps62-lr3e-4 "$work/shrink-tdps62-w1000-3e-4.pt" 4 --lr 3e-4
   fi
   if [ "$lane" = k ]; then  # after the choice: the lr 3e-4 run on to 6 epochs (its valid loss was still falling)

@@ -54,5 +54,5 @@ if [ "$LANE" = per-stack ] || [ "$LANE" = all ]; then
     > "$WORK/shrink-dps50-w1000.log" 2>&1
   recover rdps50-w1000 "$WORK/shrink-dps50-w1000.pt"
 fi
-# the fifth session: the same per-stack run extended to 3 epochs (LANE per-stack-3, after per-stack)
+# later: the same per-stack run extended to 3 epochs (LANE per-stack-3, after per-stack)
 [ "$LANE" != per-stack-3 ] || recover rdps50-w1000 "$WORK/shrink-dps50-w1000.pt" 3

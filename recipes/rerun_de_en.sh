@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Issue 17, step 4: every De-En study rerun on the bundled (converged) model, in two lanes of one core each, so
+# Every De-En study rerun on the bundled (converged) model, in two lanes of one core each, so
 # that two lanes run side by side on this 2-core machine:
-#   report   issue 16's targets (results/shrink-de-en/targets.md), results/report-de-en (every part, shrink and
+#   report   shrink's targets (results/shrink-de-en/targets.md), results/report-de-en (every part, shrink and
 #            equal-work speed included; recipes/report_de_en.sh), results/de-en/pruned-50 (recipes/prune_de_en_50.sh),
 #            the rest of results/de-en, the results/shrink-de-en sweep, candidates, export and speed
 #            (recipes/shrink_de_en.sh)
@@ -9,7 +9,7 @@
 #            (encoder self-attention gated alone), results/voita/from-scratch (the configurations of the runs
 #            nearest to 1/2 and 3/4 of the heads closed, trained from random initialisation with the base recipe)
 #   both     then the shared jobs, each taken by whichever lane gets to it first: the two from-scratch runs, the
-#            training dynamics of the run's every epoch (results/dynamics), and issue 16's En-Fr stages
+#            training dynamics of the run's every epoch (results/dynamics), and shrink's En-Fr stages
 #            (recipes/shrink_en_fr.sh)
 #   render   results/voita/analysis (recipes/voita_analysis.sh), the survivors' functions, the from-scratch table,
 #            and the report rendered again with the finished dynamics and L0 sweeps (--render-only)
@@ -72,7 +72,7 @@ EOF
         bash recipes/iwslt_dynamics.sh multi30k ../shared/data work/de-en "$last" 400
         cp work/de-en/dynamics/dynamics.* results/dynamics/
         ;;
-      shrink-en-fr)  # issue 16 on the En-Fr model: the recipe's stages not run yet (it resumes row by row)
+      shrink-en-fr)  # shrink on the En-Fr model: the recipe's stages not run yet (it resumes row by row)
         bash recipes/shrink_en_fr.sh
         ;;
       *) echo "rerun_de_en: error: no job '$1' (scratch-half, scratch-three-quarters, dynamics, shrink-en-fr)" >&2
@@ -96,7 +96,7 @@ EOF
   }
   case $lane in
     report)
-      supersede results/shrink-de-en  # issue 16's targets first: a short run, and the verdict everyone asks for
+      supersede results/shrink-de-en  # shrink's targets first: a short run, and the verdict everyone asks for
       [ -f results/shrink-de-en/targets.md ] || bash recipes/shrink_de_en.sh targets  # this model's, once made
       supersede results/report-de-en
       bash recipes/report_de_en.sh --workers 1

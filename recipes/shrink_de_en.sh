@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 16 on the bundled De-En model: retraining-free pruning to a budget (Kwon et al. 2022 and beyond), committed
+# shrink on the bundled De-En model: retraining-free pruning to a budget (Kwon et al. 2022 and beyond), committed
 # as results/shrink-de-en/. Calibration on Multi30k val (1000 sentences, references as targets), BLEU on test2016
 # (1000 sentences, beam 5, sacreBLEU on detokenised text against the raw references).
 #

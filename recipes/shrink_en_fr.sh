@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 16 on the bundled En-Fr model (pre-norm): retraining-free pruning to a budget, committed as
+# shrink on the bundled En-Fr model (pre-norm): retraining-free pruning to a budget, committed as
 # results/shrink-en-fr/. Calibration on the first 1000 sentences of newstest2013 (references as targets); BLEU on
 # the first N sentences of newstest2014 and on MTNT test (beam 5, --max-len-a 1.5 --max-len-b 10 as
 # recipes/study_en_fr.sh), sacreBLEU on detokenised text against the raw references. Each test set's folder holds

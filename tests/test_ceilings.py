@@ -1,5 +1,6 @@
-"""Speed ceilings (studies/ceilings.py): the shape grammar, and a crude slice of a tiny model that holds exactly the
-heads, FFN units and target words asked for, exports to CTranslate2 and decodes as the slice does in fairseq."""
+"""Speed ceilings (core/shape.py, core/surgery.py): the shape grammar, and a crude slice of a tiny model that holds
+exactly the heads, FFN units and target words asked for, exports to CTranslate2 and decodes as the slice does in
+fairseq."""
 from __future__ import annotations
 
 import pytest
@@ -9,7 +10,8 @@ from helpers import load_stock, sample_batch
 
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.core.heads import attention_modules
-from fairseq_headprune.studies.ceilings import CeilingShape, crude_model, kept_count
+from fairseq_headprune.core.shape import CeilingShape, kept_count
+from fairseq_headprune.core.surgery import crude_model
 
 
 def test_shape_grammar():
@@ -58,7 +60,7 @@ def test_cut_target_vocabulary_scores_the_kept_words_as_before(tiny_data, stock_
     model gives it, for the same previous words; the specials are always kept."""
     import copy
 
-    from fairseq_headprune.studies.ceilings import cut_target_vocabulary
+    from fairseq_headprune.core.surgery import cut_target_vocabulary
 
     model, task = load_stock(stock_checkpoint, tiny_data)
     tgt = task.target_dictionary

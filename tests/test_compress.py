@@ -486,7 +486,7 @@ def test_a_target_only_the_ffn_reaches_narrows_every_ffn_by_its_mask_fisher_unit
     """FFN units are a lever of the choice: with a cost table (edited, so that the answer is known) where only half
     of every FFN buys the target, every shape is ranked with its FFNs whole and timed with them halved (the variant
     priced by its own slice), the FFNs alone among them; the model shrink writes has every FFN at half its width."""
-    from fairseq_headprune.compress import ffn
+    from fairseq_headprune.core.shape import ffn_widths
     from fairseq_headprune.fairseq_io.loading import trust_fairseq_checkpoints
     from test_surgery import reload
 
@@ -514,7 +514,7 @@ def test_a_target_only_the_ffn_reaches_narrows_every_ffn_by_its_mask_fisher_unit
     assert "FFN units" in choice["levers"] and "every FFN at 50% of its units" in printed
     trust_fairseq_checkpoints()
     model = reload(out / "stages" / "shrink" / "model.pt", tiny_data)
-    assert set(ffn.widths(model).values()) == {32}  # the tiny FFNs have 64 units
+    assert set(ffn_widths(model).values()) == {32}  # the tiny FFNs have 64 units
     assert len(model.decoder.layers) == chosen.get("dec_layers", 3)
     shrink_record = json.loads((out / "stages" / "shrink" / "model.json").read_text())
     assert shrink_record["options"]["ffn_keep"] == 50.0
@@ -607,12 +607,41 @@ def test_the_recovery_distills_on_the_teachers_translations_with_distill_both(ti
     assert json.loads((out / "stages" / "recover" / "model.json").read_text())["distill"] == "logits"
 
 
+def test_a_distillation_set_and_a_vocabulary_map_reach_the_recovery_and_the_exported_model(tiny_data,
+                                                                                            stock_checkpoint,
+                                                                                            tmp_path):
+    """compress --distill-source translates raw text with the model's own tokenizer and BPE (fairseq-generate's
+    options of the run) and trains on it beside train; --vocab-map ships vmap.txt in ct2/, and the measure and the
+    report decode with it (the exported folder's map is what EngineModel applies)."""
+    from conftest import SLICE
+
+    from fairseq_headprune.compress.vocab_map import translate_options
+
+    raw = tmp_path / "mono.de"
+    raw.write_text("\n".join((SLICE / "test.de").read_text(encoding="utf-8").splitlines()[:40]) + "\n")
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    encoders = ("-s", "de", "-t", "en", "--tokenizer", "moses", "--bpe", "subword_nmt", "--bpe-codes",
+                str(tiny_data / "code"))
+    run(compress_argv(tiny_data, stock_checkpoint, out, cache, "--beam", "1", "--shape", "3/2x1", *encoders,
+                      "--distill-source", raw, "--distill-nbest", "2", "--vocab-map", "--vocab-map-frequent", "50",
+                      target=("--speedup", "1.2")))
+    record = json.loads((out / "stages" / "recover" / "model.json").read_text())
+    assert record["options"]["distill_source"] == [str(raw)] and record["options"]["distill_nbest"] == 2
+    folder, = tiny_data.parent.glob(f"{tiny_data.name}.distill-*")
+    assert json.loads((folder / "distillation-set.json").read_text())["pairs"] == 80
+    assert (out / "ct2" / "vmap.txt").exists() and translate_options(str(out / "ct2")) == {"use_vmap": True}
+    exported = json.loads((out / "compress.json").read_text())["stages"]["export"]
+    assert exported["check"]["vocab_map"]["always"] == 50
+    assert json.loads((out / "stages" / "export" / "stage.json").read_text())["identity"]["vocab_map"] == {
+        "vocab_map_per_source": 100, "vocab_map_frequent": 50}
+
+
 def test_a_given_shape_narrows_the_ffns_and_the_exported_model_keeps_their_width(tiny_data, stock_checkpoint,
                                                                                 tmp_path):
     """--shape ...:ffn=P% builds the FFN share with shrink's mask-Fisher units (heads whole here: no window fit,
     which would have nothing to fit); the shrunk checkpoint and the CTranslate2 model have every FFN at that width
     (CTranslate2 translates as fairseq does: the export stage's check); the choice and the card say the share."""
-    from fairseq_headprune.compress import ffn
+    from fairseq_headprune.core.shape import ffn_widths
     from fairseq_headprune.fairseq_io.loading import trust_fairseq_checkpoints
     from test_surgery import reload
 
@@ -623,9 +652,9 @@ def test_a_given_shape_narrows_the_ffns_and_the_exported_model_keeps_their_width
     chosen = json.loads((out / "stages" / "choice" / "stage.json").read_text())["result"]["chosen"]
     assert (chosen["ffn_percent"], chosen["heads"]) == (50.0, "")
     trust_fairseq_checkpoints()
-    unpruned = ffn.widths(reload(stock_checkpoint, tiny_data))
+    unpruned = ffn_widths(reload(stock_checkpoint, tiny_data))
     model = reload(out / "stages" / "shrink" / "model.pt", tiny_data)
-    assert {k: 2 * w for k, w in ffn.widths(model).items()} == unpruned
+    assert {k: 2 * w for k, w in ffn_widths(model).items()} == unpruned
     shrink_record = json.loads((out / "stages" / "shrink" / "model.json").read_text())
     assert shrink_record["options"]["ffn_keep"] == 50.0 and not shrink_record["options"].get("window_steps")
     export = json.loads((out / "stages" / "export" / "stage.json").read_text())["result"]

@@ -54,7 +54,8 @@ def _load_pruned(checkpoint, data):
 def _pruned(stock_checkpoint, data, path, heads):
     from fairseq_headprune.core.heads import parse_head_spec
     from fairseq_headprune.core.masking import install_head_masks
-    from fairseq_headprune.core.surgery import prune_model, save_pruned_checkpoint
+    from fairseq_headprune.core.surgery import prune_model
+    from fairseq_headprune.fairseq_io.pruned_checkpoint import save_pruned_checkpoint
 
     model, _ = load_stock(stock_checkpoint, data)
     install_head_masks(model)

@@ -1,5 +1,5 @@
-"""FFN hidden units as units of pruning (compress.ffn): exact removal, per-sentence mask gradients, checkpoints that
-fairseq and CTranslate2 run, and `shrink --ffn-keep` end to end."""
+"""FFN hidden units as units of pruning (compress.ffn, core.surgery): exact removal, per-sentence mask gradients,
+checkpoints that fairseq and CTranslate2 run, and `shrink --ffn-keep` end to end."""
 import copy
 import json
 
@@ -8,7 +8,9 @@ import torch
 
 from conftest import run, run_fairseq
 from fairseq_headprune.compress import ffn
-from fairseq_headprune.core.surgery import save_pruned_checkpoint
+from fairseq_headprune.core import shape, surgery
+from fairseq_headprune.fairseq_io.pruned_checkpoint import save_pruned_checkpoint
+from fairseq_headprune.core.heads import Head
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.fairseq_io.loading import PACKAGE_DIR
 from helpers import beam_hypotheses, incremental_logits, load_stock, sample_batch, teacher_forced_logits
@@ -24,7 +26,7 @@ def stock(stock_checkpoint, tiny_data):
 def zeroing(model, removed):
     """A copy of the model whose FFN units in `removed` have their activation set to zero (nothing removed)."""
     ref = copy.deepcopy(model)
-    layers = ffn.ffn_layers(ref)
+    layers = shape.ffn_layers(ref)
     for key, units in removed.items():
         def hook(_m, args, units=units):
             x = args[0].clone()
@@ -37,11 +39,11 @@ def zeroing(model, removed):
 def test_removing_units_computes_what_zeroing_their_activations_computes(stock):
     model, task = stock
     batch = sample_batch(task)
-    width = ffn.widths(model)
+    width = shape.ffn_widths(model)
     kept = {key: [u for u in range(width[key]) if u not in units] for key, units in REMOVED.items()}
-    pruned = ffn.prune_ffn(copy.deepcopy(model), kept)
-    assert ffn.widths(pruned)[("enc", 2)] == 60 and ffn.widths(pruned)[("dec", 3)] == 64 - 22
-    assert ffn.widths(pruned)[("dec", 1)] == 64
+    pruned = surgery.prune_ffn(copy.deepcopy(model), kept)
+    assert shape.ffn_widths(pruned)[("enc", 2)] == 60 and shape.ffn_widths(pruned)[("dec", 3)] == 64 - 22
+    assert shape.ffn_widths(pruned)[("dec", 1)] == 64
     reference = zeroing(model, REMOVED)
     assert not torch.allclose(teacher_forced_logits(pruned, batch), teacher_forced_logits(model, batch), atol=1e-3)
     torch.testing.assert_close(teacher_forced_logits(pruned, batch), teacher_forced_logits(reference, batch),
@@ -61,8 +63,8 @@ def test_removing_units_computes_what_zeroing_their_activations_computes(stock):
 def test_prune_ffn_refuses_before_changing_anything(stock, kept, message):
     model = copy.deepcopy(stock[0])
     with pytest.raises(UserError, match=message):
-        ffn.prune_ffn(model, {("enc", 2): [0, 1], **kept})
-    assert ffn.widths(model)[("enc", 2)] == 64  # checked first: nothing cut
+        surgery.prune_ffn(model, {("enc", 2): [0, 1], **kept})
+    assert shape.ffn_widths(model)[("enc", 2)] == 64  # checked first: nothing cut
 
 
 def test_unit_gradients_are_each_sentences_own(stock):
@@ -90,7 +92,7 @@ def test_unit_gradients_are_each_sentences_own(stock):
         x[..., unit] = x[..., unit] * scale["m"]
         return (x,)
 
-    ffn.ffn_layers(model)[key].fc2.register_forward_pre_hook(hook)
+    shape.ffn_layers(model)[key].fc2.register_forward_pre_hook(hook)
     losses = []
     with torch.no_grad():
         for m in (1 + 1e-3, 1 - 1e-3):
@@ -126,9 +128,9 @@ def test_the_choice_compares_an_ffn_narrowed_shape_after_the_fits_shrink_applies
     options = with_fit(ShrinkOptions(ffn_keep=25.0), window=WindowOptions(steps=0))
     fitted = reconstructed_nll(model, {"heads": "", "ffn_percent": 25.0}, calibration, options, pad)
     bare = copy.deepcopy(model)
-    ffn.prune_ffn(bare, ffn.fisher_kept(ffn.unit_gradients(bare, calibration.samples, pad), 25.0))
+    surgery.prune_ffn(bare, ffn.fisher_kept(ffn.unit_gradients(bare, calibration.samples, pad), 25.0))
     assert whole < fitted < layers.calibration_loss(bare, calibration.samples, pad)
-    assert set(ffn.widths(model).values()) == {64}  # the model given is left whole
+    assert set(shape.ffn_widths(model).values()) == {64}  # the model given is left whole
     plain = with_fit(ShrinkOptions(), window=WindowOptions(steps=0))
     assert reconstructed_nll(model, {"heads": ""}, calibration, plain, pad) == pytest.approx(whole, abs=1e-6)
 
@@ -137,12 +139,12 @@ def test_a_narrowed_checkpoint_reloads_and_fairseq_generate_decodes_it(stock, st
     from test_surgery import reload
 
     model, task = stock
-    narrowed = ffn.prune_ffn(copy.deepcopy(model), {("enc", 1): list(range(0, 64, 2)), ("dec", 2): list(range(10))})
+    narrowed = surgery.prune_ffn(copy.deepcopy(model), {("enc", 1): list(range(0, 64, 2)), ("dec", 2): list(range(10))})
     path = save_pruned_checkpoint(narrowed, stock_checkpoint, tmp_path / "narrow.pt")
     state = torch.load(path, map_location="cpu", weights_only=False)
     assert json.loads(state["cfg"]["model"].kept_ffn) == {"enc": {"1": 32}, "dec": {"2": 10}}
     reloaded = reload(path, tiny_data)
-    assert ffn.widths(reloaded) == ffn.widths(narrowed)
+    assert shape.ffn_widths(reloaded) == shape.ffn_widths(narrowed)
     batch = sample_batch(task, n=8)
     torch.testing.assert_close(teacher_forced_logits(reloaded, batch), teacher_forced_logits(narrowed, batch),
                                atol=1e-5, rtol=0)
@@ -154,9 +156,32 @@ def test_a_narrowed_checkpoint_reloads_and_fairseq_generate_decodes_it(stock, st
     for sid, (tokens, _) in zip(batch["id"].tolist(), beam_hypotheses(narrowed, task, batch)):
         assert generated[sid] == task.target_dictionary.string(torch.tensor(tokens))
     with pytest.raises(UserError, match="--kept-ffn"):
-        ffn.apply_kept_ffn(copy.deepcopy(model), '{"dec": {"2": 9999}}')
+        surgery.apply_kept_ffn(copy.deepcopy(model), '{"dec": {"2": 9999}}')
     with pytest.raises(UserError, match="--kept-ffn must be"):
-        ffn.parse_kept_ffn('{"mid": {"2": 3}}')
+        shape.parse_kept_ffn('{"mid": {"2": 3}}')
+
+
+def test_the_shape_of_a_cut_model_is_what_its_checkpoint_records(stock):
+    """core.shape.ModelShape read from a model with heads removed, FFNs narrowed and a layer cut: the counts its
+    FLOPs read, and the kept_heads / kept_ffn its checkpoint config records; a shape priced without heads
+    (ModelShape.without) no longer claims to know which heads it holds."""
+    model, _ = stock
+    cut = surgery.remove_layers(copy.deepcopy(model), {"dec": [1, 3]})
+    surgery.prune_model(cut, [Head("enc-self", 2, 3), Head("enc-self", 2, 5), Head("enc-dec", 2, 1)])
+    surgery.prune_ffn(cut, {("dec", 1): list(range(16))})
+    read = shape.ModelShape.of(cut)
+    assert len(read.enc_ffn) == 4 and read.dec_ffn == (16, 64) and read.ffn[("dec", 1)] == 16
+    assert read.heads[("enc-self", 2)] == 6 and read.heads[("enc-dec", 2)] == 3 and ("dec-self", 3) not in read.heads
+    assert read.kept_heads() == shape.kept_heads(cut) == {"enc-self": {"2": [1, 2, 4, 6, 7, 8]},
+                                                           "enc-dec": {"2": [2, 3, 4]}}
+    assert read.kept_heads_json() == shape.kept_heads_json(cut)
+    assert read.kept_ffn_json({"enc": 64, "dec": 64}) == '{"dec":{"1":16}}'
+    assert read.vocab == model.decoder.output_projection.out_features
+    priced = read.without([Head("enc-self", 1, 1)])
+    assert priced.heads[("enc-self", 1)] == 7 and priced == shape.ModelShape.of(
+        surgery.prune_model(copy.deepcopy(cut), [Head("enc-self", 1, 1)]))
+    with pytest.raises(ValueError, match="does not know which heads"):
+        priced.kept_heads()
 
 
 def _shrink(data, ckpt, *extra):
@@ -177,7 +202,7 @@ def test_shrink_ffn_keep_narrows_every_ffn_refits_it_and_exports(stock_checkpoin
     fitted = {f["key"]: f for f in record["reconstruction"]["sublayers"]}
     cut = [f"enc-ffn:{i}" for i in range(1, 5)] + [f"dec-ffn:{i}" for i in (1, 2, 3)]
     assert all(fitted[k]["method"] == "fc2" and fitted[k]["kept"] == 16 for k in cut)  # every cut FFN refit
-    assert set(ffn.widths(reload(out, tiny_data)).values()) == {16}
+    assert set(shape.ffn_widths(reload(out, tiny_data)).values()) == {16}
     # FFN units alone, and CTranslate2 runs the narrowed model as fairseq does
     run(_shrink(tiny_data, stock_checkpoint, "--ffn-keep", "50%", "--out", tmp_path / "g.pt"))
     record = json.loads((tmp_path / "g.json").read_text())
@@ -195,13 +220,13 @@ def test_shrink_ffn_keep_narrows_every_ffn_refits_it_and_exports(stock_checkpoin
 def test_recover_trains_a_narrowed_student(stock, stock_checkpoint, tiny_data, tmp_path):
     from test_surgery import reload
 
-    narrowed = ffn.prune_ffn(copy.deepcopy(stock[0]), {("dec", 1): list(range(16)), ("enc", 3): list(range(40))})
+    narrowed = surgery.prune_ffn(copy.deepcopy(stock[0]), {("dec", 1): list(range(16)), ("enc", 3): list(range(40))})
     path = save_pruned_checkpoint(narrowed, stock_checkpoint, tmp_path / "narrow.pt")
     out = tmp_path / "r.pt"
     run(["fairseq-headprune", "recover", tiny_data, "--path", path, "--teacher", stock_checkpoint, "--max-tokens",
          "1500", "--out", out, "--updates", "4"])
     recovered = reload(out, tiny_data)
-    assert ffn.widths(recovered) == ffn.widths(narrowed)
+    assert shape.ffn_widths(recovered) == shape.ffn_widths(narrowed)
     assert any(not torch.equal(a, b) for a, b in zip(recovered.state_dict().values(), narrowed.state_dict().values()))
 
 

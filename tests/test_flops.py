@@ -6,10 +6,11 @@ from types import SimpleNamespace
 import pytest
 
 from fairseq_headprune.core import flops
+from fairseq_headprune.core.shape import ModelShape
 
 # d = 2, vocabulary 5; encoder: 1 layer, 1 head of dim 2 (width 2), FFN 3; decoder: 1 layer, self-attention
 # 2 heads of dim 1 (width 2), encoder-decoder 1 head of dim 2 (width 2), FFN 4
-SHAPE = flops.ModelShape(
+SHAPE = ModelShape(
     embed_dim=2, vocab=5, enc_ffn=(3,), dec_ffn=(4,),
     heads={("enc-self", 1): 1, ("dec-self", 1): 2, ("enc-dec", 1): 1},
     head_dims={("enc-self", 1): 2, ("dec-self", 1): 1, ("enc-dec", 1): 2},
@@ -82,5 +83,5 @@ def test_shape_read_from_a_model_object():
                                 layers=[SimpleNamespace(self_attn=attn(2, 1), encoder_attn=attn(1, 2),
                                                         fc1=SimpleNamespace(out_features=4))]),
     )
-    assert flops.ModelShape.of(model) == SHAPE
+    assert ModelShape.of(model) == SHAPE
     assert flops.decode_flops(model, [4], [3], beam=3) == 1876

@@ -1,4 +1,5 @@
-"""Whole layers as units of pruning (compress.layers): exact removal, checkpoints, selection, the teacher map."""
+"""Whole layers as units of pruning (compress.layers; their removal in core.surgery): exact removal, checkpoints,
+selection, the teacher map."""
 import copy
 import json
 import math
@@ -9,10 +10,12 @@ import torch
 
 from conftest import run_fairseq
 from fairseq_headprune.compress import layers as L
+from fairseq_headprune.core import shape, surgery
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.core.heads import Head, HeadLayout, parse_head_spec
 from fairseq_headprune.fairseq_io.loading import PACKAGE_DIR
-from fairseq_headprune.core.surgery import prune_model, save_pruned_checkpoint
+from fairseq_headprune.core.surgery import prune_model
+from fairseq_headprune.fairseq_io.pruned_checkpoint import save_pruned_checkpoint
 from helpers import beam_hypotheses, incremental_logits, load_stock, sample_batch, teacher_forced_logits
 
 KEPT = {"enc": [2, 4], "dec": [1, 3]}  # the tiny model has 4 encoder and 3 decoder layers
@@ -27,7 +30,7 @@ def skipping(model, kept):
     """A copy of the model whose layers not in `kept` return their input (the layer skipped, nothing removed)."""
     ref = copy.deepcopy(model)
     for s, keep in kept.items():
-        for i, layer in enumerate(L._stack(ref, s).layers, start=1):
+        for i, layer in enumerate(shape.stack_module(ref, s).layers, start=1):
             if i not in keep:
                 def skip(_m, args, kwargs, output):
                     x = kwargs["x"] if "x" in kwargs else args[0]
@@ -47,8 +50,8 @@ def same_outputs(a, b, task, batch):
 def test_removed_layers_compute_what_skipping_them_computes(stock):
     model, task = stock
     batch = sample_batch(task)
-    pruned = L.remove_layers(copy.deepcopy(model), KEPT)
-    assert L.depths(pruned) == {"enc": 2, "dec": 2}
+    pruned = surgery.remove_layers(copy.deepcopy(model), KEPT)
+    assert shape.depths(pruned) == {"enc": 2, "dec": 2}
     assert pruned.decoder.num_layers == 2 and pruned.encoder.num_layers == 2
     assert not torch.allclose(teacher_forced_logits(pruned, batch), teacher_forced_logits(model, batch), atol=1e-2)
     same_outputs(pruned, skipping(model, KEPT), task, batch)
@@ -67,14 +70,14 @@ def test_pre_norm_layer_with_zero_residual_branches_is_removed(stock):
     zeroed = copy.deepcopy(pre)
     with torch.no_grad():
         for s, keep in KEPT.items():
-            for i, layer in enumerate(L._stack(zeroed, s).layers, start=1):
+            for i, layer in enumerate(shape.stack_module(zeroed, s).layers, start=1):
                 if i in keep:
                     continue
                 for lin in [layer.self_attn.out_proj, layer.fc2] + (
                         [layer.encoder_attn.out_proj] if getattr(layer, "encoder_attn", None) is not None else []):
                     lin.weight.zero_()
                     lin.bias.zero_()
-    same_outputs(L.remove_layers(copy.deepcopy(pre), KEPT), zeroed, task, batch)
+    same_outputs(surgery.remove_layers(copy.deepcopy(pre), KEPT), zeroed, task, batch)
 
 
 @pytest.mark.parametrize("kept, message", [
@@ -88,8 +91,8 @@ def test_pre_norm_layer_with_zero_residual_branches_is_removed(stock):
 def test_remove_layers_refuses_what_cannot_be_built(stock, kept, message):
     model = copy.deepcopy(stock[0])
     with pytest.raises(UserError, match=message):
-        L.remove_layers(model, kept)
-    assert L.depths(model) == {"enc": 4, "dec": 3}
+        surgery.remove_layers(model, kept)
+    assert shape.depths(model) == {"enc": 4, "dec": 3}
 
 
 def test_parse_and_check_counts(stock):
@@ -105,12 +108,12 @@ def test_parse_and_check_counts(stock):
 
 
 def test_even_layers_are_shleifer_and_rush():
-    assert L.even_layers(6, 3) == (1, 3, 6)
-    assert L.even_layers(6, 2) == (1, 6)
-    assert L.even_layers(6, 4) == (1, 2, 4, 6)
-    assert L.even_layers(6, 1) == (1,)
-    assert L.even_layers(6, 6) == (1, 2, 3, 4, 5, 6)
-    assert L.even_layers(12, 3) == (1, 6, 12)  # floor of the even spacing (their 12 -> 3 table says 1, 7, 12)
+    assert shape.even_layers(6, 3) == (1, 3, 6)
+    assert shape.even_layers(6, 2) == (1, 6)
+    assert shape.even_layers(6, 4) == (1, 2, 4, 6)
+    assert shape.even_layers(6, 1) == (1,)
+    assert shape.even_layers(6, 6) == (1, 2, 3, 4, 5, 6)
+    assert shape.even_layers(12, 3) == (1, 6, 12)  # floor of the even spacing (their 12 -> 3 table says 1, 7, 12)
 
 
 def test_teacher_key_maps_a_layers_last_sublayer_below_the_next_kept_one():
@@ -149,7 +152,7 @@ HEADS = [Head("enc-self", 1, 2), Head("enc-self", 2, 5), Head("dec-self", 2, 1),
 @pytest.fixture(scope="module")
 def shallow(stock, stock_checkpoint, tmp_path_factory):
     """Fewer layers and uneven heads (head ids and layer numbers of the layer-removed model)."""
-    model = prune_model(L.remove_layers(copy.deepcopy(stock[0]), KEPT), HEADS)
+    model = prune_model(surgery.remove_layers(copy.deepcopy(stock[0]), KEPT), HEADS)
     path = save_pruned_checkpoint(model, stock_checkpoint, tmp_path_factory.mktemp("shallow") / "shallow.pt")
     return model, path
 
@@ -163,7 +166,7 @@ def test_fewer_layers_and_uneven_heads_round_trip(shallow, stock, tiny_data):
     gone = ("decoder.layers.2.", "encoder.layers.2.", "encoder.layers.3.")
     assert not any(k.startswith(gone) for k in state["model"])
     reloaded = reload(path, tiny_data)
-    assert L.depths(reloaded) == {"enc": 2, "dec": 2}
+    assert shape.depths(reloaded) == {"enc": 2, "dec": 2}
     assert HeadLayout.of(reloaded) == HeadLayout.of(model)
     task = stock[1]
     same_outputs(reloaded, model, task, sample_batch(task))
@@ -217,7 +220,7 @@ def test_reconstruction_brings_a_shallower_model_towards_the_teacher(stock, tiny
     task.load_dataset("valid")
     samples = _samples(model, task, n=24, max_tokens=300)
     kept = {"dec": (1, 3)}
-    student = L.remove_layers(copy.deepcopy(model), kept)
+    student = surgery.remove_layers(copy.deepcopy(model), kept)
     before = _feature_error(model, student, samples)
     fits = reconstruct(model, student, samples, task.target_dictionary.pad(),
                        ReconstructionOptions(method="out-proj"), kept_layers=kept)
@@ -241,7 +244,7 @@ def test_shrink_keep_layers_with_a_head_budget_writes_a_shallower_model(stock, s
     assert len(record["layers"]["kept"]["dec"]) == 2 and record["layers"]["rule"] == "importance"
     assert len(record["layers"]["steps"]) == 1 and len(record["layers"]["steps"][0]["candidates"]) == 3
     reloaded = reload(out, tiny_data)
-    assert L.depths(reloaded) == {"enc": 4, "dec": 2}
+    assert shape.depths(reloaded) == {"enc": 4, "dec": 2}
     layout = HeadLayout.of(reloaded)
     assert [len(layout.heads[("dec-self", i)]) for i in (1, 2)] == [2, 2]  # 50% of the kept layers' 4 heads
     assert [len(layout.heads[("enc-dec", i)]) for i in (1, 2)] == [2, 2]
@@ -251,7 +254,7 @@ def test_shrink_keep_layers_with_a_head_budget_writes_a_shallower_model(stock, s
                            "--out", tmp_path / "e.pt"))
     record = json.loads((tmp_path / "e.json").read_text())
     assert record["layers"]["kept"] == {"dec": [1, 3], "enc": [1, 2, 4]} and record["selection"]["removed"] == 0
-    assert L.depths(reload(tmp_path / "e.pt", tiny_data)) == {"enc": 3, "dec": 2}
+    assert shape.depths(reload(tmp_path / "e.pt", tiny_data)) == {"enc": 3, "dec": 2}
     # the heads given (compress's choice), named in the cut model's numbering: the kept layers renumbered 1..N
     run(_shrink_cmd(tiny_data, stock_checkpoint, "--keep-layers", "dec:2", "--heads", "dec-self:2:1+2,enc-dec:2:3",
                     "--window-steps", "3", "--out", tmp_path / "h.pt"))
@@ -259,7 +262,7 @@ def test_shrink_keep_layers_with_a_head_budget_writes_a_shallower_model(stock, s
     assert set(parse_head_spec(record["selection"]["removed_spec"])) == set(parse_head_spec(
         "dec-self:2:1+2,enc-dec:2:3")) and record["check"]["identical_hypotheses"]
     layout = HeadLayout.of(reload(tmp_path / "h.pt", tiny_data))
-    assert L.depths(reload(tmp_path / "h.pt", tiny_data)) == {"enc": 4, "dec": 2}
+    assert shape.depths(reload(tmp_path / "h.pt", tiny_data)) == {"enc": 4, "dec": 2}
     assert [len(layout.heads[(t, i)]) for t in ("dec-self", "enc-dec") for i in (1, 2)] == [4, 2, 4, 3]
 
 
@@ -296,7 +299,7 @@ def test_recover_trains_a_shallower_student_by_logits_distillation(shallow, stoc
     record = json.loads((tmp_path / "r.json").read_text())
     assert record["updates"] == 4 and record["distill"] == "logits"
     recovered = reload(out, tiny_data)
-    assert L.depths(recovered) == {"enc": 2, "dec": 2} and HeadLayout.of(recovered) == HeadLayout.of(model)
+    assert shape.depths(recovered) == {"enc": 2, "dec": 2} and HeadLayout.of(recovered) == HeadLayout.of(model)
     assert any(not torch.equal(a, b) for a, b in zip(recovered.state_dict().values(), model.state_dict().values()))
     for argv, message in [
         ([*recover, "--out", tmp_path / "h.pt", "--distill-hidden-weight", "0.1"], "one to one: the student has 2"),
@@ -316,14 +319,14 @@ def test_export_ct2_of_a_shallower_decoder_translates_as_fairseq(stock_checkpoin
     model, _ = load_stock(stock_checkpoint, tiny_data)
     install_head_masks(model)
     heads = [Head(t, i, h) for t in ("dec-self", "enc-dec") for i in (1, 2) for h in (2, 4)]
-    shallow = prune_model(L.remove_layers(model, {"dec": [1, 3]}), heads)  # decoder: 2 layers x 2 heads
+    shallow = prune_model(surgery.remove_layers(model, {"dec": [1, 3]}), heads)  # decoder: 2 layers x 2 heads
     ckpt = save_pruned_checkpoint(shallow, stock_checkpoint, tmp_path / "shallow-pruned.pt")
     out = tmp_path / "ct2"
     proc = run(["fairseq-headprune", "export-ct2", tiny_data, "--path", ckpt, "--out", out, "--gen-subset", "test",
                 "--beam", "4", "--max-len-b", "60", "--max-tokens", "800", "--check-sentences", "24"])
     assert "encoder 8, decoder 2" in proc.stdout and ": 0 hypotheses differ" in proc.stdout, proc.stdout
     reloaded, task = _load_pruned(ckpt, tiny_data)
-    assert L.depths(reloaded) == {"enc": 4, "dec": 2}
+    assert shape.depths(reloaded) == {"enc": 4, "dec": 2}
     batch = sample_batch(task, n=12)
     assert _ct2_tokens(out, task, batch) == [t for t, _ in beam_hypotheses(reloaded, task, batch)]
 
@@ -377,7 +380,7 @@ def test_deploy_times_a_shallower_model_and_a_ceiling_of_its_depth(stock_checkpo
     model, _ = load_stock(stock_checkpoint, tiny_data)
     install_head_masks(model)
     heads = [Head(t, i, h) for t in ("dec-self", "enc-dec") for i in (1, 2) for h in (3, 4)]
-    shallow = prune_model(L.remove_layers(model, {"dec": [1, 3]}), heads)  # decoder: 2 layers x 2 heads
+    shallow = prune_model(surgery.remove_layers(model, {"dec": [1, 3]}), heads)  # decoder: 2 layers x 2 heads
     ckpt = save_pruned_checkpoint(shallow, stock_checkpoint, tmp_path / "d2.pt")
     out = tmp_path / "table"
     argv = deploy_argv(tiny_data, stock_checkpoint, out, "--compare", f"d2={ckpt}", "--candidate", "d2",

@@ -250,3 +250,40 @@ def test_the_epoch_of_a_checkpoint_saved_at_an_epoch_end_is_that_epoch():
     assert checkpoint_epoch(state(2, 0)) == 1 and checkpoint_epoch(state(3, 0)) == 2
     assert checkpoint_epoch(state(2, 17)) == 2 and checkpoint_epoch(state(1, 0)) == 1
     assert checkpoint_epoch({"extra_state": {}}) is None and checkpoint_epoch({}) is None
+
+
+def test_a_distillation_set_is_translated_by_the_teacher_and_trained_on_beside_train(student, stock_checkpoint,
+                                                                                     tiny_data, tmp_path):
+    from fairseq.data import indexed_dataset
+
+    from conftest import SLICE
+
+    raw = tmp_path / "mono.de"
+    raw.write_text((SLICE / "test.de").read_text(encoding="utf-8"), encoding="utf-8")  # German the model never saw
+    encoders = ["-s", "de", "-t", "en", "--tokenizer", "moses", "--bpe", "subword_nmt", "--bpe-codes",
+                str(tiny_data / "code")]
+    out = tmp_path / "r.pt"
+    # the raw text without the model's tokenizer and BPE: mostly unknown words, refused before any decoding
+    assert "unknown to the model's dictionary" in _bad(tiny_data, student, stock_checkpoint, out, "--distill-source",
+                                                       raw, "--updates", "2")
+    assert "--distill-nbest must be between 1 and --sequence-beam" in _bad(
+        tiny_data, student, stock_checkpoint, out, "--distill-source", raw, "--distill-nbest", "3",
+        "--sequence-beam", "2", *encoders)
+    proc = _recover(tiny_data, student, stock_checkpoint, out, "--distill-source", raw, "--distill-nbest", "2",
+                    "--sequence-beam", "2", "--updates", "3", *encoders)
+    assert "distillation set: 200 source sentences, 400 pairs" in proc.stdout + proc.stderr
+    folder, = [p for p in tiny_data.parent.glob(f"{tiny_data.name}.distill-*")]
+    src = indexed_dataset.make_dataset(str(folder / "train1.de-en.de"), impl="mmap")
+    tgt = indexed_dataset.make_dataset(str(folder / "train1.de-en.en"), impl="mmap")
+    assert len(src) == len(tgt) == 400
+    assert src[0].tolist() == src[1].tolist() and tgt[0].tolist() != tgt[1].tolist(), "two translations a sentence"
+    assert "train1" in proc.stderr, "fairseq-train loaded the shard beside train"
+    record = json.loads((tmp_path / "r.json").read_text())
+    assert record["updates"] == 3 and record["options"]["distill_source"] == [str(raw)]
+    # the same run with another distillation set is another run: its folder is refused
+    other = tmp_path / "other.de"
+    other.write_text("\n".join((SLICE / "valid.de").read_text(encoding="utf-8").splitlines()[:20]) + "\n")
+    proc = _recover(tiny_data, student, stock_checkpoint, tmp_path / "r2.pt", "--work-dir", tmp_path / "r.recover",
+                    "--distill-source", other, "--distill-nbest", "2", "--sequence-beam", "2", "--updates", "3",
+                    *encoders, check=False)
+    assert proc.returncode == 2 and "distill_source" in proc.stderr, proc.stderr[-2000:]

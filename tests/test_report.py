@@ -17,6 +17,7 @@ from fairseq_headprune.report import claims as cl
 from fairseq_headprune.cli.report import fairseq_argv
 from fairseq_headprune.report.pipeline import set_option
 from fairseq_headprune.records.log import read_json
+from fairseq_headprune.records.rows import best_per_layer
 
 REPORT = ["--gen-subset", "test", "--beam", "1", "--max-tokens", "3000", "--masks-per-batch", "8",
           "--prune-step", "0.25", "--speed-batch-sizes", "1,8", "--speed-runs", "1", "--speed-sentences", "8",
@@ -301,7 +302,7 @@ def test_c2_layers_to_one_head_both_ways():
     assert good.verdict == cl.SUPPORTED and "3 of 4 layers" in good.ours and "enc-dec layer 1 -6.00" in good.ours
     assert cl.claim_keep_one(_keep_one(2), 4, heads_per_layer=per_layer).verdict == cl.NOT_SUPPORTED
     assert cl.claim_keep_one(_keep_one(1)[:-1], 4, heads_per_layer=per_layer).verdict == cl.INCOMPLETE
-    best = cl.best_per_layer(_keep_one(0))
+    best = best_per_layer(_keep_one(0))
     assert [r["head"] for r in best] == [1, 1, 1, 1]  # the higher BLEU
 
 

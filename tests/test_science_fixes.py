@@ -3,10 +3,11 @@ importance, masks that cannot be honoured, bootstrap resample size, per-position
 import pytest
 
 from fairseq_headprune.core import flops
+from fairseq_headprune.core.shape import ModelShape
 
 # ---------------------------------------------------------------------------------------------- FLOP count
 # A model small enough to price by hand: d=4, 2 heads of dim 2 everywhere (width 4), 1+1 layers, FFN 8, vocab 10.
-TINY = flops.ModelShape.uniform(enc_layers=1, dec_layers=1, heads=2, embed_dim=4, ffn=8, vocab=10)
+TINY = ModelShape.uniform(enc_layers=1, dec_layers=1, heads=2, embed_dim=4, ffn=8, vocab=10)
 
 
 def test_flops_by_hand():
@@ -61,7 +62,7 @@ def test_flops_shape_of_a_fairseq_model(stock_checkpoint):
     from fairseq import checkpoint_utils
 
     models, _cfg, _task = checkpoint_utils.load_model_ensemble_and_task([str(stock_checkpoint)])
-    shape = flops.ModelShape.of(models[0])
+    shape = ModelShape.of(models[0])
     assert shape.embed_dim == 32 and shape.enc_ffn == (64,) * 4 and shape.dec_ffn == (64,) * 3
     assert shape.heads[("enc-self", 4)] == 8 and shape.heads[("enc-dec", 3)] == 4
     assert shape.head_dims[("enc-self", 1)] == 4 and shape.head_dims[("dec-self", 1)] == 8
@@ -114,8 +115,8 @@ def test_flops_without_predicts_the_physically_pruned_model(stock):
     install_head_masks(model)
     heads = [Head("enc-self", 1, h) for h in (1, 3, 8)] + [Head("enc-dec", 2, h) for h in range(1, 5)]
     heads.append(Head("dec-self", 3, 2))
-    before = flops.ModelShape.of(model)
-    after = flops.ModelShape.of(prune_model(model, heads))
+    before = ModelShape.of(model)
+    after = ModelShape.of(prune_model(model, heads))
     assert before.without(heads) == after
     assert after.heads[("enc-dec", 2)] == 0 and after.heads[("enc-self", 1)] == 5
     lens = ([7, 12], [9, 5])

@@ -16,18 +16,16 @@ from fairseq_headprune.core.heads import Head, HeadLayout, HeadSpecError, attent
 from fairseq_headprune.fairseq_io.loading import PACKAGE_DIR
 from fairseq_headprune.core.masking import HeadMaskedMultiheadAttention, install_head_masks, set_head_masks
 from fairseq_headprune.models.headprune_transformer import HeadpruneTransformerModel
+from fairseq_headprune.core.shape import kept_heads, kept_heads_json
 from fairseq_headprune.core.surgery import (
     HeadlessAttention,
     apply_kept_heads,
     head_rows,
-    kept_heads,
-    kept_heads_json,
     prune_model,
-    pruned_model_cfg,
     remove_heads,
-    save_pruned_checkpoint,
     select_linear,
 )
+from fairseq_headprune.fairseq_io.pruned_checkpoint import pruned_model_cfg, save_pruned_checkpoint
 from helpers import beam_hypotheses, incremental_logits, load_stock, sample_batch, teacher_forced_logits
 
 # 4 enc layers x 8 heads, 3 dec layers x 4 heads: enc-self 1 and 3 keep 6 and 5 heads, enc-dec 3 (the decoder's

@@ -1,4 +1,4 @@
-"""Replay issue 39's probes of the compression commands (recover, shrink --recover-epochs, export-ct2, deploy,
+"""Replay the probes of the compression commands (recover, shrink --recover-epochs, export-ct2, deploy,
 speed --engine ct2) on the tests' tiny models, so that a regression of any class shows.
 
     .venv/bin/python tools/probe_compression.py [--only WORD] [--families]

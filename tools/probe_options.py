@@ -1,4 +1,4 @@
-"""Replay issue 28's probes of a hostile user against the released commands, on the tests' tiny models.
+"""Replay the probes of a hostile user against the released commands, on the tests' tiny models.
 
     .venv/bin/python tools/probe_options.py [--data DATA-BIN --path CKPT] [--only WORD] [--skip-generate]
 

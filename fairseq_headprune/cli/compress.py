@@ -14,8 +14,13 @@ import shlex
 from dataclasses import fields
 from typing import Dict, Tuple
 
+from fairseq.dataclass.configs import DistributedTrainingConfig
+
 from fairseq_headprune.compress.pipeline import CompressOptions
 from fairseq_headprune.options import add_arguments, from_arguments
+from fairseq_headprune.compress import pipeline
+from fairseq_headprune.fairseq_io.fairseq_options import INERT, RULES
+from fairseq_headprune.fairseq_io.loading import PACKAGE_DIR, load
 
 
 def add_args(parser) -> None:
@@ -24,8 +29,6 @@ def add_args(parser) -> None:
 
 def user_argv(argv):
     """The tokens as the user gave them (without the --user-dir the command adds for itself)."""
-    from fairseq_headprune.fairseq_io.loading import PACKAGE_DIR
-
     out = list(argv)
     if out[:2] == ["--user-dir", PACKAGE_DIR]:
         out = out[2:]
@@ -36,10 +39,6 @@ def training_dests() -> Dict[str, str]:
     """fairseq-train's options among those the command parses (fairseq-generate's parser): every distributed
     option, and the checkpoint, dataset and common options no decoding reads (fairseq_options: inert) plus --seed.
     dest -> flag."""
-    from fairseq.dataclass.configs import DistributedTrainingConfig
-
-    from fairseq_headprune.fairseq_io.fairseq_options import INERT, RULES
-
     dests = {f.name for f in fields(DistributedTrainingConfig)} | {"seed"}
     for section in ("checkpoint", "dataset", "common"):
         dests |= {name for name, kind in RULES[section].items() if kind == INERT}
@@ -63,9 +62,6 @@ def training_options(args) -> Tuple[str, ...]:
 
 
 def run(cfg, args) -> None:
-    from fairseq_headprune.compress import pipeline
-    from fairseq_headprune.fairseq_io.loading import load
-
     options = from_arguments(CompressOptions, args, gen_subset=cfg.dataset.gen_subset,
                              train_options=training_options(args),
                              command="fairseq-headprune compress " + shlex.join(user_argv(args.command_argv)))

@@ -14,6 +14,8 @@ from fairseq_headprune.cli.common import results_folder
 from fairseq_headprune.options import add_arguments, from_arguments
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.studies import deploy
+from fairseq_headprune.compress.export import ct2_decoding
+from fairseq_headprune.fairseq_io.loading import load
 
 
 def add_args(parser) -> None:
@@ -23,9 +25,6 @@ def add_args(parser) -> None:
 
 
 def run(cfg, args) -> None:
-    from fairseq_headprune.fairseq_io.loading import load
-
-    from fairseq_headprune.compress.export import ct2_decoding
 
     options = from_arguments(deploy.DeployOptions, args, subset=cfg.dataset.gen_subset)
     shrink_only = ("shape", "calibration_subset", "calibration_sentences")

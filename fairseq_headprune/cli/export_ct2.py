@@ -14,8 +14,12 @@ from __future__ import annotations
 import os
 
 from fairseq_headprune.cli.common import options_from, readable_file
+from fairseq_headprune.compress.vocab_map import VocabMapOptions
+from fairseq_headprune.options import add_arguments
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.compress.export import QUANTIZATIONS, ExportOptions, ct2_decoding, export
+from fairseq_headprune.decoding.evaluate import SubsetEvaluator
+from fairseq_headprune.fairseq_io.loading import load
 
 
 def add_args(parser) -> None:
@@ -31,6 +35,10 @@ def add_args(parser) -> None:
                    help="share of float32 hypotheses allowed to differ from fairseq's (float rounding) before the "
                         "export is refused")
     g.add_argument("--references", help="raw reference file of --gen-subset for BLEU (default: the binarised targets)")
+    g.add_argument("--vocab-map", action="store_true",
+                   help="write a vocabulary map (vmap.txt, translated with use_vmap) built from DATA's train pairs: "
+                        "the output layer scores only the target words the batch's source words bring in")
+    add_arguments(g, VocabMapOptions)
 
 
 def command_inputs(cfg, args) -> tuple:
@@ -48,8 +56,6 @@ def run(cfg, args) -> None:
         raise UserError("CTranslate2 cannot decode as translation_from_pretrained_bart (mBART) does: it starts and "
                         "ends every hypothesis with the target language token instead of EOS")
     readable_file("--references", args.references)
-    from fairseq_headprune.decoding.evaluate import SubsetEvaluator
-    from fairseq_headprune.fairseq_io.loading import load
 
     loaded = load(cfg)
     evaluator = SubsetEvaluator(loaded, cfg.dataset.gen_subset, args.references)
@@ -63,4 +69,9 @@ def run(cfg, args) -> None:
         q = info[info["quantization"]]
         print(f"{info['quantization']}: {q['differing']} hypotheses differ; BLEU fairseq {q['bleu_fairseq']:.2f}, "
               f"CTranslate2 {info['quantization']} {q['bleu_ct2']:.2f}")
+    if "vocab_map" in info:
+        m = info["vocab_map"]
+        print(f"vocabulary map: {m['source_tokens']} source tokens x {m['per_source']} candidates + {m['always']} "
+              f"always, from {m['sentence_pairs']} training pairs; with it {m['differing']} of {m['sentences']} "
+              f"hypotheses change, BLEU {m['bleu_without']:.2f} -> {m['bleu_with']:.2f}")
     print(f"wrote {info['out']} ({info['quantization']}) in {info['seconds']:.1f} s")

@@ -16,6 +16,9 @@ import os
 import time
 
 from fairseq_headprune.errors import UserError
+from fairseq_headprune.cli.common import output_checkpoint, readable_file
+from fairseq_headprune.compress.recover import RecoverOptions, record_path, recover
+from fairseq_headprune.fairseq_io.checkpoint_io import check_pair_paths
 
 USES_FAIRSEQ_OPTIONS = False
 
@@ -46,6 +49,13 @@ def add_args(parser) -> None:
     parser.add_argument("--work-dir", help="fairseq's checkpoints of this run (default OUT.recover/)")
     parser.add_argument("--sequence-beam", type=int, default=None,
                         help="beam of the teacher's translations (--distill sequences or both; default 5)")
+    parser.add_argument("--distill-source", nargs="+", default=[], metavar="FILE",
+                        help="raw source text (one sentence a line) the teacher translates once, with the model's "
+                             "--tokenizer and --bpe, added to the training subset as its next shard (train1): a "
+                             "distillation set beyond the parallel data; cached beside DATA")
+    parser.add_argument("--distill-nbest", type=int, default=1, metavar="N",
+                        help="the teacher's N best translations of each --distill-source sentence, each a pair "
+                             "(at most --sequence-beam; default 1)")
     parser.add_argument("--force", action="store_true", help="replace an existing OUT.pt")
 
 
@@ -59,10 +69,6 @@ def parse_argv(argv):
 
 
 def run(cfg, args) -> None:
-    from fairseq_headprune.fairseq_io.checkpoint_io import check_pair_paths
-    from fairseq_headprune.cli.common import output_checkpoint, readable_file
-    from fairseq_headprune.compress.recover import RecoverOptions, recover, record_path
-
     for option, path in (("--path", args.path), ("--teacher", args.teacher)):
         readable_file(option, path)
     if not os.path.isdir(args.data.split(os.pathsep)[0]):
@@ -78,9 +84,12 @@ def run(cfg, args) -> None:
     if given and args.distill in ("none", "sequences"):  # no teacher in the loss: recorded and ignored otherwise
         raise UserError(f"{given[0]} weighs a distance to the teacher's forward pass, which --distill "
                         f"{args.distill} does not use")
-    if args.sequence_beam is not None and args.distill not in ("sequences", "both"):
+    if args.sequence_beam is not None and args.distill not in ("sequences", "both") and not args.distill_source:
         raise UserError(f"--sequence-beam sets the beam of the teacher's translations, which --distill "
-                        f"{args.distill} does not use")
+                        f"{args.distill} without --distill-source does not use")
+    if args.distill_nbest != 1 and not args.distill_source:
+        raise UserError("--distill-nbest sets how many translations of each --distill-source sentence are kept: "
+                        "give --distill-source")
     defaults = RecoverOptions()
     options = RecoverOptions(
         teacher=args.teacher or "", out=args.out, distill=args.distill,
@@ -92,6 +101,7 @@ def run(cfg, args) -> None:
         epochs=args.epochs, updates=args.updates,
         train_subset=args.train_subset, valid_subset=args.valid_subset, work_dir=args.work_dir,
         sequence_beam=defaults.sequence_beam if args.sequence_beam is None else args.sequence_beam,
+        distill_source=list(args.distill_source), distill_nbest=args.distill_nbest,
         train_args=list(args.train_args), force=args.force)
     options.check()  # bad settings are refused before anything loads or is written
     start = time.perf_counter()

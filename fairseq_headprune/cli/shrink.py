@@ -21,9 +21,26 @@ import time
 from fairseq_headprune.fairseq_io.checkpoint_io import check_pair_paths, record_path_for
 from fairseq_headprune.cli.common import output_checkpoint, results_folder
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.compress.shrink import ShrinkOptions, inert_options, parse_ffn_keep
+from fairseq_headprune.compress.shrink import (
+    ShrinkOptions,
+    flat_fields,
+    inert_options,
+    parse_ffn_keep,
+    shrink,
+    write_checkpoint,
+)
 from fairseq_headprune.options import add_arguments, from_arguments
 from fairseq_headprune.studies.shrink_sweep import DEFAULT_METHODS
+from fairseq_headprune.cli.recover import summary
+from fairseq_headprune.compress.recover import (
+    RecoverOptions,
+    record_path,
+    recover,
+    refuse_output_of_another_run,
+    reusable_student,
+)
+from fairseq_headprune.fairseq_io.loading import load
+from fairseq_headprune.studies import shrink_sweep as sweep
 
 
 def add_args(parser) -> None:
@@ -52,8 +69,6 @@ def shrink_options(args) -> ShrinkOptions:
 
 
 def run(cfg, args) -> None:
-    from fairseq_headprune.fairseq_io.loading import load
-
     if args.sweep:
         if getattr(args, "ffn_keep", None) is not None and parse_ffn_keep(args.ffn_keep) != 100:
             raise UserError("--ffn-keep narrows one model's FFNs: the sweep compares head selections over budgets "
@@ -67,7 +82,6 @@ def run(cfg, args) -> None:
         raise UserError(f"--recover-epochs must be at least 0, not {args.recover_epochs}")
     final_out = args.out
     if args.recover_epochs:  # shrink writes its model beside the final one; recover then writes --out
-        from fairseq_headprune.compress.recover import RecoverOptions
 
         langs = [getattr(cfg.task, "source_lang", None), getattr(cfg.task, "target_lang", None)]
         recover_options = RecoverOptions(teacher=cfg.common_eval.path, out=final_out, epochs=args.recover_epochs,
@@ -84,7 +98,6 @@ def run(cfg, args) -> None:
         print(f"reusing {args.out}: shrunk by an earlier run with these options (its recovery resumes)")
     else:
         loaded = load(cfg)
-        from fairseq_headprune.compress.shrink import shrink, write_checkpoint
 
         result, calibration = shrink(loaded, options)
         record = write_checkpoint(loaded, result, calibration, options, args.out, json_path)
@@ -95,9 +108,6 @@ def run(cfg, args) -> None:
               f"{seconds:.0f}s in all\n"
               f"wrote {args.out} (fairseq loads it with --user-dir fairseq_headprune)\nwrote {json_path}")
     if args.recover_epochs:
-        from fairseq_headprune.cli.recover import summary
-        from fairseq_headprune.compress.recover import recover, record_path
-
         recovered = recover(cfg.task.data, args.out, recover_options)
         print(f"{summary(recovered, args.out, time.perf_counter() - start)}\nwrote {final_out}\n"
               f"wrote {record_path(final_out)}")
@@ -108,9 +118,6 @@ def _reusable(cfg, options, shrunk: str, json_path: str, recover_options) -> boo
     another run wrote is refused first, before minutes of shrinking."""
     import json
 
-    from fairseq_headprune.compress.recover import refuse_output_of_another_run, reusable_student
-    from fairseq_headprune.compress.shrink import flat_fields
-
     refuse_output_of_another_run(recover_options, shrunk)
 
     recorded = json.loads(json.dumps(flat_fields(options)))  # as write_checkpoint records them (tuples as lists)
@@ -118,9 +125,6 @@ def _reusable(cfg, options, shrunk: str, json_path: str, recover_options) -> boo
 
 
 def _run_sweep(cfg, args) -> None:
-    from fairseq_headprune.fairseq_io.loading import load
-    from fairseq_headprune.studies import shrink_sweep as sweep
-
     if not args.results_dir:
         raise UserError("--sweep needs --results-dir")
     if args.heads:

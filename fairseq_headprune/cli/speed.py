@@ -5,6 +5,8 @@ from __future__ import annotations
 from fairseq_headprune.cli.common import options_from, results_folder
 from fairseq_headprune.fairseq_io.loading import load
 from fairseq_headprune.studies import speed, speed_ct2
+from fairseq_headprune.errors import UserError
+from fairseq_headprune.studies.deploy import PLAIN_TASKS
 
 
 def add_args(parser) -> None:
@@ -24,9 +26,6 @@ def add_args(parser) -> None:
 def check_ct2_task(task_cfg) -> None:
     """--engine ct2 decodes from the source tokens alone: under a task that puts language tokens in the decoder
     (multilingual, mBART) it would time other translations than the model's, so it is refused in one line."""
-    from fairseq_headprune.errors import UserError
-    from fairseq_headprune.studies.deploy import PLAIN_TASKS
-
     name = task_cfg.get("_name") if hasattr(task_cfg, "get") else getattr(task_cfg, "_name", None)
     if name not in PLAIN_TASKS:
         raise UserError(f"--engine ct2 times CTranslate2 on the translation task only, not {name}: its language "

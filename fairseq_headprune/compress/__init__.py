@@ -2,8 +2,8 @@
 a model does not need.
 
   select        which heads to remove under a budget (Fisher fills, rearrangement, the per-stack shape)
-  layers        which whole layers to remove (greedy calibration loss, or evenly spaced), and removing them
-  ffn           which FFN hidden units to remove (mask Fisher), and removing them
+  layers        which whole layers to remove (greedy calibration loss, or evenly spaced)
+  ffn           which FFN hidden units to remove (mask Fisher)
   reconstruct   closed-form refit of each pruned sublayer towards the unpruned model (ReconstructionOptions);
   window_fit    its nonlinear upgrade: each pruned attention fitted whole by Adam (WindowOptions)
   sublayers     the sublayers both fits address, and the hooks that capture their streams
@@ -15,5 +15,6 @@ a model does not need.
 and `compress`, which runs them for a stated speed: levers (what each structure buys in the engine: the cost table),
 choice (which shape to build), pipeline (the staged, resumable run; CompressOptions), model_card.
 
-Functions take loaded models and options dataclasses; none of them sees argparse.
+Removing what they choose is core.surgery's, for every structure. Functions take loaded models and options
+dataclasses; none of them sees argparse.
 """

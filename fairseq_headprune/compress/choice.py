@@ -15,7 +15,10 @@ import copy
 import math
 from typing import Callable, Dict, List, Optional, Tuple
 
-from fairseq_headprune.compress import levers
+from fairseq_headprune.compress import layers, levers, select, shrink
+from fairseq_headprune.core.heads import Head, HeadLayout, format_head_spec, parse_head_spec
+from fairseq_headprune.core.masking import set_head_masks
+from fairseq_headprune.core.surgery import remove_layers
 
 
 HEADS_AND_DEPTH = ("enc_heads", "dec_heads", "dec_layers")  # what the choice ranks (the FFN share: timed after)
@@ -24,9 +27,6 @@ SHAPE_FIELDS = HEADS_AND_DEPTH + ("ffn_percent", "enc_layers")  # what a point s
 
 def per_stack_points(model) -> List[Dict[str, int]]:
     """Every per-stack shape with at least one head removed, as cost-table points {enc_heads, dec_heads}."""
-    from fairseq_headprune.compress import select
-    from fairseq_headprune.core.heads import HeadLayout
-
     layout = HeadLayout.of(model)
     points = []
     for shape in select.per_stack_shapes(layout.heads):
@@ -40,9 +40,6 @@ def lever_points(model) -> List[Dict]:
     shape (none removed included) at every shallower decoder depth {enc_heads, dec_heads, dec_layers}, and each of
     these shapes (the unpruned one included) with every FFN at each value the FFN lever is measured at
     {..., ffn_percent}."""
-    from fairseq_headprune.compress import select
-    from fairseq_headprune.core.heads import HeadLayout
-
     shapes = select.per_stack_shapes(HeadLayout.of(model).heads)  # a shallower model's layers hold the same heads
     depth = len(model.decoder.layers)
     heads_and_depth = per_stack_points(model) + [{"enc_heads": s["encoder"], "dec_heads": s["decoder"],
@@ -115,9 +112,6 @@ def fisher_choice(model, grads, points: List[Dict]) -> List[Dict]:
     the Fisher estimate of the loss increase of removing them all: Σ_x (Σ_removed g_x,h)²."""
     import torch
 
-    from fairseq_headprune.compress import select
-    from fairseq_headprune.core.heads import Head, HeadLayout, format_head_spec
-
     layout = HeadLayout.of(model)
     orders = {k: select._layer_removal_order(g) for k, g in grads.items()}
     out = []
@@ -134,10 +128,6 @@ def fisher_choice(model, grads, points: List[Dict]) -> List[Dict]:
 def masked_nll(model, heads: str, samples, pad: int) -> float:
     """The calibration NLL of the model with these heads masked (a head spec; "" for none), the masks cleared
     after."""
-    from fairseq_headprune.compress import layers
-    from fairseq_headprune.core.heads import parse_head_spec
-    from fairseq_headprune.core.masking import set_head_masks
-
     set_head_masks(model, parse_head_spec(heads) if heads else [])
     try:
         return round(layers.calibration_loss(model, samples, pad), 6)
@@ -150,13 +140,9 @@ def reconstructed_nll(model, point: Dict, calibration, options, pad: int) -> flo
     decoder layers removed, its heads masked, its FFN units removed (mask Fisher, after the heads), every changed
     sublayer refit towards the unpruned model. The measure the pick compares shapes by: a narrowed FFN's refit takes
     back most of what removing its units costs, so an NLL before any fit misjudges the FFN lever against the others
-    (after 8 epochs of recovery half the FFNs cost De-En's 5 x 4 decoder 0.023 of valid loss, 0.507 against
-    0.484)."""
-    from fairseq_headprune.compress import layers, shrink
-    from fairseq_headprune.core.heads import parse_head_spec
-
+    (after recovery, a narrowed FFN costs little valid loss: results/compress-de-en)."""
     kept = point.get("layers_kept")
-    cut = layers.remove_layers(copy.deepcopy(model), kept) if kept else model
+    cut = remove_layers(copy.deepcopy(model), kept) if kept else model
     selection = shrink.Selection(parse_head_spec(point["heads"]) if point["heads"] else [], "the choice's", False,
                                  shrink.Budget("remove", 0.0, False))
     student = shrink.build_student(cut, selection, calibration, options, pad, teacher=model if kept else None,
@@ -174,7 +160,7 @@ def with_ffn(point: Dict) -> Dict:
 def ffn_variants(timed: List[Dict], target: float) -> List[Dict]:
     """The FFN variants to time next: of every shape just timed that keeps its FFNs whole and measured below the
     target. The cost table prices the FFN on the whole model, where it holds a smaller share of the time than in a
-    cut decoder (De-En: half the FFNs 1.14x on the whole model, 1.17x on the decoder cut to 5 x 4): its own slice
+    cut decoder, where the FFNs buy more than the whole model's row says: its own slice
     prices it where it is cut."""
     return [with_ffn(p) for p in timed if "ffn_percent" not in p and p["measured_speedup"] < target]
 
@@ -186,8 +172,8 @@ def pick_measured(timed: List[Dict], target: float, nll: Callable[[Dict], float]
     """Of the timed candidates whose `measured_speedup` clears the target by MARGIN (none doing so: reaches it),
     the lowest `nll` (recorded as `calibration_nll`; computed only when several are eligible), and True; none
     reaching it, the fastest, and False. The lowest-loss shape among those that reach the target is the slowest, the
-    likeliest to measure below it once built (De-En at 1.5x: 5/4's slice 1.52x, the model 1.47x alone). Slices and
-    their models have differed by 1-5% in most runs, by 11% once (De-En at 1.3x: 1.47x and 1.31x;
+    likeliest to measure below it once built. Slices and
+    their models usually differ by a few percent, now and then by more (docs/compress.md, Limits;
     results/compress-de-en): the margin covers the usual noise, not every case."""
     reached = [p for p in timed if p["measured_speedup"] >= target]
     if not reached:
@@ -206,8 +192,8 @@ def retime_candidates(scored: List[Dict], timed: List[Dict], target: float) -> L
     """The shapes to time next: at each decoder depth whose timed shapes all measured below the target, the first
     one in the choice's order, not timed yet, whose predicted speed-up scaled by that depth's measured/predicted
     ratio (the least of its timed shapes) reaches the target. The cost table sums lever costs measured one at a
-    time, and it misjudges a depth cut with heads (De-En at 2x: decoder 3 layers x 6-7 heads predicted 2.0x,
-    measured 1.8x); without this the choice leaves such a depth for the next one instead of trying fewer heads."""
+    time, and it can overrate a depth cut with heads (a shallow decoder keeping most of its heads can measure below
+    its prediction); without this the choice leaves such a depth for the next one instead of trying fewer heads."""
     ratio: Dict[Optional[int], float] = {}
     reached = set()
     for p in timed:
@@ -232,8 +218,8 @@ def moved_levers(points: List[Dict], whole: Dict[str, int]) -> List[str]:
             if any(lever.field in p and p[lever.field] < whole.get(lever.field, 100.0) for p in points)]
 
 
-def pareto_frontier(points: List[Dict]) -> List[Dict]:
-    """The shapes no other beats on both predicted speed and Fisher estimate, fastest first."""
+def fisher_frontier(points: List[Dict]) -> List[Dict]:
+    """The shapes no other beats on both predicted speed and Fisher estimate (lower is better), fastest first."""
     frontier: List[Dict] = []
     for p in sorted(points, key=lambda p: (-p["predicted_speedup"], p["fisher_estimate"])):
         if not frontier or p["fisher_estimate"] < frontier[-1]["fisher_estimate"]:

@@ -33,8 +33,11 @@ import numpy as np
 import torch
 
 from fairseq_headprune.errors import UserError
+from fairseq_headprune.options import nested
 from fairseq_headprune.core.heads import attention_modules
 from fairseq_headprune.core.masking import head_gates
+from fairseq_headprune.fairseq_io.loading import load_subset
+from fairseq_headprune.compress.vocab_map import VMAP_FILE, VocabMapOptions, build_vmap, translate_options
 
 QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16", "float32")
 # fairseq's activation names -> CTranslate2's (common_spec.Activation); others cannot be expressed
@@ -52,8 +55,12 @@ class ExportOptions:
     check_sentences: int = 100
     max_differing: float = 0.05
     inputs: Tuple[str, ...] = ()
+    vocab_map: bool = False  # write vmap.txt from the training pairs (compress.vocab_map)
+    vocab_map_options: VocabMapOptions = nested(VocabMapOptions)
+    vocab_map_subsets: Tuple[str, ...] = ("train",)  # the subsets of DATA whose pairs the map is built from
 
     def check(self) -> None:
+        self.vocab_map_options.check()
         if self.quantization is not None and self.quantization not in QUANTIZATIONS:
             raise UserError(f"--quantization {self.quantization} is not one CTranslate2 knows: "
                             f"{', '.join(QUANTIZATIONS)}")
@@ -324,8 +331,11 @@ def _set_ffn(spec, layer) -> None:
     _set_module(spec.linear_1, layer.fc2)
 
 
-def write_model(spec, folder: str, quantization: Optional[str]) -> None:
-    """Validate, quantize (None: float32 as loaded) and save the spec into a folder that does not exist yet."""
+def write_model(spec, folder: str, quantization: Optional[str], vocab_map: Optional[str] = None) -> None:
+    """Validate, quantize (None: float32 as loaded) and save the spec into a folder that does not exist yet, with
+    the vocabulary map file `vocab_map` (saved as the folder's vmap.txt) when given."""
+    if vocab_map:
+        spec.register_vocabulary_mapping(vocab_map)
     spec.validate()
     spec.optimize(quantization=quantization or "float32")
     os.makedirs(folder)
@@ -403,8 +413,6 @@ def check_batches(loaded, subset: str, n: int):
     """The first n sentences of the subset (by id), batched as fairseq-generate batches (--max-tokens,
     --batch-size, sorted by length), without dropping any."""
     from fairseq import utils
-
-    from fairseq_headprune.fairseq_io.loading import load_subset
 
     dataset = load_subset(loaded, subset)
     ids = np.arange(min(n, len(dataset)), dtype=np.int64)
@@ -512,6 +520,21 @@ def _replace_folder(staged: str, out: str) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def build_task_vmap(loaded, options: ExportOptions, folder: str) -> Tuple[str, Dict]:
+    """The vocabulary map of the loaded task's training pairs (options.vocab_map_subsets of its data), written in
+    `folder`: its path and what it holds."""
+    cfg = loaded.task.cfg  # the task's own, with the language pair it inferred from the data
+    src, tgt = getattr(cfg, "source_lang", None), getattr(cfg, "target_lang", None)
+    if not src or not tgt:
+        raise UserError("--vocab-map needs the language pair (-s SRC -t TGT) of the training pairs")
+    data = str(cfg.data).split(os.pathsep)[0]
+    path = os.path.join(folder, VMAP_FILE)
+    source, target = loaded.task.source_dictionary, loaded.task.target_dictionary
+    stats = build_vmap(path, [(data, subset, src, tgt) for subset in options.vocab_map_subsets], vocabulary(source),
+                       vocabulary(target), [source.pad(), source.eos(), source.bos()], options.vocab_map_options)
+    return path, stats
+
+
 def export(loaded, evaluator, options: ExportOptions, subset: str) -> Dict:
     """Build the spec, check it against fairseq on the first `check_sentences` sentences of `subset`, then write
     the model folder whole. Returns what the command prints (and the benchmark records)."""
@@ -539,12 +562,22 @@ def export(loaded, evaluator, options: ExportOptions, subset: str) -> Dict:
                             f"{info['float32']['differing']} of {info['float32']['sentences']} sentences (more than "
                             f"--max-differing {options.max_differing}){cause}: nothing written")
         final = float_dir
-        if options.quantization not in (None, "float32"):
-            final = os.path.join(staging, options.quantization)
+        vmap = None
+        if options.vocab_map:
+            vmap, info["vocab_map"] = build_task_vmap(loaded, options, staging)
+        if options.quantization not in (None, "float32") or vmap:
+            final = os.path.join(staging, options.quantization or "float32-vmap")
             spec = build_spec(loaded.model, loaded.task.source_dictionary, loaded.task.target_dictionary, activation)
-            write_model(spec, final, options.quantization)
-            info[options.quantization] = compare(evaluator, reference, ct2_hypotheses(
-                _translator(final), loaded, samples, decoding))
+            write_model(spec, final, options.quantization, vmap)
+            translator = _translator(final)
+            plain = ct2_hypotheses(translator, loaded, samples, decoding)
+            if options.quantization not in (None, "float32"):
+                info[options.quantization] = compare(evaluator, reference, plain)
+            if vmap:  # the same model restricted by its map: what the map changes
+                mapped = ct2_hypotheses(translator, loaded, samples, {**decoding, **translate_options(final)})
+                change = compare(evaluator, plain, mapped)
+                info["vocab_map"].update(sentences=change["sentences"], differing=change["differing"],
+                                         bleu_without=change["bleu_fairseq"], bleu_with=change["bleu_ct2"])
         check_output_folder(options.out, options.force, options.inputs)  # as checked before the work began
         _replace_folder(final, options.out)
     finally:

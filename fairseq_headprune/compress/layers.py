@@ -1,13 +1,13 @@
-"""Whole encoder and decoder layers as units of pruning: removal, selection, and the teacher layer of each kept one.
+"""Whole encoder and decoder layers as units of pruning: selection, and the teacher layer of each kept one.
 
 Layers are named by their ORIGINAL 1-indexed numbers here (as heads are by their original ids): `kept` maps a
 stack ("enc" or "dec") to the teacher's layers it keeps, in order; stacks not named keep every layer.
 
-Removing a pre- or post-norm transformer layer is exact: the model computes what the unpruned one computes with
-that layer skipped (both its residual branches set to zero), since each layer maps the residual stream to the next
-and nothing else reads it (fairseq's final LayerNorm, the encoder-decoder attention's keys and values, and the
-alignment layer read the stack's output, which is the last kept layer's). The model's config gets the new depth so
-that a written checkpoint rebuilds with fewer layers (surgery.pruned_checkpoint_state).
+Removing a pre- or post-norm transformer layer is exact (core.surgery.remove_layers): the model computes what the
+unpruned one computes with that layer skipped (both its residual branches set to zero), since each layer maps the
+residual stream to the next and nothing else reads it (fairseq's final LayerNorm, the encoder-decoder attention's
+keys and values, and the alignment layer read the stack's output, which is the last kept layer's). The model's
+config gets the new depth so that a written checkpoint rebuilds with fewer layers (fairseq_io.pruned_checkpoint).
 
 Selection (Shleifer & Rush 2020 keep evenly spaced layers, the first and the last among them; `importance` removes
 one layer at a time, the one whose removal raises the calibration loss the least, as the head search does with
@@ -21,26 +21,18 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
-from torch import nn
 
+from fairseq_headprune.compress.select import sentence_nll
+from fairseq_headprune.core.shape import Key, depths, even_layers
+from fairseq_headprune.core.surgery import remove_layers
 from fairseq_headprune.errors import UserError
 
-Key = Tuple[str, int]
-STACKS = ("enc", "dec")
 SELECTIONS = ("importance", "even")
 _STACK_OF = {"enc-self": "enc", "enc-ffn": "enc", "enc-dec": "dec", "dec-self": "dec", "dec-ffn": "dec"}
 
 
 def stack_of(sublayer_type: str) -> str:
     return _STACK_OF[sublayer_type]
-
-
-def _stack(model, stack: str):
-    return model.encoder if stack == "enc" else model.decoder
-
-
-def depths(model) -> Dict[str, int]:
-    return {s: len(_stack(model, s).layers) for s in STACKS}
 
 
 def parse_keep_layers(text: str) -> Dict[str, int]:
@@ -64,53 +56,6 @@ def check_counts(model, counts: Mapping[str, int]) -> None:
             raise UserError(f"--keep-layers {s}:{n}: a stack must keep at least one layer")
         if n > have[s]:
             raise UserError(f"--keep-layers {s}:{n}: the model's {s} stack has {have[s]} layers")
-
-
-def check_kept(model, kept: Mapping[str, Sequence[int]]) -> None:
-    """Kept layers: known stacks, 1-indexed original numbers in the model, increasing, at least one per stack."""
-    have = depths(model)
-    for s, layers in kept.items():
-        if s not in STACKS:
-            raise UserError(f"unknown stack {s!r}: use enc or dec")
-        layers = list(layers)
-        if not layers:
-            raise UserError(f"the {s} stack must keep at least one layer (fairseq and CTranslate2 need one)")
-        bad = [i for i in layers if not isinstance(i, int) or not 1 <= i <= have[s]]
-        if bad:
-            raise UserError(f"{s} layer {bad[0]} does not exist: layers are 1..{have[s]}")
-        if layers != sorted(set(layers)):
-            raise UserError(f"{s} layers to keep must be increasing and distinct, not {layers}")
-
-
-def _set_depth_in_cfg(model, stack: str, n: int) -> None:
-    """The model's own config(s) say its new depth (fairseq 0.12 keeps a TransformerConfig in .cfg, legacy models
-    an argparse Namespace in .args; encoder and decoder hold their own references)."""
-    name = f"{'encoder' if stack == 'enc' else 'decoder'}_layers"
-    part = _stack(model, stack)
-    for owner in (model, part):
-        for attr in ("cfg", "args"):
-            cfg = getattr(owner, attr, None)
-            if cfg is None:
-                continue
-            sub = getattr(cfg, "encoder" if stack == "enc" else "decoder", None)
-            if sub is not None and hasattr(sub, "layers"):
-                sub.layers = n
-            if hasattr(cfg, name):
-                setattr(cfg, name, n)
-
-
-def remove_layers(model, kept: Mapping[str, Sequence[int]]):
-    """Keep only these layers (original 1-indexed numbers) of each named stack, in place; returns the model.
-
-    Checked first, so bad input changes nothing. The kept layers are renumbered 1..n (their parameter names become
-    those of the first n layers)."""
-    check_kept(model, kept)
-    for s, layers in kept.items():
-        part = _stack(model, s)
-        part.layers = nn.ModuleList([part.layers[i - 1] for i in layers])
-        part.num_layers = len(part.layers)
-        _set_depth_in_cfg(model, s, len(part.layers))
-    return model
 
 
 # --------------------------------------------------------------------------------------------- the teacher's layers
@@ -148,22 +93,9 @@ def layer_map_json(kept: Mapping[str, Sequence[int]]) -> Dict[str, List[int]]:
 # --------------------------------------------------------------------------------------------- selection
 
 
-def even_layers(n_layers: int, n_keep: int) -> Tuple[int, ...]:
-    """Evenly spaced layers, first and last kept, positions rounded down: Shleifer & Rush's table for 6 layers
-    (6 -> 3: 1, 3, 6; 6 -> 4: 1, 2, 4, 6; 6 -> 2: 1, 6), 1-indexed."""
-    if not 1 <= n_keep <= n_layers:
-        raise ValueError(f"cannot keep {n_keep} of {n_layers} layers")
-    if n_keep == 1:
-        return (1,)
-    step = (n_layers - 1) / (n_keep - 1)
-    return tuple(int(i * step + 1e-9) + 1 for i in range(n_keep))
-
-
 @torch.no_grad()
 def calibration_loss(model, samples: Sequence[dict], pad: int) -> float:
     """Mean token NLL (no label smoothing) of the model on the samples, teacher-forced, in eval mode."""
-    from fairseq_headprune.compress.select import sentence_nll
-
     model.eval()
     total, tokens = 0.0, 0
     for sample in samples:

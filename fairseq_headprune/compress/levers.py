@@ -1,11 +1,11 @@
 """The cost table: what each lever buys in speed on this model, on this machine, in the engine it is deployed in.
 
 A lever is a structure `compress` can take away, as data: a name, the values it can be set to (what a layer keeps),
-how a shape with that value is cut from the unpruned model (studies.ceilings.CeilingShape: the first heads of every
+how a shape with that value is cut from the unpruned model (core.shape.CeilingShape: the first heads of every
 layer, evenly spaced layers, the first FFN units) and whether `shrink` can remove it from a trained model today.
 Heads per stack (encoder, decoder: CTranslate2's one head count per stack), the decoder's depth (layers kept,
-`shrink --keep-layers`) and every FFN's share of hidden units (`shrink --ffn-keep`: half of them buys 1.0-1.14x on
-the whole bundled models, 1.17x on De-En's decoder cut to 5 x 4, where they hold more of the time) are removable;
+`shrink --keep-layers`) and every FFN's share of hidden units (`shrink --ffn-keep`: little on a small model whole,
+more once its decoder is cut, where they hold more of the time) are removable;
 the output layer is measured so that a missed target can say what it would buy, and plugs into the same table and
 the same choice once shrink removes it. A lever whose field ends in `_percent` is set in percent of the whole; any
 other counts what the model holds (heads per layer, layers), its whole read from the model (stack_sizes).
@@ -37,6 +37,16 @@ from omegaconf import open_dict
 
 from fairseq_headprune.compress.export import check_batches
 from fairseq_headprune.errors import UserError
+from fairseq_headprune.compress.export import ct2_decoding
+from fairseq_headprune.core import flops
+from fairseq_headprune.core.heads import attention_modules
+from fairseq_headprune.core.shape import CeilingShape, ModelShape
+from fairseq_headprune.core.surgery import crude_model
+from fairseq_headprune.records.identity import decoding_identity, file_sha256
+from fairseq_headprune.records.log import read_json, write_json_atomic
+from fairseq_headprune.studies.deploy import ct2_run, ct2_translator, fairseq_run
+from fairseq_headprune.studies.speed_ct2 import ct2_shape, translator
+from fairseq_headprune.compress.vocab_map import translate_options
 
 ENGINES = ("ct2-int8", "ct2-float32", "fairseq")
 TIMING_BATCH = 16  # sentences per timing batch when the user gives no --batch-size (300 of valid: 19 batches)
@@ -89,8 +99,6 @@ LEVERS: Tuple[Lever, ...] = (
 def stack_sizes(model) -> Dict[str, int]:
     """The whole of every counted lever: the fewest heads any layer of each stack holds (what a per-stack shape can
     keep at most), and the decoder's depth."""
-    from fairseq_headprune.core.heads import attention_modules
-
     held = {"enc_heads": [], "dec_heads": []}
     for (attn_type, _), attn in attention_modules(model).items():
         held["enc_heads" if attn_type == "enc-self" else "dec_heads"].append(int(attn.num_heads))
@@ -105,8 +113,6 @@ def lever_rows(model, levers: Sequence[Lever] = LEVERS) -> List[Tuple[Lever, flo
 
 def ceiling_shape(model, point: Mapping[str, float]):
     """The CeilingShape of a point {field: value} (the fields not given left whole)."""
-    from fairseq_headprune.studies.ceilings import CeilingShape
-
     sizes = stack_sizes(model)
     layers = int(point.get("dec_layers", sizes["dec_layers"]))
     return CeilingShape(int(point.get("enc_heads", sizes["enc_heads"])),
@@ -126,8 +132,6 @@ class EngineModel:
 
     def __init__(self, loaded, engine: str, model=None, target_dictionary=None, folder: Optional[str] = None,
                  ct2_folder: Optional[str] = None):
-        from fairseq_headprune.compress.export import ct2_decoding
-
         self.loaded, self.engine = loaded, engine
         self.model = loaded.model if model is None else model
         self.target_dictionary = target_dictionary
@@ -135,21 +139,15 @@ class EngineModel:
             self.translator = None
             return
         self.decoding = ct2_decoding(loaded.cfg.generation)
-        if ct2_folder:  # an exported model (compress's own export)
-            from fairseq_headprune.studies.speed_ct2 import translator
-
+        if ct2_folder:  # an exported model (compress's own export), with its vocabulary map when it has one
             self.translator = translator(ct2_folder, COMPUTE_TYPE[engine], 1)
+            self.decoding = {**self.decoding, **translate_options(ct2_folder)}
         else:
-            from fairseq_headprune.studies.deploy import ct2_translator
-
             self.translator = ct2_translator(loaded, self.model, folder, QUANTIZATION[engine], target_dictionary)
 
     def run(self, samples, forced: int = 0) -> Dict:
         if self.translator is not None:
-            from fairseq_headprune.studies.deploy import ct2_run
-
             return ct2_run(self.translator, self.loaded, self.decoding, samples, forced)
-        from fairseq_headprune.studies.deploy import fairseq_run
 
         return fairseq_run(self.loaded, self.model, samples, forced, self.target_dictionary)
 
@@ -246,8 +244,6 @@ def table_identity(loaded, engine: str, samples, runs: int, levers: Sequence[Lev
     sentences and their batching, the decoding options, the levers and values measured."""
     import torch
 
-    from fairseq_headprune.records.identity import file_sha256
-
     sentences = sorted(sid for s in samples for sid in s["id"].tolist())
     tokens = hashlib.sha256(json.dumps([s["net_input"]["src_tokens"].tolist() for s in samples]).encode())
     identity = {"model_sha256": file_sha256(loaded.checkpoint), "engine": engine, "cpu": cpu_model(), "threads": 1,
@@ -266,8 +262,6 @@ def generation_identity(cfg) -> Dict:
     """The decoding options that can change a hypothesis (records.identity), or beam and length penalty alone for a
     config that is not fairseq's own (the benchmark's random models)."""
     try:
-        from fairseq_headprune.records.identity import decoding_identity
-
         return decoding_identity(cfg)["generation"]
     except Exception:  # noqa: BLE001 - a stand-in config without fairseq's sections
         return {"beam": int(cfg.generation.beam), "lenpen": float(getattr(cfg.generation, "lenpen", 1.0))}
@@ -283,8 +277,6 @@ def default_cache() -> str:
 
 
 def cached_table(cache_dir: Optional[str], identity: Mapping) -> Optional[Dict]:
-    from fairseq_headprune.records.log import read_json
-
     if not cache_dir:
         return None
     table = read_json(os.path.join(cache_dir, f"cost-table-{identity_key(identity)}.json"))
@@ -292,8 +284,6 @@ def cached_table(cache_dir: Optional[str], identity: Mapping) -> Optional[Dict]:
 
 
 def store_table(cache_dir: Optional[str], table: Dict) -> Optional[str]:
-    from fairseq_headprune.records.log import write_json_atomic
-
     if not cache_dir:
         return None
     try:
@@ -320,14 +310,10 @@ def load_average() -> Optional[float]:
 
 def time_shapes(loaded, engine: str, samples, runs: int, shapes: Mapping[str, object], log=print, progress=None,
                 decoder_factory=None) -> Dict:
-    """Time crude slices of the unpruned model (studies.ceilings.crude_model, one per CeilingShape) beside the
+    """Time crude slices of the unpruned model (core.surgery.crude_model, one per CeilingShape) beside the
     unpruned model at equal work, interleaved: each shape's speed-up (seconds paired per round) and FLOP ratio.
     `decoder_factory(model, target_dictionary, folder)` -> run(samples, forced) replaces the engine (tests)."""
-    from fairseq_headprune.core import flops
-    from fairseq_headprune.studies.ceilings import crude_model
-    from fairseq_headprune.studies.speed_ct2 import ct2_shape
-
-    shape_of = flops.ModelShape.of if engine == "fairseq" else ct2_shape
+    shape_of = ModelShape.of if engine == "fairseq" else ct2_shape
     with tempfile.TemporaryDirectory(prefix="cost-table-") as tmp:
         def build(model, dictionary, name):
             if decoder_factory:

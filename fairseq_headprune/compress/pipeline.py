@@ -57,12 +57,40 @@ from typing import Callable, Dict, List, Optional, Tuple
 from fairseq_headprune.compress import levers
 from fairseq_headprune.compress.choice import (RETIMED_ROUNDS, SHAPE_FIELDS, TIMED_AGAIN, as_timed, candidate_order,
                                                ffn_variants, fisher_choice, kept_by_depth, label, lever_points,
-                                               masked_nll, moved_levers, pareto_frontier, per_stack_points,
+                                               masked_nll, moved_levers, fisher_frontier, per_stack_points,
                                                pick_measured, reconstructed_nll, retime_candidates, shapes_reaching,
                                                shape_words)
+from fairseq_headprune.compress.vocab_map import VocabMapOptions
 from fairseq_headprune.compress.window_fit import WindowOptions
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.options import option
+from fairseq_headprune.options import nested, option
+from fairseq_headprune.compress import layers, model_card, recover, select
+from fairseq_headprune.compress.export import ExportOptions, check_batches, ct2_decoding, export, unsupported_parts
+from fairseq_headprune.compress.reconstruct import ReconstructionOptions
+from fairseq_headprune.compress.recover import DISTILL, RecoverOptions, TRAIN_DEFAULTS
+from fairseq_headprune.compress.sequence_targets import language_pair
+from fairseq_headprune.compress.shrink import (
+    ShrinkOptions,
+    calibrate,
+    calibration_samples,
+    shrink,
+    with_fit,
+    write_checkpoint,
+)
+from fairseq_headprune.core import flops
+from fairseq_headprune.core.heads import attention_modules
+from fairseq_headprune.core.masking import set_head_masks
+from fairseq_headprune.core.shape import CeilingShape, ModelShape
+from fairseq_headprune.core.surgery import remove_layers
+from fairseq_headprune.decoding.evaluate import SubsetEvaluator
+from fairseq_headprune.fairseq_io.checkpoint_io import save_state
+from fairseq_headprune.fairseq_io.loading import load, load_subset
+from fairseq_headprune.records.identity import decoding_identity, file_sha256
+from fairseq_headprune.records.log import FolderLock, atomic_output, read_json, write_json_atomic
+from fairseq_headprune.stats import BleuBootstrap
+from fairseq_headprune.studies import deploy
+from fairseq_headprune.studies.deploy import calibration_files_sha256, check_task, load_other
+from fairseq_headprune.studies.speed_ct2 import ct2_shape
 
 STAGES = ("cost-table", "choice", "shrink", "recover", "export", "measure", "report")
 # the recovery's default budget: about the bundled De-En model's (4 epochs of its 28k pairs, 1008 updates of 2048
@@ -145,6 +173,20 @@ class CompressOptions:
                                           help="β of the recovery's hidden-state term: each kept decoder layer's "
                                                "output pulled towards the teacher layer the shrink reconstructed it "
                                                "towards (recover --distill-hidden-weight; 0: off)")
+    distill_source: Tuple[str, ...] = option((), flag="--distill-source", metavar="FILE", nargs="+",
+                                             parse=tuple,
+                                             help="raw source text the unpruned model translates once (with the "
+                                                  "model's --tokenizer and --bpe), trained on beside train: a "
+                                                  "distillation set beyond the parallel data (recover "
+                                                  "--distill-source)")
+    distill_nbest: int = option(1, flag="--distill-nbest", metavar="N",
+                                help="the unpruned model's N best translations of each --distill-source sentence, "
+                                     "each a pair (recover --distill-nbest)")
+    vocab_map: bool = option(False, flag="--vocab-map",
+                             help="ct2 engines: ship a vocabulary map (vmap.txt, from the training pairs) the model is "
+                                  "measured, checked and reported with: the output layer scores only the target "
+                                  "words the batch's source words bring in (export-ct2 --vocab-map)")
+    vocab_map_options: VocabMapOptions = nested(VocabMapOptions)
     recover_args: Tuple[str, ...] = option((), flag="--recover-args", metavar="'FAIRSEQ-TRAIN OPTIONS'",
                                            parse=lambda text: recover_args(text),
                                            help="fairseq-train options of the recovery, as one argument: "
@@ -195,7 +237,6 @@ class CompressOptions:
             raise UserError(f"--window-lr must be above 0, not {self.window_lr:g}")
         if not self.window_steps and self.window_lr != CompressOptions.window_lr:
             raise UserError("--window-lr sets the window fit's learning rate: it needs --window-steps N (above 0)")
-        from fairseq_headprune.compress.recover import DISTILL
 
         if self.distill not in DISTILL:
             raise UserError(f"--distill must be one of {', '.join(DISTILL)}, not {self.distill}")
@@ -219,6 +260,19 @@ class CompressOptions:
             raise UserError(f"--distill-hidden-weight must be at least 0, not {self.distill_hidden_weight:g}")
         if self.budget_epochs == 0 and self.distill_hidden_weight:
             raise UserError("--distill-hidden-weight: --budget-epochs 0 runs no recovery")
+        if self.distill_source and self.budget_epochs == 0:
+            raise UserError("--distill-source: --budget-epochs 0 runs no recovery")
+        for path in self.distill_source:
+            if not os.path.isfile(path):
+                raise UserError(f"--distill-source: no such file: {path}")
+        if self.distill_nbest != 1 and not self.distill_source:
+            raise UserError("--distill-nbest sets how many translations of each --distill-source sentence are kept: "
+                            "give --distill-source")
+        if not 1 <= self.distill_nbest <= 5:  # recover's teacher beam
+            raise UserError(f"--distill-nbest must be between 1 and 5 (the teacher's beam), not {self.distill_nbest}")
+        if self.vocab_map and self.engine == "fairseq":
+            raise UserError("--vocab-map is CTranslate2's (use_vmap): --engine fairseq cannot apply it")
+        self.vocab_map_options.check()
         for name in ("calibration_subset", "timing_subset"):
             if getattr(self, name) == self.gen_subset:
                 raise UserError(f"--{name.replace('_', '-')} {self.gen_subset} is --gen-subset: the reported set "
@@ -253,8 +307,6 @@ class CompressOptions:
 
     def given_shape(self):
         """--shape as deploy's CeilingShape: heads per stack, the decoder's depth, the FFNs' share of units."""
-        from fairseq_headprune.studies.ceilings import CeilingShape
-
         shape = CeilingShape.parse(self.shape, "--shape")
         if shape.vocab_percent < 100:
             raise UserError(f"--shape {self.shape}: the output layer cannot be removed yet (heads per stack, the "
@@ -278,10 +330,6 @@ def shrink_options(options: CompressOptions, heads: str, dec_layers: Optional[in
     """The one place compress builds shrink's options (the removed heads given: the choice made them; with a
     decoder depth, the layers shrink's importance selection keeps, the heads naming the kept layers renumbered;
     with an FFN share, the units shrink's mask Fisher keeps in every FFN, after the heads)."""
-    from fairseq_headprune.compress.reconstruct import ReconstructionOptions
-    from fairseq_headprune.compress.shrink import ShrinkOptions
-    from fairseq_headprune.compress.window_fit import WindowOptions
-
     fitted = bool(heads or dec_layers or enc_layers)  # the window fit refits sublayers that lost heads or inputs
     return ShrinkOptions(heads=heads or None, keep_layers=keep_layers_spec(dec_layers, enc_layers),
                          layer_selection="importance", ffn_keep=ffn_percent,
@@ -295,8 +343,6 @@ def shrink_options(options: CompressOptions, heads: str, dec_layers: Optional[in
 
 def calibration_only_options(options: CompressOptions):
     """shrink's options for the choice's calibration (the same sentences and batches as the shrink's)."""
-    from fairseq_headprune.compress.shrink import ShrinkOptions
-
     return ShrinkOptions(remove="1", calibration_subset=options.calibration_subset,
                          calibration_sentences=options.calibration_sentences, calibration_seed=options.sample_seed)
 
@@ -320,8 +366,6 @@ class StageStore:
         return os.path.join(self.root, name)
 
     def record(self, name: str) -> Optional[Dict]:
-        from fairseq_headprune.records.log import read_json
-
         return read_json(os.path.join(self.folder(name), "stage.json"))
 
     def done(self, name: str, identity: Dict) -> Optional[Dict]:
@@ -329,8 +373,6 @@ class StageStore:
         return record if record and record.get("identity") == identity else None
 
     def begin(self, name: str, resume_key: Optional[Dict] = None) -> str:
-        from fairseq_headprune.records.log import read_json, write_json_atomic
-
         folder = self.folder(name)
         keep = resume_key is not None and read_json(os.path.join(folder, "resume.json")) == resume_key
         if os.path.exists(os.path.join(folder, "stage.json")):
@@ -343,8 +385,6 @@ class StageStore:
         return folder
 
     def finish(self, name: str, identity: Dict, result: Dict) -> Dict:
-        from fairseq_headprune.records.log import write_json_atomic
-
         record = {"identity": identity, "result": result}
         write_json_atomic(os.path.join(self.folder(name), "stage.json"), record)
         return record
@@ -426,9 +466,6 @@ def probe(loaded, options: CompressOptions, timing, calibration) -> Dict[str, fl
     window-fit step."""
     import torch
 
-    from fairseq_headprune.core.heads import attention_modules
-    from fairseq_headprune.studies import deploy
-
     rates = {}
     few = timing[:2]
     n = sum(s["id"].numel() for s in few)
@@ -478,8 +515,6 @@ def probe(loaded, options: CompressOptions, timing, calibration) -> Dict[str, fl
 
 def subset_tokens(loaded, subset: str, n: Optional[int] = None) -> Tuple[int, int]:
     """(sentences, target tokens) of the first n sentences of a subset (all when n is None)."""
-    from fairseq_headprune.fairseq_io.loading import load_subset
-
     dataset = load_subset(loaded, subset)
     count = len(dataset) if n is None else min(n, len(dataset))
     sizes = getattr(dataset, "tgt_sizes", None)
@@ -491,8 +526,6 @@ def estimates(loaded, options: CompressOptions, rates: Dict[str, float], rows: i
               rounds: Optional[int] = None) -> Dict[str, float]:
     """Seconds each stage will take, from the measured rates (not guesses of them); `rounds`: the timing's
     interleaved rounds (levers.timing_rounds; --runs when not given)."""
-    from fairseq_headprune.core.heads import attention_modules
-
     timing_n = options.timing_sentences
     runs = rounds or options.runs
     engine = rates["engine_sent_s"]
@@ -537,8 +570,6 @@ def estimates(loaded, options: CompressOptions, rates: Dict[str, float], rows: i
 def updates_per_epoch(target_tokens: float, options: CompressOptions) -> float:
     """About how many updates an epoch of `target_tokens` takes in the recovery's batches (its --max-tokens, the
     bundled model's batches three quarters full of target tokens: 252 updates an epoch of De-En's 28k pairs)."""
-    from fairseq_headprune.compress.recover import TRAIN_DEFAULTS
-
     given = list(options.recover_args) + list(options.train_options)
     max_tokens = next((given[i + 1] for i, a in enumerate(given[:-1]) if a == "--max-tokens"),
                       TRAIN_DEFAULTS["--max-tokens"])
@@ -673,13 +704,9 @@ class Run:
 
     def check(self) -> None:
         """Every refusal the loaded model and data can give, in one line, before OUT is made or anything runs."""
-        from fairseq_headprune.studies.deploy import check_task
-
         options, loaded = self.options, self.loaded
         check_task(loaded.cfg.task)
         if options.engine != "fairseq":
-            from fairseq_headprune.compress.export import ct2_decoding, unsupported_parts
-
             ct2_decoding(loaded.cfg.generation)
             activation = getattr(loaded.saved_cfg.model, "activation_fn", None) or "relu"
             problems = unsupported_parts(loaded.model, activation)
@@ -695,8 +722,6 @@ class Run:
     def run(self) -> Optional[Dict]:
         import torch
 
-        from fairseq_headprune.core.masking import set_head_masks
-
         set_head_masks(self.loaded.model, [])
         threads = self.threads = torch.get_num_threads()  # the recovery's (OMP_NUM_THREADS, else every core)
         torch.set_num_threads(1)
@@ -706,12 +731,9 @@ class Run:
             torch.set_num_threads(threads)
 
     def _run(self) -> Optional[Dict]:
-        from fairseq_headprune.compress.shrink import calibration_samples
-
         options, loaded = self.options, self.loaded
         timing = self.timing = levers.timing_batches(loaded, options.timing_subset, options.timing_sentences)
         self.rounds = levers.timing_rounds(len(timing), options.runs)
-        from fairseq_headprune.compress.recover import TRAIN_DEFAULTS
 
         train_tokens = int(TRAIN_DEFAULTS["--max-tokens"])  # a batch as recovery trains on (the probe's rates)
         with max_tokens(loaded, train_tokens):
@@ -758,7 +780,10 @@ class Run:
         recovered = self._recover_stage(shrunk)
         if self.stop_here("recover"):
             return None
-        exported = self.stage("export", {"engine": options.engine, "check_sentences": options.check_sentences},
+        export_key = {"engine": options.engine, "check_sentences": options.check_sentences}
+        if options.vocab_map:  # (absent without one: the records of runs before the option still resume)
+            export_key["vocab_map"] = asdict(options.vocab_map_options)
+        exported = self.stage("export", export_key,
                               lambda folder: self._export(folder, recovered), plan["export"])
         if self.stop_here("export"):
             return None
@@ -766,7 +791,6 @@ class Run:
                               lambda folder: self._measure(folder, recovered, exported, timing), plan["measure"])
         if self.stop_here("measure"):
             return None
-        from fairseq_headprune.records.identity import decoding_identity
 
         reported = self.stage("report", {"gen_subset": options.gen_subset, "references": self._references_sha(),
                                          "also": [[s, self._references_sha(s, r)] for s, r in self._also()],
@@ -820,8 +844,6 @@ class Run:
 
     def check_recover_args(self) -> None:
         """fairseq-train's options of the recovery, refused in one line before any work (as recover refuses them)."""
-        from fairseq_headprune.compress import recover
-
         if not self.options.budget_epochs:
             if self.options.recover_args:
                 raise UserError("--recover-args: --budget-epochs 0 runs no recovery")
@@ -845,7 +867,6 @@ class Run:
         recover.fairseq_train_cfg(argv, self.loaded.saved_cfg, options)
         if options.distill in ("sequences", "both"):  # what recover would refuse after the choice and the shrink
             recover.refuse_teacher_decoding(options.distill, recover.saved_task_name(self.loaded.saved_cfg))
-            from fairseq_headprune.compress.sequence_targets import language_pair
 
             language_pair(self.loaded.cfg.task.data, options.train_subset)
 
@@ -957,13 +978,9 @@ class Run:
         return identity
 
     def _data_sha(self, subset: str) -> str:
-        from fairseq_headprune.studies.deploy import calibration_files_sha256
-
         return calibration_files_sha256(self.loaded, subset)
 
     def _references_sha(self, subset: Optional[str] = None, references: Optional[str] = None) -> Optional[str]:
-        from fairseq_headprune.records.identity import file_sha256
-
         if subset is None:
             subset, references = self.options.gen_subset, self.options.references
         return file_sha256(references) if references else self._data_sha(subset)
@@ -974,9 +991,6 @@ class Run:
         return list(zip(o.also_report, o.also_references or [None] * len(o.also_report)))
 
     def _gradients(self):
-        from fairseq_headprune.compress import select
-        from fairseq_headprune.compress.shrink import calibrate
-
         with max_tokens(self.loaded, self.options.calibration_max_tokens):
             calibration = calibrate(self.loaded, calibration_only_options(self.options))
         pad = self.loaded.task.target_dictionary.pad()
@@ -1024,8 +1038,6 @@ class Run:
         the kept layers). Each point gets its depth's `depth_nll` (when several depths compete): the calibration
         NLL of the depth's lowest-Fisher shape with its layers removed and its heads masked. Returns the scored
         points and the greedy layer order (None without a depth cut)."""
-        from fairseq_headprune.compress import layers, select
-
         model, pad = self.loaded.model, self.loaded.task.target_dictionary.pad()
         whole = levers.stack_sizes(model)
         full = whole["dec_layers"]
@@ -1047,7 +1059,7 @@ class Run:
                                                             ).items()}
         scored = []
         for depth in sorted(groups, reverse=True):
-            cut = layers.remove_layers(copy.deepcopy(model), kept[depth]) if depth in kept else model
+            cut = remove_layers(copy.deepcopy(model), kept[depth]) if depth in kept else model
             removes = any(p["enc_heads"] < whole["enc_heads"] or p["dec_heads"] < whole["dec_heads"]
                           for p in groups[depth])
             own = grads if cut is model else (select.sentence_gradients(cut, calibration.samples, pad)
@@ -1116,9 +1128,6 @@ class Run:
     def nll_after_fits(self, point: Dict, calibration, pad: int) -> float:
         """A shape's calibration NLL after shrink's closed-form fits (choice.reconstructed_nll) with this run's
         shrink options: what the pick compares (benchmarks/nll_vs_recovery.py reads it too)."""
-        from fairseq_headprune.compress.shrink import with_fit
-        from fairseq_headprune.compress.window_fit import WindowOptions
-
         options = with_fit(shrink_options(self.options, point["heads"], point.get("dec_layers"),
                                           point.get("ffn_percent", 100.0), point.get("enc_layers")),
                            window=WindowOptions(steps=0))
@@ -1132,7 +1141,7 @@ class Run:
         data, split = split_valid(self.loaded, os.path.join(folder, "data"), o.heldout_sentences)
         self.log(f"choice: valid split in two: sentences {split['heldout'][0]}-{split['heldout'][1] - 1} choose "
                  f"(subset '{HELDOUT}'), {split['valid'][0]}-{split['valid'][1] - 1} early-stop the recovery")
-        frontier = pareto_frontier(scored)
+        frontier = fisher_frontier(scored)
         base = self._heldout_bleu(data, self.loaded.checkpoint, os.path.join(folder, "unpruned"))
         probes: Dict[str, Dict] = {}
 
@@ -1178,9 +1187,6 @@ class Run:
         """BLEU of a checkpoint on the held-out split, decoded in the engine (references: the binarised targets)."""
         import torch
 
-        from fairseq_headprune.decoding.evaluate import SubsetEvaluator
-        from fairseq_headprune.fairseq_io.loading import load
-
         cfg = copy.deepcopy(self.loaded.cfg)
         cfg.task.data, cfg.common_eval.path = data, checkpoint
         loaded = load(cfg)
@@ -1211,7 +1217,6 @@ class Run:
     def _shrink(self, folder: str, choice: Dict) -> Dict:
         probe = choice["chosen"].get("shrunk")
         if probe and os.path.exists(probe["checkpoint"]):  # the choice shrank these heads with these options
-            from fairseq_headprune.records.identity import file_sha256
 
             if file_sha256(probe["checkpoint"]) == probe["checkpoint_sha256"]:
                 path = os.path.join(folder, "model.pt")
@@ -1228,9 +1233,6 @@ class Run:
         """shrink with these heads removed (and these layers kept: shrink's importance selection, checked to keep
         the very layers the choice recorded, the heads naming them renumbered 1..N; and every FFN at this share of
         its units)."""
-        from fairseq_headprune.compress.shrink import shrink, write_checkpoint
-        from fairseq_headprune.core.masking import set_head_masks
-
         kept = {s: len(v) for s, v in (layers_kept or {}).items()}
         opts = shrink_options(self.options, heads, kept.get("dec"), ffn_percent, kept.get("enc"))
         path = os.path.join(folder, "model.pt")
@@ -1247,7 +1249,6 @@ class Run:
             record = write_checkpoint(self.loaded, result, calibration, opts, path, os.path.join(folder, "model.json"),
                                       log)
         set_head_masks(self.loaded.model, [])
-        from fairseq_headprune.records.identity import file_sha256
 
         return {"checkpoint": path, "checkpoint_sha256": file_sha256(path), "heads_kept": record["heads_kept"],
                 "heads_total": record["heads_total"], "params_before": record["params_before"],
@@ -1258,8 +1259,6 @@ class Run:
 
     def _recover_key(self, shrunk_sha: str, sample: Dict) -> Dict:
         """What makes two recoveries the same run (their resume key): student, teacher, options, the recovery set."""
-        from fairseq_headprune.records.identity import file_sha256
-
         o = self.options
         key = {"student": shrunk_sha, "teacher": file_sha256(self.loaded.checkpoint),
                "recover_args": list(o.recover_args)}
@@ -1267,6 +1266,9 @@ class Run:
             key["distill_hidden_weight"] = o.distill_hidden_weight
         if o.distill != "logits":  # (likewise)
             key["distill"] = o.distill
+        if o.distill_source:  # (likewise)
+            key["distill_source"] = [file_sha256(p) for p in o.distill_source]
+            key["distill_nbest"] = o.distill_nbest
         if o.train_options:  # (likewise)
             key["train_options"] = list(o.train_options)
         if sample.get("sampled"):  # (likewise: all of train, as before the option)
@@ -1274,8 +1276,6 @@ class Run:
         return key
 
     def _recover_stage(self, shrunk: Dict) -> Dict:
-        from fairseq_headprune.records.identity import file_sha256
-
         o = self.options
         if o.recovered:
             inside = os.path.realpath(self.store.folder("recover")) + os.sep
@@ -1302,9 +1302,6 @@ class Run:
         """The recovery's data folder and what it trains on: the user's (or the choice's, valid split) when train
         holds at most --recover-sentences pairs, else a folder whose train subset is a random sample of that many
         (OUT/stages/recover-data, drawn once per data, size and seed; `prepare` False: its path only)."""
-        from fairseq_headprune.compress import recover
-        from fairseq_headprune.records.log import read_json, write_json_atomic
-
         o = self.options
         base = (self.results.get("choice") or {}).get("data") or self.loaded.cfg.task.data
         train_subset, _, _ = split_subsets(o.train_options)
@@ -1329,8 +1326,6 @@ class Run:
     def _recover_options(self, out: str, work_dir: Optional[str], layers: Optional[Dict] = None):
         """`layers`: the shrink record's; a cut decoder compares each kept layer with the teacher layer its
         reconstruction aimed at (`teacher_outputs`), an uncut one layer by layer."""
-        from fairseq_headprune.compress.recover import RecoverOptions
-
         cfg = self.loaded.cfg
         languages = ["-s", cfg.task.source_lang, "-t", cfg.task.target_lang] if cfg.task.get("source_lang") else []
         hidden_map = ((layers or {}).get("teacher_outputs") or {}).get("dec")
@@ -1340,15 +1335,16 @@ class Run:
                               distill_hidden_weight=self.options.distill_hidden_weight,
                               distill_hidden_layers=",".join(map(str, hidden_map)) if hidden_map and
                               self.options.distill_hidden_weight else "",
-                              train_subset=train_subset, valid_subset=valid_subset, work_dir=work_dir,
-                              train_args=languages + train_options + list(self.options.recover_args))
+                              distill_source=list(self.options.distill_source),
+                              distill_nbest=self.options.distill_nbest, train_subset=train_subset,
+                              valid_subset=valid_subset, work_dir=work_dir,
+                              train_args=languages + (encoder_args(cfg) if self.options.distill_source else [])
+                              + train_options + list(self.options.recover_args))
 
     def recovery_command(self, data: str, layers: Optional[Dict] = None, elsewhere: bool = False) -> str:
         """The recovery's fairseq-train command, as the recover stage runs it (from OUT/stages/shrink's student into
         OUT/stages/recover/run); `elsewhere`: into OUT/recovery-run instead, to run on GPUs or a cluster (torchrun,
         Slurm) and hand back with --recovered (the recover stage's folder is its own)."""
-        from fairseq_headprune.compress import recover
-
         folder = self.store.folder("recover")
         work_dir = os.path.join(self.options.out, "recovery-run") if elsewhere else os.path.join(folder, "run")
         options = self._recover_options(os.path.join(folder, "model.pt"), work_dir, layers)
@@ -1371,8 +1367,6 @@ class Run:
         """--stop-after shrink: the recovery's fairseq-train command printed and written to OUT/recovery-run.sh
         (options given to the script are added to it: --distributed-world-size N, ...), to run here or elsewhere;
         --recovered then takes its best checkpoint."""
-        from fairseq_headprune.records.log import atomic_output
-
         data, _ = self._recovery_set()
         command = self.recovery_command(data, shrunk.get("layers"), elsewhere=True)
         script = os.path.join(self.options.out, "recovery-run.sh")
@@ -1386,20 +1380,17 @@ class Run:
                  f"command with --recovered {best} goes on from its result")
 
     def _recover(self, folder: str, shrunk: Dict, data: str, sample: Dict) -> Dict:
-        from fairseq_headprune.compress.recover import recover, record_path
-        from fairseq_headprune.records.identity import file_sha256
-
         o = self.options
         if o.budget_epochs == 0:
             return {"checkpoint": shrunk["checkpoint"], "checkpoint_sha256": shrunk["checkpoint_sha256"],
                     "budget_epochs": 0, "recovered": False}
         out = os.path.join(folder, "model.pt")
-        for path in (out, record_path(out)):  # a shorter run's result: recovery goes on from its checkpoints
+        for path in (out, recover.record_path(out)):  # a shorter run's result: recovery goes on from its checkpoints
             if os.path.exists(path):
                 os.remove(path)
         options = self._recover_options(out, os.path.join(folder, "run"), shrunk.get("layers"))
         with torch_threads(self.threads):  # the threads the command was given (every other stage times on one)
-            record = recover(data, shrunk["checkpoint"], options, log=self.log)
+            record = recover.recover(data, shrunk["checkpoint"], options, log=self.log)
         return {"checkpoint": out, "checkpoint_sha256": file_sha256(out), "budget_epochs": o.budget_epochs,
                 "budget_updates": o.budget_updates, "recovered": True, "updates": record["updates"],
                 "updates_at_best": record["updates_at_best"], "sentences": sample["sentences"], "sample": sample,
@@ -1415,9 +1406,6 @@ class Run:
         parameter's name and shape, and, where the file it was fine-tuned from is here, that file), written as
         the recovered model (weights and config, no optimizer state)."""
         import torch
-
-        from fairseq_headprune.fairseq_io.checkpoint_io import save_state
-        from fairseq_headprune.records.identity import file_sha256
 
         path = self.options.recovered
         try:
@@ -1453,21 +1441,19 @@ class Run:
     # export
 
     def _load(self, path: str):
-        from fairseq_headprune.studies.deploy import load_other
-
         return load_other(self.loaded, path)
 
     def _export(self, folder: str, recovered: Dict) -> Dict:
         if self.options.engine == "fairseq":
             return {"engine": "fairseq", "ct2": None}
-        from fairseq_headprune.compress.export import ExportOptions, export
-        from fairseq_headprune.decoding.evaluate import SubsetEvaluator
 
         pruned = self._load(recovered["checkpoint"])
         evaluator = SubsetEvaluator(pruned, self.options.timing_subset)
         out = os.path.join(folder, "ct2")
         info = export(pruned, evaluator, ExportOptions(out=out, quantization=levers.QUANTIZATION[self.options.engine],
-                                                       check_sentences=self.options.check_sentences),
+                                                       check_sentences=self.options.check_sentences,
+                                                       vocab_map=self.options.vocab_map,
+                                                       vocab_map_options=self.options.vocab_map_options),
                       self.options.timing_subset)
         return {"engine": self.options.engine, "ct2": out, "check": info}
 
@@ -1479,9 +1465,6 @@ class Run:
         return levers.EngineModel(loaded, self.options.engine, folder=os.path.join(tmp, name))
 
     def _measure(self, folder: str, recovered: Dict, exported: Dict, timing) -> Dict:
-        from fairseq_headprune.core import flops
-        from fairseq_headprune.studies.speed_ct2 import ct2_shape
-
         pruned = self._load(recovered["checkpoint"])
         with tempfile.TemporaryDirectory(prefix="compress-measure-") as tmp:
             models = {"unpruned": self._engine_model(self.loaded, None, tmp, "unpruned"),
@@ -1494,7 +1477,7 @@ class Run:
             load = levers.load_average()
         src = [int(n) for s in timing for n in s["net_input"]["src_lengths"].tolist()]
         beam, batch = int(self.loaded.cfg.generation.beam), max(s["id"].numel() for s in timing)
-        shape_of = flops.ModelShape.of if self.options.engine == "fairseq" else ct2_shape
+        shape_of = ModelShape.of if self.options.engine == "fairseq" else ct2_shape
         n = sum(s["id"].numel() for s in timing)
         return {"subset": self.options.timing_subset, "sentences": n, "runs": self.rounds, "batches": len(timing),
                 "forced_length": length, "largest_batch": batch, "load_average": load,
@@ -1532,8 +1515,6 @@ class Run:
     def _overlap(self, subset: str) -> Dict[str, int]:
         """How many of a reported set's source sentences also occur in each set a choice or training read (identical
         captions happen; a count near the set's size means it was not held out)."""
-        from fairseq_headprune.fairseq_io.loading import load_subset
-
         def sources(name: str) -> set:
             dataset = load_subset(self.loaded, name)
             return {tuple(dataset.src[i].tolist()) for i in range(len(dataset))}
@@ -1549,9 +1530,6 @@ class Run:
     # outputs
 
     def _write_outputs(self, table, points, choice, shrunk, recovered, exported, measured, reported) -> Dict:
-        from fairseq_headprune.compress import model_card
-        from fairseq_headprune.records.log import atomic_output, write_json_atomic
-
         o = self.options
         record = {"target": o.target, "engine": o.engine, "options": {k: (list(v) if isinstance(v, tuple) else v)
                                                                         for k, v in asdict(o).items()},
@@ -1584,9 +1562,6 @@ def scored_pair(loaded, models: Dict, folder: Optional[str], subset: str, refere
     """One set decoded by both models ({"unpruned": EngineModel, "compressed": EngineModel}) in their engine: BLEU of
     each, the difference and its paired-bootstrap p; the hypotheses written to folder as NAME.SUBSET.txt."""
     import torch
-
-    from fairseq_headprune.decoding.evaluate import SubsetEvaluator
-    from fairseq_headprune.stats import BleuBootstrap
 
     evaluator = SubsetEvaluator(loaded, subset, references)
     texts = {}
@@ -1661,8 +1636,6 @@ def verdict(record: Dict) -> Dict:
 
 def run(loaded, options: CompressOptions, log: Callable = print, progress: bool = True) -> Optional[Dict]:
     """The whole run under a lock on OUT (one process per folder)."""
-    from fairseq_headprune.records.log import FolderLock
-
     options.check()
     compress = Run(loaded, options, log, progress)
     compress.check()
@@ -1671,6 +1644,26 @@ def run(loaded, options: CompressOptions, log: Callable = print, progress: bool 
     os.makedirs(options.out, exist_ok=True)
     with FolderLock(options.out):
         return compress.run()
+
+
+def encoder_args(cfg) -> List[str]:
+    """The tokenizer and BPE options of a loaded config as command-line options (fairseq's own names), for a
+    fairseq-train that must encode raw text as fairseq-generate would: interpolated values (the language pair)
+    and false switches left to fairseq."""
+    argv = []
+    for kind in ("tokenizer", "bpe"):
+        section = cfg.get(kind)
+        if not section or not section.get("_name"):
+            continue
+        argv += [f"--{kind}", str(section["_name"])]
+        for key in section:
+            if key == "_name" or section._get_node(key)._is_interpolation():
+                continue
+            value = section[key]
+            if value is None or value is False:
+                continue
+            argv += [f"--{key.replace('_', '-')}"] + ([] if value is True else [str(value)])
+    return argv
 
 
 def comma_list(text: str) -> Tuple[str, ...]:

@@ -47,6 +47,8 @@ from fairseq_headprune.compress.sublayers import (ENCODER_OUT, ENCODER_TYPES, FF
                                                   sublayer_keys, token_mask)
 from fairseq_headprune.compress.window_fit import WindowOptions, fit_window
 from fairseq_headprune.options import nested, option
+from fairseq_headprune.compress.layers import teacher_key
+from fairseq_headprune.core.shape import depths
 
 METHODS = ("none", "scales", "out-proj")
 
@@ -178,8 +180,6 @@ def reconstruct(teacher, student, samples: Sequence[dict], pad: int, options: Re
     keys = sublayer_keys(student, ffn=True)  # an FFN is fitted when wanted() says so
 
     if kept_layers:
-        from fairseq_headprune.compress.layers import depths, teacher_key
-
         teacher_depths = depths(teacher)
 
         def to_teacher(key):

@@ -38,6 +38,9 @@ from fairseq_headprune.errors import UserError
 from fairseq_headprune.fairseq_io.loading import PACKAGE_DIR
 from fairseq_headprune.records.identity import file_sha256
 from fairseq_headprune.records.log import FolderLock, atomic_output, read_json, write_json_atomic
+from fairseq_headprune.compress.sequence_targets import distillation_set_data, teacher_targets_data
+from fairseq_headprune.criterions.label_smoothed_cross_entropy_distill import parse_hidden_layers
+from fairseq_headprune.fairseq_io.checkpoint_io import output_lock
 
 DISTILL = ("logits", "sequences", "both", "none")
 CRITERION = "label_smoothed_cross_entropy_distill"
@@ -78,6 +81,8 @@ class RecoverOptions:
     sequence_beam: int = 5
     sequence_max_len_a: float = 1.2
     sequence_max_len_b: int = 10
+    distill_source: List[str] = field(default_factory=list)  # raw source text the teacher translates (train1)
+    distill_nbest: int = 1  # the teacher's n best translations of each, each a pair (data diversification)
     train_args: List[str] = field(default_factory=list)  # fairseq-train options as given, passed through
     force: bool = False  # replace an existing OUT (written by another run)
     command: str = "recover"  # the command running it (`shrink --recover-epochs`): its refusals name its options
@@ -100,6 +105,14 @@ class RecoverOptions:
             raise UserError(f"--distill-hidden-weight must be >= 0, not {self.distill_hidden_weight}")
         if self.sequence_beam < 1:
             raise UserError(f"--sequence-beam must be at least 1, not {self.sequence_beam}")
+        if self.distill_source and not self.teacher:
+            raise UserError("--distill-source is translated by the teacher: give --teacher UNPRUNED.pt")
+        for path in self.distill_source:
+            if not os.path.isfile(path):
+                raise UserError(f"--distill-source: no such file: {path}")
+        if not 1 <= self.distill_nbest <= self.sequence_beam:
+            raise UserError(f"--distill-nbest must be between 1 and --sequence-beam ({self.sequence_beam}), "
+                            f"not {self.distill_nbest}")
         self.budget_args()
 
     def budget_args(self) -> List[str]:
@@ -223,6 +236,22 @@ def training_argv(data: str, student: str, options: RecoverOptions, saved_task: 
     return argv
 
 
+def source_encoders(cfg):
+    """The tokenizer and BPE fairseq builds from these options (fairseq-interactive's), and their description
+    (with the BPE's codes or model by content): how raw source text becomes the model's tokens."""
+    from fairseq.data import encoders
+
+    described = []
+    for kind in ("tokenizer", "bpe"):
+        section = cfg.get(kind) if hasattr(cfg, "get") else None
+        name = _field(section, "_name") if section is not None else None
+        if name:
+            files = [f"{k}={file_sha256(v, 16)}" for k, v in sorted(as_mapping(section).items())
+                     if isinstance(v, str) and k != "_name" and os.path.isfile(v)]
+            described.append(" ".join([f"{kind}={name}"] + files))
+    return encoders.build_tokenizer(cfg.tokenizer), encoders.build_bpe(cfg.bpe), "; ".join(described) or "none"
+
+
 def _field(cfg, name):
     return cfg.get(name) if hasattr(cfg, "get") else getattr(cfg, name, None)
 
@@ -281,8 +310,6 @@ def same_shape_except_heads(student_model_cfg, teacher_model_cfg) -> Optional[st
 def check_hidden_layers(options: RecoverOptions, student_layers: int, teacher_layers: int) -> None:
     """The hidden-state term compares each student decoder layer with one teacher layer: one to one at equal depth,
     else through --distill-hidden-layers (one teacher layer per student layer, 1..teacher_layers)."""
-    from fairseq_headprune.criterions.label_smoothed_cross_entropy_distill import parse_hidden_layers
-
     layers = parse_hidden_layers(options.distill_hidden_layers)
     if layers is not None and options.distill_hidden_weight <= 0:
         raise UserError("--distill-hidden-layers maps the hidden-state term, which --distill-hidden-weight 0 turns off")
@@ -390,6 +417,10 @@ def run_identity(data: str, student: str, options: RecoverOptions, cfg) -> dict:
         for key, value in values.items():
             if (keys is None or key in keys) and key not in UNSTABLE_KEYS and _jsonable(value):
                 identity[f"{group}.{key}"] = value
+    if options.distill_source:  # (absent without one: the identities of runs before the option still match)
+        identity["distill_source"] = [file_sha256(p) for p in options.distill_source]
+        identity["distill_nbest"] = options.distill_nbest
+        identity["distill_source_encoders"] = source_encoders(cfg)[2]
     model = cfg.model if isinstance(cfg.model, argparse.Namespace) else None
     for name in TUNABLE_MODEL_OPTIONS:
         identity[f"model.{name}"] = getattr(model, name, None) if model is not None else cfg.model.get(name)
@@ -459,7 +490,11 @@ def fairseq_train_cfg(argv: List[str], student_cfg, options: RecoverOptions):
         args = fairseq_options.parse_args_and_arch(parser, input_args=argv)
     except ValueError as e:  # fairseq's own checks of option combinations
         raise UserError(f"fairseq-train options: {str(e).splitlines()[0]}") from None
-    cfg = convert_namespace_to_omegaconf(args)
+    try:
+        cfg = convert_namespace_to_omegaconf(args)
+    except Exception as e:  # hydra's composition errors (a tokenizer that needs the language pair, ...)
+        hint = ": give the language pair (-s SRC -t TGT)" if "source_lang" in str(e) or "target_lang" in str(e) else ""
+        raise UserError(f"fairseq-train options: {str(e).splitlines()[0]}{hint}") from None
     given = set(option_names(options.train_args))
     in_argv = set(option_names(argv))  # the user's and recover's defaults
     model = copy.deepcopy(student_cfg["model"])
@@ -486,8 +521,6 @@ def recover(data: str, student: str, options: RecoverOptions, log=print) -> dict
     """Fine-tune `student` towards `options.teacher` with fairseq-train and write `options.out` and its record.
     Everything a user can get wrong is refused before anything is written (no run folder, teacher cache or
     identity a corrected rerun would trip on); OUT is locked for the whole run, so two runs cannot both write it."""
-    from fairseq_headprune.fairseq_io.checkpoint_io import output_lock
-
     start = time.perf_counter()
     options.check()
     student_state = _load_state(student)
@@ -519,11 +552,16 @@ def recover(data: str, student: str, options: RecoverOptions, log=print) -> dict
         refuse_output_of_another_run(options, student)
         train_data = data
         if options.distill in ("sequences", "both"):
-            from fairseq_headprune.compress.sequence_targets import teacher_targets_data
-
             train_data = teacher_targets_data(data, options, log=log)
             cfg = fairseq_train_cfg(training_argv(train_data, student, options, task_name, arch), student_cfg,
                                     options)
+        if options.distill_source:
+            train_data = distillation_set_data(train_data, options, source_encoders(cfg), log=log)["data"]
+            cfg = fairseq_train_cfg(training_argv(train_data, student, options, task_name, arch), student_cfg,
+                                    options)
+            if "--upsample-primary" not in option_names(options.train_args) and \
+                    int(_field(cfg.task, "upsample_primary") or 1) < 1:
+                _set(cfg.task, "upsample_primary", 1)  # fairseq's default (-1) cannot concatenate a second shard
         work_dir = options.resolved_work_dir()
         created = not os.path.exists(work_dir)
         os.makedirs(work_dir, exist_ok=True)

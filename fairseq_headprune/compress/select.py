@@ -21,7 +21,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
-from fairseq_headprune.core.heads import ATTENTION_TYPES, Head
+from fairseq_headprune.core.heads import ATTENTION_TYPES, Head, HeadLayout
 from fairseq_headprune.core.masking import masked_modules, row_head_masks
 
 Key = Tuple[str, int]
@@ -373,8 +373,6 @@ def emptied_layers(removed: Iterable[Head], head_ids: Mapping[Key, Sequence[int]
 
 
 def head_ids_of(model) -> Dict[Key, Tuple[int, ...]]:
-    from fairseq_headprune.core.heads import HeadLayout
-
     return dict(HeadLayout.of(model).heads)
 
 

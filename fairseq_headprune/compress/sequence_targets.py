@@ -1,5 +1,8 @@
 """Sequence-level distillation data (Kim & Rush 2016): the teacher's beam translations of the training source,
-written as a fairseq data folder whose training targets are those translations.
+written as a fairseq data folder whose training targets are those translations; and a distillation set: raw source
+text beyond the parallel data (monolingual source, other domains), tokenised with the model's own tokenizer and
+BPE, translated by the teacher (its n best beam hypotheses each a pair: data diversification), and added to the
+training data as a further shard (`train1`), which fairseq-train reads together with `train`.
 
 The translations are generated once with fairseq's own generator (task.build_generator, task.inference_step) and
 cached in `DATA/../<name>.teacher-<hash>/`, keyed by the teacher's hash, the training data's fingerprint and the
@@ -17,6 +20,8 @@ from typing import Dict, List
 
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.records.identity import file_sha256
+from fairseq_headprune.fairseq_io.loading import PACKAGE_DIR
+from fairseq_headprune.records.log import atomic_output
 
 
 def language_pair(data: str, subset: str):
@@ -38,7 +43,7 @@ def cache_key(teacher: str, data: str, subset: str, beam: int, max_len_a: float,
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
 
 
-def _read_done(path: str) -> Dict[int, List[int]]:
+def _read_done(path: str, field: str = "tokens") -> Dict[int, List]:
     done = {}
     if os.path.exists(path):
         with open(path, encoding="utf-8") as f:
@@ -47,7 +52,7 @@ def _read_done(path: str) -> Dict[int, List[int]]:
                     row = json.loads(line)
                 except json.JSONDecodeError:  # the torn last line of a killed run
                     continue
-                done[int(row["id"])] = row["tokens"]
+                done[int(row["id"])] = row[field]
     return done
 
 
@@ -72,14 +77,13 @@ def teacher_targets_data(data: str, options, log=print) -> str:
     return folder
 
 
-def translate_missing(data, options, subset, src, tgt, done, hyp_path, log) -> None:
-    """Decode the sentences not yet in `done` with the teacher, appending each batch to `hyp_path`."""
+def translate_missing(data, options, subset, src, tgt, done, hyp_path, log, nbest: int = 1) -> None:
+    """Decode the sentences not yet in `done` with the teacher, appending each batch to `hyp_path` (with
+    nbest > 1, each sentence's n best hypotheses under "nbest")."""
     import torch
     from fairseq import checkpoint_utils, tasks, utils
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from fairseq import options as fairseq_options
-
-    from fairseq_headprune.fairseq_io.loading import PACKAGE_DIR
 
     parser = fairseq_options.get_generation_parser(default_task="translation")
     args = fairseq_options.parse_args_and_arch(parser, input_args=[
@@ -110,10 +114,12 @@ def translate_missing(data, options, subset, src, tgt, done, hyp_path, log) -> N
             with torch.no_grad():
                 hyps = task.inference_step(generator, [model], sample)
             for sid, hyp in zip(ids, hyps):
-                tokens = hyp[0]["tokens"].tolist()
-                if tokens and tokens[-1] == eos:
-                    tokens = tokens[:-1]
-                f.write(json.dumps({"id": sid, "tokens": tokens}) + "\n")
+                best = [h["tokens"].tolist() for h in hyp[:nbest]]
+                best = [t[:-1] if t and t[-1] == eos else t for t in best]
+                row = {"id": sid, "tokens": best[0]}
+                if nbest > 1:
+                    row["nbest"] = best
+                f.write(json.dumps(row) + "\n")
             f.flush()
             os.fsync(f.fileno())
 
@@ -142,3 +148,124 @@ def write_targets(data, folder, subset, src, tgt, done) -> None:
     builder.finalize(tmp + ".idx")
     os.replace(tmp + ".bin", prefix + ".bin")
     os.replace(tmp + ".idx", prefix + ".idx")  # the .idx last: its presence means the folder is complete
+
+
+# --------------------------------------------------------------------------------------------- the distillation set
+
+
+def encode_source(lines: List[str], tokenizer, bpe, dictionary) -> List[List[int]]:
+    """Raw sentences as the model reads them (fairseq-interactive's encode_fn: tokenizer, then BPE, then the
+    source dictionary's ids, EOS appended); empty lines dropped."""
+    out = []
+    for line in lines:
+        line = line.strip()
+        if not line:
+            continue
+        if tokenizer is not None:
+            line = tokenizer.encode(line)
+        if bpe is not None:
+            line = bpe.encode(line)
+        out.append(dictionary.encode_line(line, add_if_not_exist=False, append_eos=True).long().tolist())
+    return out
+
+
+def unknown_share(rows: List[List[int]], unk: int) -> float:
+    tokens = sum(len(r) - 1 for r in rows)
+    return sum(r.count(unk) for r in rows) / max(tokens, 1)
+
+
+MAX_UNKNOWN = 0.05  # more unknown source tokens than this: the text is not in the model's tokenisation
+
+
+def next_shard(data: str, subset: str, src: str, tgt: str) -> str:
+    """The name of the first free shard of `subset` (train1, train2, ...), which fairseq-train reads with it."""
+    k = 1
+    while os.path.exists(os.path.join(data, f"{subset}{k}.{src}-{tgt}.{src}.idx")):
+        k += 1
+    return f"{subset}{k}"
+
+
+def _write_indexed(prefix: str, rows: List[List[int]], vocab_size: int) -> None:
+    """A fairseq mmap indexed dataset written whole (the .idx last: its presence means complete)."""
+    import torch
+    from fairseq.data import indexed_dataset
+
+    tmp = prefix + ".tmp"
+    builder = indexed_dataset.make_builder(tmp + ".bin", impl="mmap", vocab_size=vocab_size)
+    for row in rows:
+        builder.add_item(torch.IntTensor(row))
+    builder.finalize(tmp + ".idx")
+    os.replace(tmp + ".bin", prefix + ".bin")
+    os.replace(tmp + ".idx", prefix + ".idx")
+
+
+def distillation_key(teacher: str, sources: List[str], base: str, subset: str, options, encoders: str) -> str:
+    parts = [file_sha256(teacher)] + [file_sha256(p) for p in sources] + [
+        file_sha256(p) for p in sorted(glob.glob(os.path.join(base, "dict.*.txt")))] + [
+        f"beam={options.sequence_beam} a={options.sequence_max_len_a} b={options.sequence_max_len_b} "
+        f"nbest={options.distill_nbest} subset={subset} {encoders}"]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
+
+
+def distillation_set_data(base: str, options, encoders, log=print) -> Dict:
+    """The data folder holding `base` (linked) and the distillation set: options.distill_source translated by the
+    teacher, its n best hypotheses each a pair, as the next shard of the training subset. Built once and cached
+    beside `base` (keyed by the teacher, the source files, the dictionaries, the decoding and the encoders);
+    resumable. `encoders`: (tokenizer, bpe, description). Returns {"data": folder, "shard", "pairs", ...}."""
+    from fairseq.data import Dictionary
+
+    tokenizer, bpe, described = encoders
+    subset = options.train_subset
+    src, tgt = language_pair(base, subset)
+    key = distillation_key(options.teacher, options.distill_source, base, subset, options, described)
+    folder = os.path.join(os.path.dirname(os.path.abspath(base.rstrip("/"))),
+                          f"{os.path.basename(base.rstrip('/'))}.distill-{key}")
+    shard = next_shard(base, subset, src, tgt)
+    info_path = os.path.join(folder, "distillation-set.json")
+    if os.path.exists(os.path.join(folder, f"{shard}.{src}-{tgt}.{tgt}.idx")) and os.path.exists(info_path):
+        with open(info_path, encoding="utf-8") as f:
+            return {**json.load(f), "data": folder}
+    source_dict = Dictionary.load(os.path.join(base, f"dict.{src}.txt"))
+    target_dict = Dictionary.load(os.path.join(base, f"dict.{tgt}.txt"))
+    source_prefix = os.path.join(folder, f"distill.{src}-{tgt}.{src}")
+    if not os.path.exists(source_prefix + ".idx"):
+        lines = []
+        for path in options.distill_source:
+            with open(path, encoding="utf-8") as f:
+                lines += f.read().splitlines()
+        rows = encode_source(lines, tokenizer, bpe, source_dict)
+        share = unknown_share(rows, source_dict.unk())
+        if share > MAX_UNKNOWN:  # refused before anything is written
+            raise UserError(f"--distill-source: {share:.0%} of its tokens are unknown to the model's dictionary: "
+                            f"give the model's --tokenizer and --bpe (now: {described})")
+        os.makedirs(folder, exist_ok=True)
+        _write_indexed(source_prefix, rows, len(source_dict))
+    for path in glob.glob(os.path.join(base, "*")):
+        link = os.path.join(folder, os.path.basename(path))
+        if os.path.isfile(path) and not os.path.lexists(link):
+            os.symlink(os.path.realpath(path), link)
+    hyp_path = os.path.join(folder, "hypotheses.jsonl")
+    field = "nbest" if options.distill_nbest > 1 else "tokens"
+    translate_missing(folder, options, "distill", src, tgt, _read_done(hyp_path, field), hyp_path, log,
+                      nbest=options.distill_nbest)
+    done = _read_done(hyp_path, field)
+    from fairseq.data import indexed_dataset
+
+    source = indexed_dataset.make_dataset(source_prefix, impl="mmap")
+    if len(done) != len(source):
+        raise UserError(f"the teacher translated {len(done)} of {len(source)} --distill-source sentences")
+    pairs_src, pairs_tgt = [], []
+    for i in range(len(source)):
+        for hyp in (done[i] if options.distill_nbest > 1 else [done[i]]):
+            pairs_src.append(source[i].tolist())
+            pairs_tgt.append(list(hyp) + [target_dict.eos()])
+    _write_indexed(os.path.join(folder, f"{shard}.{src}-{tgt}.{src}"), pairs_src, len(source_dict))
+    _write_indexed(os.path.join(folder, f"{shard}.{src}-{tgt}.{tgt}"), pairs_tgt, len(target_dict))
+    info = {"shard": shard, "sources": len(source), "pairs": len(pairs_src), "nbest": options.distill_nbest,
+            "encoders": described, "unknown_share": round(unknown_share(
+                [source[i].tolist() for i in range(len(source))], source_dict.unk()), 4)}
+    with atomic_output(info_path) as f:
+        json.dump(info, f)
+    log(f"distillation set: {len(source)} source sentences, {len(pairs_src)} pairs (the teacher's {options.distill_nbest} "
+        f"best each) as '{shard}' beside '{subset}' in {folder}")
+    return {**info, "data": folder}

@@ -22,7 +22,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from fairseq_headprune.core import flops as flop_model
-from fairseq_headprune.compress import select
+from fairseq_headprune.compress import ffn, layers, select
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.decoding.evaluate import decoder_start
 from fairseq_headprune.core.heads import ATTENTION_TYPES, Head, HeadLayout, format_head_spec, parse_head_spec
@@ -31,6 +31,13 @@ from fairseq_headprune.compress.reconstruct import METHODS, ReconstructionOption
 from fairseq_headprune.compress.window_fit import WindowOptions
 from fairseq_headprune.options import nested, option
 from fairseq_headprune.compress.sublayers import SublayerFit
+from fairseq_headprune.core.shape import depths
+from fairseq_headprune.core.shape import ModelShape, ffn_widths, kept_heads
+from fairseq_headprune.core.surgery import prune_ffn, prune_model, remove_layers
+from fairseq_headprune.fairseq_io.checkpoint_io import save_state, write_checkpoint_pair
+from fairseq_headprune.fairseq_io.loading import load_subset
+from fairseq_headprune.fairseq_io.pruned_checkpoint import pruned_checkpoint_state
+from fairseq_headprune.records.identity import file_sha256
 
 Key = Tuple[str, int]
 TARGETS = ("references", "self")
@@ -51,7 +58,7 @@ class ShrinkOptions:
     heads: Optional[str] = option(None, flag="--heads", metavar="SPEC", group="budget",
                                   help="no search: remove and reconstruct these heads (TYPE:LAYER:HEADS,... or "
                                        "@file.json, e.g. an L0 run's closed heads from `gates`)")
-    types: Tuple[str, ...] = option(ATTENTION_TYPES, flag="--types", parse=lambda text: parse_types(text),
+    types: Tuple[str, ...] = option(ATTENTION_TYPES, flag="--types", parse=lambda text: parse_type_set(text),
                                     shown=",".join(ATTENTION_TYPES), help="attention types that may lose heads")
     calibration_subset: str = option("valid", flag="--calibration-subset",
                                      help="the subset whose sentences the search and the fits read")
@@ -168,7 +175,9 @@ def parse_budget(options: ShrinkOptions) -> Budget:
     return Budget(kind, value, percent)
 
 
-def parse_types(text) -> Tuple[str, ...]:
+def parse_type_set(text) -> Tuple[str, ...]:
+    """`--types` (text or a sequence) as the attention types it names, in the model's order (ATTENTION_TYPES), not
+    the order given (studies.ranking.parse_type_list keeps that); an unknown type is one line."""
     items = [t.strip() for t in (text.split(",") if isinstance(text, str) else text) if t.strip()]
     bad = [t for t in items if t not in ATTENTION_TYPES]
     if bad or not items:
@@ -230,8 +239,6 @@ def _head_budget_given(options: ShrinkOptions) -> bool:
 def validate_layers(options: ShrinkOptions, model) -> Optional[Budget]:
     """--keep-layers: the counts, the options it works with, and the head budget (if any) checked on a model of
     the kept depth (any selection of layers gives an unpruned model the same head layout)."""
-    from fairseq_headprune.compress import layers
-
     counts = layers.parse_keep_layers(options.keep_layers)
     layers.check_counts(model, counts)
     if options.layer_selection not in layers.SELECTIONS:
@@ -251,7 +258,7 @@ def validate_layers(options: ShrinkOptions, model) -> Optional[Budget]:
             raise UserError(f"--calibration-targets must be one of {', '.join(TARGETS)}, --refit one of "
                             f"{', '.join(METHODS)}, --calibration-sentences at least 1")
         return None
-    shallow = layers.remove_layers(copy.deepcopy(model), layers.select_even(model, counts).kept)
+    shallow = remove_layers(copy.deepcopy(model), layers.select_even(model, counts).kept)
     return validate(_without_layers(options), shallow)
 
 
@@ -284,7 +291,7 @@ def validate(options: ShrinkOptions, model) -> Budget:
     if head_gates(model):
         raise UserError("the checkpoint has L0 head gates: fold them into a stock checkpoint first "
                         "(fairseq-headprune gates CKPT --results-dir DIR --fold-out stock.pt) and shrink that")
-    parse_types(options.types)
+    parse_type_set(options.types)
     if options.calibration_targets not in TARGETS:
         raise UserError(f"--calibration-targets must be one of {', '.join(TARGETS)}")
     if options.search not in SEARCHES:
@@ -314,9 +321,9 @@ def validate(options: ShrinkOptions, model) -> Budget:
     if options.shape != "free":
         _validate_per_stack(options, budget, layout)
     if budget.kind != "flops":
-        n = heads_to_remove(budget, layout, parse_types(options.types))
+        n = heads_to_remove(budget, layout, parse_type_set(options.types))
         removable = sum(max(len(ids) - options.min_heads, 0) for (t, _), ids in layout.heads.items()
-                        if t in parse_types(options.types))
+                        if t in parse_type_set(options.types))
         if n > removable:
             raise UserError(f"cannot remove {n} heads keeping at least {options.min_heads} in every attention "
                             f"sublayer: at most {removable} can go ({layout.describe()})")
@@ -352,11 +359,11 @@ def _validate_per_stack(options: ShrinkOptions, budget: Budget, layout: HeadLayo
     if options.search_steps > 1:
         raise UserError("--shape per-stack removes the budget in one step (--search-steps 1)")
     try:
-        shapes = select.per_stack_shapes(layout.heads, parse_types(options.types), options.min_heads)
+        shapes = select.per_stack_shapes(layout.heads, parse_type_set(options.types), options.min_heads)
     except ValueError as e:
         raise UserError(f"--shape per-stack: {e}") from None
     if budget.kind != "flops":
-        n = heads_to_remove(budget, layout, parse_types(options.types))
+        n = heads_to_remove(budget, layout, parse_type_set(options.types))
         reachable = sorted({select.removed_count(layout.heads, s) for s in shapes} - {0})
         if n not in reachable:
             raise UserError(f"--shape per-stack cannot remove exactly {n} heads ({budget.describe()}): with one "
@@ -389,8 +396,6 @@ def calibration_samples(loaded, subset: str, n: int, max_tokens: Optional[int] =
                         seed: Optional[int] = None) -> Tuple[List[dict], str]:
     """The first n sentences (by id) of a subset, or n drawn at random with `seed`, in batches of similar length;
     the ids' hash."""
-    from fairseq_headprune.fairseq_io.loading import load_subset
-
     try:
         dataset = load_subset(loaded, subset)
     except UserError as e:
@@ -491,7 +496,7 @@ def calibration_lengths(calibration: Calibration, pad: int) -> Tuple[List[int], 
 class FlopBudget:
     """A --flops budget in FLOPs of beam decoding the calibration sentences with their target lengths (flops.py)."""
 
-    shape: "flop_model.ModelShape"
+    shape: ModelShape
     lengths: Tuple[List[int], List[int]]
     beam: int
     total: float  # the unpruned model's
@@ -500,7 +505,7 @@ class FlopBudget:
 
     @classmethod
     def of(cls, model, budget: Budget, lengths: Tuple[List[int], List[int]], beam: int) -> "FlopBudget":
-        shape = flop_model.ModelShape.of(model)
+        shape = ModelShape.of(model)
         total = flop_model.decode_flops(shape, *lengths, beam)
         return cls(shape, lengths, beam, total, flop_model.flops_per_head(shape, *lengths, beam),
                    total * (1 - budget.value / 100))
@@ -518,7 +523,7 @@ def select_heads(model, grads: Dict[Key, torch.Tensor], budget: Budget, options:
     Heads in `already` are removed in any case (they rank first and stay out of the rearrangement)."""
     layout = HeadLayout.of(model)
     ids = dict(layout.heads)
-    types = parse_types(options.types)
+    types = parse_type_set(options.types)
     if options.shape == "per-stack":
         return _select_per_stack(model, grads, budget, options, lengths, beam)
     scores = select.fisher_scores(grads) if options.search == "fisher" else select.michel_scores(grads)
@@ -566,7 +571,7 @@ def select_heads(model, grads: Dict[Key, torch.Tensor], budget: Budget, options:
 def _select_per_stack(model, grads, budget: Budget, options: ShrinkOptions, lengths, beam: int) -> Selection:
     """One head count per encoder and one per decoder (self- and cross-attention), chosen by the Fisher estimate."""
     layout = HeadLayout.of(model)
-    types = parse_types(options.types)
+    types = parse_type_set(options.types)
     flops = FlopBudget.of(model, budget, lengths, beam) if budget.kind == "flops" else None
     n = None if flops else heads_to_remove(budget, layout, types)
     head_cost, to_remove = (flops.per_head, flops.to_remove) if flops else (None, None)
@@ -620,11 +625,9 @@ def narrow_ffn(student, calibration: Calibration, options: ShrinkOptions, pad: i
                log: Optional[Callable]) -> Dict[str, Dict[str, int]]:
     """--ffn-keep: every FFN of the student (its heads already masked, its layers already cut) keeps its
     highest-Fisher units, in place; returns {stack: {layer: units kept}}."""
-    from fairseq_headprune.compress import ffn
-
     kept = ffn.fisher_kept(ffn.unit_gradients(student, calibration.samples, pad), options.ffn_keep)
-    before = ffn.widths(student)
-    ffn.prune_ffn(student, kept)
+    before = ffn_widths(student)
+    prune_ffn(student, kept)
     if log:
         log(f"FFN units: every FFN keeps {options.ffn_keep:g}% of its units by mask Fisher ("
             + ", ".join(f"{s}:{i} {len(units)}/{before[(s, i)]}" for (s, i), units in kept.items()) + ")")
@@ -648,7 +651,7 @@ def search_with_reconstruction(model, grads, budget: Budget, options: ShrinkOpti
     """Remove the budget in options.search_steps equal steps: after each step the student is reconstructed and its
     mask gradients recomputed, so the next heads are scored on the model they will be removed from."""
     layout = HeadLayout.of(model)
-    n_total = heads_to_remove(budget, layout, parse_types(options.types))
+    n_total = heads_to_remove(budget, layout, parse_type_set(options.types))
     removed: List[Head] = []
     result = None
     step_grads = grads
@@ -714,8 +717,6 @@ def shrink_layers(loaded, options: ShrinkOptions, calibration: Calibration, pad:
     """--keep-layers: choose the layers (greedy calibration loss or evenly spaced), cut them out, choose the heads
     of the kept layers (if a head budget is given) on the cut model, and reconstruct every sublayer from the first
     changed one towards the unpruned model's residual stream (each kept layer mapped to its teacher layer)."""
-    from fairseq_headprune.compress import layers
-
     counts = layers.parse_keep_layers(options.keep_layers)
     start = time.perf_counter()
     if options.layer_selection == "even":
@@ -725,7 +726,7 @@ def shrink_layers(loaded, options: ShrinkOptions, calibration: Calibration, pad:
                                        lambda m: layers.calibration_loss(m, calibration.samples, pad), log)
     t_layers = time.perf_counter() - start
     log(f"layers kept ({chosen.rule}): " + "; ".join(f"{s} {list(v)}" for s, v in chosen.kept.items()))
-    model = layers.remove_layers(copy.deepcopy(loaded.model), chosen.kept)
+    model = remove_layers(copy.deepcopy(loaded.model), chosen.kept)
     grads, t_grads, t_search = None, 0.0, 0.0
     if options.heads is not None:  # selected elsewhere (compress's choice), named in the cut model's numbering
         selection = Selection(given_heads(_without_layers(options), model), "given (--heads)", False,
@@ -769,8 +770,6 @@ def hypotheses(task, generator, model, samples) -> Dict[int, List[int]]:
 def check_pruned(loaded, student, pruned, samples: List[dict]) -> dict:
     """The physically pruned model against the in-memory reconstructed one: largest logit difference on the first
     batch and identical best hypotheses (the command's beam) on the given samples; raises UserError otherwise."""
-    from fairseq_headprune.core.surgery import PRUNED_ARCH  # noqa: F401  (the pruned model's architecture)
-
     with torch.no_grad():
         a = student(**samples[0]["net_input"])[0]
         b = pruned(**samples[0]["net_input"])[0]
@@ -817,8 +816,6 @@ def in_dtypes(weights: Dict[str, torch.Tensor], dtypes: Dict[str, torch.dtype]) 
 
 
 def layers_of(model) -> Dict[str, int]:
-    from fairseq_headprune.compress.layers import depths
-
     return depths(model)
 
 
@@ -831,10 +828,6 @@ def write_checkpoint(loaded, result: ShrinkResult, calibration: Calibration, opt
            json_path: Optional[str] = None, log: Callable = print) -> dict:
     """Physically prune the reconstructed model, check it, write the checkpoint (in its source's dtypes) and the JSON
     record as one pair (fairseq_headprune.fairseq_io.checkpoint_io: written once, atomically, under a lock on `out`)."""
-    from fairseq_headprune.fairseq_io.checkpoint_io import save_state, write_checkpoint_pair
-    from fairseq_headprune.records.identity import file_sha256
-    from fairseq_headprune.core.surgery import kept_heads, prune_model, pruned_checkpoint_state
-
     output_path_ok(loaded.checkpoint, out)
     start = time.perf_counter()
     dtypes = source_dtypes(loaded.checkpoint)

@@ -20,60 +20,9 @@ FLOP ratio: what the speed-up would be if time followed these FLOPs, not a bound
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """What decoding cost depends on: widths, FFN sizes, vocabulary and the heads each (type, layer) holds."""
-
-    embed_dim: int
-    vocab: int
-    enc_ffn: Tuple[int, ...]
-    dec_ffn: Tuple[int, ...]
-    heads: Mapping[Tuple[str, int], int]  # (type, 1-indexed layer) -> heads it holds
-    head_dims: Mapping[Tuple[str, int], int]  # (type, 1-indexed layer) -> head dimension
-
-    @classmethod
-    def uniform(cls, *, enc_layers: int, dec_layers: int, heads: int, embed_dim: int, ffn: int, vocab: int,
-                head_dim: Optional[int] = None) -> "ModelShape":
-        """A model with the same number of heads in every attention module (head_dim = embed_dim / heads)."""
-        keys = [("enc-self", i) for i in range(1, enc_layers + 1)]
-        keys += [(t, i) for i in range(1, dec_layers + 1) for t in ("enc-dec", "dec-self")]
-        return cls(embed_dim, vocab, (ffn,) * enc_layers, (ffn,) * dec_layers, {k: heads for k in keys},
-                   {k: head_dim or embed_dim // heads for k in keys})
-
-    @classmethod
-    def of(cls, model) -> "ModelShape":
-        """Read a fairseq transformer (pruned or not); attention modules report their own head counts."""
-        modules = {("enc-self", i): layer.self_attn for i, layer in enumerate(model.encoder.layers, start=1)}
-        for i, layer in enumerate(model.decoder.layers, start=1):
-            modules[("dec-self", i)] = layer.self_attn
-            if getattr(layer, "encoder_attn", None) is not None:
-                modules[("enc-dec", i)] = layer.encoder_attn
-        return cls(model.encoder.embed_tokens.embedding_dim, model.decoder.output_projection.out_features,
-                   tuple(layer.fc1.out_features for layer in model.encoder.layers),
-                   tuple(layer.fc1.out_features for layer in model.decoder.layers),
-                   {k: m.num_heads for k, m in modules.items()}, {k: m.head_dim for k, m in modules.items()})
-
-    def without(self, heads: Iterable[Sequence]) -> "ModelShape":
-        """The shape after removing heads given as (type, layer, head) (heads.Head or tuples); ids may repeat."""
-        removed: Dict[Tuple[str, int], set] = {}
-        for h in heads:
-            removed.setdefault((h[0], int(h[1])), set()).add(int(h[2]))
-        counts = dict(self.heads)
-        for key, ids in removed.items():
-            if key not in counts:
-                raise ValueError(f"{key[0]} layer {key[1]} is not in this model")
-            if len(ids) > counts[key]:
-                raise ValueError(f"{key[0]} layer {key[1]} holds {counts[key]} heads, {len(ids)} removed")
-            counts[key] -= len(ids)
-        return replace(self, heads=counts)
-
-    def width(self, attn_type: str, layer: int) -> int:
-        """heads x head_dim of one attention module: the size its cost scales with (0 if it has no heads)."""
-        return self.heads.get((attn_type, layer), 0) * self.head_dims.get((attn_type, layer), 0)
+from fairseq_headprune.core.shape import ModelShape
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,7 @@
-"""Physical removal of attention heads: pure selection functions, one attention module, a model, a checkpoint.
+"""Physical removal of structures, one place for each: attention heads, FFN hidden units, whole layers, and target
+words (rows of the output layer). Small functions on fairseq modules; what to remove is decided elsewhere (the
+importance signals of core.importance, compress.select, compress.ffn, compress.layers), and the shape a model is
+left with is read by core.shape.
 
 Heads are named by their ORIGINAL 1-indexed ids everywhere here (those of `heads.Head` and of the papers), never
 by positions: a pruned module records in `head_ids` which original heads it still holds, so a spec written
@@ -9,28 +12,39 @@ columns of out_proj; out_proj's bias stays. fairseq's Python attention path resh
 `embed_dim = num_heads * head_dim`, which a pruned module always takes (`skip_embed_dim_check`: the fused torch
 kernel asserts full dimensions). Each layer keeps its own number of heads. Outputs equal those of the masked
 model; attention weights returned for alignment average over the kept heads only (a mask scales head outputs,
-not weights, so a masked model still averages over all).
+not weights, so a masked model still averages over all). A module with no head left becomes a
+`HeadlessAttention`: see there.
 
-A module with no head left becomes a `HeadlessAttention`: see there. A checkpoint written by
-save_pruned_checkpoint records the heads each pruned layer keeps as `kept_heads` (JSON) in its model config; the
-`headprune_transformer` model applies it before weights load, so the checkpoint reloads with fairseq's loaders.
+An FFN's hidden unit i is row i of fc1 and input column i of fc2: removing it computes exactly what the layer
+computes with that unit's activation set to zero. Removing a pre- or post-norm transformer layer is exact too: the
+model computes what the unpruned one computes with that layer skipped, since each layer maps the residual stream to
+the next and nothing else reads it. A checkpoint records the result (fairseq_io.pruned_checkpoint: `kept_heads`,
+`kept_ffn` and the depth in its model config); the `headprune_transformer` model applies it before weights load.
 """
 from __future__ import annotations
 
-import argparse
-import json
+import copy
 import warnings
-from pathlib import Path
 from typing import Dict, Iterable, List, Mapping, Sequence, Tuple, Union
 
 import torch
 from torch import nn
 
 from fairseq_headprune.core.heads import ATTENTION_TYPES, Head, HeadLayout, HeadSpecError, attention_modules, head_ids
-from fairseq_headprune.errors import UserError
 from fairseq_headprune.core.masking import HeadMaskedMultiheadAttention, head_gates
-
-PRUNED_ARCH = "headprune_transformer"
+from fairseq_headprune.core.shape import (
+    STACKS,
+    CeilingShape,
+    Key,
+    depths,
+    even_layers,
+    ffn_layers,
+    kept_count,
+    parse_kept_ffn,
+    parse_kept_heads,
+    stack_module,
+)
+from fairseq_headprune.errors import UserError
 
 
 # --------------------------------------------------------------------------------------------- pure functions
@@ -164,7 +178,7 @@ def prune_model(model, heads: Iterable[Head]):
 
     Every head is checked against the model first (HeadLayout.check: a head already removed, a layer or head
     beyond the model), so a bad list changes nothing. The modules' `head_ids` are the one record of the new
-    shape: kept_heads_json(model) reads it, save_pruned_checkpoint writes it into the checkpoint's config.
+    shape: core.shape reads it, fairseq_io.pruned_checkpoint writes it into the checkpoint's config.
     """
     if head_gates(model):  # slicing q/k/v/out_proj would leave the gates' per-head parameters the old shape
         raise GatedModelError("the model has L0 head gates: fold them into a stock checkpoint first "
@@ -178,51 +192,13 @@ def prune_model(model, heads: Iterable[Head]):
     return model
 
 
-def kept_heads(model) -> Dict[str, Dict[str, List[int]]]:
-    """{type: {layer: [original ids still held]}} for the pruned layers only (JSON-ready)."""
-    out: Dict[str, Dict[str, List[int]]] = {}
-    layout = HeadLayout.of(model)
-    for attn_type in ATTENTION_TYPES:
-        for layer in layout.layers(attn_type):
-            held = layout.heads[(attn_type, layer)]
-            if len(held) < layout.original_heads[(attn_type, layer)]:
-                out.setdefault(attn_type, {})[str(layer)] = list(held)
-    return out
-
-
-def kept_heads_json(model) -> str:
-    """The `--kept-heads` value that rebuilds this model's shape; "" for an unpruned model."""
-    kept = kept_heads(model)
-    return json.dumps(kept, separators=(",", ":")) if kept else ""
-
-
-def _parse_kept(kept: Union[str, Mapping]) -> Dict[Tuple[str, int], List[int]]:
-    """{(type, layer): [ids]} from the JSON; a checkpoint edited by hand gets a one-line error, not a traceback."""
-    if isinstance(kept, str):
-        try:
-            kept = json.loads(kept) if kept.strip() else {}
-        except json.JSONDecodeError as e:
-            raise HeadSpecError(f"--kept-heads is not valid JSON: {e}") from None
-    if not isinstance(kept, Mapping) or not all(isinstance(v, Mapping) for v in kept.values()):
-        raise HeadSpecError("--kept-heads must be a JSON object {TYPE: {LAYER: [HEADS]}}")
-    out = {}
-    for attn_type, layers in kept.items():
-        for layer, ids in layers.items():
-            if not str(layer).isdigit() or not (
-                isinstance(ids, list) and all(isinstance(h, int) and not isinstance(h, bool) for h in ids)
-            ):
-                raise HeadSpecError(f"--kept-heads: bad entry {attn_type}/{layer}: expected a layer number and a list")
-            out[(attn_type, int(layer))] = ids
-    return out
-
-
 def apply_kept_heads(model, kept: Union[str, Mapping]):
     """Prune a model down to the recorded `kept_heads` (layers not listed keep theirs); returns the model.
 
     This is how a pruned checkpoint is rebuilt: the freshly built model gets its pruned shape before
     load_state_dict. The kept heads must exist in the model; anything else is a HeadSpecError.
     """
-    kept_by_layer = _parse_kept(kept)
+    kept_by_layer = parse_kept_heads(kept)
     layout = HeadLayout.of(model)
     layout.check(Head(t, layer, h) for (t, layer), ids in kept_by_layer.items() for h in ids)
     for attn_type, layer in kept_by_layer:  # a layer kept with no head must still exist
@@ -234,87 +210,124 @@ def apply_kept_heads(model, kept: Union[str, Mapping]):
     return prune_model(model, removed)
 
 
-# --------------------------------------------------------------------------------------------- a checkpoint
+# --------------------------------------------------------------------------------------------- FFN hidden units
 
 
-def pruned_model_cfg(model_cfg, kept_json: str, kept_ffn: str = ""):
-    """A copy of a checkpoint's model config as `headprune_transformer` with `kept_heads` (and `kept_ffn` when an
-    FFN was narrowed).
-
-    fairseq-train 0.12 stores cfg["model"] of legacy architectures as an argparse Namespace; hydra-style
-    configs are dicts or DictConfigs (returned as a plain dict, as fairseq saves them).
-    """
-    from omegaconf import OmegaConf
-
-    fields = {"_name": PRUNED_ARCH, "arch": PRUNED_ARCH, "kept_heads": kept_json,
-              **({"kept_ffn": kept_ffn} if kept_ffn else {})}
-    if isinstance(model_cfg, argparse.Namespace):  # legacy top-level `args` have no _name: add none
-        fields = {k: v for k, v in fields.items() if k != "_name" or hasattr(model_cfg, "_name")}
-        return argparse.Namespace(**{**vars(model_cfg), **fields})
-    if OmegaConf.is_config(model_cfg):
-        model_cfg = OmegaConf.to_container(model_cfg)
-    if isinstance(model_cfg, Mapping):
-        return {**model_cfg, **fields}
-    raise TypeError(f"unsupported model config type {type(model_cfg).__name__}")
+def remove_units(layer, keep: Sequence[int]) -> None:
+    """Keep only these hidden units (0-based, in this order) of the layer's FFN, in place."""
+    layer.fc1, layer.fc2 = select_linear(layer.fc1, keep, 0), select_linear(layer.fc2, keep, 1)
 
 
-def _names_within(weights: Mapping, layers: Mapping[str, int]) -> set:
-    """The source's parameter names, but those of encoder/decoder layers at or beyond the model's depth (a model
-    with whole layers removed, compress.layers, holds the first n layers' names)."""
-    def kept(name: str) -> bool:
-        parts = name.split(".")
-        if len(parts) > 2 and parts[0] in ("encoder", "decoder") and parts[1] == "layers" and parts[2].isdigit():
-            return int(parts[2]) < layers[f"{parts[0]}_layers"]
-        return True
-    return {k for k in weights if kept(k)}
+def prune_ffn(model, kept: Mapping[Key, Sequence[int]]):
+    """Keep these units of each named FFN (the others whole), in place; returns the model. Checked first."""
+    layers = ffn_layers(model)
+    for key, units in kept.items():
+        if key not in layers:
+            raise UserError(f"the model has no {key[0]} layer {key[1]}")
+        width = layers[key].fc1.out_features
+        if not units or sorted(set(units)) != sorted(units) or not all(0 <= u < width for u in units):
+            raise UserError(f"{key[0]} layer {key[1]}: units to keep must be distinct, in 0..{width - 1}, at least one")
+    for key, units in kept.items():
+        remove_units(layers[key], sorted(units))
+    return model
 
 
-def _with_depth(model_cfg, layers: Mapping[str, int]):
-    """The config with the model's encoder_layers and decoder_layers (a dict or a Namespace, as given)."""
-    if isinstance(model_cfg, argparse.Namespace):
-        return argparse.Namespace(**{**vars(model_cfg), **layers})
-    out = {**model_cfg, **layers}
-    for part in ("encoder", "decoder"):  # hydra-style TransformerConfig: {"encoder": {"layers": n, ...}}
-        if isinstance(out.get(part), Mapping) and "layers" in out[part]:
-            out[part] = {**out[part], "layers": layers[f"{part}_layers"]}
-    return out
+def apply_kept_ffn(model, kept: Union[str, Mapping]):
+    """Give a freshly built model the recorded FFN widths (its first units: the checkpoint's weights replace them)."""
+    layers = ffn_layers(model)
+    for key, units in parse_kept_ffn(kept).items():
+        if key not in layers or units > layers[key].fc1.out_features:
+            raise UserError(f"--kept-ffn names {key[0]} layer {key[1]} with {units} units, which the model cannot hold")
+        remove_units(layers[key], list(range(units)))
+    return model
 
 
-def pruned_checkpoint_state(model, source_checkpoint) -> dict:
-    """`source_checkpoint`'s state with `model`'s (pruned) weights and a config that rebuilds its shape.
-
-    The model must come from that checkpoint (same parameter names). cfg.model (and legacy `args`) becomes
-    `headprune_transformer` with `kept_heads` from the model's layout; optimizer and EMA states, whose shapes no
-    longer fit, are dropped. Reloading needs this package as fairseq user module (`--user-dir fairseq_headprune`).
-    """
-    from fairseq_headprune.compress.ffn import configured_widths, kept_ffn_json
-    from fairseq_headprune.errors import UserError
-
-    state = torch.load(source_checkpoint, map_location="cpu", weights_only=False)
-    weights = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    layers = {f"{part}_layers": len(getattr(getattr(model, part, None), "layers", ()))
-              for part in ("encoder", "decoder")}
-    if set(weights) != _names_within(state["model"], layers):
-        raise UserError(f"the model does not come from {source_checkpoint}: its parameter names differ")
-    state["model"] = weights
-    kept = kept_heads_json(model)
-    source_cfg = state["cfg"]["model"] if state.get("cfg") is not None else state.get("args")
-    ffn = kept_ffn_json(model, configured_widths(source_cfg)) if source_cfg is not None else ""
-    if state.get("cfg") is not None:
-        state["cfg"]["model"] = _with_depth(pruned_model_cfg(state["cfg"]["model"], kept, ffn), layers)
-    if state.get("args") is not None:
-        state["args"] = _with_depth(pruned_model_cfg(state["args"], kept, ffn), layers)
-    state.pop("last_optimizer_state", None)
-    if isinstance(state.get("extra_state"), dict):
-        state["extra_state"].pop("ema", None)
-    return state
+# --------------------------------------------------------------------------------------------- whole layers
 
 
-def save_pruned_checkpoint(model, source_checkpoint, out_path) -> Path:
-    """Write pruned_checkpoint_state(model, source_checkpoint) to `out_path`, whole or not at all, under a lock on
-    the path (fairseq_headprune.fairseq_io.checkpoint_io)."""
-    from fairseq_headprune.fairseq_io.checkpoint_io import save_state, write_checkpoint_pair
+def check_kept_layers(model, kept: Mapping[str, Sequence[int]]) -> None:
+    """Kept layers: known stacks, 1-indexed original numbers in the model, increasing, at least one per stack."""
+    have = depths(model)
+    for s, layers in kept.items():
+        if s not in STACKS:
+            raise UserError(f"unknown stack {s!r}: use enc or dec")
+        layers = list(layers)
+        if not layers:
+            raise UserError(f"the {s} stack must keep at least one layer (fairseq and CTranslate2 need one)")
+        bad = [i for i in layers if not isinstance(i, int) or not 1 <= i <= have[s]]
+        if bad:
+            raise UserError(f"{s} layer {bad[0]} does not exist: layers are 1..{have[s]}")
+        if layers != sorted(set(layers)):
+            raise UserError(f"{s} layers to keep must be increasing and distinct, not {layers}")
 
-    state = pruned_checkpoint_state(model, source_checkpoint)
-    write_checkpoint_pair(str(out_path), lambda path: save_state(state, path))
-    return Path(out_path)
+
+def _set_depth_in_cfg(model, stack: str, n: int) -> None:
+    """The model's own config(s) say its new depth (fairseq 0.12 keeps a TransformerConfig in .cfg, legacy models
+    an argparse Namespace in .args; encoder and decoder hold their own references)."""
+    name = f"{'encoder' if stack == 'enc' else 'decoder'}_layers"
+    part = stack_module(model, stack)
+    for owner in (model, part):
+        for attr in ("cfg", "args"):
+            cfg = getattr(owner, attr, None)
+            if cfg is None:
+                continue
+            sub = getattr(cfg, "encoder" if stack == "enc" else "decoder", None)
+            if sub is not None and hasattr(sub, "layers"):
+                sub.layers = n
+            if hasattr(cfg, name):
+                setattr(cfg, name, n)
+
+
+def remove_layers(model, kept: Mapping[str, Sequence[int]]):
+    """Keep only these layers (original 1-indexed numbers) of each named stack, in place; returns the model.
+
+    Checked first, so bad input changes nothing. The kept layers are renumbered 1..n (their parameter names become
+    those of the first n layers)."""
+    check_kept_layers(model, kept)
+    for s, layers in kept.items():
+        part = stack_module(model, s)
+        part.layers = nn.ModuleList([part.layers[i - 1] for i in layers])
+        part.num_layers = len(part.layers)
+        _set_depth_in_cfg(model, s, len(part.layers))
+    return model
+
+
+# --------------------------------------------------------------------------------------------- target words
+
+
+def cut_target_vocabulary(model, target_dictionary, words: Iterable[int]):
+    """Keep only these target words (ids; the special symbols always) in the decoder's input embeddings and output
+    layer, in place, and return the dictionary cut alike (same order). CTranslate2 addresses words by their text, so
+    its output maps back to the full dictionary's ids."""
+    keep = sorted(set(range(target_dictionary.nspecial)) | set(words))
+    dictionary = copy.copy(target_dictionary)
+    dictionary.symbols = [target_dictionary.symbols[i] for i in keep]
+    dictionary.indices = {s: i for i, s in enumerate(dictionary.symbols)}
+    decoder = model.decoder
+    decoder.output_projection = select_linear(decoder.output_projection, keep, 0)
+    embed = decoder.embed_tokens
+    index = torch.tensor(keep, dtype=torch.long, device=embed.weight.device)
+    decoder.embed_tokens = torch.nn.Embedding.from_pretrained(  # the specials keep their ids, padding included
+        embed.weight.detach().index_select(0, index), freeze=True, padding_idx=embed.padding_idx)
+    return dictionary
+
+
+# --------------------------------------------------------------------------------------------- a crude shape
+
+
+def crude_model(model, target_dictionary, shape: CeilingShape):
+    """A copy of `model` cut to `shape` (the first heads, FFN units and target words kept, evenly spaced layers) and
+    its target dictionary, cut alike. Only its speed means anything: a speed ceiling (deploy --ceilings)."""
+    shape.check(model)
+    model = copy.deepcopy(model)
+    depth = {s: n for s, n in (("enc", shape.enc_layers), ("dec", shape.dec_layers)) if n is not None}
+    remove_layers(model, {s: even_layers(len(stack_module(model, s).layers), n) for s, n in depth.items()})
+    removed: List[Head] = []
+    for (attn_type, layer), attn in attention_modules(model).items():
+        kept = shape.enc_heads if attn_type == "enc-self" else shape.dec_heads
+        removed += [Head(attn_type, layer, h) for h in head_ids(attn)[kept:]]
+    prune_model(model, removed)
+    for layer in list(model.encoder.layers) + list(model.decoder.layers):
+        remove_units(layer, list(range(kept_count(layer.fc1.out_features, shape.ffn_percent))))
+    words = kept_count(len(target_dictionary), shape.vocab_percent, least=target_dictionary.nspecial + 1)
+    return model, cut_target_vocabulary(model, target_dictionary, range(words))

@@ -13,8 +13,10 @@ from fairseq.sequence_generator import EnsembleModel
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.core.heads import Head, attention_modules, head_ids
 from fairseq_headprune.decoding.layer_inputs import LayerInputCache, lowest_masked_layers
-from fairseq_headprune.fairseq_io.loading import Loaded, batches
+from fairseq_headprune.fairseq_io.loading import Loaded, batches, load
 from fairseq_headprune.core.masking import set_head_masks
+from fairseq_headprune.decoding.mask_batching import timed_translation
+from fairseq_headprune.records.identity import remember_legacy_fingerprint
 
 
 class _ReusableEncoderEnsemble(EnsembleModel):
@@ -42,8 +44,6 @@ class EvaluatorSpec:
         """The evaluator, its model loaded; reuse=True: the one this process opened before for the same spec (a
         local worker serving several sweeps of one report), and the same loaded model for the same config."""
         import pickle
-
-        from fairseq_headprune.fairseq_io.loading import load
 
         if not reuse:
             return SubsetEvaluator(load(self.cfg), self.subset, self.references)
@@ -117,8 +117,6 @@ class SubsetEvaluator:
         in id order; never their batching, so a resume with another --max-tokens or --batch-size is the same run.
         Files written before (whose fingerprint hashed the padded batches) are recognised by
         results.identity.same_data while the batching they were written with is the current one."""
-        from fairseq_headprune.records.identity import remember_legacy_fingerprint
-
         pad = self.loaded.task.source_dictionary.pad()
         sources = {}
         for sample in self.samples:
@@ -305,8 +303,6 @@ def translate_worker(spec: EvaluatorSpec) -> Callable[[Sequence, Any], Any]:
     """A local worker's handler (fairseq_headprune.decoding.workers): the evaluator built once from `spec`, then for
     each task, a group of (index, heads) pairs, the hypotheses of each (the group sharing beam searches) and the CPU
     seconds they took (mask_batching.timed_translation)."""
-    from fairseq_headprune.decoding.mask_batching import timed_translation
-
     evaluator = spec.open(reuse=True)
 
     def translate_group(group: Sequence, shared: Any = None):

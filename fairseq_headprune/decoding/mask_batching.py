@@ -2,21 +2,21 @@
 
 Sharing a beam search between k masks (each sentence repeated once per mask, every row with its own ξ) pays
 fairseq's per-step overhead once for k masks, and costs the same arithmetic per mask. Which wins depends on the
-set and the machine: on this project's 2-core CPU, 64 sentences decoded greedily (64 rows per step) ran 1.45x
-faster per mask with 8 masks per search, while 500 sentences at beam 5 (about 700 rows per step) ran 1.3x
-slower with 8 (results/benchmarks/); on a GPU sharing wins almost always. No fixed number suits every set, and
+set and the machine: on a small CPU, a greedy search of a few dozen rows per step runs faster per mask when
+several masks share it, while a beam search of several hundred rows per step runs slower shared
+(results/benchmarks/); on a GPU sharing wins almost always. No fixed number suits every set, and
 the crossover in rows per step moves with the hardware, so `auto` measures on the sweep's own first masks:
 
   the sweep's first groups have 1, 2, 4, 8, 16 masks (the real work of the sweep: nothing is decoded twice), each
   timed; the group size keeps doubling while the time per mask falls (by more than GAIN), and the sweep then runs on
   the best size measured. When the caller says how many rows one mask's beam search has (`rows`: sentences of the
   largest batch x beam), the walk starts at the measured crossover's guess (ROWS_PER_SEARCH rows a search) instead
-  of at 1: on a small set groups of 1, 2 and 4 masks are sure losses, and on the demo slice a walk from one size below
-  the guess cost 22% against the best fixed size (results/benchmarks/sweep-speed.txt). A larger size is tried only
+  of at 1: on a small set groups of 1, 2 and 4 masks are sure losses, and a walk from one size below the guess
+  loses measurably against the best fixed size (results/benchmarks/sweep-speed.txt). A larger size is tried only
   while the sweep has at least PROBE_SPAN groups of it left, so that a probe that loses costs a small share of the
-  sweep (on the demo slice a group of 16 took 1.2x as long per output word as groups of 8, and on a 48-mask sweep
-  it was a third of the sweep). The first groups of a single-head sweep hold its encoder self-attention masks,
-  which cost ~1.5x the others (each runs its own encoder pass): the walk compares sizes on alike masks.
+  sweep (a size past the best costs more per output word, and on a short sweep one group of it is a large share
+  of the sweep). The first groups of a single-head sweep hold its encoder self-attention masks,
+  which cost more than the others (each runs its own encoder pass): the walk compares sizes on alike masks.
   Times are CPU seconds of the decoding process (one thread), not wall time, so that other processes' load does
   not decide; they are normalised by the output each group decoded (hypothesis words plus one end of sentence per
   sentence), so that groups of masks that decode longer hypotheses (heavily pruned models run to the length cap)
@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from fairseq_headprune.errors import UserError
+from fairseq_headprune.decoding.workers import map_tasks
 
 CANDIDATES = (1, 2, 4, 8, 16)
 # A larger size must be faster per output word than the best so far to keep doubling. No margin: stopping early
@@ -233,8 +234,6 @@ def translate_masks(evaluator, mask_sets: Sequence[Sequence], on_group: Callable
     searches, sized by `batching` (default auto); on a `workers.Workers` pool built with
     `evaluate.translate_worker` and this evaluator's spec, or in this process. on_group(indices, hypotheses) runs
     here, in order, as each group finishes. Returns the batching, settled, to record its `reason()`."""
-    from fairseq_headprune.decoding.workers import map_tasks
-
     batching = batching or MaskBatching()
 
     def on_result(group, result, seconds):

@@ -11,7 +11,7 @@ the parent, in task order, whatever order the workers finish in, so the parent i
 and writes the rows in the order one process would. `shared` reaches every worker once per run (e.g. the baseline a
 sweep compares against). `run_tasks` runs the same loop in this process when there is no pool (`--workers 1`).
 The sweeps (`pool_for`, `map_tasks`) count the parent as one of their `--workers`: it decodes too, from the first
-task on, while the spawned processes import torch and fairseq and load the model (5-10 s that one worker would
+task on, while the spawned processes import torch and fairseq and load the model (the seconds that one worker would
 otherwise wait through).
 
 Workers are spawned (never forked: torch and fairseq state does not survive a fork), start with OMP_NUM_THREADS=1
@@ -34,6 +34,7 @@ import weakref
 from typing import Any, Callable, Iterable, Iterator, Optional, Tuple
 
 from fairseq_headprune.errors import UserError
+from fairseq_headprune.fairseq_io.fairseq_errors import user_message
 
 AUTO = "auto"
 
@@ -94,8 +95,6 @@ def run_tasks(tasks: Iterable, handler: Callable[[Any, Any], Any], on_result: Ca
 
 
 def _describe(error: BaseException) -> Tuple[bool, str]:
-    from fairseq_headprune.fairseq_io.fairseq_errors import user_message
-
     message = user_message(error)  # a UserError, or fairseq's own failure on the user's input
     if message is not None:
         return True, message

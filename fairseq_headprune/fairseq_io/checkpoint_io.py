@@ -30,6 +30,8 @@ import tempfile
 from typing import Callable, Iterator, Optional, Tuple
 
 from fairseq_headprune.errors import UserError
+from fairseq_headprune.records.identity import file_sha256
+from fairseq_headprune.records.log import write_json_atomic
 
 
 def record_path_for(out_path: str, folder: Optional[str] = None) -> str:
@@ -119,8 +121,6 @@ def _temporary(target: str) -> str:
 
 
 def _sha256(path: str) -> str:
-    from fairseq_headprune.records.identity import file_sha256
-
     return file_sha256(path)
 
 
@@ -155,7 +155,6 @@ def write_checkpoint_pair(out_path: str, write_fn: Callable[[str], None], record
                     os.fsync(f.fileno())
                 os.chmod(tmp_record, 0o666 & ~umask)
                 moves.append((tmp_record, os.path.abspath(record_path)))
-            from fairseq_headprune.records.log import write_json_atomic
 
             write_json_atomic(_hidden(out_path, ".pair"), {"moves": moves})  # from here on, the new pair
         except BaseException:

@@ -15,6 +15,7 @@ from typing import Any, List
 import torch
 
 from fairseq_headprune.errors import UserError
+from fairseq_headprune.tasks.any_task import with_head_masks
 
 PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the user module fairseq imports
 
@@ -107,8 +108,6 @@ def setup_task(task_cfg):
 def load(cfg) -> Loaded:
     """Set up the task and load the model of `cfg.common_eval.path` (one checkpoint) as fairseq-generate does."""
     from fairseq import checkpoint_utils, utils
-
-    from fairseq_headprune.tasks.any_task import with_head_masks
 
     trust_fairseq_checkpoints()
     utils.import_user_module(cfg.common)

@@ -4,8 +4,8 @@ masks on them); these names exist to train with masks from the start and for the
 
 `--kept-heads` (JSON {TYPE: {LAYER: [original head ids]}}, layers not listed keep all heads) gives the model a
 physically pruned shape when it is built, before fairseq loads weights: it is how checkpoints written by
-`surgery.save_pruned_checkpoint` reload; `--kept-ffn` (JSON {"enc"|"dec": {LAYER: UNITS}}) does the same for FFNs
-narrowed by `shrink --ffn-keep` (compress.ffn)."""
+`fairseq_io.pruned_checkpoint.save_pruned_checkpoint` reload; `--kept-ffn` (JSON {"enc"|"dec": {LAYER: UNITS}})
+does the same for FFNs narrowed by `shrink --ffn-keep` (compress.ffn, core.surgery)."""
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerModel
 from fairseq.models.transformer.transformer_legacy import (
@@ -14,9 +14,8 @@ from fairseq.models.transformer.transformer_legacy import (
     transformer_vaswani_wmt_en_fr_big,
 )
 
-from fairseq_headprune.compress.ffn import apply_kept_ffn
 from fairseq_headprune.core.masking import install_head_masks
-from fairseq_headprune.core.surgery import apply_kept_heads
+from fairseq_headprune.core.surgery import apply_kept_ffn, apply_kept_heads
 
 
 @register_model("headprune_transformer")

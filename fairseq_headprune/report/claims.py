@@ -37,9 +37,9 @@ from dataclasses import asdict, dataclass, replace
 from statistics import mean
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from fairseq_headprune.core.heads import ATTENTION_TYPES
+from fairseq_headprune.core.heads import ATTENTION_TYPES, parse_head_spec
 from fairseq_headprune.records.log import read_log
-from fairseq_headprune.records.rows import best_per_layer as rows_best_per_layer
+from fairseq_headprune.records.rows import best_per_layer
 
 SUPPORTED, NOT_SUPPORTED, NOT_RUN, INCOMPLETE = "supported", "not supported", "not run", "incomplete"
 TYPES = ATTENTION_TYPES
@@ -152,11 +152,6 @@ def claim_single_heads(rows: Optional[Sequence[Dict]], expected: Optional[int] =
     ours = (f"enc-self: {fine_enc} of {len(enc)} heads removable ({share_enc:.0f}%; {len(enc) - fine_enc} "
             f"significant drops, {enc_gains} significant gains); all types: {pooled}")
     return _claim("C1", ours, SUPPORTED if share_enc > 50 else NOT_SUPPORTED, rule, (source,))
-
-
-def best_per_layer(rows: Sequence[Dict]) -> List[Dict]:
-    """The keep-one row with the highest BLEU for each (type, layer)."""
-    return rows_best_per_layer(rows, "bleu")
 
 
 def claim_keep_one(rows: Optional[Sequence[Dict]], expected_layers: Optional[int] = None,
@@ -433,8 +428,6 @@ def l0_points(path: str) -> List[Dict]:
 
     Each point: method, lambda, updates, types, heads_kept, heads_total, kept_per_type, closed_per_type (from
     `masked`; None without it), bleu."""
-    from fairseq_headprune.core.heads import parse_head_spec
-
     header, rows = read_jsonl(path)
     total = header.get("total_heads")
     points = []

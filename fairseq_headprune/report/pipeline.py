@@ -34,9 +34,15 @@ from fairseq_headprune.decoding.mask_batching import parse_masks_per_batch
 from fairseq_headprune.records import layout as names
 from fairseq_headprune.records.identity import file_sha256, upgrade_fingerprints
 from fairseq_headprune.records.log import atomic_output, read_json, write_json_atomic
-from fairseq_headprune.studies import ablation, analysis, deploy, pruning, scoring, shrink_sweep, speed
+from fairseq_headprune.studies import ablation, analysis, deploy, frontier, pruning, scoring, shrink_sweep, speed
 from fairseq_headprune.studies.ranking import heads_to_json, importance_scores, rank_by_scores, steps
 from fairseq_headprune.decoding.workers import kept_pools, parse_workers
+from fairseq_headprune.compress.export import ct2_decoding
+from fairseq_headprune.decoding.evaluate import SubsetEvaluator
+from fairseq_headprune.fairseq_io import loading
+from fairseq_headprune.fairseq_io.loading import progress_for
+from fairseq_headprune.report import sections
+from fairseq_headprune.report.sections import checkpoints_named
 
 PARTS = ("score", "single", "keep-one", "prune", "prune-types", "speed", "analyze", "shrink", "deploy")
 STATE = names.REPORT_STATE
@@ -67,8 +73,8 @@ class ReportOptions:
     keep_one_select: str = option("bleu", flag="--keep-one-select", choices=("bleu", "loss"),
                                   help="keep-one: choose each layer's head by BLEU on --gen-subset (every head "
                                        "decoded), or by teacher-forced NLL on --importance-subset (or --gen-subset) "
-                                       "and decode only the chosen heads on --gen-subset (BLEU, significance): about "
-                                       "20x faster")
+                                       "and decode only the chosen heads on --gen-subset (BLEU, significance): one "
+                                       "decode per layer instead of one per head")
     bootstrap_sample_ratio: float = option(0.5, flag="--bootstrap-sample-ratio",
                                            help="single, keep-one: size of each bootstrap resample as a share of the "
                                                 "set (compare-mt's 0.5, so the verdicts compare with Michel et al.'s; "
@@ -293,8 +299,6 @@ def write_speed_heads(out: str, percent: float, layout, checkpoint_sha: str) -> 
 
 def run_study(command: str, options: Any, loaded, out: str) -> None:
     """One part's study, in this process, on the report's loaded model."""
-    from fairseq_headprune.fairseq_io.loading import progress_for
-
     cfg = loaded.cfg
     if command == "score":
         scoring.run(loaded, options, out, progress_for(cfg, f"score {options.subset}"))
@@ -363,8 +367,6 @@ def default_dynamics(checkpoint_sha: str) -> Optional[str]:
     """C5's input when --dynamics is not given: the bundled model's training run when the checkpoint is the model
     that run ended in (results/dynamics/.model-sha256) or one of its epochs; for any other checkpoint none (C5 is
     "not run"): the bundled model's dynamics are never judged as another model's."""
-    from fairseq_headprune.report.sections import checkpoints_named
-
     if os.path.isfile(BUNDLED_DYNAMICS) and checkpoint_sha in checkpoints_named(BUNDLED_DYNAMICS):
         return BUNDLED_DYNAMICS
     return None
@@ -380,8 +382,6 @@ def default_recover_study(checkpoint_sha: str) -> Optional[str]:
 
 def default_compress_runs(checkpoint_sha: str) -> Optional[str]:
     """The compress section's runs when --compress-runs is not given: the bundled model's, for that model only."""
-    from fairseq_headprune.studies import frontier
-
     runs = frontier.rows(BUNDLED_COMPRESS_RUNS) if os.path.isdir(BUNDLED_COMPRESS_RUNS) else []
     return BUNDLED_COMPRESS_RUNS if runs and all(r["teacher_sha256"] == checkpoint_sha for r in runs) else None
 
@@ -560,8 +560,6 @@ def check(options: ReportOptions, parts: Dict[str, Part]) -> None:
         if path and not os.path.isfile(path):
             raise UserError(f"{flag}: no such file: {path}")
     if options.compress_runs:
-        from fairseq_headprune.studies import frontier
-
         if not os.path.isdir(options.compress_runs) or not frontier.rows(options.compress_runs):
             raise UserError(f"--compress-runs: no finished compress run in {options.compress_runs} (it takes a "
                             f"folder of `compress --out` folders: DIR/*/compress.json)")
@@ -591,18 +589,13 @@ def check(options: ReportOptions, parts: Dict[str, Part]) -> None:
 def run(cfg, options: ReportOptions, base: Sequence[str], out: str) -> List[str]:
     """Run the parts not finished yet on one loaded model, then write the report; returns the files written.
     `base`: the user's fairseq options as given (for the command lines the report prints)."""
-    from fairseq_headprune.decoding.evaluate import SubsetEvaluator
-    from fairseq_headprune.fairseq_io.loading import load
-
     all_parts = plan(options, base, out)
     check(options, all_parts)
     parts_wanted = options.part_names()
     if "deploy" in parts_wanted:
-        from fairseq_headprune.compress.export import ct2_decoding
-
         ct2_decoding(cfg.generation)  # decoding options CTranslate2 cannot apply: refused before any part runs
     started = time.time()
-    loaded = load(cfg)
+    loaded = loading.load(cfg)
     if "deploy" in parts_wanted and not options.render_only:
         try:
             deploy.check_task(loaded.cfg.task)
@@ -702,9 +695,6 @@ def snapshot_recover_study(out: str, path: Optional[str]) -> Optional[str]:
 def snapshot_compress_runs(out: str, folder: Optional[str]) -> Optional[str]:
     """The rows of --compress-runs (and its controls) as DIR/inputs/compress-runs.json, written whole: what the
     section showed, kept beside the report as the other inputs are."""
-    from fairseq_headprune.records.log import atomic_output
-    from fairseq_headprune.studies import frontier
-
     if not folder:
         return None
     target = os.path.join(out, names.INPUTS, "compress-runs.json")
@@ -720,8 +710,6 @@ def snapshot_compress_runs(out: str, folder: Optional[str]) -> Optional[str]:
 def build_document(out: str, parts: Dict[str, Part], state: State, options: ReportOptions, layout, report_line: str,
                    cfg):
     """The report (and the claim rows and input files it was computed from)."""
-    from fairseq_headprune.report import sections
-
     owners = {key: sections.whose(path, state.checkpoint_sha) for key, path in (
         ("dynamics", options.dynamics), ("l0", options.l0_sweep), ("l0_encoder", options.l0_encoder_sweep))}
     dynamics, l0, l0_encoder = snapshot_inputs(out, options.dynamics, options.l0_sweep, options.l0_encoder_sweep)

@@ -18,6 +18,11 @@ from fairseq_headprune.core.heads import ATTENTION_TYPES, TYPE_DESCRIPTIONS
 from fairseq_headprune.records import layout as names
 from fairseq_headprune.records.identity import file_sha256
 from fairseq_headprune.records.log import read_json
+from fairseq_headprune.records.rows import best_per_layer
+from fairseq_headprune import plots
+from fairseq_headprune.plots import dynamics_figure, head_heatmap, pruning_curves
+from fairseq_headprune.studies import deploy as study, frontier, recover_table, shrink_sweep as sweep
+from fairseq_headprune.studies.ranking import importance_scores
 
 VERDICT_CLASS = {cl.SUPPORTED: "verdict-supported", cl.NOT_SUPPORTED: "verdict-not-supported",
                  cl.NOT_RUN: "verdict-not-run", cl.INCOMPLETE: "verdict-incomplete"}
@@ -208,9 +213,6 @@ def claims_table(doc: Document, rows: Sequence[cl.Claim]) -> None:
 # ---------------------------------------------------------------- parts
 
 def importance(doc: Document, files: Files, part, state) -> None:
-    from fairseq_headprune.studies.ranking import importance_scores
-    from fairseq_headprune.plots import head_heatmap
-
     doc.heading("Head importance I_h")
     data = read_json(files.importance)
     if data is None:
@@ -301,7 +303,7 @@ def keep_one(doc: Document, files: Files, part, state, layout=None) -> None:
                       f"and only the chosen head was decoded and scored by BLEU on `{subset}`. BLEU change against "
                       f"the unpruned model{bleu}; **bold**: significant ({bootstrap_settings(header)}).")
         table = []
-        for r in cl.best_per_layer(rows):
+        for r in best_per_layer(rows):
             nll = selection.get(r["key"], {}).get("delta")
             table.append([r["type"], str(r["layer"]), str(r["head"]), "" if nll is None else f"{nll:+.3f}",
                           f"{r['bleu']:.2f}", _change(r)])
@@ -313,15 +315,13 @@ def keep_one(doc: Document, files: Files, part, state, layout=None) -> None:
         doc.paragraph("One layer at a time keeps a single head (each head tried; the best one shown), all other "
                       f"layers intact. Change against the unpruned model{bleu}; **bold**: significant.")
         table = []
-        for r in cl.best_per_layer(rows):
+        for r in best_per_layer(rows):
             table.append([r["type"], str(r["layer"]), str(r["head"]), f"{r['bleu']:.2f}", _change(r)])
         doc.table(["type", "layer", "best head", "BLEU", "change"], table)
     _provenance(doc, part, state)
 
 
 def pruning(doc: Document, files: Files, part, types_part, state) -> None:
-    from fairseq_headprune.plots import pruning_curves
-
     doc.heading("Pruning curves (Michel et al. Figures 3/4)")
     rows = cl.read_rows(files.pruning)
     if rows is None:
@@ -397,8 +397,6 @@ def speed(doc: Document, files: Files, part, state) -> None:
 
 
 def dynamics(doc: Document, files: Files) -> None:
-    from fairseq_headprune.plots import dynamics_figure
-
     doc.heading("Training dynamics (Michel et al. Figure 5)")
     rows = cl.read_rows(files.dynamics_path)
     if not rows:
@@ -437,10 +435,10 @@ def voita(doc: Document, files: Files) -> None:
                       "every head for several λ:")
         doc.code(VOITA_COMMAND)
         return
-    for sweep, where, option, what in ((points, source, "--l0-sweep", _gated_types(points)),
+    for l0_points, where, option, what in ((points, source, "--l0-sweep", _gated_types(points)),
                                        (encoder_points, encoder_source, "--l0-encoder-sweep",
                                         "encoder self-attention gated alone (Voita's main experiment)")):
-        if not sweep:
+        if not l0_points:
             continue
         owner = (files.whose or {}).get("l0" if option == "--l0-sweep" else "l0_encoder")
         if owner:
@@ -450,7 +448,7 @@ def voita(doc: Document, files: Files) -> None:
                       "gates not closed) against the unpruned model and against the λ = 0 control (the same "
                       "fine-tuning without the penalty); Michel et al.'s I_h masks on the unpruned model at the "
                       "same numbers of heads (no retraining, so not like for like).")
-        _l0_table(doc, sweep)
+        _l0_table(doc, l0_points)
         for name in cl.l0_figures(where):
             doc.image(name, f"from {os.path.basename(name)}")
 
@@ -523,8 +521,6 @@ def analysis(doc: Document, files: Files, part, state) -> None:
 
 def shrink(doc: Document, files: Files, part, state) -> None:
     """Pruning to a budget without retraining (after Kwon et al. 2022): BLEU against heads removed per method."""
-    from fairseq_headprune.studies import shrink_sweep as sweep
-
     doc.heading("Pruning without retraining (after Kwon et al. 2022)")
     rows = cl.read_rows(files.figure(sweep.SWEEP_LOG))
     if not rows or not any(r["key"] != "unpruned" for r in rows):
@@ -572,8 +568,6 @@ def shrink(doc: Document, files: Files, part, state) -> None:
 
 def deploy(doc: Document, files: Files, part, state) -> None:
     """Where the model is deployed: the unpruned model and its per-stack shrink in fairseq and CTranslate2."""
-    from fairseq_headprune.studies import deploy as study
-
     doc.heading("Deployment: fairseq and CTranslate2")
     path = files.figure(study.FILES[0])
     if not os.path.exists(path):
@@ -593,7 +587,7 @@ def deploy(doc: Document, files: Files, part, state) -> None:
         doc.image(figure, "Left: BLEU against sentences/s relative to the unpruned model in fairseq, the frontier "
                           "dashed. Right: the CTranslate2 int8 models at equal work over the unpruned int8, the "
                           "targets' quadrant shaded, ceilings dotted")
-    doc.paragraph("Targets (issue 29: a per-stack model in CTranslate2 int8 at least "
+    doc.paragraph("Targets (a per-stack model in CTranslate2 int8 at least "
                   f"{study.SPEEDUP_TARGET}x the unpruned int8 at equal work, within {study.BLEU_TARGET} BLEU of the "
                   "unpruned fairseq model):")
     doc.bullets(study.target_lines(table["targets"]))
@@ -607,8 +601,6 @@ def deploy(doc: Document, files: Files, part, state) -> None:
 def recover(doc: Document, path: Optional[str], checkpoint_sha: str) -> None:
     """The recover study (shrink + a short distillation, against a control), an input of the report: it trains for
     minutes an epoch, so it is run apart (benchmarks/recover_study.py) and read here."""
-    from fairseq_headprune.studies import recover_table as table
-
     doc.heading("Recovering what pruning lost: `recover`")
     result = None
     if path:
@@ -628,21 +620,18 @@ def recover(doc: Document, path: Optional[str], checkpoint_sha: str) -> None:
                   "shrink + `recover` (distillation from the unpruned model on fairseq's training loop) after each "
                   "epoch, and the control (the unpruned model put through the same recovery), whose change is "
                   f"subtracted in the last column. Significance: {result['settings']}.{whose}")
-    doc.table(table.HEADERS, table.cells(result))
+    doc.table(recover_table.HEADERS, recover_table.cells(result))
     figure = result.get("figure") and os.path.join(os.path.dirname(path), result["figure"])
     if figure and os.path.exists(figure):
         doc.image(figure, "BLEU against heads removed: shrink alone, recovered, the controls, L0 and from scratch")
-    doc.paragraph("Targets (issue 30), each recovery judged by the model it delivers (the epoch of lowest valid "
+    doc.paragraph("Targets, each recovery judged by the model it delivers (the epoch of lowest valid "
                   "loss), never by its best epoch on this set:")
-    doc.bullets(table.target_lines(table.targets(result)))
+    doc.bullets(recover_table.target_lines(recover_table.targets(result)))
 
 
 def compress(doc: Document, out: str, path: Optional[str], checkpoint_sha: str) -> None:
     """The models `compress` built from this model: the speed/BLEU frontier they reached (studies.frontier), an input
     of the report (each run trains for an hour or more, so it runs apart and is read here)."""
-    from fairseq_headprune import plots
-    from fairseq_headprune.studies import frontier
-
     doc.heading("Compressing for deployment: `compress`")
     if not path:
         doc.paragraph("No compress runs for this model (option `--compress-runs DIR`, a folder of `compress --out` "

@@ -36,7 +36,7 @@ from fairseq_headprune.records.log import ResultsLog
 from fairseq_headprune.records.rows import best_per_layer
 from fairseq_headprune.stats import BleuBootstrap
 from fairseq_headprune.studies import ablation_tables as tables
-from fairseq_headprune.studies.ranking import parse_types
+from fairseq_headprune.studies.ranking import parse_type_list
 from fairseq_headprune.decoding.workers import map_tasks, parse_workers, pool_for
 
 
@@ -216,7 +216,7 @@ class AblationOptions:
 
     def check(self) -> None:
         """The option combinations that make no sense, refused before the model is loaded."""
-        parse_types(self.types)
+        parse_type_list(self.types)
         self.masks_per_batch = parse_masks_per_batch(self.masks_per_batch)
         self.workers = parse_workers(self.workers)
         if self.report_subset and self.mode != "keep-one":
@@ -252,7 +252,7 @@ def run(loaded, options: AblationOptions, results_dir: str, shard: Tuple[int, in
         distributed: bool = False, progress=None) -> List[str]:
     """Sweep the masks of this shard into DIR; when every shard is done, write the tables. Returns the files
     written (none while other shards are still running)."""
-    types = parse_types(options.types)
+    types = parse_type_list(options.types)
     subset = options.select_subset or options.subset
     evaluator = SubsetEvaluator(loaded, subset, options.references)
     layout = HeadLayout.of(loaded.model)

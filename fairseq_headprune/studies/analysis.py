@@ -36,6 +36,8 @@ from fairseq_headprune.records.identity import file_sha256, run_identity
 from fairseq_headprune.records.log import ResultsLog, write_json_atomic
 from fairseq_headprune.studies.ranking import importance_scores
 from fairseq_headprune.studies.scoring import frozen_weights
+from fairseq_headprune import plots
+from fairseq_headprune.stats import correlations
 
 RESULTS = names.ANALYSIS
 PARTIAL = names.ANALYSIS_PARTIAL
@@ -286,8 +288,6 @@ def build_results(total: dict, layout: HeadLayout, options: AnalyzeOptions, meta
 
 
 def _summary(out: dict, layout: HeadLayout) -> dict:
-    from fairseq_headprune.stats import correlations
-
     labelled: Dict[str, List[Head]] = {"positional": [], "rare": [], "syntactic": []}
     for entry in out["enc-self"]:
         for head in entry["heads"]:
@@ -309,8 +309,6 @@ def _summary(out: dict, layout: HeadLayout) -> dict:
 def compare_importance(results: dict, path: str) -> dict:
     """Relevance vs Michel et al.'s I_h per type: Pearson/Spearman, and how many of the quarter of heads with
     the lowest relevance are also in the quarter with the lowest I_h."""
-    from fairseq_headprune.stats import correlations
-
     scores = importance_scores(path)
     out = {"importance": os.path.abspath(path)}
     for t in ATTENTION_TYPES:
@@ -345,8 +343,6 @@ def header(loaded, evaluator: SubsetEvaluator, analysed: int, frequency_source: 
 
 def run(loaded, options: AnalyzeOptions, results_dir: str, progress=None) -> List[str]:
     """heads_analysis.json and its figures in DIR (batches resumable); returns the files written."""
-    from fairseq_headprune import plots
-
     options.check()
     if options.importance:  # a bad or foreign importance file is refused now, not after the analysis
         importance_scores(options.importance, file_sha256(loaded.checkpoint))

@@ -32,6 +32,20 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.options import option
+from fairseq_headprune.compress.export import build_spec, ct2_decoding, max_length, stack_heads, write_model
+from fairseq_headprune.compress.shrink import ShrinkOptions, shrink, write_checkpoint
+from fairseq_headprune.core import flops
+from fairseq_headprune.core.heads import attention_modules
+from fairseq_headprune.core.masking import set_head_masks
+from fairseq_headprune.core.shape import CeilingShape
+from fairseq_headprune.core.surgery import crude_model
+from fairseq_headprune.decoding.evaluate import SubsetEvaluator
+from fairseq_headprune.fairseq_io.loading import load
+from fairseq_headprune.plots import deploy_frontier
+from fairseq_headprune.records.identity import file_sha256
+from fairseq_headprune.records.log import atomic_output, read_json, write_json_atomic
+from fairseq_headprune.stats import BleuBootstrap
+from fairseq_headprune.studies.speed_ct2 import ct2_shape, translator
 
 ENGINES = ("fairseq", "ct2-float32", "ct2-int8")
 # (kind, batch): "batch" is the subset's own batches (--batch-size / --max-tokens), 1 the latency batches
@@ -109,8 +123,6 @@ class DeployOptions:
         self.ceiling_shapes()
 
     def ceiling_shapes(self):
-        from fairseq_headprune.studies.ceilings import CeilingShape
-
         shapes = [CeilingShape.parse(text) for text in self.ceilings]
         if len(set(shapes)) != len(shapes):
             raise UserError("--ceilings: a shape is given twice")
@@ -163,9 +175,6 @@ def check_candidate(options) -> None:
 def ct2_translator(loaded, model, folder: str, quantization: Optional[str], target_dictionary=None):
     """`model` (loaded's own, or a cut of it with its cut `target_dictionary`) written as a CTranslate2 model by
     compress.export's functions into a new folder, and a one-thread translator of it."""
-    from fairseq_headprune.compress.export import build_spec, write_model
-    from fairseq_headprune.studies.speed_ct2 import translator
-
     activation = getattr(loaded.saved_cfg.model, "activation_fn", None) or "relu"
     spec = build_spec(model, loaded.task.source_dictionary, target_dictionary or loaded.task.target_dictionary,
                       activation)
@@ -178,9 +187,6 @@ class Contender:
     CTranslate2 exports (float32 and int8, written by compress.export's functions into a temporary folder)."""
 
     def __init__(self, name: str, loaded, options: DeployOptions, tmp: str):
-        from fairseq_headprune.decoding.evaluate import SubsetEvaluator
-        from fairseq_headprune.compress.export import ct2_decoding, stack_heads
-
         self.name, self.path, self.loaded = name, loaded.checkpoint, loaded
         self.evaluator = SubsetEvaluator(loaded, options.subset, options.references)
         self.decoding = ct2_decoding(loaded.cfg.generation)
@@ -241,8 +247,6 @@ def fairseq_run(loaded, model, samples, forced: int = 0, target_dictionary=None)
 def ct2_run(translator_, loaded, decoding: Dict, samples, forced: int = 0) -> Dict:
     """Decode fairseq's batches with CTranslate2 once: seconds and each sentence's hypothesis (the ids of `loaded`'s
     target dictionary: CTranslate2 writes words, so a model with a cut vocabulary maps back as well)."""
-    from fairseq_headprune.compress.export import max_length
-
     src_dict, tgt_dict = loaded.task.source_dictionary, loaded.task.target_dictionary
     decoding = dict(decoding)
     if forced:  # the same L + 1 steps as fairseq's L tokens and EOS
@@ -265,16 +269,12 @@ def ct2_run(translator_, loaded, decoding: Dict, samples, forced: int = 0) -> Di
 
 
 class Ceiling:
-    """A crude slice of the unpruned model to a shape (studies.ceilings), exported to CTranslate2 int8 and timed at
-    equal work only: the speed any model of that shape runs at."""
+    """A crude slice of the unpruned model to a shape (core.surgery.crude_model), exported to CTranslate2 int8 and
+    timed at equal work only: the speed any model of that shape runs at."""
 
     engine = "ct2-int8"
 
     def __init__(self, shape, base: Contender, tmp: str):
-        from fairseq_headprune.compress.export import stack_heads
-        from fairseq_headprune.studies.ceilings import crude_model
-        from fairseq_headprune.studies.speed_ct2 import ct2_shape
-
         loaded = base.loaded
         self.shape, self.name, self.base = shape, f"ceiling {shape.label}", base
         model, target_dictionary = crude_model(loaded.model, loaded.task.target_dictionary, shape)
@@ -287,15 +287,11 @@ class Ceiling:
 
 
 def _attention(model):
-    from fairseq_headprune.core.heads import attention_modules
-
     return list(attention_modules(model).values())
 
 
 def shape_kind(model) -> str:
     """per-stack: one head count in the encoder and one in the decoder (what CTranslate2 runs unpadded)."""
-    from fairseq_headprune.core.heads import attention_modules
-
     counts = {"enc": set(), "dec": set()}
     for (attn_type, _), m in attention_modules(model).items():
         counts["enc" if attn_type == "enc-self" else "dec"].add(int(m.num_heads))
@@ -372,11 +368,6 @@ def build_table(contenders: Sequence[Contender], measured: Dict, options: Deploy
                 ceilings: Sequence[Ceiling] = ()) -> Dict:
     import ctranslate2
 
-    from fairseq_headprune.core import flops
-    from fairseq_headprune.records.identity import file_sha256
-    from fairseq_headprune.stats import BleuBootstrap
-    from fairseq_headprune.studies.speed_ct2 import ct2_shape
-
     base = contenders[0]
     seconds, hyps = measured["seconds"], measured["hypotheses"]
     texts = {(c.name, e): c.texts(hyps[(c.name, e, "natural", "batch")]) for c in contenders for e in ENGINES}
@@ -444,7 +435,7 @@ def build_table(contenders: Sequence[Contender], measured: Dict, options: Deploy
 
 
 def targets(rows: List[Dict], candidate: Optional[str] = None) -> Dict:
-    """The issue's targets: unpruned CT2 float32 as fairseq; a per-stack model in CT2 int8 >= 1.5x the unpruned
+    """The deployment targets: unpruned CT2 float32 as fairseq; a per-stack model in CT2 int8 >= 1.5x the unpruned
     CT2 int8 (equal work, batched) within 0.5 BLEU of the unpruned fairseq model. The model judged is `candidate`
     when given (chosen beforehand on held-out data); else the best of this table, a choice made on the scored set
     itself, which flatters it when there are several."""
@@ -569,9 +560,6 @@ def target_lines(t: Dict) -> List[str]:
 
 
 def write_all(table: Dict, out: str) -> List[str]:
-    from fairseq_headprune.plots import deploy_frontier
-    from fairseq_headprune.records.log import atomic_output, write_json_atomic
-
     paths = [os.path.join(out, name) for name in FILES]
     write_json_atomic(paths[0], table)
     with atomic_output(paths[1]) as f:
@@ -601,8 +589,6 @@ def calibration_files_sha256(loaded, subset: str) -> str:
     import glob
     import hashlib
 
-    from fairseq_headprune.records.identity import file_sha256
-
     folder = loaded.cfg.task.data.split(os.pathsep)[0]
     files = sorted(glob.glob(os.path.join(folder, subset + ".*")))
     return hashlib.sha256("".join(f"{os.path.basename(f)}:{file_sha256(f)}," for f in files).encode()).hexdigest()
@@ -611,11 +597,6 @@ def calibration_files_sha256(loaded, subset: str) -> str:
 def shrunk_checkpoint(loaded, options: DeployOptions, out: str, log=print) -> str:
     """The study's own shrink of the model (OUT/models/NAME.pt), reused when its identity (OUT/models/NAME.deploy.json:
     the model, the shrink's options and its calibration data, by content) is this run's."""
-    from fairseq_headprune.records.identity import file_sha256
-    from fairseq_headprune.core.masking import set_head_masks
-    from fairseq_headprune.records.log import read_json, write_json_atomic
-    from fairseq_headprune.compress.shrink import ShrinkOptions, shrink, write_checkpoint
-
     shrink_options = ShrinkOptions(remove=f"{options.shrink_percent:g}%", shape=options.shape,
                                    calibration_subset=options.calibration_subset,
                                    calibration_sentences=options.calibration_sentences)
@@ -639,8 +620,6 @@ def shrunk_checkpoint(loaded, options: DeployOptions, out: str, log=print) -> st
 
 def load_other(loaded, path: str):
     """Another checkpoint loaded with the same options as `loaded` (task, data, generation)."""
-    from fairseq_headprune.fairseq_io.loading import load
-
     cfg = copy.deepcopy(loaded.cfg)
     cfg.common_eval.path = path
     return load(cfg)
@@ -649,9 +628,6 @@ def load_other(loaded, path: str):
 def run(loaded, options: DeployOptions, out: str, log=print) -> Tuple[Dict, List[str]]:
     """Shrink (if asked), export every model to CTranslate2, time every cell, write OUT/deploy.{json,md,png}."""
     import torch
-
-    from fairseq_headprune.compress.export import ct2_decoding
-    from fairseq_headprune.core.masking import set_head_masks
 
     options.check()
     check_task(loaded.cfg.task)

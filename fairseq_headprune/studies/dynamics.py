@@ -26,6 +26,7 @@ from fairseq_headprune.records.identity import file_sha256, run_identity
 from fairseq_headprune.records.log import ResultsLog
 from fairseq_headprune.studies.ranking import rank_by_scores, steps
 from fairseq_headprune.studies.scoring import estimate_importance
+from fairseq_headprune.plots import dynamics_figure
 
 EPOCH_FILE = re.compile(r"checkpoint(\d+)\.pt$")
 
@@ -132,7 +133,6 @@ def run(cfg, options: DynamicsOptions, results_dir: str) -> List[str]:
             time.sleep(options.poll_seconds)
     if not analysed:
         raise UserError(f"no epoch checkpoint (checkpointN.pt) to analyse in {folder}")
-    from fairseq_headprune.plots import dynamics_figure
 
     png = dynamics_figure(log.rows, os.path.join(results_dir, "dynamics.png"))
     table = os.path.join(results_dir, "dynamics.md")

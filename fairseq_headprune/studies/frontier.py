@@ -1,4 +1,4 @@
-"""The speed/BLEU frontier of the models `compress` built (issue 41's study), read from the runs' compress.json
+"""The speed/BLEU frontier of the models `compress` built, read from the runs' compress.json
 alone: nothing is decoded or timed again. One row per run (its shape, recovery epochs, speed over the unpruned model
 at equal work in the run's engine, FLOP ratio, and the BLEU difference to the unpruned model on every reported set
 with its paired-bootstrap p); the control (the unpruned model through the same recovery, control-bleu.json of
@@ -13,6 +13,7 @@ import os
 from typing import Dict, List
 
 from fairseq_headprune.errors import UserError
+from fairseq_headprune.compress.choice import shape_words
 
 RECORD = "compress.json"
 CONTROL = "control-bleu.json"
@@ -26,8 +27,6 @@ LEGEND = ("Squares: the decoder's depth cut; marker size: recovery epochs; open 
 
 def row(name: str, record: Dict) -> Dict:
     """One run's row from its compress.json."""
-    from fairseq_headprune.compress.choice import shape_words
-
     stages = record["stages"]
     report = stages["report"]
     sets = {report["subset"]: report, **{a["subset"]: a for a in report.get("also") or []}}

@@ -33,6 +33,7 @@ from fairseq_headprune.records import layout as names
 from fairseq_headprune.records.identity import file_sha256
 from fairseq_headprune.records.log import atomic_output, write_json_atomic
 from fairseq_headprune.studies.ranking import heads_to_json
+from fairseq_headprune.fairseq_io.checkpoint_io import save_state, write_checkpoint_pair
 
 def read_checkpoint(path: str) -> dict:
     trust_fairseq_checkpoints()
@@ -137,8 +138,6 @@ def run(checkpoint: str, results_dir: str, fold_out: Optional[str] = None) -> Li
     print(f"{summary['kept']} of {summary['total']} gated heads kept (lambda {summary['l0_lambda']}, "
           f"{summary['updates']} updates); {summary['fractional']} open gates fractional\n{kept_table(summary)}")
     if fold_out:
-        from fairseq_headprune.fairseq_io.checkpoint_io import save_state, write_checkpoint_pair
-
         folded = fold_checkpoint(state)
         write_checkpoint_pair(fold_out, lambda path: save_state(folded, path), option="--fold-out")
         print(f"{fold_out}: a stock checkpoint, gates folded into out_proj")

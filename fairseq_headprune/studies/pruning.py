@@ -26,13 +26,15 @@ from fairseq_headprune.studies.ranking import (
     heads_to_json,
     importance_scores,
     oracle_scores,
-    parse_types,
+    parse_type_list,
     random_ranking,
     rank_by_scores,
     steps,
 )
 from fairseq_headprune.studies.scoring import estimate_importance
 from fairseq_headprune.decoding.workers import parse_workers, pool_for
+from fairseq_headprune.plots import pruning_curves
+from fairseq_headprune.studies.removal import remove_and_save
 
 ORDERS = ("importance", "oracle", "random")
 
@@ -68,7 +70,7 @@ class PruneOptions:
         orders = self.orders()
         if "oracle" in orders and not self.ablation:
             raise UserError("--order oracle needs --ablation ablation-single.jsonl (from `fairseq-headprune ablate`)")
-        parse_types(self.types)
+        parse_type_list(self.types)
         steps(1, self.step)
         self.masks_per_batch = parse_masks_per_batch(self.masks_per_batch)
         self.workers = parse_workers(self.workers)
@@ -99,7 +101,7 @@ def run(loaded, options: PruneOptions, results_dir: str) -> List[str]:
     """Every step of every order into DIR/pruning.jsonl (resumable), the heads each order prunes at
     save_percent, the figure; returns the files written."""
     orders = options.orders()
-    types = parse_types(options.types)
+    types = parse_type_list(options.types)
     evaluator = SubsetEvaluator(loaded, options.subset, options.references)
     layout = HeadLayout.of(loaded.model)
     candidates = layout.all_heads(types)
@@ -125,11 +127,8 @@ def run(loaded, options: PruneOptions, results_dir: str) -> List[str]:
         write_json_atomic(spec_path, heads_to_json(chosen))
         print(f"wrote {spec_path} ({len(chosen)} heads)")
         if options.save_pruned and label == next(iter(rankings)):
-            from fairseq_headprune.studies.removal import remove_and_save
-
             info = remove_and_save(loaded, chosen, options.save_pruned, evaluator.samples[0])
             print(f"wrote {options.save_pruned}: {info['kept']} heads kept, {info['params_after']:,} parameters")
-    from fairseq_headprune.plots import pruning_curves
 
     png = pruning_curves(log.rows, os.path.join(results_dir, names.PRUNING_FIGURE))
     return [log.path, png]

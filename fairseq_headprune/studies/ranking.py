@@ -17,8 +17,9 @@ from fairseq_headprune.core.importance import from_nested_lists
 from fairseq_headprune.records.log import read_json, read_log
 
 
-def parse_types(text: str) -> List[str]:
-    """`--types enc-dec,dec-self` as a list, in the order given; an unknown type is one line."""
+def parse_type_list(text: str) -> List[str]:
+    """`--types enc-dec,dec-self` as a list, in the order given (compress.shrink.parse_type_set: the set, in the
+    model's order); an unknown type is one line."""
     types = [t.strip() for t in text.split(",") if t.strip()]
     bad = [t for t in types if t not in ATTENTION_TYPES]
     if bad or not types:

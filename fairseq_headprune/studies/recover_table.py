@@ -1,4 +1,4 @@
-"""The recover study's table and its targets (issue 30), read from the JSON benchmarks/recover_study.py writes: one
+"""The recover study's table and its targets, read from the JSON benchmarks/recover_study.py writes: one
 rendering for the study's own markdown and for the `report` section that shows it.
 
 A row is a model scored on the study's subset (unpruned, shrink alone, shrink + recover after N epochs, a control:
@@ -98,7 +98,7 @@ def markdown(result: Dict) -> str:
              "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
     lines += ["| " + " | ".join(row) + " |" for row in cells(result)]
     if (pair, result["subset"]) == ("de-en", "test"):  # the targets are test2016's; val only chose
-        lines += ["", "Targets (issue 30):", ""] + [f"- {line}" for line in target_lines(targets(result))]
+        lines += ["", "Targets:", ""] + [f"- {line}" for line in target_lines(targets(result))]
     lines += ["", "| run | wall (min, all calls) | CPU (min) | peak RSS (GiB) | updates | valid loss per epoch |",
               "|---|---|---|---|---|---|"]
     for run, c in result["costs"].items():

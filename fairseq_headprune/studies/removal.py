@@ -14,7 +14,8 @@ import torch
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.core.heads import HeadLayout
 from fairseq_headprune.core.masking import head_gates, set_head_masks
-from fairseq_headprune.core.surgery import prune_model, save_pruned_checkpoint
+from fairseq_headprune.core.surgery import prune_model
+from fairseq_headprune.fairseq_io.pruned_checkpoint import save_pruned_checkpoint
 
 
 @torch.no_grad()

@@ -36,11 +36,15 @@ from fairseq_headprune.compress.shrink import (
     build_student,
     calibrate,
     flat_fields,
-    parse_types,
+    parse_type_set,
     search_with_reconstruction,
     select_heads,
+    validate,
     with_fit,
 )
+from fairseq_headprune.decoding.evaluate import SubsetEvaluator
+from fairseq_headprune.records.identity import canonical_fingerprint, run_identity
+from fairseq_headprune.records.log import ResultsLog, atomic_output, read_log
 
 # ShrinkOptions fields a sweep method name sets (method_options); the others are the sweep's fixed settings
 METHOD_FIELDS = ("remove", "keep", "flops", "search", "rearrange", "refit", "teacher_mildness", "refit_unpruned",
@@ -149,7 +153,7 @@ def run_sweep(loaded, evaluator, options: SweepOptions, log, say: Callable = pri
     """Every method at every budget (heads removed, share of the allowed types), BLEU on the evaluator's subset."""
     model = loaded.model
     pad = loaded.task.target_dictionary.pad()
-    types = parse_types(options.shrink.types)
+    types = parse_type_set(options.shrink.types)
     layout = HeadLayout.of(model)
     n_allowed = len(layout.all_heads(types))
     set_head_masks(model, [])
@@ -231,7 +235,6 @@ def l0_rows(path: Optional[str], sweep_header: Optional[dict] = None) -> List[di
     header, only when they were scored like the sweep (same checkpoint, data, subset and beam): else none."""
     if not path or not os.path.exists(path):
         return []
-    from fairseq_headprune.records.log import read_log
 
     header, rows = read_log(path)
     if sweep_header is not None and _scoring(header) != _scoring(sweep_header):
@@ -242,7 +245,6 @@ def l0_rows(path: Optional[str], sweep_header: Optional[dict] = None) -> List[di
 def _scoring(header: dict) -> tuple:
     decoding = header.get("decoding") or {}
     beam = decoding.get("beam", (decoding.get("generation") or {}).get("beam"))
-    from fairseq_headprune.records.identity import canonical_fingerprint
 
     return (header.get("checkpoint_sha256"), canonical_fingerprint(header.get("data_fingerprint")),
             header.get("subset"), beam)
@@ -363,18 +365,13 @@ def run(loaded, options: SweepOptions, results_dir: str, subset: str, references
     shrink-sweep.md and shrink-sweep.png; returns the files written. `command` and `report` both call this."""
     from dataclasses import replace as with_fields
 
-    from fairseq_headprune.decoding.evaluate import SubsetEvaluator
-    from fairseq_headprune.records.identity import run_identity
-    from fairseq_headprune.records.log import ResultsLog, atomic_output
-    from fairseq_headprune.compress.shrink import validate
-
     for method in options.methods:  # unknown methods and budgets a method cannot meet fail here, before decoding
         for percent in options.percents:
             validate(with_fields(method_options(method, options.shrink), remove=f"{percent:g}%"), loaded.model)
     evaluator = SubsetEvaluator(loaded, subset, references)
     # calibration and reconstruction settings may differ between rows (tagged variants): each row records its own
     identity = run_identity("shrink-sweep", loaded, evaluator, metric="bleu",
-                            inputs={"types": list(parse_types(options.shrink.types))})
+                            inputs={"types": list(parse_type_set(options.shrink.types))})
     log = ResultsLog(os.path.join(results_dir, SWEEP_LOG), identity)
     # the settings the methods do not set (calibration, ridge, guards) are fixed per tag: a rerun with others under
     # the same tag is refused instead of resuming its rows; another tag is another variant and joins the file

@@ -20,6 +20,7 @@ from fairseq_headprune.core import flops
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.compress.export import build_spec, ct2_decoding, max_length, stack_heads, write_model
 from fairseq_headprune.core.heads import HeadLayout, parse_head_spec
+from fairseq_headprune.core.shape import ModelShape
 from fairseq_headprune.fairseq_io.loading import load_subset
 from fairseq_headprune.records import layout as names
 from fairseq_headprune.studies import speed
@@ -95,9 +96,9 @@ def fairseq_cap(loaded):
     return lambda batch: max_length(generation, max(len(s) for s in batch) + 1, positions)
 
 
-def ct2_shape(model) -> flops.ModelShape:
+def ct2_shape(model) -> ModelShape:
     """The shape CTranslate2 runs for `model`: every layer at its stack's largest head count (padded)."""
-    shape = flops.ModelShape.of(model)
+    shape = ModelShape.of(model)
     enc, dec = stack_heads(model)
     return replace(shape, heads={k: enc if k[0] == "enc-self" else dec for k in shape.heads})
 

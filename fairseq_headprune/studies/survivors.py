@@ -18,6 +18,7 @@ from fairseq_headprune.errors import UserError
 from fairseq_headprune.core.heads import ATTENTION_TYPES
 from fairseq_headprune.records import layout as names
 from fairseq_headprune.records.log import atomic_output, read_json
+from fairseq_headprune.plots import survivors_figure
 
 FUNCTIONS = ("positional", "syntactic", "rare", "none")  # a head with several labels counts under the first
 
@@ -114,8 +115,6 @@ def table(rows: Sequence[dict], functions: Sequence[str] = FUNCTIONS, note: str 
 
 
 def figure(rows: Sequence[dict], path: str, functions: Sequence[str] = FUNCTIONS) -> str:
-    from fairseq_headprune.plots import survivors_figure
-
     return survivors_figure(rows, functions, path)
 
 

@@ -1,0 +1,196 @@
+"""The package's import graph, read from the source (imports inside functions included): no cycle, few imports
+inside functions (each saying why on its line), and core/ importing nothing above it."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Dict, List, NamedTuple, Set
+
+PACKAGE = "fairseq_headprune"
+ROOT = Path(__file__).resolve().parent.parent
+MAX_LOCAL_IMPORTS = 20
+CORE_MAY_IMPORT = ("fairseq_headprune.core", "fairseq_headprune.errors")
+# the package's floors, lowest first (docs/development.md's layout): a module imports from its own floor or below
+FLOORS = (("errors",), ("options", "stats"), ("core",), ("tasks", "models", "criterions"), ("records",),
+          ("fairseq_io",), ("plots",), ("decoding",), ("analysis",), ("studies", "compress"), ("report",), ("cli",))
+
+
+class Import(NamedTuple):
+    module: str  # the importing module
+    target: str  # the package module it imports
+    line: int
+    local: bool  # inside a function
+    text: str  # the source line
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def package_modules() -> Dict[str, Path]:
+    return {module_name(p): p for p in sorted((ROOT / PACKAGE).rglob("*.py"))}
+
+
+def _targets(node, module: str, is_package: bool, modules: Dict[str, Path]) -> List[str]:
+    """The package modules an import statement loads: `from a.b import c` names a.b.c when c is a module."""
+    if isinstance(node, ast.Import):
+        names = [a.name for a in node.names]
+    else:
+        if node.level:
+            base = module.split(".") if is_package else module.split(".")[:-1]
+            base = base[:len(base) - node.level + 1]
+            prefix = ".".join(base + ([node.module] if node.module else []))
+        else:
+            prefix = node.module or ""
+        names = [f"{prefix}.{a.name}" if f"{prefix}.{a.name}" in modules else prefix for a in node.names]
+    out = []
+    for name in names:
+        while name not in modules and "." in name:  # `import a.b.c.func`-like forms: the module that holds it
+            name = name.rsplit(".", 1)[0]
+        if name in modules and name != module:
+            out.append(name)
+    return out
+
+
+def module_imports(module: str, source: str, is_package: bool, modules) -> List[Import]:
+    """The package modules one module's source imports, at any depth of its syntax tree."""
+    lines = source.splitlines()
+    found: List[Import] = []
+
+    def walk(node, in_function: bool):
+        for child in ast.iter_child_nodes(node):
+            inside = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                for target in dict.fromkeys(_targets(child, module, is_package, modules)):
+                    found.append(Import(module, target, child.lineno, in_function, lines[child.lineno - 1]))
+            walk(child, inside)
+
+    walk(ast.parse(source), False)
+    return found
+
+
+def imports() -> List[Import]:
+    """Every import of a package module by a package module."""
+    modules = package_modules()
+    return [i for module, path in modules.items()
+            for i in module_imports(module, path.read_text(), path.name == "__init__.py", modules)]
+
+
+def cycles(edges: Dict[str, Set[str]]) -> List[List[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    stack: List[str] = []
+    on_stack: Set[str] = set()
+    found: List[List[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def graph(found: List[Import]) -> Dict[str, Set[str]]:
+    edges: Dict[str, Set[str]] = {}
+    for i in found:
+        edges.setdefault(i.module, set()).add(i.target)
+    return edges
+
+
+def test_the_reader_sees_every_kind_of_import():
+    """The graph holds the forms the package uses: absolute, `from package import module`, relative, inside
+    functions and methods; and the cycle finder finds a cycle."""
+    edges = graph(imports())
+    assert "fairseq_headprune.core.heads" in edges["fairseq_headprune.core.surgery"]
+    assert "fairseq_headprune.criterions.head_importance" in edges["fairseq_headprune"]  # from package import module
+    source = ("from fairseq_headprune.core import heads\n"
+              "class A:\n    def f(self):\n        from .shape import kept_count  # why\n"
+              "def g():\n    import fairseq_headprune.errors\n    from fairseq_headprune.records import log, rows\n")
+    found = module_imports("fairseq_headprune.core.surgery", source, False, package_modules())
+    assert [(i.target, i.line, i.local) for i in found] == [
+        ("fairseq_headprune.core.heads", 1, False), ("fairseq_headprune.core.shape", 4, True),
+        ("fairseq_headprune.errors", 6, True), ("fairseq_headprune.records.log", 7, True),
+        ("fairseq_headprune.records.rows", 7, True)]
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycle_among_the_modules():
+    """Counted with the imports inside functions: an import hidden in a function to dodge a cycle is a cycle."""
+    found = cycles(graph(imports()))
+    assert not found, "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_few_imports_inside_functions_each_with_its_reason():
+    """An import inside a function is for an optional heavy dependency, said on its line; never for a cycle."""
+    local = [i for i in imports() if i.local]
+    listing = "\n".join(f"  {i.module}:{i.line}: {i.text.strip()}" for i in local)
+    assert len({(i.module, i.line) for i in local}) <= MAX_LOCAL_IMPORTS, f"too many imports in functions:\n{listing}"
+    unexplained = [i for i in local if "#" not in i.text]
+    assert not unexplained, "imports in functions without their reason on the line:\n" + "\n".join(
+        f"  {i.module}:{i.line}: {i.text.strip()}" for i in unexplained)
+
+
+def floor_of(module: str) -> int:
+    """The floor of a package module (its subpackage or top-level module); the package's __init__ is above all."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return len(FLOORS)
+    return next(i for i, names in enumerate(FLOORS) if parts[1] in names)
+
+
+def test_every_import_points_down_the_floors():
+    """No module imports from a floor above its own, inside a function or not (the layout docs/development.md
+    draws); studies and compress share a floor."""
+    up = [i for i in imports() if floor_of(i.target) > floor_of(i.module)]
+    assert not up, "imports from a higher floor: " + ", ".join(f"{i.module}:{i.line} -> {i.target}" for i in up)
+
+
+def test_core_imports_nothing_above_it():
+    """core/ is tensors and fairseq modules: it reads no files and knows no study, stage or command."""
+    above = [i for i in imports() if i.module.startswith("fairseq_headprune.core.")
+             and not i.target.startswith(CORE_MAY_IMPORT)]
+    assert not above, "core imports from above it: " + ", ".join(f"{i.module}:{i.line} -> {i.target}" for i in above)
+
+
+def top_level_functions() -> Dict[str, List[str]]:
+    """{function or class name: the modules that define it at their top level}."""
+    defined: Dict[str, List[str]] = {}
+    for module, path in package_modules().items():
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                defined.setdefault(node.name, []).append(module)
+    return defined
+
+
+def test_names_that_meant_two_things_mean_one():
+    """Functions that once shared a name while doing different things (the type list in the order given and the
+    type set in the model's; the speed/BLEU frontier and the shapes' Fisher frontier; the keep-one rows) and the
+    shape of a model: each name is defined once."""
+    defined = top_level_functions()
+    for name in ("parse_type_list", "parse_type_set", "pareto_frontier", "fisher_frontier", "best_per_layer",
+                 "ModelShape", "CeilingShape", "select_linear", "remove_units", "remove_layers", "crude_model"):
+        assert len(defined.get(name, [])) == 1, f"{name} is defined in {defined.get(name)}"
+    assert "parse_types" not in defined
