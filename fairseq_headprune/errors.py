@@ -1,4 +1,6 @@
 """The one exception type whose message is shown to the user as a one-line error (exit code 2)."""
+import os
+import sys
 
 
 class UserError(Exception):
@@ -9,9 +11,6 @@ def report_user_errors() -> None:
     """Make an uncaught UserError in fairseq's own commands (fairseq-train, fairseq-generate with --user-dir) one
     line on stderr and exit code 2, as fairseq-headprune shows it: fairseq's CLIs have no error handling of their
     own, and a bad flag of this module is a usage error, not a crash. Other exceptions keep their traceback."""
-    import os
-    import sys
-
     previous = sys.excepthook
     if getattr(previous, "_headprune", False):
         return

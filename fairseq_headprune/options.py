@@ -7,20 +7,76 @@ written in one place and nothing is copied field by field between layers. The li
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import difflib
+import math
+import re
 import typing
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence
+
+from fairseq_headprune.errors import UserError
 
 
 def option(default: Any = dataclasses.MISSING, *, flag: str, help: str, choices: Optional[Sequence[str]] = None,
            metavar: Optional[str] = None, negate: bool = False, parse: Optional[Callable[[str], Any]] = None,
-           shown: Optional[str] = None, group: Optional[str] = None, nargs: Optional[str] = None):
+           shown: Optional[str] = None, group: Optional[str] = None, nargs: Optional[str] = None,
+           always: bool = False):
     """A dataclass field with its command-line form: `negate` makes a True default a `--no-...` switch, `parse`
-    turns the given text into the field's value (shown: the default as the user would type it), and fields of one
-    `group` are mutually exclusive on the command line; nargs as argparse's (parse then takes the list)."""
+    turns the given text into the field's value (shown: the default as the user would type it; a ValueError it
+    raises is the user's one-line error), and fields of one `group` are mutually exclusive on the command line;
+    nargs as argparse's (parse then takes the list). A flag without a leading '-' is a positional argument. A float
+    field takes finite numbers only (`finite_float`). `always`: a rendered command line says it even at its default
+    (report.pipeline.options_argv)."""
     metadata = {"flag": flag, "help": help, "choices": choices, "metavar": metavar, "negate": negate, "parse": parse,
-                "shown": shown, "group": group, "nargs": nargs}
+                "shown": shown, "group": group, "nargs": nargs, "always": always}
     return dataclasses.field(default=default, metadata=metadata)
+
+
+def finite_float(text: str) -> float:
+    """argparse's `type` for a float option: nan and inf are refused (no option of this package means them, and a
+    comparison with nan passes every range check)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid float value: {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
+def finite_numbers(parser: argparse.ArgumentParser) -> None:
+    """Every float option of `parser` parsed by finite_float: its own, fairseq's, and those fairseq adds while it
+    parses (the architecture's, the task's), through argparse's type registry, which its groups share."""
+    parser.register("type", float, finite_float)
+
+
+def option_strings(parser: argparse.ArgumentParser) -> List[str]:
+    return [s for action in parser._actions for s in action.option_strings if s.startswith("--")]
+
+
+def usage_error(parser: argparse.ArgumentParser, message: str) -> str:
+    """argparse's error message as one line, an unknown option given with the nearest option of the parser."""
+    unknown = re.match(r"unrecognized arguments: (.*)", message)
+    if not unknown:
+        return message.replace("\n", " ")
+    tokens = unknown.group(1).split()
+    flags = [t.split("=", 1)[0] for t in tokens if t.startswith("-")]
+    if not flags:
+        return f"unexpected argument {tokens[0]!r}"
+    near = difflib.get_close_matches(flags[0], option_strings(parser), n=1, cutoff=0.8)
+    return f"unknown option {flags[0]}" + (f" (did you mean {near[0]}?)" if near else "")
+
+
+def one_line_errors(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """A parser whose usage errors are a UserError (one line, exit code 2) instead of argparse's usage dump (the
+    generation parser's is some 200 lines of fairseq's options); float options take finite numbers only."""
+    def error(message: str) -> NoReturn:
+        raise UserError(usage_error(parser, message))
+
+    parser.error = error
+    finite_numbers(parser)
+    return parser
 
 
 def nested(cls):
@@ -72,11 +128,15 @@ def add_arguments(parser, cls, groups: Optional[Dict[str, Any]] = None) -> None:
             None if f.default is dataclasses.MISSING else f.default)
         kwargs = {"help": text, "metavar": meta["metavar"], "choices": meta["choices"], "nargs": meta["nargs"]}
         if meta["parse"] is None and _scalar_type(hint):
-            kwargs["type"] = _scalar_type(hint)
-        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            kwargs["required"] = True
+            kwargs["type"] = finite_float if _scalar_type(hint) is float else _scalar_type(hint)
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         if default not in (None, (), ""):
             kwargs["help"] = f"{text} (default {str(default).replace('%', '%%')})"
+        if not meta["flag"].startswith("-"):  # a positional argument: required unless nargs says otherwise
+            target.add_argument(meta["flag"], **{k: v for k, v in kwargs.items() if v is not None})
+            continue
+        if required:
+            kwargs["required"] = True
         target.add_argument(meta["flag"], default=None, **{k: v for k, v in kwargs.items() if v is not None})
 
 
@@ -97,11 +157,32 @@ def from_arguments(cls, args, **overrides):
                 if given:
                     values[f.name] = not f.default
             elif given is not None:
-                values[f.name] = meta["parse"](given) if meta["parse"] else given
+                values[f.name] = _parsed(meta, given)
         elif hasattr(args, f.name):
             values[f.name] = getattr(args, f.name)
     values.update(overrides)
     return cls(**values)
+
+
+def _parsed(meta, given):
+    """The field's value from the given text: its `parse`, whose ValueError is the user's one-line error."""
+    if not meta["parse"]:
+        return given
+    try:
+        return meta["parse"](given)
+    except ValueError as e:
+        raise UserError(f"{meta['flag']} {given if isinstance(given, str) else ' '.join(given)}: {e}") from None
+
+
+def non_finite(options) -> None:
+    """Refuse nan or inf in any float option field of an options dataclass (nested too), in one line naming its
+    flag: a library caller's options are held to what the command line's finite_float holds them to."""
+    for f, hint in _fields(type(options)):
+        value = getattr(options, f.name)
+        if f.metadata.get("nested"):
+            non_finite(value)
+        elif _is_option(f.metadata) and isinstance(value, float) and not math.isfinite(value):
+            raise UserError(f"{f.metadata['flag']} must be a finite number, not {value}")
 
 
 def given_flags(cls, options) -> Dict[str, Any]:

@@ -7,7 +7,8 @@
 #              training run of the compression (the bundled model never trained on them; its checkpoint was picked
 #              on all of val); decoded once, at the end
 #   traintail  the last 1000 train sentences: held out of calibration and recovery, but the bundled model trained on
-#              them, so their scores are training-set scores; decoded once, at the end, for what they show
+#              them, so their scores are training-set scores (--teacher-trained-on: the card says so); decoded once,
+#              at the end, for what they show
 #
 # usage: [MULTI30K=DIR] recipes/compress_de_en.sh [WORK] [TARGET]   (work/compress-de-en, "--speedup 1.5").
 # MULTI30K: a folder with Multi30k's train.{de,en}, val.{de,en} and test_2016_flickr.{de,en} (default
@@ -36,7 +37,7 @@ done
 name=$(echo "$target" | tr -d ' %-' | tr ./ _- | tr := --)
 # shellcheck disable=SC2086
 fairseq-headprune compress "$bin" --path "$model/model.pt" -s de -t en --out "$work/de-en-$name" $target --engine ct2-int8 \
-  --gen-subset test --references "$bin/test.raw.en" --also-report val500,traintail \
+  --gen-subset test --references "$bin/test.raw.en" --also-report val500,traintail --teacher-trained-on traintail \
   --also-references "$bin/val500.raw.en,$bin/traintail.raw.en" --beam 5 --batch-size 64 \
   --tokenizer moses --bpe subword_nmt --bpe-codes "$model/code" ${STOP:+--stop-after $STOP} \
   2>&1 | tee -a "$work/de-en-$name.log"

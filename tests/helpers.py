@@ -74,3 +74,18 @@ class _GenArgs:
         from fairseq.dataclass.configs import GenerationConfig
 
         return getattr(GenerationConfig(), name)
+
+
+# CTranslate2's int8 kernels round differently on each CPU (the ISA, oneDNN or MKL, and above all whether the CPU has
+# VNNI: without it oneDNN's AVX2 u8s8 product saturates 16-bit sums): its int8 hypotheses are compared with fairseq's
+# by their agreement (BLEU on token ids, 100: the same), never token for token; float32 exactly. With oneDNN held to
+# AVX2 (ONEDNN_MAX_CPU_ISA=AVX2, a CPU without VNNI) every hypothesis of the tiny encoder-cut model differed and the
+# agreement was 85; a model exported wrong agrees near 0.
+INT8_AGREEMENT = 50.0
+
+
+def assert_exported_like_fairseq(check: dict, quantization: str = "int8") -> None:
+    """An export check (compress.export.export's record): float32 hypotheses equal to fairseq's, the quantized
+    model's agreeing with them at least INT8_AGREEMENT."""
+    assert check["float32"]["differing"] == 0, check["float32"]
+    assert check[quantization]["agreement"] >= INT8_AGREEMENT, check[quantization]

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from conftest import ENV, run
+from helpers import assert_exported_like_fairseq
 
 from fairseq_headprune.compress import levers, pipeline
 from fairseq_headprune.errors import UserError
@@ -154,7 +155,7 @@ def test_refusals_are_one_line_before_any_work(tiny_data, stock_checkpoint, tmp_
         (("--speedup", "1.5", "--budget-epochs", "0", "--distill", "both"), "--distill both: --budget-epochs 0"),
         (("--speedup", "1.5", "--distill", "sequences", "--distill-hidden-weight", "0.2"),
          "--distill sequences compares no states with the teacher"),
-        (("--speedup", "1.5", "--recover-args", "--distill-weight 0.5"), "--distill-weight is set by recover itself"),
+        (("--speedup", "1.5", "--recover-args", "--distill-weight 0.5"), "--recover-args: --distill-weight is set by compress itself"),
         (("--max-bleu-loss", "0.3", "--shape", "2/2"), "--shape gives the shape --max-bleu-loss would choose"),
         (("--speedup", "1.5", "--shape", "2/2:vocab=50%"), "the output layer cannot be removed yet"),
         (("--speedup", "1.5", "--shape", "8/3x4:ffn=100%"), "--shape 8/3x4:ffn=100% is the unpruned model's"),
@@ -658,7 +659,7 @@ def test_a_given_shape_narrows_the_ffns_and_the_exported_model_keeps_their_width
     shrink_record = json.loads((out / "stages" / "shrink" / "model.json").read_text())
     assert shrink_record["options"]["ffn_keep"] == 50.0 and not shrink_record["options"].get("window_steps")
     export = json.loads((out / "stages" / "export" / "stage.json").read_text())["result"]
-    assert export["check"]["float32"]["differing"] == 0 == export["check"]["int8"]["differing"]
+    assert_exported_like_fairseq(export["check"])  # int8: within a tolerance (its kernels differ between CPUs)
     card = (out / "MODEL_CARD.md").read_text()
     assert "| FFN units kept | 100% | 50% |" in card and "Every FFN keeps 50% of its hidden units" in card
     assert re.search(r"1-minute load average: this measurement [\d.]+, the choice's timing [\d.]+;", card)
@@ -686,7 +687,7 @@ def test_a_given_shape_cuts_the_encoder_and_the_exported_model_keeps_its_depth(t
     shrunk = json.loads((out / "stages" / "shrink" / "model.json").read_text())
     assert shrunk["layers"]["kept"] == {"enc": chosen["layers_kept"]["enc"]}
     export = json.loads((out / "stages" / "export" / "stage.json").read_text())["result"]
-    assert export["check"]["float32"]["differing"] == 0 == export["check"]["int8"]["differing"]
+    assert_exported_like_fairseq(export["check"])  # int8: within a tolerance (its kernels differ between CPUs)
     card = (out / "MODEL_CARD.md").read_text()
     assert "| encoder layers | 4 | 2 |" in card and "The encoder keeps 2 of its 4 layers (layers " in card
 

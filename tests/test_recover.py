@@ -180,7 +180,7 @@ def test_bad_input_is_one_line(student, stock_checkpoint, tiny_data, tmp_path):
     assert "does not use" in _bad(tiny_data, student, stock_checkpoint, out, "--distill", "sequences",
                                   "--distill-hidden-weight", "1")
     assert "must be >= 0" in _bad(tiny_data, student, stock_checkpoint, out, "--distill-hidden-weight", "-1")
-    assert "unrecognized arguments: --bogus" in _bad(tiny_data, student, stock_checkpoint, out, "--bogus", "3")
+    assert "unknown option --bogus" in _bad(tiny_data, student, stock_checkpoint, out, "--bogus", "3")
     assert "--lr" in _bad(tiny_data, student, stock_checkpoint, out, "--lr", "abc")
     # a teacher of another network: its config says so before anything is built
     state = torch.load(stock_checkpoint, map_location="cpu", weights_only=False)

@@ -1,12 +1,14 @@
-"""Replay the probes of the compression commands (recover, shrink --recover-epochs, export-ct2, deploy,
-speed --engine ct2) on the tests' tiny models, so that a regression of any class shows.
+"""Replay the hostile probes of the compression commands (recover, shrink --recover-epochs, export-ct2, deploy,
+speed --engine ct2, compress) on the tests' tiny models, so that a regression of any class shows.
 
     .venv/bin/python tools/probe_compression.py [--only WORD] [--families]
 
 Each case ends as *held* (a one-line refusal, exit code 2, nothing written or changed; or the command working)
 or as a regression. One line per case; the exit code is the number of regressed cases. Classes: a folder deleted
 by --force, a refused run that blocks its correction, two writers of one OUT, shared embeddings stored three
-times, checkpoint bytes that depend on a temporary name, options accepted and ignored, misreports; with
+times, checkpoint bytes that depend on a temporary name, options accepted and ignored, misreports; compress
+writing over a user's files, refusing after the work began, taking numbers no run can mean, misleading
+--recover-args, usage errors of more than one line; with
 --families, recover and export-ct2 under the multilingual and mBART tasks (trains the tiny family models once).
 """
 from __future__ import annotations
@@ -237,7 +239,110 @@ def _export_length(p: Probe) -> str:
                      names="reach the length limit")
 
 
-# ---------------------------------------------------------------- 5. every family (--families)
+# ------------------------------------------------------- 5. compress: before any work, never over a user's file
+
+COMPRESS = ["--beam", "2", "--max-tokens", "2000", "--max-len-b", "12", "--timing-sentences", "60", "--runs", "1",
+            "--calibration-sentences", "48", "--window-steps", "10", "--check-sentences", "16", "--budget-epochs", "1",
+            "--significance", "1"]
+
+
+def _compress_refused(p: Probe, out: Path, *extra, names: str, path: Path = None,
+                      target=("--speedup", "1.2")) -> str:
+    """compress refused in one line, before any work: --out as it was (or not made), no cost table measured."""
+    before = tree(out) if out.is_dir() else None
+    cache = p.work / f"cost-cache-{p.n}"
+    line = p.refused("compress", p.data, "--path", path or p.checkpoint, "--out", out, *target, *COMPRESS,
+                     "--cost-cache", cache, *extra, names=names)
+    expect((tree(out) if out.is_dir() else None) == before, f"{out} changed")
+    expect(not cache.exists(), "a cost table was measured before the refusal")
+    return line
+
+
+@case("compress --out = the folder of --path (the user's model.pt and MODEL_CARD.md)")
+def _compress_path_folder(p: Probe) -> str:
+    import shutil
+
+    folder = p.folder("users-model")
+    shutil.copyfile(p.checkpoint, folder / "model.pt")
+    (folder / "MODEL_CARD.md").write_text("my card")
+    return _compress_refused(p, folder, path=folder / "model.pt", names="is or holds an input")
+
+
+@case("compress --out holding a user's file under ct2/")
+def _compress_ct2_file(p: Probe) -> str:
+    folder = p.folder("users-ct2")
+    (folder / "stages").mkdir()
+    (folder / "ct2").mkdir()
+    for name in ("config.json", "model.bin"):
+        (folder / "ct2" / name).write_text("x")
+    (folder / "ct2" / "notes.txt").write_text("mine")
+    return _compress_refused(p, folder, names="ct2/notes.txt")
+
+
+@case("compress --out = DATA")
+def _compress_data(p: Probe) -> str:
+    return _compress_refused(p, p.data, names="is or holds an input")
+
+
+@case("compress --out that cannot be created")
+def _compress_unwritable(p: Probe) -> str:
+    return _compress_refused(p, p.checkpoint / "sub", names="is not a folder")
+
+
+COMPRESS_REFUSALS = {
+    "--references of the wrong length": (lambda p: ["--references", _short_references(p)], "has 2 lines"),
+    "--max-bleu-loss nan": (lambda p: [], "--max-bleu-loss: 'nan' is not a finite number"),
+    "--window-lr nan": (lambda p: ["--window-lr", "nan"], "'nan' is not a finite number"),
+    "--distill-hidden-weight nan": (lambda p: ["--distill-hidden-weight", "nan"], "'nan' is not a finite number"),
+    "--recover-args='--max-tokens 5'": (lambda p: ["--recover-args", "--max-tokens 5"], "--max-tokens 5"),
+    "--recover-args='--distributed-world-size N' beyond the GPUs": (
+        lambda p: ["--recover-args", f"--distributed-world-size {_beyond_gpus()}"], "GPUs and this machine has"),
+    "--recover-args='--valid-subset test'": (lambda p: ["--recover-args", "--valid-subset test"],
+                                             "--valid-subset is set by compress itself"),
+    "--recover-args with an unbalanced quote": (lambda p: ["--recover-args", "--lr 'x"], "No closing quotation"),
+    "--recover-args='--max-update 5'": (lambda p: ["--recover-args", "--max-update 5"], "use --budget-epochs"),
+    "--recover-args='--lr-scheduler cosine'": (lambda p: ["--recover-args", "--lr-scheduler cosine"],
+                                               "cannot set up"),
+    "--stop-after bogus": (lambda p: ["--stop-after", "bogus"], "invalid choice: 'bogus'"),
+    "a misspelt option": (lambda p: ["--stop-afte", "report"], "did you mean --stop-after?"),
+}
+
+
+def _short_references(p: Probe) -> Path:
+    path = p.work / "two-lines.en"
+    path.write_text("a\nb\n")
+    return path
+
+
+def _beyond_gpus() -> int:
+    import torch
+
+    return max(2, torch.cuda.device_count() + 1)
+
+
+for _name, (_extra, _names) in COMPRESS_REFUSALS.items():
+    case(f"compress {_name}")(lambda p, name=_name, extra=_extra, names=_names: _compress_refused(
+        p, p.work / f"compress-{p.n}-new", *extra(p), names=names,
+        target=("--max-bleu-loss", "nan") if name == "--max-bleu-loss nan" else ("--speedup", "1.2")))
+
+
+@case("a second compress of one --out")
+def _compress_two_writers(p: Probe) -> str:
+    folder = p.folder("compress-two")
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, os, time\n"
+        f"fd = os.open({str(folder / '.fairseq-headprune.lock')!r}, os.O_RDWR | os.O_CREAT)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX)\nprint('held', flush=True)\ntime.sleep(120)\n")],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        expect(holder.stdout.readline().strip() == "held", "the lock holder did not start")
+        return _compress_refused(p, folder, names="use another --out")
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+# ---------------------------------------------------------------- 6. every family (--families)
 
 def _family(name: str):
     import families as fam

@@ -9,6 +9,7 @@ of this package, named as the command: `add_args(parser)` and `run(cfg, args)`, 
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import logging
 import os
@@ -20,6 +21,7 @@ from fairseq_headprune.fairseq_io import fairseq_errors
 from fairseq_headprune.fairseq_io import fairseq_options
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.fairseq_io.loading import PACKAGE_DIR, trust_fairseq_checkpoints
+from fairseq_headprune.options import one_line_errors
 
 COMMANDS = {
     "score": ("fairseq_headprune.cli.score", "head importance I_h = E|dL/dxi_h| (Michel et al.)"),
@@ -40,6 +42,7 @@ COMMANDS = {
                    "a CTranslate2 model of any checkpoint, checked against fairseq"),
     "deploy": ("fairseq_headprune.cli.deploy", "BLEU and speed in fairseq and CTranslate2, unpruned vs pruned"),
     "compress": ("fairseq_headprune.cli.compress", "a deployable model at a stated speed, in one resumable run"),
+    "translate": ("fairseq_headprune.cli.translate", "raw text in, translations out, with an exported model folder"),
 }
 
 
@@ -50,21 +53,31 @@ def usage() -> str:
     return "\n".join(lines)
 
 
+def parser_for(command: str, module) -> argparse.ArgumentParser:
+    """The command's parser: fairseq-generate's options and the command's own (or its own only), every usage error
+    one line (options.one_line_errors)."""
+    from fairseq import options
+
+    if not getattr(module, "USES_FAIRSEQ_OPTIONS", True):
+        parser = argparse.ArgumentParser(prog=f"fairseq-headprune {command}", description=module.__doc__.split("\n")[0])
+    else:
+        parser = options.get_generation_parser(default_task="translation_headprune")
+        parser.prog = f"fairseq-headprune {command}"
+    module.add_args(parser)
+    return one_line_errors(parser)  # a usage error is one line, not fairseq's option list
+
+
 def parse(command: str, module, argv: List[str]):
     if hasattr(module, "parse_argv"):  # a command that parses for itself (recover: fairseq-train's options)
         return module.parse_argv(argv)
+    parser = parser_for(command, module)
     if not getattr(module, "USES_FAIRSEQ_OPTIONS", True):
-        parser = argparse.ArgumentParser(prog=f"fairseq-headprune {command}", description=module.__doc__.split("\n")[0])
-        module.add_args(parser)
         return None, parser.parse_args(argv)
     from fairseq import options
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
     if not any(a == "--user-dir" or a.startswith("--user-dir=") for a in argv):
         argv = ["--user-dir", PACKAGE_DIR] + argv
-    parser = options.get_generation_parser(default_task="translation_headprune")
-    parser.prog = f"fairseq-headprune {command}"
-    module.add_args(parser)
     try:
         args = options.parse_args_and_arch(parser, input_args=argv)
     except ValueError as e:  # fairseq's own checks of option combinations ("Cannot combine --fp16 and --tpu")
@@ -99,7 +112,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
-        print(f"fairseq-headprune: error: unknown command '{command}'\n\n{usage()}", file=sys.stderr)
+        near = difflib.get_close_matches(command, COMMANDS, n=1, cutoff=0.6)
+        hint = f" (did you mean {near[0]}?)" if near else ""
+        print(f"fairseq-headprune: error: unknown command '{command}'{hint}; fairseq-headprune --help lists them",
+              file=sys.stderr)
         return 2
     trust_fairseq_checkpoints()
     _quiet_dependencies()

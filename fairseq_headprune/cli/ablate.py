@@ -5,30 +5,16 @@ score). Under torchrun, RANK and WORLD_SIZE set them and rank 0 gathers one file
 """
 from __future__ import annotations
 
-from fairseq_headprune.cli.common import add_sweep_options, options_from, readable_file, results_folder
-from fairseq_headprune.core.heads import ATTENTION_TYPES
+from fairseq_headprune.cli.common import ResultsDir, options_from, readable_file, results_folder
 from fairseq_headprune.fairseq_io.loading import load, progress_for
+from fairseq_headprune.options import add_arguments
 from fairseq_headprune.studies import ablation
 
 
 def add_args(parser) -> None:
     g = parser.add_argument_group("ablate")
-    g.add_argument("--results-dir", required=True)
-    g.add_argument("--mode", choices=["single", "keep-one"], default="single")
-    g.add_argument("--metric", choices=["bleu", "loss"], default="bleu")
-    g.add_argument("--types", default=",".join(ATTENTION_TYPES), help="attention types to sweep, comma-separated")
-    g.add_argument("--references", help="raw reference file of the subset (default: its decoded targets)")
-    g.add_argument("--select-subset", help="keep-one: choose each layer's head on this subset (default --gen-subset)")
-    g.add_argument("--report-subset", help="keep-one: report the chosen heads on this subset")
-    g.add_argument("--report-references", help="raw reference file of --report-subset")
-    g.add_argument("--report-metric", choices=["bleu", "loss"],
-                   help="keep-one: metric of the --report-subset sweep (default --metric)")
-    g.add_argument("--bootstrap-samples", type=int, default=1000)
-    g.add_argument("--bootstrap-sample-ratio", type=float, default=1.0,
-                   help="size of each bootstrap resample as a share of the set (compare-mt's default is 0.5)")
-    g.add_argument("--significance", type=float, default=0.01, help="p-value threshold")
-    g.add_argument("--bootstrap-seed", type=int, default=1)
-    add_sweep_options(g)
+    add_arguments(g, ResultsDir)
+    add_arguments(g, ablation.AblationOptions)
 
 
 def run(cfg, args) -> None:

@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any, Optional, Tuple, Type, TypeVar
 
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.options import from_arguments
+from fairseq_headprune.options import from_arguments, option
 from fairseq_headprune.records.log import FolderLock
 
 T = TypeVar("T")
@@ -14,6 +15,18 @@ T = TypeVar("T")
 def options_from(cls: Type[T], args, **overrides: Any) -> T:
     """A study's options dataclass filled from argparse's namespace (options.from_arguments), then `overrides`."""
     return from_arguments(cls, args, **overrides)
+
+
+def results_dir(help: str = "the results folder (created if needed; one process writes it at a time)"):
+    """The --results-dir field of a command's options: one name and one declaration for every command."""
+    return option(flag="--results-dir", metavar="DIR", help=help)
+
+
+@dataclass
+class ResultsDir:
+    """The --results-dir of a command whose study takes the folder as an argument."""
+
+    results_dir: str = results_dir()
 
 
 def results_folder(folder: str, shard: Optional[Tuple[int, int]] = None) -> FolderLock:
@@ -42,19 +55,3 @@ def output_checkpoint(option: str, out: str, source: str) -> None:
         raise UserError(f"{option}: folder {folder} is not writable")
     if os.path.exists(out) and os.path.realpath(out) == os.path.realpath(source):
         raise UserError(f"{option} {out} is the checkpoint being read ({os.path.realpath(source)}); write elsewhere")
-
-
-def add_sweep_options(group, masks: str = "masks", commands: str = "") -> None:
-    """`--masks-per-batch` and `--workers`, the same in every command that sweeps masks (ablate, prune, compare,
-    report). Both stay strings here (default `auto`): the study parses them (mask_batching.parse_masks_per_batch,
-    workers.parse_workers), so a bad value is one line `error: --workers must be 'auto' or ...` and exit code 2.
-    `masks` names what the command decodes per mask; `commands`, when given, prefixes the help with the parts the
-    options reach (report: "ablate, prune")."""
-    scope = f"{commands}: " if commands else ""
-    group.add_argument("--masks-per-batch", default="auto",
-                       help=f"{scope}{masks} sharing one beam search, each sentence once per mask: auto (the default) "
-                            "measures 1, 2, 4, 8, 16 on the sweep's first masks and keeps the fastest; or a number "
-                            ">= 1")
-    group.add_argument("--workers", default="auto",
-                       help=f"{scope}local worker processes the masks are split over, one thread each (auto: the free "
-                            "cores; 1: this process only); results are the same")

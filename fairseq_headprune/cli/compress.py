@@ -16,6 +16,7 @@ from typing import Dict, Tuple
 
 from fairseq.dataclass.configs import DistributedTrainingConfig
 
+from fairseq_headprune.compress import preflight
 from fairseq_headprune.compress.pipeline import CompressOptions
 from fairseq_headprune.options import add_arguments, from_arguments
 from fairseq_headprune.compress import pipeline
@@ -66,6 +67,8 @@ def run(cfg, args) -> None:
                              train_options=training_options(args),
                              command="fairseq-headprune compress " + shlex.join(user_argv(args.command_argv)))
     options.check()  # every option applied or refused before the model loads
+    preflight.output_folder(options.out, preflight.command_inputs(cfg.task.data, cfg.common_eval.path, (
+        options.references, *options.also_references)))  # never over --path, DATA or a file it did not write
     record = pipeline.run(load(cfg), options)
     if record:
         for name in ("ct2", "model.pt", "MODEL_CARD.md", "compress.json"):

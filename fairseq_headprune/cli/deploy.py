@@ -10,7 +10,7 @@ Writes DIR/deploy.json, DIR/deploy.md, DIR/deploy.png (BLEU against speed, the f
 """
 from __future__ import annotations
 
-from fairseq_headprune.cli.common import results_folder
+from fairseq_headprune.cli.common import ResultsDir, results_folder
 from fairseq_headprune.options import add_arguments, from_arguments
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.studies import deploy
@@ -20,7 +20,7 @@ from fairseq_headprune.fairseq_io.loading import load
 
 def add_args(parser) -> None:
     g = parser.add_argument_group("deploy")
-    g.add_argument("--results-dir", required=True, help="folder of the table, its figure and the shrunk model")
+    add_arguments(g, ResultsDir)
     add_arguments(g, deploy.DeployOptions)  # the table's own options, declared on DeployOptions
 
 

@@ -14,58 +14,80 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from dataclasses import dataclass, field
+from typing import List, Optional
 
 from fairseq_headprune.errors import UserError
+from fairseq_headprune.options import add_arguments, from_arguments, one_line_errors, option
 from fairseq_headprune.cli.common import output_checkpoint, readable_file
-from fairseq_headprune.compress.recover import RecoverOptions, record_path, recover
+from fairseq_headprune.compress.recover import DISTILL, RecoverOptions, record_path, recover
 from fairseq_headprune.fairseq_io.checkpoint_io import check_pair_paths
 
 USES_FAIRSEQ_OPTIONS = False
 
 
+@dataclass
+class RecoverCommand:
+    """recover's own options (every other token is a fairseq-train option). None: not given, so RecoverOptions'
+    default (the one place it is written) applies."""
+
+    data: str = option(flag="data", metavar="DATA", help="the fairseq data folder (train and valid subsets)")
+    path: str = option(flag="--path", metavar="STUDENT.pt", help="the pruned checkpoint to fine-tune")
+    out: str = option(flag="--out", metavar="OUT.pt", help="the recovered checkpoint to write")
+    teacher: Optional[str] = option(None, flag="--teacher", metavar="UNPRUNED.pt",
+                                    help="the frozen teacher (needed unless --distill none)")
+    distill: str = option(RecoverOptions.distill, flag="--distill", choices=DISTILL,
+                          help="logits: KL to the teacher's tokens + label-smoothed loss; sequences: the teacher's "
+                               "beam translations as targets; both; none: plain fine-tuning")
+    distill_weight: Optional[float] = option(
+        None, flag="--distill-weight",
+        help="weight w of the KL (1 - w: the label-smoothed loss on the targets); default "
+             f"{RecoverOptions.distill_weight}")
+    distill_temperature: Optional[float] = option(
+        None, flag="--distill-temperature",
+        help=f"softmax temperature T (default {RecoverOptions.distill_temperature:g})")
+    distill_hidden_weight: Optional[float] = option(
+        None, flag="--distill-hidden-weight",
+        help="weight β of the squared distance of every decoder layer's output to the teacher's (layer distillation, "
+             "CoFi); default 0: off")
+    distill_hidden_layers: Optional[str] = option(
+        None, flag="--distill-hidden-layers", metavar="T1,T2,...",
+        help="the teacher decoder layer (1-indexed) each student layer is compared with, for a student with fewer "
+             "layers (shrink --keep-layers records its map as layers.teacher_outputs); default: one to one")
+    epochs: Optional[int] = option(None, flag="--epochs", group="budget", help="epochs of the training subset "
+                                                                             "(default 2)")
+    updates: Optional[int] = option(None, flag="--updates", group="budget", help="updates instead of epochs")
+    train_subset: str = option(RecoverOptions.train_subset, flag="--train-subset", help="the subset trained on")
+    valid_subset: str = option(RecoverOptions.valid_subset, flag="--valid-subset",
+                               help="validation loss for early stopping (--patience)")
+    work_dir: Optional[str] = option(None, flag="--work-dir",
+                                     help="fairseq's checkpoints of this run (default OUT.recover/)")
+    sequence_beam: Optional[int] = option(
+        None, flag="--sequence-beam",
+        help="beam of the teacher's translations (--distill sequences or both; default "
+             f"{RecoverOptions.sequence_beam})")
+    distill_source: List[str] = option(
+        (), flag="--distill-source", nargs="+", metavar="FILE", parse=list,
+        help="raw source text (one sentence a line) the teacher translates once, with the model's --tokenizer and "
+             "--bpe, added to the training subset as its next shard (train1): a distillation set beyond the parallel "
+             "data; cached beside DATA")
+    distill_nbest: int = option(RecoverOptions.distill_nbest, flag="--distill-nbest", metavar="N",
+                                help="the teacher's N best translations of each --distill-source sentence, each a "
+                                     "pair (at most --sequence-beam)")
+    force: bool = option(False, flag="--force", help="replace an existing OUT.pt")
+    train_args: List[str] = field(default_factory=list)  # every other token: fairseq-train's options, passed through
+
+
 def add_args(parser) -> None:
-    parser.add_argument("data", metavar="DATA", help="the fairseq data folder (train and valid subsets)")
-    parser.add_argument("--path", required=True, metavar="STUDENT.pt", help="the pruned checkpoint to fine-tune")
-    parser.add_argument("--teacher", metavar="UNPRUNED.pt", help="the frozen teacher (needed unless --distill none)")
-    parser.add_argument("--out", required=True, metavar="OUT.pt", help="the recovered checkpoint to write")
-    parser.add_argument("--distill", default="logits", choices=("logits", "sequences", "both", "none"),
-                        help="logits: KL to the teacher's tokens + label-smoothed loss (default); sequences: the "
-                             "teacher's beam translations as targets; both; none: plain fine-tuning")
-    parser.add_argument("--distill-weight", type=float, default=None,
-                        help="weight w of the KL (1 - w: the label-smoothed loss on the targets); default 0.9")
-    parser.add_argument("--distill-temperature", type=float, default=None, help="softmax temperature T (default 2)")
-    parser.add_argument("--distill-hidden-weight", type=float, default=None,
-                        help="weight β of the squared distance of every decoder layer's output to the teacher's "
-                             "(layer distillation, CoFi); default 0: off")
-    parser.add_argument("--distill-hidden-layers", default=None, metavar="T1,T2,...",
-                        help="the teacher decoder layer (1-indexed) each student layer is compared with, for a "
-                             "student with fewer layers (shrink --keep-layers records its map as "
-                             "layers.teacher_outputs); default: one to one")
-    budget = parser.add_mutually_exclusive_group()
-    budget.add_argument("--epochs", type=int, help="epochs of the training subset (default 2)")
-    budget.add_argument("--updates", type=int, help="updates instead of epochs")
-    parser.add_argument("--train-subset", default="train")
-    parser.add_argument("--valid-subset", default="valid", help="validation loss for early stopping (--patience)")
-    parser.add_argument("--work-dir", help="fairseq's checkpoints of this run (default OUT.recover/)")
-    parser.add_argument("--sequence-beam", type=int, default=None,
-                        help="beam of the teacher's translations (--distill sequences or both; default 5)")
-    parser.add_argument("--distill-source", nargs="+", default=[], metavar="FILE",
-                        help="raw source text (one sentence a line) the teacher translates once, with the model's "
-                             "--tokenizer and --bpe, added to the training subset as its next shard (train1): a "
-                             "distillation set beyond the parallel data; cached beside DATA")
-    parser.add_argument("--distill-nbest", type=int, default=1, metavar="N",
-                        help="the teacher's N best translations of each --distill-source sentence, each a pair "
-                             "(at most --sequence-beam; default 1)")
-    parser.add_argument("--force", action="store_true", help="replace an existing OUT.pt")
+    add_arguments(parser, RecoverCommand)
 
 
 def parse_argv(argv):
     """recover's own options; every other token is a fairseq-train option, passed through."""
     parser = argparse.ArgumentParser(prog="fairseq-headprune recover", description=__doc__.split("\n")[0])
     add_args(parser)
-    args, rest = parser.parse_known_args(argv)
-    args.train_args = rest
-    return None, args
+    parsed, rest = one_line_errors(parser).parse_known_args(argv)
+    return None, from_arguments(RecoverCommand, parsed, train_args=rest)
 
 
 def run(cfg, args) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from typing import List, Sequence
 
-from fairseq_headprune.cli.common import add_sweep_options, options_from, results_folder
+from fairseq_headprune.cli.common import ResultsDir, options_from, results_folder
 from fairseq_headprune.fairseq_io.loading import PACKAGE_DIR
 from fairseq_headprune.options import add_arguments
 from fairseq_headprune.report import pipeline
@@ -12,8 +12,7 @@ from fairseq_headprune.report import pipeline
 
 def add_args(parser) -> None:
     g = parser.add_argument_group("report")
-    g.add_argument("--results-dir", required=True, help="folder of every part's results and of report.md/html")
-    add_sweep_options(g, commands="ablate, prune")
+    add_arguments(g, ResultsDir)
     add_arguments(g, pipeline.ReportOptions)  # the report's own options, declared on ReportOptions
 
 

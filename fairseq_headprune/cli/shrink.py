@@ -17,6 +17,8 @@ from __future__ import annotations
 import glob
 import os
 import time
+from dataclasses import dataclass
+from typing import Optional
 
 from fairseq_headprune.fairseq_io.checkpoint_io import check_pair_paths, record_path_for
 from fairseq_headprune.cli.common import output_checkpoint, results_folder
@@ -29,7 +31,7 @@ from fairseq_headprune.compress.shrink import (
     shrink,
     write_checkpoint,
 )
-from fairseq_headprune.options import add_arguments, from_arguments
+from fairseq_headprune.options import add_arguments, from_arguments, option
 from fairseq_headprune.studies.shrink_sweep import DEFAULT_METHODS
 from fairseq_headprune.cli.recover import summary
 from fairseq_headprune.compress.recover import (
@@ -43,21 +45,32 @@ from fairseq_headprune.fairseq_io.loading import load
 from fairseq_headprune.studies import shrink_sweep as sweep
 
 
+@dataclass
+class ShrinkCommand:
+    """What the command does with the pruned model (the pruning's own options: ShrinkOptions)."""
+
+    out: Optional[str] = option(None, flag="--out", metavar="OUT.pt", help="the pruned checkpoint to write")
+    recover_epochs: int = option(0, flag="--recover-epochs", metavar="N",
+                                 help="then recover the pruned model for N epochs of DATA's train subset by "
+                                      "distillation from --path (fairseq_headprune recover's defaults): OUT.pt is the "
+                                      "recovered model, the shrunk one is kept as OUT.shrunk.pt; for other training "
+                                      "options run `recover` itself")
+    results_dir: Optional[str] = option(None, flag="--results-dir", metavar="DIR",
+                                        help="folder for the JSON record (default: next to --out) or the sweep")
+    sweep: Optional[str] = option(None, flag="--sweep", metavar="PERCENTS",
+                                  help="run the study over budgets instead, e.g. 10,20,30,40,50,60,70,80")
+    sweep_methods: str = option(",".join(DEFAULT_METHODS), flag="--sweep-methods", help="methods of the sweep")
+    sweep_tag: str = option("", flag="--sweep-tag", help="a name for this calibration variant in the sweep's rows")
+    references: Optional[str] = option(None, flag="--references",
+                                       help="raw references of --gen-subset for the sweep's BLEU")
+    l0_compare: Optional[str] = option(None, flag="--l0-compare",
+                                       help="compare.jsonl of the L0 runs to show beside the sweep")
+
+
 def add_args(parser) -> None:
     g = parser.add_argument_group("shrink")
     add_arguments(g, ShrinkOptions)  # the options of the pruning itself, declared on ShrinkOptions
-    g.add_argument("--out", metavar="OUT.pt", help="the pruned checkpoint to write")
-    g.add_argument("--recover-epochs", type=int, default=0, metavar="N",
-                   help="then recover the pruned model for N epochs of DATA's train subset by distillation from "
-                        "--path (fairseq_headprune recover's defaults): OUT.pt is the recovered model, the shrunk "
-                        "one is kept as OUT.shrunk.pt; for other training options run `recover` itself")
-    g.add_argument("--results-dir", help="folder for the JSON record (default: next to --out) or the sweep")
-    g.add_argument("--sweep", metavar="PERCENTS",
-                   help="run the study over budgets instead, e.g. 10,20,30,40,50,60,70,80")
-    g.add_argument("--sweep-methods", default=",".join(DEFAULT_METHODS), help="methods of the sweep")
-    g.add_argument("--sweep-tag", default="", help="a name for this calibration variant in the sweep's rows")
-    g.add_argument("--references", help="raw references of --gen-subset for the sweep's BLEU")
-    g.add_argument("--l0-compare", help="compare.jsonl of the L0 runs to show beside the sweep")
+    add_arguments(g, ShrinkCommand)
 
 
 def shrink_options(args) -> ShrinkOptions:
@@ -69,47 +82,48 @@ def shrink_options(args) -> ShrinkOptions:
 
 
 def run(cfg, args) -> None:
-    if args.sweep:
+    c = from_arguments(ShrinkCommand, args)
+    if c.sweep:
         if getattr(args, "ffn_keep", None) is not None and parse_ffn_keep(args.ffn_keep) != 100:
             raise UserError("--ffn-keep narrows one model's FFNs: the sweep compares head selections over budgets "
                             "(shrink one model with --out)")
-        return _run_sweep(cfg, args)
-    if not args.out:
+        return _run_sweep(cfg, args, c)
+    if not c.out:
         raise UserError("--out OUT.pt is required (or --sweep for the study over budgets)")
     options = shrink_options(args)
-    output_checkpoint("--out", args.out, cfg.common_eval.path or "")
-    if args.recover_epochs < 0:
-        raise UserError(f"--recover-epochs must be at least 0, not {args.recover_epochs}")
-    final_out = args.out
-    if args.recover_epochs:  # shrink writes its model beside the final one; recover then writes --out
+    output_checkpoint("--out", c.out, cfg.common_eval.path or "")
+    if c.recover_epochs < 0:
+        raise UserError(f"--recover-epochs must be at least 0, not {c.recover_epochs}")
+    final_out = c.out
+    if c.recover_epochs:  # shrink writes its model beside the final one; recover then writes --out
 
         langs = [getattr(cfg.task, "source_lang", None), getattr(cfg.task, "target_lang", None)]
-        recover_options = RecoverOptions(teacher=cfg.common_eval.path, out=final_out, epochs=args.recover_epochs,
+        recover_options = RecoverOptions(teacher=cfg.common_eval.path, out=final_out, epochs=c.recover_epochs,
                                          train_args=["-s", langs[0], "-t", langs[1]] if all(langs) else [],
                                          command="shrink")
-        args.out = os.path.splitext(final_out)[0] + ".shrunk.pt"
+        c.out = os.path.splitext(final_out)[0] + ".shrunk.pt"
         for subset in ("train", "valid"):  # recover needs both; say so before minutes of shrinking
             if not glob.glob(os.path.join(cfg.task.data.split(os.pathsep)[0], subset + ".*")):
                 raise UserError(f"--recover-epochs trains on DATA's '{subset}' subset: none in {cfg.task.data}")
-    json_path = record_path_for(args.out, args.results_dir)
-    check_pair_paths("--out", args.out, json_path)  # `--out X.json` would have its record written over it
+    json_path = record_path_for(c.out, c.results_dir)
+    check_pair_paths("--out", c.out, json_path)  # `--out X.json` would have its record written over it
     start = time.perf_counter()
-    if args.recover_epochs and _reusable(cfg, options, args.out, json_path, recover_options):  # a rerun resumes
-        print(f"reusing {args.out}: shrunk by an earlier run with these options (its recovery resumes)")
+    if c.recover_epochs and _reusable(cfg, options, c.out, json_path, recover_options):  # a rerun resumes
+        print(f"reusing {c.out}: shrunk by an earlier run with these options (its recovery resumes)")
     else:
         loaded = load(cfg)
 
         result, calibration = shrink(loaded, options)
-        record = write_checkpoint(loaded, result, calibration, options, args.out, json_path)
+        record = write_checkpoint(loaded, result, calibration, options, c.out, json_path)
         seconds = time.perf_counter() - start
         depth = f"layers kept: {record['layers']['kept']}; " if record.get("layers") else ""
         print(f"{depth}removed {len(result.selection.removed)} heads ({record['heads_kept']} of "
               f"{record['heads_total']} kept): {record['params_before']:,} -> {record['params_after']:,} parameters; "
               f"{seconds:.0f}s in all\n"
-              f"wrote {args.out} (fairseq loads it with --user-dir fairseq_headprune)\nwrote {json_path}")
-    if args.recover_epochs:
-        recovered = recover(cfg.task.data, args.out, recover_options)
-        print(f"{summary(recovered, args.out, time.perf_counter() - start)}\nwrote {final_out}\n"
+              f"wrote {c.out} (fairseq loads it with --user-dir fairseq_headprune)\nwrote {json_path}")
+    if c.recover_epochs:
+        recovered = recover(cfg.task.data, c.out, recover_options)
+        print(f"{summary(recovered, c.out, time.perf_counter() - start)}\nwrote {final_out}\n"
               f"wrote {record_path(final_out)}")
 
 
@@ -124,18 +138,18 @@ def _reusable(cfg, options, shrunk: str, json_path: str, recover_options) -> boo
     return reusable_student(shrunk, json_path, cfg.common_eval.path, cfg.task.data, recorded)
 
 
-def _run_sweep(cfg, args) -> None:
-    if not args.results_dir:
+def _run_sweep(cfg, args, c: ShrinkCommand) -> None:
+    if not c.results_dir:
         raise UserError("--sweep needs --results-dir")
     if args.heads:
         raise UserError("--sweep searches a selection for every budget; --heads gives one: leave one of the two out")
-    methods = tuple(m.strip() for m in args.sweep_methods.split(",") if m.strip())
-    options = sweep.SweepOptions(shrink=shrink_options(args), percents=sweep.parse_percents(args.sweep),
-                                 methods=methods, tag=args.sweep_tag)
+    methods = tuple(m.strip() for m in c.sweep_methods.split(",") if m.strip())
+    options = sweep.SweepOptions(shrink=shrink_options(args), percents=sweep.parse_percents(c.sweep),
+                                 methods=methods, tag=c.sweep_tag)
     for m in methods:
         sweep.method_options(m, options.shrink)  # unknown methods fail here, before loading anything
-    with results_folder(args.results_dir):
-        outputs = sweep.run(load(cfg), options, args.results_dir, cfg.dataset.gen_subset, args.references,
-                            args.l0_compare)
+    with results_folder(c.results_dir):
+        outputs = sweep.run(load(cfg), options, c.results_dir, cfg.dataset.gen_subset, c.references,
+                            c.l0_compare)
     for out in outputs:
         print(f"wrote {out}")

@@ -30,10 +30,12 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
+import sacrebleu
 import torch
 
+from fairseq_headprune.compress import deployable
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.options import nested
+from fairseq_headprune.options import nested, option
 from fairseq_headprune.core.heads import attention_modules
 from fairseq_headprune.core.masking import head_gates
 from fairseq_headprune.fairseq_io.loading import load_subset
@@ -49,13 +51,23 @@ ACTIVATIONS = {"relu": "RELU", "gelu": "GELU", "gelu_accurate": "GELUTanh", "gel
 class ExportOptions:
     """What `export-ct2` does; field names are the command's options (`inputs`: the paths the command reads)."""
 
-    out: str
-    quantization: Optional[str] = None
-    force: bool = False
-    check_sentences: int = 100
-    max_differing: float = 0.05
+    out: str = option(flag="--out", metavar="DIR", help="the CTranslate2 model folder to write")
+    quantization: Optional[str] = option(None, flag="--quantization", metavar="TYPE",
+                                         help=f"weight type of the written model: {', '.join(QUANTIZATIONS)} (default: "
+                                              "float32)")
+    force: bool = option(False, flag="--force",
+                         help="replace an existing --out folder: an empty one or a CTranslate2 model folder only")
+    check_sentences: int = option(100, flag="--check-sentences",
+                                  help="sentences of --gen-subset (the first ones) both engines translate before "
+                                       "writing")
+    max_differing: float = option(0.05, flag="--max-differing",
+                                  help="share of float32 hypotheses allowed to differ from fairseq's (float rounding) "
+                                       "before the export is refused")
     inputs: Tuple[str, ...] = ()
-    vocab_map: bool = False  # write vmap.txt from the training pairs (compress.vocab_map)
+    vocab_map: bool = option(False, flag="--vocab-map",  # compress.vocab_map
+                             help="write a vocabulary map (vmap.txt, translated with use_vmap) built from DATA's "
+                                  "train pairs: the output layer scores only the target words the batch's source "
+                                  "words bring in")
     vocab_map_options: VocabMapOptions = nested(VocabMapOptions)
     vocab_map_subsets: Tuple[str, ...] = ("train",)  # the subsets of DATA whose pairs the map is built from
 
@@ -71,8 +83,8 @@ class ExportOptions:
         check_output_folder(self.out, self.force, self.inputs)
 
 
-# the files CTranslate2's spec.save writes (vocabularies: .json since 3.0, .txt before): a folder holding anything
-# else is not one export-ct2 wrote, and --force never replaces it
+# the files CTranslate2's spec.save writes (vocabularies: .json since 3.0, .txt before) and the deployable folder's
+# (compress.deployable), and the vocabulary map: a folder holding anything else is not one export-ct2 wrote, and --force never replaces it
 CT2_REQUIRED = ("config.json", "model.bin")
 CT2_VOCABULARY = re.compile(r"((shared|source|target)_)?vocabulary\.(json|txt)")
 
@@ -82,7 +94,9 @@ def foreign_entries(folder: str) -> List[str]:
     names = sorted(os.listdir(folder))
     if not names:
         return []
-    foreign = [n for n in names if (n not in CT2_REQUIRED and not CT2_VOCABULARY.fullmatch(n))
+    # a README.md without translate.json beside it is the user's
+    ours = CT2_REQUIRED + (VMAP_FILE,) + (deployable.FILES if deployable.SETTINGS in names else ())
+    foreign = [n for n in names if (n not in ours and not CT2_VOCABULARY.fullmatch(n))
                or os.path.islink(os.path.join(folder, n)) or not os.path.isfile(os.path.join(folder, n))]
     return foreign + [f"no {n}" for n in CT2_REQUIRED if n not in names]
 
@@ -409,6 +423,31 @@ def target_prefix(task) -> List[str]:
     return [task.target_dictionary[task.data_manager.get_decoder_langtok(args.target_lang, spec)]]
 
 
+def source_prefix(task) -> List[str]:
+    """The tokens fairseq puts before every source sentence under this task: the multilingual task's encoder
+    language token (--encoder-langtok); none under translation."""
+    args = getattr(task, "args", None)
+    langtoks = getattr(args, "langtoks", None)
+    if not langtoks or not hasattr(task, "data_manager"):
+        return []
+    spec, _ = langtoks["main"]
+    if not spec:
+        return []
+    index = task.data_manager.get_encoder_langtok(args.source_lang, args.target_lang, spec)
+    return [] if index is None else [task.source_dictionary[index]]
+
+
+def deployable_settings(loaded, generator) -> Dict:
+    """What the deployable folder carries (compress.deployable): the tokenization, the language tokens, the symbols
+    fairseq-generate strips from its output and the decoding options; refused in one line before any work."""
+    task = loaded.task
+    prefix = target_prefix(task)
+    stripped = [task.target_dictionary[i] for i in sorted(getattr(generator, "symbols_to_strip_from_output", None)
+                                                          or ())]
+    return deployable.settings(loaded.cfg, ct2_decoding(loaded.cfg.generation), source_prefix(task), prefix,
+                               stripped + prefix, loaded.model.decoder.max_positions())
+
+
 def check_batches(loaded, subset: str, n: int):
     """The first n sentences of the subset (by id), batched as fairseq-generate batches (--max-tokens,
     --batch-size, sorted by length), without dropping any."""
@@ -494,7 +533,16 @@ def compare(evaluator, reference: Dict[int, List[int]], other: Dict[int, List[in
     refs = [evaluator.references[i] for i in ids]
     bleu = lambda hyps: round(float(evaluator.bleu_metric().corpus_score(hyps, [refs]).score), 2)  # noqa: E731
     return {"sentences": len(ids), "differing": sum(reference[i] != other[i] for i in ids),
-            "bleu_fairseq": bleu([text(reference[i]) for i in ids]), "bleu_ct2": bleu([text(other[i]) for i in ids])}
+            "bleu_fairseq": bleu([text(reference[i]) for i in ids]), "bleu_ct2": bleu([text(other[i]) for i in ids]),
+            "agreement": token_agreement([reference[i] for i in ids], [other[i] for i in ids])}
+
+
+def token_agreement(reference: List[List[int]], other: List[List[int]]) -> float:
+    """BLEU (0-100) of one engine's hypotheses against another's as the references, on token ids: 100 when they
+    are the same; what int8 kernels, which round differently on each CPU, keep of fairseq's translations."""
+    words = lambda hyps: [" ".join(map(str, h)) for h in hyps]  # noqa: E731
+    score = sacrebleu.BLEU(tokenize="none").corpus_score(words(other), [words(reference)]).score
+    return round(float(score), 2)
 
 
 # --------------------------------------------------------------------------------------------- the command
@@ -540,7 +588,8 @@ def export(loaded, evaluator, options: ExportOptions, subset: str) -> Dict:
     the model folder whole. Returns what the command prints (and the benchmark records)."""
     options.check()
     decoding = ct2_decoding(loaded.cfg.generation)
-    target_prefix(loaded.task)  # a task CTranslate2 cannot decode as fairseq does: refused before any work
+    # a task CTranslate2 cannot decode as fairseq does, a tokenization the folder cannot carry: refused before work
+    settings = deployable_settings(loaded, evaluator.generator)
     activation = getattr(loaded.saved_cfg.model, "activation_fn", None) or "relu"
     start = time.perf_counter()
     spec = build_spec(loaded.model, loaded.task.source_dictionary, loaded.task.target_dictionary, activation)
@@ -578,6 +627,8 @@ def export(loaded, evaluator, options: ExportOptions, subset: str) -> Dict:
                 change = compare(evaluator, plain, mapped)
                 info["vocab_map"].update(sentences=change["sentences"], differing=change["differing"],
                                          bleu_without=change["bleu_fairseq"], bleu_with=change["bleu_ct2"])
+        info["deployable"] = [deployable.SETTINGS, deployable.GUIDE, *settings["files"]]
+        deployable.write(final, settings)  # the tokenizer's files and settings beside the model
         check_output_folder(options.out, options.force, options.inputs)  # as checked before the work began
         _replace_folder(final, options.out)
     finally:

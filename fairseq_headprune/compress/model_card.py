@@ -1,26 +1,52 @@
-"""OUT/MODEL_CARD.md of a `compress` run: what was removed, how fast the model runs and how well it translates against
-the unpruned model in the same engine, the data every choice was made on, and the commands that reproduce it. Pure
-text from compress.json's record (compress.pipeline)."""
+"""OUT/MODEL_CARD.md of a `compress` run, written for the person who deploys the model: first a plain summary (what
+was removed, speed and latency at batch 1 against the unpruned model in the same engine, BLEU on each held-out set,
+the verdict on the target), then the data every choice was made on and the command that reproduces it. Pure text
+from compress.json's record (compress.pipeline), whose paths are made portable here (OUT/..., DATA/..., names)."""
 from __future__ import annotations
 
+import os
 import shlex
 from typing import Dict, List, Optional
 
 from fairseq_headprune.compress import levers
+from fairseq_headprune.compress.choice import shape_words
+
+
+USE_FAIRSEQ = ("`model.pt` is the pruned fairseq checkpoint: it loads with `fairseq-generate --user-dir "
+               "fairseq_headprune`.")
+GLOSSARY = ("*Equal work*: both models forced to write the same number of tokens for every sentence, so that the "
+            "ratio is the model's speed alone, not a shorter output. *As decoded*: each model's own translations. "
+            "*p*: the chance of a BLEU drop at least this large if the compressed model were as good (paired "
+            "bootstrap); below 0.05 the drop is significant. *FLOP ratio*: the unpruned model's arithmetic over this "
+            "model's. *Cost table*: what removing each part alone buys, timed on this machine. *Fisher estimate*: the "
+            "loss increase a removal is predicted to cause, from squared gradients. *Calibration sentences*: "
+            "training sentences the choices are made on; *NLL*: the loss on them.")
 
 
 def render(record: Dict) -> str:
+    """The card: a summary for the person who deploys the model first, then how it was made and measured."""
     st, o = record["stages"], record["options"]
     choice, shrunk, recovered = st["choice"], st["shrink"], st["recover"]
     measured, reported, table = st["measure"], st["report"], st["cost-table"]
     chosen = choice["chosen"]
     whole = table["whole"]
+    trained = set(record.get("teacher_trained_on") or ())
+    engine = record["engine"]
     lines: List[str] = [
         "# Model card: a compressed translation model", "",
-        f"Made by `fairseq-headprune compress` from `{record['source_checkpoint']}` for {record['engine']} "
-        f"({record['target']}).", "",
+        f"Made by `fairseq-headprune compress` from {source_name(record)} for {engine} ({record['target']}).", "",
+        "## Summary", "",
+        f"- **Removed**: {summary_removed(chosen, whole, shrunk)}",
+        f"- **Speed** against the unpruned model in {engine}, one thread, at equal work: "
+        f"{measured['speedup_equal_work']:.2f}x in batches of up to {measured.get('largest_batch', '?')} sentences; "
+        + latency_words(measured),
+        f"- **BLEU** ({engine}, sacreBLEU): " + "; ".join(bleu_words(r) for r in held_out(reported, trained)),
+        *([f"- **On the unpruned model's own training data** (not a held-out result: the unpruned model has seen "
+           "these sentences, so its score there is inflated): "
+           + "; ".join(bleu_words(r) for r in all_sets(reported) if r["subset"] in trained)] if trained else []),
+        f"- **Target** {target_words(record, trained)}", "",
+        GLOSSARY, "",
         "## Result", "",
-        *[f"- {line}" for line in record["verdict"]["lines"]], "",
         "| | unpruned | compressed |", "|---|---|---|",
         f"| heads per layer, encoder / decoder | {whole['enc_heads']} / {whole['dec_heads']} | "
         f"{chosen['enc_heads']} / {chosen['dec_heads']} |",
@@ -29,57 +55,152 @@ def render(record: Dict) -> str:
         f"| FFN units kept | 100% | {chosen['ffn_percent']:g}% |" if "ffn_percent" in chosen else None,
         f"| heads in all | {shrunk['heads_total']} | {shrunk['heads_kept']} |",
         f"| parameters | {shrunk['params_before']:,} | {shrunk['params_after']:,} |",
-        f"| BLEU, {reported['subset']} ({reported['sentences']} sentences, {reported['engine']}) | "
-        f"{reported['bleu_unpruned']:.2f} | {reported['bleu_compressed']:.2f} (p {reported['p']:.3f}) |",
-        *[f"| BLEU, {a['subset']} ({a['sentences']} sentences, {reported['engine']}) | {a['bleu_unpruned']:.2f} | "
-          f"{a['bleu_compressed']:.2f} (p {a['p']:.3f}) |" for a in reported.get("also") or []],
+        *[f"| BLEU, {set_name(a, trained)} ({a['sentences']} sentences, {engine}) | {a['bleu_unpruned']:.2f} | "
+          f"{a['bleu_compressed']:.2f} (p {a['p']:.3f}) |" for a in all_sets(reported)],
         f"| speed at equal work ({measured['subset']}, {measured['sentences']} sentences) | 1.00x | "
         f"{measured['speedup_equal_work']:.2f}x |",
         f"| speed as decoded | 1.00x ({measured['sentences_per_s']['unpruned']:.1f} sentences/s) | "
         f"{measured['speedup_as_decoded']:.2f}x ({measured['sentences_per_s']['compressed']:.1f} sentences/s) |",
+        latency_row(measured),
         f"| decoding FLOPs, unpruned over this model's | 1.00 | {measured['flop_ratio']:.2f} |", "",
         f"Speed: one thread, {measured['runs']} rounds interleaved batch by batch with the unpruned model in the same "
         "engine, the median of the per-batch ratios (the ratio of total seconds at equal work: "
-        f"{measured.get('speedup_equal_work_total', float('nan')):.2f}x); "
-        f"*equal work*: every hypothesis forced to {measured['forced_length']} tokens + 1 step (the unpruned "
-        f"model's mean); *as decoded*: each model's own translations. BLEU: sacreBLEU ({reported['signature']}) "
-        f"against {reported['references']}; {reported['significance']}. The machine's load moves sentences/s; the "
-        "ratios much less" + load_words(measured, chosen) + ".", "",
+        f"{measured.get('speedup_equal_work_total', float('nan')):.2f}x); equal work forces every hypothesis to "
+        f"{measured['forced_length']} tokens + 1 step (the unpruned model's mean). BLEU: sacreBLEU "
+        f"({reported['signature']}) against {reported['references']}; {reported['significance']}. The machine's "
+        "load moves sentences/s; the ratios much less" + load_words(measured, chosen) + ".", "",
         "## What was removed", "",
         removed_line(chosen, {**whole, "enc_layers": encoder_depth(choice)} if "enc_layers" in chosen else whole),
         "",
         "## How each choice was made, and on which data", "",
-        f"- The shape: {choice['chosen_by']}. Predicted {chosen['predicted_speedup']:.2f}x by the cost table below"
-        + (f", {chosen['measured_speedup']:.2f}x when its slice was timed again." if "measured_speedup" in chosen
-           else "."),
-        f"- The heads: per-sentence mask gradients on {choice['calibration']['sentences']} sentences of "
-        f"'{choice['calibration']['subset']}' (ids hash {choice['calibration']['ids_sha256']}), each layer's heads in "
-        "the greedy order of its Fisher block.",
+        f"- The shape: {plain(choice['chosen_by'])}. Predicted {chosen['predicted_speedup']:.2f}x by the cost table "
+        "below"
+        + (f", {chosen['measured_speedup']:.2f}x when the unpruned model cut to it (without refitting) was timed "
+           "again." if "measured_speedup" in chosen else "."),
+        f"- The heads: how much the loss rises when each head is masked, from per-sentence gradients on "
+        f"{choice['calibration']['sentences']} sentences of '{choice['calibration']['subset']}' (the sentence ids' "
+        f"SHA-256 begins {choice['calibration']['ids_sha256']}); in each layer, the heads whose removal together "
+        "raises it least (Fisher information, taken greedily).",
         f"- The reconstruction: {shrunk['calibration']['sentences']} sentences of "
         f"'{shrunk['calibration']['subset']}', out_proj and FFN ridge refits, then a window fit of each pruned "
         f"attention sublayer ({o['window_steps']} Adam steps, lr {o['window_lr']:g}).",
         layers_line(choice),
         recover_line(recovered),
         f"- Speed: sentences of '{measured['subset']}'. The reported set '{reported['subset']}' was decoded once, "
-        "after every choice, by both models" + also_line(reported) + ".", "",
+        "after every choice, by both models" + also_line(reported, trained) + ".", "",
         "## Cost table", "",
-        f"Each lever alone, cut crudely from the unpruned model and timed in {record['engine']} at equal work "
-        f"({table['sentences']} sentences of '{o['timing_subset']}' in {table['identity']['batches']} batches, "
-        f"{table['identity']['runs']} rounds). A row's saving counts "
-        "only when its slice was faster in significantly more batches than not (sign test, p < 0.05), made "
-        "monotone over the values; a shape that moves several levers is predicted by multiplying the shares of "
-        "time each leaves. *Not yet* removable: measured so "
-        "that a missed target says what they would buy.", "",
-        levers.markdown(table), "",
+        f"Each part alone, removed from the unpruned model without refitting (what any model of that shape costs) "
+        f"and timed in {engine} at equal work ({table['sentences']} sentences of '{o['timing_subset']}' in "
+        f"{table['identity']['batches']} batches, {table['identity']['runs']} rounds). A row's saving counts only "
+        "when the cut model was faster in significantly more "
+        "batches than not (sign test, p < 0.05), made monotone over the values; a shape that moves several parts is "
+        "predicted by multiplying the shares of time each leaves. *Removable*: compress can take it from a trained "
+        "model (the others are measured so that a missed target says what they would buy).", "",
+        levers.markdown(current_levers(table)), "",
         *cost_lines(record),
+        "## Use", "",
+        "`ct2/` is a CTranslate2 model with its tokenizer's files: `fairseq-headprune translate ct2/ < raw.txt` "
+        "translates raw text, and `ct2/README.md` shows the same with `ctranslate2` and the tokenizer's own "
+        "library alone. " + USE_FAIRSEQ if (st["export"].get("check") or {}).get("deployable") else
+        "`ct2/` is a plain CTranslate2 model (exported before the folder carried its tokenizer: it reads the "
+        "tokens fairseq reads; `export-ct2` writes it again with them). " + USE_FAIRSEQ if st["export"].get("ct2")
+        else USE_FAIRSEQ,
+        "",
         "## Reproduce", "",
         "```", record_command(record), "```", "",
-        "The run is staged in OUT/stages/ (each stage cached by its identity): the same command resumes an "
-        "interrupted run, and a larger --budget-epochs extends the recovery. The pruned fairseq checkpoint "
-        "(model.pt) loads with `fairseq-generate --user-dir fairseq_headprune`; ct2/ with "
-        "`ctranslate2.Translator`.", "",
+        "DATA is the data folder the run read, OUT the output folder (--out). The run is staged in OUT/stages/ (each "
+        "stage cached by its identity): the same command resumes an interrupted run, and a larger --budget-epochs "
+        "extends the recovery.", "",
     ]
     return "\n".join(line for line in lines if line is not None)
+
+
+def plain(text: str) -> str:
+    """Recorded wording in the card's terms (records name a cut of the unpruned model a "crude slice")."""
+    return text.replace("crude slice", "cut of the unpruned model (no refit)")
+
+
+def source_name(record: Dict) -> str:
+    """The unpruned checkpoint as the command named it (a relative path), with the start of its SHA-256."""
+    sha = (record["stages"]["cost-table"].get("identity") or {}).get("model_sha256")
+    given = _option_value(record["options"].get("command") or "", "--path")
+    name = given if given and not os.path.isabs(given) else os.path.basename(record["source_checkpoint"])
+    return f"`{name}` (SHA-256 `{sha[:16]}`)" if sha else f"`{name}`"
+
+
+def _option_value(command: str, flag: str) -> Optional[str]:
+    tokens = shlex.split(command)
+    for i, token in enumerate(tokens[:-1]):
+        if token == flag:
+            return tokens[i + 1]
+    return None
+
+
+def summary_removed(chosen: Dict, whole: Dict, shrunk: Dict) -> str:
+    removed = 100 * (1 - shrunk["params_after"] / shrunk["params_before"])
+    depth = f" and {whole['dec_layers']} decoder layers" if "dec_layers" in whole else ""
+    return (f"{shape_words(chosen)}, from {whole['enc_heads']}/{whole['dec_heads']} heads per layer{depth}; "
+            f"{shrunk['heads_total'] - shrunk['heads_kept']} of "
+            f"{shrunk['heads_total']} heads, {removed:.0f}% of the parameters.")
+
+
+def latency_words(measured: Dict) -> str:
+    lat = measured.get("latency_batch1")
+    if not lat:
+        return ("latency at batch 1 (one sentence at a time): not measured by this run (its record predates the "
+                "measurement).")
+    return (f"latency at batch 1 (one sentence at a time) {lat['speedup']:.2f}x: {lat['ms']['compressed']:.1f} ms "
+            f"a sentence against {lat['ms']['unpruned']:.1f} ms (median of {lat['sentences']} sentences).")
+
+
+def latency_row(measured: Dict) -> str:
+    lat = measured.get("latency_batch1")
+    if not lat:
+        return "| latency at batch 1, equal work | not measured | not measured |"
+    return (f"| latency at batch 1, equal work ({lat['sentences']} sentences) | {lat['ms']['unpruned']:.1f} ms | "
+            f"{lat['ms']['compressed']:.1f} ms ({lat['speedup']:.2f}x) |")
+
+
+def all_sets(reported: Dict) -> List[Dict]:
+    return [reported, *(reported.get("also") or [])]
+
+
+def held_out(reported: Dict, trained: set) -> List[Dict]:
+    return [r for r in all_sets(reported) if r["subset"] not in trained]
+
+
+def set_name(r: Dict, trained: set) -> str:
+    return f"{r['subset']} (the unpruned model's training data)" if r["subset"] in trained else r["subset"]
+
+
+def bleu_words(r: Dict) -> str:
+    return (f"{r['subset']} {r['bleu_compressed']:.2f} against {r['bleu_unpruned']:.2f} "
+            f"({r['bleu_compressed'] - r['bleu_unpruned']:+.2f}, p {r['p']:.3f})")
+
+
+def target_words(record: Dict, trained: set) -> str:
+    """The verdict on the target, speed and BLEU both."""
+    o, st = record["options"], record["stages"]
+    measured, reported = st["measure"], st["report"]
+    speed = measured["speedup_equal_work"]
+    sets = held_out(reported, trained)
+    drops = [r for r in sets if r["bleu_compressed"] < r["bleu_unpruned"] and r["p"] < 0.05]
+    bleu = (f"BLEU significantly lower (p < 0.05) on {', '.join(r['subset'] for r in drops)}" if drops else
+            "BLEU not significantly lower on any held-out set (p >= 0.05)")
+    if o.get("speedup") is not None:
+        met = "met" if speed >= o["speedup"] else f"missed by {o['speedup'] - speed:.2f}x"
+        return f"--speedup {o['speedup']:g}: speed {met} ({speed:.2f}x); {bleu} (no BLEU bound was set)."
+    held = reported["heldout"]
+    met = "met" if held["loss"] <= o["max_bleu_loss"] else "missed"
+    return (f"--max-bleu-loss {o['max_bleu_loss']:g}: {met} ({held['loss']:.2f} BLEU lost on valid's held-out "
+            f"split after recovery); {bleu}; speed {speed:.2f}x (no speed bound was set).")
+
+
+def current_levers(table: Dict) -> Dict:
+    """The cost table with each row's removability as compress has it now (a record made before a part became
+    removable says so in its rows)."""
+    now = {lever.field: lever.removable for lever in levers.LEVERS}
+    return {**table, "rows": [{**r, "removable": now.get(r.get("field"), r["removable"])} for r in table["rows"]]}
 
 
 def cost_lines(record: Dict) -> List[str]:
@@ -99,12 +220,14 @@ def _minutes(seconds) -> str:
     return "" if seconds is None else f"{seconds / 60:.1f}"
 
 
-def also_line(reported: Dict) -> str:
+def also_line(reported: Dict, trained: set = frozenset()) -> str:
     """The --also-report sets, and how many of their source sentences a choice or training read anyway."""
     parts = []
     for a in reported.get("also") or []:
         seen = ", ".join(f"{n} in '{name}'" for name, n in a["overlap"].items() if n)
-        parts.append(f"'{a['subset']}' ({a['references']}; source sentences also found elsewhere: {seen or 'none'})")
+        teacher = "; the unpruned model was trained on it" if a["subset"] in trained else ""
+        parts.append(f"'{a['subset']}' ({a['references']}; source sentences also found in this run's data: "
+                     f"{seen or 'none'}{teacher})")
     return "; so were " + ", ".join(parts) if parts else ""
 
 
@@ -172,6 +295,42 @@ def what_ran(recovered: Dict) -> str:
 def record_command(record: Dict) -> str:
     command = record["options"].get("command") or ""
     return command if command else "fairseq-headprune compress " + shlex.join([record["data"]])
+
+
+# --------------------------------------------------------------------------------------------- portable records
+
+
+def portable_path(path: str, out: str, data: str) -> str:
+    """An absolute path as the card and compress.json name it: OUT/... under --out, DATA/... under the data folder,
+    the file's name otherwise (never this machine's folders)."""
+    for root, name in ((out, "OUT"), (data, "DATA")):
+        if root and (path == root or path.startswith(root.rstrip(os.sep) + os.sep)):
+            rest = os.path.relpath(path, root)
+            return name if rest == "." else f"{name}/{rest}"
+    return os.path.basename(path.rstrip(os.sep)) or path
+
+
+def _portable_text(text: str, out: str, data: str) -> str:
+    """Each absolute path in a value (comma-separated lists and `--flag=path` included) made portable."""
+    head, sep, tail = text.partition("=") if text.startswith("--") else ("", "", text)
+    parts = [portable_path(p, out, data) if os.path.isabs(p) else p for p in tail.split(",")]
+    return head + sep + ",".join(parts)
+
+
+def portable(value, out: str, data: str):
+    """The record with every absolute path made portable (portable_path); the command rewritten token by token."""
+    if isinstance(value, dict):
+        return {k: (portable_command(v, out, data) if k == "command" and isinstance(v, str) else
+                    portable(v, out, data)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [portable(v, out, data) for v in value]
+    if isinstance(value, str) and os.sep in value:
+        return _portable_text(value, out, data)
+    return value
+
+
+def portable_command(command: str, out: str, data: str) -> str:
+    return shlex.join(_portable_text(token, out, data) for token in shlex.split(command)) if command else command
 
 
 def load_words(measured: Dict, chosen: Dict) -> str:

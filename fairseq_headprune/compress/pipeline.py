@@ -54,7 +54,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
-from fairseq_headprune.compress import levers
+from fairseq_headprune.compress import levers, preflight
 from fairseq_headprune.compress.choice import (RETIMED_ROUNDS, SHAPE_FIELDS, TIMED_AGAIN, as_timed, candidate_order,
                                                ffn_variants, fisher_choice, kept_by_depth, label, lever_points,
                                                masked_nll, moved_levers, fisher_frontier, per_stack_points,
@@ -63,7 +63,7 @@ from fairseq_headprune.compress.choice import (RETIMED_ROUNDS, SHAPE_FIELDS, TIM
 from fairseq_headprune.compress.vocab_map import VocabMapOptions
 from fairseq_headprune.compress.window_fit import WindowOptions
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.options import nested, option
+from fairseq_headprune.options import nested, non_finite, option
 from fairseq_headprune.compress import layers, model_card, recover, select
 from fairseq_headprune.compress.export import ExportOptions, check_batches, ct2_decoding, export, unsupported_parts
 from fairseq_headprune.compress.reconstruct import ReconstructionOptions
@@ -142,6 +142,11 @@ class CompressOptions:
                                               parse=lambda text: comma_list(text),
                                               help="their raw references, in the same order (default: the "
                                                    "binarised targets)")
+    teacher_trained_on: Tuple[str, ...] = option((), flag="--teacher-trained-on", metavar="SUBSET[,SUBSET...]",
+                                                 parse=lambda text: comma_list(text),
+                                                 help="--also-report sets the unpruned model was trained on: the "
+                                                      "card labels them as its training data, apart from the "
+                                                      "held-out results")
     calibration_subset: str = option("train", flag="--calibration-subset",
                                      help="sentences the heads are chosen and the model reconstructed on (never "
                                           "--gen-subset)")
@@ -156,6 +161,9 @@ class CompressOptions:
     runs: int = option(3, flag="--runs",
                        help="interleaved timing rounds, at least (more when the timing batches are too few for every "
                             "sign test to see 10 paired batches)")
+    latency_sentences: int = option(50, flag="--latency-sentences",
+                                    help="sentences of --timing-subset decoded one at a time, for the latency at "
+                                         "batch 1")
     heldout_sentences: int = option(500, flag="--heldout-sentences",
                                     help="--max-bleu-loss: the first N sentences of valid choose; the rest early-stop "
                                          "the recovery")
@@ -210,6 +218,7 @@ class CompressOptions:
 
     def check(self) -> None:
         """Every option applied or refused in one line, before anything loads."""
+        non_finite(self)
         if (self.speedup is None) == (self.max_bleu_loss is None):
             raise UserError("give exactly one target: --speedup X (times the unpruned model's speed) or "
                             "--max-bleu-loss X (BLEU points on held-out data)")
@@ -225,7 +234,8 @@ class CompressOptions:
         if self.engine not in levers.ENGINES:
             raise UserError(f"--engine must be one of {', '.join(levers.ENGINES)}, not {self.engine!r}")
         for name in ("calibration_sentences", "calibration_max_tokens", "timing_sentences", "runs",
-                     "check_sentences", "heldout_sentences", "budget_updates", "recover_sentences"):
+                     "check_sentences", "heldout_sentences", "latency_sentences", "budget_updates",
+                     "recover_sentences"):
             if getattr(self, name) < 1:
                 raise UserError(f"--{name.replace('_', '-')} must be at least 1, not {getattr(self, name)}")
         for name in ("budget_epochs", "window_steps"):
@@ -287,6 +297,10 @@ class CompressOptions:
             if subset in used:
                 raise UserError(f"--also-report {subset}: that is {used[subset]}; a reported set must be held out "
                                 "of every choice and every training run")
+        for subset in self.teacher_trained_on:
+            if subset not in self.also_report:
+                raise UserError(f"--teacher-trained-on {subset}: not an --also-report set (the sets it labels are "
+                                "among those)")
         if len(set(self.also_report)) != len(self.also_report):
             raise UserError(f"--also-report names a set twice: {','.join(self.also_report)}")
         if self.also_references and len(self.also_references) != len(self.also_report):
@@ -297,9 +311,6 @@ class CompressOptions:
                 raise UserError(f"--also-references: no such file: {path}")
         if os.path.exists(self.out) and not os.path.isdir(self.out):
             raise UserError(f"--out {self.out} is a file; name a folder")
-        parent = os.path.dirname(os.path.abspath(self.out))
-        if not os.path.isdir(parent):
-            raise UserError(f"--out: folder {parent} does not exist")
         if os.pathsep in os.path.abspath(self.out):  # found at the export of an 8-epoch run, after the training
             raise UserError(f"--out {self.out}: fairseq's --path splits a checkpoint path on '{os.pathsep}' (an "
                             f"ensemble), so the stages could not load the models written there; name a folder "
@@ -705,13 +716,14 @@ class Run:
     def check(self) -> None:
         """Every refusal the loaded model and data can give, in one line, before OUT is made or anything runs."""
         options, loaded = self.options, self.loaded
-        check_task(loaded.cfg.task)
-        if options.engine != "fairseq":
+        if options.engine != "fairseq":  # CTranslate2 decodes as fairseq under translation and the multilingual task
+            check_task(loaded.cfg.task, f"compress --engine {options.engine}", "; --engine fairseq compresses it")
             ct2_decoding(loaded.cfg.generation)
             activation = getattr(loaded.saved_cfg.model, "activation_fn", None) or "relu"
             problems = unsupported_parts(loaded.model, activation)
             if problems:
                 raise UserError(f"--engine {options.engine}: CTranslate2 cannot express {problems[0]}")
+        preflight.check(self)  # references, BPE files, the recovery's fairseq-train options against this machine
         self.check_recover_args()
         for subset in ("train", "valid", options.gen_subset, options.calibration_subset, options.timing_subset,
                        *options.also_report):
@@ -787,7 +799,8 @@ class Run:
                               lambda folder: self._export(folder, recovered), plan["export"])
         if self.stop_here("export"):
             return None
-        measured = self.stage("measure", {"timing": table_identity, "engine": options.engine},
+        measured = self.stage("measure", {"timing": table_identity, "engine": options.engine,
+                                          "latency_sentences": options.latency_sentences},
                               lambda folder: self._measure(folder, recovered, exported, timing), plan["measure"])
         if self.stop_here("measure"):
             return None
@@ -1327,7 +1340,7 @@ class Run:
         """`layers`: the shrink record's; a cut decoder compares each kept layer with the teacher layer its
         reconstruction aimed at (`teacher_outputs`), an uncut one layer by layer."""
         cfg = self.loaded.cfg
-        languages = ["-s", cfg.task.source_lang, "-t", cfg.task.target_lang] if cfg.task.get("source_lang") else []
+        languages = task_language_args(cfg.task)
         hidden_map = ((layers or {}).get("teacher_outputs") or {}).get("dec")
         train_subset, valid_subset, train_options = split_subsets(self.options.train_options)
         return RecoverOptions(teacher=self.loaded.checkpoint, out=out, epochs=self.options.budget_epochs,
@@ -1474,6 +1487,8 @@ class Run:
             decoders = {k: m.run for k, m in models.items()}
             forced = levers.timed_rounds(decoders, timing, self.rounds, length)
             as_decoded = levers.timed_rounds(decoders, timing, self.rounds, 0)
+            singles = single_sentences(self.loaded, self.options.timing_subset, self.options.latency_sentences)
+            latency = levers.timed_rounds(decoders, singles, self.options.runs, length)
             load = levers.load_average()
         src = [int(n) for s in timing for n in s["net_input"]["src_lengths"].tolist()]
         beam, batch = int(self.loaded.cfg.generation.beam), max(s["id"].numel() for s in timing)
@@ -1486,6 +1501,10 @@ class Run:
                                             3),
                 "speedup_equal_work_total": round(sum(forced["unpruned"]) / sum(forced["compressed"]), 3),
                 "sentences_per_s": {k: round(n * self.rounds / sum(v), 1) for k, v in as_decoded.items()},
+                "latency_batch1": {"sentences": len(singles), "forced_length": length,
+                                   "ms": {k: round(1000 * statistics.median(v), 2) for k, v in latency.items()},
+                                   "speedup": round(levers.paired_speedup(latency["unpruned"],
+                                                                          latency["compressed"]), 3)},
                 "flop_ratio": round(flops.flop_ratio(shape_of(self.loaded.model), shape_of(pruned.model), src,
                                                      [length + 1] * len(src), beam, batch), 4)}
 
@@ -1517,10 +1536,10 @@ class Run:
         captions happen; a count near the set's size means it was not held out)."""
         def sources(name: str) -> set:
             dataset = load_subset(self.loaded, name)
-            return {tuple(dataset.src[i].tolist()) for i in range(len(dataset))}
+            return {tuple(dataset[i]["source"].tolist()) for i in range(len(dataset))}
 
-        mine = load_subset(self.loaded, subset)
-        mine = [tuple(mine.src[i].tolist()) for i in range(len(mine))]
+        mine = load_subset(self.loaded, subset)  # (the multilingual task's datasets have no .src)
+        mine = [tuple(mine[i]["source"].tolist()) for i in range(len(mine))]
         overlap = {}
         for name in dict.fromkeys(("train", "valid", self.options.calibration_subset)):
             seen = sources(name)
@@ -1539,8 +1558,12 @@ class Run:
                   "reachable_shapes": points, "rates": self.rates, "estimated_cpu_seconds": self.plan,
                   "cpu_seconds": {name: self.results[name].get("cpu_seconds") for name in STAGES
                                   if name in self.results},
-                  "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)}
+                  "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+                  "teacher_trained_on": list(o.teacher_trained_on)}
         record["verdict"] = verdict(record)
+        preflight.output_folder(o.out)  # a file of the user's put there while the run went on stays untouched
+        # paths as OUT/..., DATA/... or file names: the record and the card travel without this machine's folders
+        record = model_card.portable(record, os.path.abspath(o.out), os.path.abspath(self.loaded.cfg.task.data))
         record_path = os.path.join(o.out, "compress.json")
         if os.path.exists(record_path):  # the outputs are a set only while compress.json is there: written last
             os.remove(record_path)
@@ -1548,10 +1571,13 @@ class Run:
         staged = model_path + ".tmp"
         shutil.copyfile(recovered["checkpoint"], staged)
         os.replace(staged, model_path)
+        card = model_card.render(record)
         if exported.get("ct2"):
             replace_folder(exported["ct2"], os.path.join(o.out, "ct2"))
+            with atomic_output(os.path.join(o.out, "ct2", "MODEL_CARD.md")) as f:  # the card travels with ct2/
+                f.write(card)
         with atomic_output(os.path.join(o.out, "MODEL_CARD.md")) as f:
-            f.write(model_card.render(record))
+            f.write(card)
         write_json_atomic(record_path, record)
         for line in record["verdict"]["lines"]:
             self.log(line)
@@ -1581,6 +1607,23 @@ def scored_pair(loaded, models: Dict, folder: Optional[str], subset: str, refere
             "signature": evaluator.bleu_signature()}
 
 
+def task_language_args(task_cfg) -> List[str]:
+    """fairseq-train's options for the directions this run reads: -s/-t, and the multilingual task's --lang-pairs
+    (a hydra task is a DictConfig, a legacy one such as the multilingual task's a Namespace)."""
+    def get(key):
+        return task_cfg.get(key) if hasattr(task_cfg, "get") else getattr(task_cfg, key, None)
+
+    args = ["-s", get("source_lang"), "-t", get("target_lang")] if get("source_lang") else []
+    pairs = get("lang_pairs")  # the multilingual task keeps it as a list once parsed
+    return args + (["--lang-pairs", pairs if isinstance(pairs, str) else ",".join(pairs)] if pairs else [])
+
+
+def single_sentences(loaded, subset: str, n: int):
+    """The first n sentences of a subset (by id), one batch each: the latency at batch 1."""
+    dataset = load_subset(loaded, subset)
+    return [dataset.collater([dataset[i]]) for i in range(min(n, len(dataset)))]
+
+
 def replace_folder(source: str, out: str) -> None:
     """A copy of `source` put in place of `out` whole (the old one moved aside first, removed once the new is in)."""
     staged = tempfile.mkdtemp(dir=os.path.dirname(os.path.abspath(out)), prefix=".ct2-")
@@ -1605,8 +1648,11 @@ def verdict(record: Dict) -> Dict:
              f"in {record['engine']} at equal work ({measured['speedup_as_decoded']:.2f}x as decoded; FLOP ratio "
              f"{measured['flop_ratio']:.2f}); BLEU on {reported['subset']} {reported['bleu_compressed']:.2f} against "
              f"{reported['bleu_unpruned']:.2f} ({reported['bleu_delta']:+.2f}, p {reported['p']:.3f})"]
+    trained = set(record.get("teacher_trained_on") or ())
     for also in reported.get("also") or []:
-        lines.append(f"BLEU on {also['subset']} (no choice or training of this run read it): "
+        where = ("the unpruned model's training data: not a held-out result" if also["subset"] in trained else
+                 "no choice or training of this run read it")
+        lines.append(f"BLEU on {also['subset']} ({where}): "
                      f"{also['bleu_compressed']:.2f} against {also['bleu_unpruned']:.2f} ({also['bleu_delta']:+.2f}, "
                      f"p {also['p']:.3f})")
     out = {"speedup": speed, "bleu_loss": round(loss, 2)}
@@ -1614,15 +1660,17 @@ def verdict(record: Dict) -> Dict:
     if target is not None:
         met = speed >= target
         out["met"] = met
+        bleu = (f"; BLEU {reported['bleu_delta']:+.2f} on {reported['subset']} (p {reported['p']:.3f}; "
+                f"{'significant' if reported['p'] < 0.05 else 'not significant'} at 0.05; no BLEU bound was set)")
         if met:
-            lines.append(f"target {target:g}x: met ({speed:.2f}x)")
+            lines.append(f"target {target:g}x: speed met ({speed:.2f}x){bleu}")
         else:
             faster = [p for p in record["reachable_shapes"] if p["predicted_speedup"] > chosen["predicted_speedup"]]
             hint = (f"; the cost table predicts {shape_words(faster[-1])} at {faster[-1]['predicted_speedup']:.2f}x"
                     if faster else "")
             rerun = "" if record["options"].get("shape") else "; rerun with a higher --speedup to take it"
-            lines.append(f"target {target:g}x: missed by {target - speed:.2f}x (predicted "
-                         f"{chosen['predicted_speedup']:.2f}x{hint if rerun else ''}{rerun})")
+            lines.append(f"target {target:g}x: speed missed by {target - speed:.2f}x (predicted "
+                         f"{chosen['predicted_speedup']:.2f}x{hint if rerun else ''}{rerun}){bleu}")
     else:
         bound, held = record["options"]["max_bleu_loss"], reported["heldout"]
         out["met"] = held["loss"] <= bound
@@ -1637,12 +1685,16 @@ def verdict(record: Dict) -> Dict:
 def run(loaded, options: CompressOptions, log: Callable = print, progress: bool = True) -> Optional[Dict]:
     """The whole run under a lock on OUT (one process per folder)."""
     options.check()
+    inputs = preflight.command_inputs(loaded.cfg.task.data, loaded.checkpoint,
+                                      (options.references, *options.also_references))
+    preflight.output_folder(options.out, inputs)
     compress = Run(loaded, options, log, progress)
     compress.check()
     if options.dry_run:  # the plan only: nothing is written, OUT not even made
         return compress.run()
     os.makedirs(options.out, exist_ok=True)
-    with FolderLock(options.out):
+    with FolderLock(options.out, option="--out"):
+        preflight.output_folder(options.out, inputs)  # as it is now that this process holds it
         return compress.run()
 
 

@@ -36,6 +36,7 @@ from fairseq_headprune.compress.shrink import random_ids
 from fairseq_headprune.fairseq_io.checkpoint_io import record_path_for, save_state, write_checkpoint_pair
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.fairseq_io.loading import PACKAGE_DIR
+from fairseq_headprune.options import finite_numbers, usage_error
 from fairseq_headprune.records.identity import file_sha256
 from fairseq_headprune.records.log import FolderLock, atomic_output, read_json, write_json_atomic
 from fairseq_headprune.compress.sequence_targets import distillation_set_data, teacher_targets_data
@@ -483,9 +484,10 @@ def fairseq_train_cfg(argv: List[str], student_cfg, options: RecoverOptions):
     parser = fairseq_options.get_training_parser()
 
     def refuse(message: str):  # argparse's own error, as one line instead of fairseq-train's 200-line usage
-        raise UserError(f"fairseq-train options: {message}")
+        raise UserError(f"fairseq-train options: {usage_error(parser, message)}")
 
     parser.error = refuse
+    finite_numbers(parser)  # nan or inf: refused as any bad value is
     try:
         args = fairseq_options.parse_args_and_arch(parser, input_args=argv)
     except ValueError as e:  # fairseq's own checks of option combinations

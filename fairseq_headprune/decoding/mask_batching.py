@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from fairseq_headprune.errors import UserError
+from fairseq_headprune.options import option
 from fairseq_headprune.decoding.workers import map_tasks
 
 CANDIDATES = (1, 2, 4, 8, 16)
@@ -49,6 +50,14 @@ ROWS_PER_SEARCH = 512
 # A size is probed only with at least this many groups of it left in the sweep: a probe 50% slower a mask then
 # costs at most ~6% of what is left.
 PROBE_SPAN = 8
+
+
+def masks_per_batch_option():
+    """The --masks-per-batch field of every study that sweeps masks (ablate, prune, compare, report): one name, one
+    default, one help. A string until the study parses it (parse_masks_per_batch)."""
+    return option(AUTO, flag="--masks-per-batch",
+                  help="masks sharing one beam search, each sentence once per mask: auto (the default) measures 1, 2, "
+                       "4, 8, 16 on the sweep's first masks and keeps the fastest; or a number >= 1")
 
 
 def parse_masks_per_batch(text: Union[str, int]) -> Union[str, int]:

@@ -34,9 +34,17 @@ import weakref
 from typing import Any, Callable, Iterable, Iterator, Optional, Tuple
 
 from fairseq_headprune.errors import UserError
+from fairseq_headprune.options import option
 from fairseq_headprune.fairseq_io.fairseq_errors import user_message
 
 AUTO = "auto"
+
+
+def workers_option():
+    """The --workers field of every study that sweeps masks: one name, one default, one help (parse_workers)."""
+    return option(AUTO, flag="--workers",
+                  help="local worker processes the masks are split over, one thread each (auto: the free cores; 1: "
+                       "this process only); results are the same")
 
 
 def parse_workers(text) -> Any:

@@ -82,6 +82,9 @@ def read_log(path: str) -> Tuple[Dict, List[Dict]]:
     return parsed[0]["header"], parsed[1:]
 
 
+LOCK_NAME = ".fairseq-headprune.lock"  # the file FolderLock holds in a results folder
+
+
 class FolderLock:
     """One writing process per results folder (per shard of a sharded sweep): an exclusive `flock` on a file in
     the folder, released by the kernel when the process dies. Re-entrant within a process, so a report that runs
@@ -89,9 +92,9 @@ class FolderLock:
 
     _held: Dict[str, Tuple[int, int]] = {}  # lock path -> (fd, depth)
 
-    def __init__(self, folder: str, shard: Optional[Tuple[int, int]] = None):
-        self.folder = folder
-        name = ".fairseq-headprune.lock" + (f".shard-{shard[0]}-of-{shard[1]}" if shard and shard[1] > 1 else "")
+    def __init__(self, folder: str, shard: Optional[Tuple[int, int]] = None, option: str = "--results-dir"):
+        self.folder, self.option = folder, option  # option: the command's name for the folder, for its refusal
+        name = LOCK_NAME + (f".shard-{shard[0]}-of-{shard[1]}" if shard and shard[1] > 1 else "")
         self.path = os.path.join(os.path.realpath(folder), name)
 
     def acquire(self) -> "FolderLock":
@@ -107,7 +110,7 @@ class FolderLock:
             os.close(fd)
             if e.errno in (errno.EAGAIN, errno.EACCES):
                 raise UserError(f"{self.folder} is being written by another fairseq-headprune process; wait for it "
-                                "to finish or use another --results-dir") from None
+                                f"to finish or use another {self.option}") from None
             raise
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())

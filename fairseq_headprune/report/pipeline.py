@@ -30,13 +30,13 @@ from fairseq_headprune.report.document import Document, to_html, to_markdown
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.options import option
 from fairseq_headprune.core.heads import ATTENTION_TYPES, HeadLayout
-from fairseq_headprune.decoding.mask_batching import parse_masks_per_batch
+from fairseq_headprune.decoding.mask_batching import masks_per_batch_option, parse_masks_per_batch
 from fairseq_headprune.records import layout as names
 from fairseq_headprune.records.identity import file_sha256, upgrade_fingerprints
 from fairseq_headprune.records.log import atomic_output, read_json, write_json_atomic
 from fairseq_headprune.studies import ablation, analysis, deploy, frontier, pruning, scoring, shrink_sweep, speed
 from fairseq_headprune.studies.ranking import heads_to_json, importance_scores, rank_by_scores, steps
-from fairseq_headprune.decoding.workers import kept_pools, parse_workers
+from fairseq_headprune.decoding.workers import kept_pools, parse_workers, workers_option
 from fairseq_headprune.compress.export import ct2_decoding
 from fairseq_headprune.decoding.evaluate import SubsetEvaluator
 from fairseq_headprune.fairseq_io import loading
@@ -68,8 +68,8 @@ class ReportOptions:
                                        help="raw reference file of --gen-subset (default: its decoded targets)")
     importance_subset: Optional[str] = option(None, flag="--importance-subset",
                                               help="subset I_h is computed on (default: --gen-subset)")
-    masks_per_batch: Union[int, str] = "auto"  # cli.common.add_sweep_options, shared with ablate and prune
-    workers: Union[int, str] = "auto"
+    masks_per_batch: Union[int, str] = masks_per_batch_option()  # ablate's and prune's, as those commands take it
+    workers: Union[int, str] = workers_option()
     keep_one_select: str = option("bleu", flag="--keep-one-select", choices=("bleu", "loss"),
                                   help="keep-one: choose each layer's head by BLEU on --gen-subset (every head "
                                        "decoded), or by teacher-forced NLL on --importance-subset (or --gen-subset) "

@@ -38,6 +38,9 @@ from fairseq_headprune.stats import BleuBootstrap
 from fairseq_headprune.studies import ablation_tables as tables
 from fairseq_headprune.studies.ranking import parse_type_list
 from fairseq_headprune.decoding.workers import map_tasks, parse_workers, pool_for
+from fairseq_headprune.options import option
+from fairseq_headprune.decoding.mask_batching import masks_per_batch_option
+from fairseq_headprune.decoding.workers import workers_option
 
 
 @dataclass(frozen=True)
@@ -199,20 +202,29 @@ class AblationOptions:
 
     subset: str = field(metadata={"flag": "--gen-subset"})
     # (field order = the order a command line renders them in)
-    mode: str = field(default="single", metadata={"always": True})  # command lines always say which sweep
-    masks_per_batch: Union[int, str] = "auto"
-    metric: str = "bleu"
-    types: str = ",".join(ATTENTION_TYPES)
-    references: Optional[str] = None
-    select_subset: Optional[str] = None
-    report_subset: Optional[str] = None
-    report_metric: Optional[str] = None
-    report_references: Optional[str] = None
-    bootstrap_samples: int = 1000
-    bootstrap_sample_ratio: float = 1.0
-    significance: float = 0.01
-    bootstrap_seed: int = 1
-    workers: Union[int, str] = "auto"
+    mode: str = option("single", flag="--mode", choices=("single", "keep-one"), always=True,  # command lines always
+                       help="single: each head masked alone; keep-one: each layer keeps one head")  # say which sweep
+    masks_per_batch: Union[int, str] = masks_per_batch_option()
+    metric: str = option("bleu", flag="--metric", choices=("bleu", "loss"), help="what each mask is scored by")
+    types: str = option(",".join(ATTENTION_TYPES), flag="--types", help="attention types to sweep, comma-separated")
+    references: Optional[str] = option(None, flag="--references",
+                                       help="raw reference file of the subset (default: its decoded targets)")
+    select_subset: Optional[str] = option(None, flag="--select-subset",
+                                          help="keep-one: choose each layer's head on this subset (default "
+                                               "--gen-subset)")
+    report_subset: Optional[str] = option(None, flag="--report-subset",
+                                          help="keep-one: report the chosen heads on this subset")
+    report_metric: Optional[str] = option(None, flag="--report-metric", choices=("bleu", "loss"),
+                                          help="keep-one: metric of the --report-subset sweep (default --metric)")
+    report_references: Optional[str] = option(None, flag="--report-references",
+                                              help="raw reference file of --report-subset")
+    bootstrap_samples: int = option(1000, flag="--bootstrap-samples", help="paired-bootstrap resamples")
+    bootstrap_sample_ratio: float = option(1.0, flag="--bootstrap-sample-ratio",
+                                           help="size of each bootstrap resample as a share of the set (compare-mt's "
+                                                "default is 0.5)")
+    significance: float = option(0.01, flag="--significance", help="p-value threshold")
+    bootstrap_seed: int = option(1, flag="--bootstrap-seed", help="seed of the resamples")
+    workers: Union[int, str] = workers_option()
 
     def check(self) -> None:
         """The option combinations that make no sense, refused before the model is loaded."""

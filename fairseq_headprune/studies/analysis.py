@@ -36,6 +36,7 @@ from fairseq_headprune.records.identity import file_sha256, run_identity
 from fairseq_headprune.records.log import ResultsLog, write_json_atomic
 from fairseq_headprune.studies.ranking import importance_scores
 from fairseq_headprune.studies.scoring import frozen_weights
+from fairseq_headprune.options import option
 from fairseq_headprune import plots
 from fairseq_headprune.stats import correlations
 
@@ -55,13 +56,30 @@ class AnalyzeOptions:
     """What `analyze` reads and how it labels heads; field names are the command's options."""
 
     subset: str = field(metadata={"flag": "--gen-subset"})
-    num_sentences: Optional[int] = None
-    source_parses: Optional[str] = None
-    frequency_text: Optional[str] = None
-    importance: Optional[str] = None
-    positional_threshold: float = hf.POSITIONAL_THRESHOLD
-    rare_threshold: float = hf.RARE_THRESHOLD
-    syntactic_margin: float = hf.SYNTACTIC_MARGIN
+    num_sentences: Optional[int] = option(None, flag="--num-sentences",
+                                          help="analyse the first N sentences (by id) of the subset")
+    source_parses: Optional[str] = option(
+        None, flag="--source-parses", metavar="FILE.conllu",
+        help="dependency parses of the subset's raw source sentences, one CoNLL-U sentence per line of the source "
+             "(UD labels: nsubj, obj/dobj, amod, advmod); without it no syntactic functions")
+    frequency_text: Optional[str] = option(
+        None, flag="--frequency-text", metavar="FILE",
+        help="training source text to count token frequencies for rare-token heads, encoded with --tokenizer/--bpe if "
+             "given (else already in the model's tokens); default: the source dictionary's counts (fairseq's "
+             "dict.*.txt count the training set's tokens)")
+    importance: Optional[str] = option(
+        None, flag="--importance", metavar="importance.json",
+        help="importance.json of `score`: correlate relevance with I_h and compare the least important")
+    positional_threshold: float = option(
+        hf.POSITIONAL_THRESHOLD, flag="--positional-threshold",
+        help="share of tokens whose maximum goes to -1 (or +1) for a positional label (Voita et al.: 0.9)")
+    rare_threshold: float = option(
+        hf.RARE_THRESHOLD, flag="--rare-threshold",
+        help="share of tokens whose maximum goes to the rarest token for a rare-token label (Voita et al. give none: "
+             "most of the time)")
+    syntactic_margin: float = option(
+        hf.SYNTACTIC_MARGIN, flag="--syntactic-margin",
+        help="accuracy above the positional baseline needed for a syntactic label (Voita et al.: 10 points)")
 
     def check(self) -> None:
         """Everything that can be refused before the model is loaded."""

@@ -45,6 +45,9 @@ from fairseq_headprune.records.log import ResultsLog, atomic_output
 from fairseq_headprune.studies.gating import gate_summary, read_checkpoint
 from fairseq_headprune.studies.ranking import importance_scores, rank_by_scores
 from fairseq_headprune.decoding.workers import parse_workers, pool_for
+from fairseq_headprune.options import option
+from fairseq_headprune.decoding.mask_batching import masks_per_batch_option
+from fairseq_headprune.decoding.workers import workers_option
 
 TOLERANCE = 0.25  # "more than half of the heads pruned for <= 0.25 BLEU" (the issue's question)
 
@@ -54,11 +57,13 @@ class CompareOptions:
     """What `compare` scores; field names are the command's options."""
 
     subset: str = field(metadata={"flag": "--gen-subset"})
-    importance: str = ""
-    gated: List[str] = field(default_factory=list)
-    references: Optional[str] = None
-    masks_per_batch: Union[int, str] = "auto"
-    workers: Union[int, str] = "auto"
+    importance: str = option(flag="--importance", help="importance.json of `fairseq-headprune score` (Michel's I_h)")
+    gated: List[str] = option(flag="--gated", nargs="+", metavar="CHECKPOINT", parse=list,
+                              help="checkpoints fine-tuned with --gated-types (Voita's L0 gates)")
+    references: Optional[str] = option(None, flag="--references",
+                                       help="raw reference file of the subset (default: its decoded targets)")
+    masks_per_batch: Union[int, str] = masks_per_batch_option()
+    workers: Union[int, str] = workers_option()
 
     def check(self) -> None:
         self.masks_per_batch = parse_masks_per_batch(self.masks_per_batch)

@@ -32,7 +32,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.options import option
-from fairseq_headprune.compress.export import build_spec, ct2_decoding, max_length, stack_heads, write_model
+from fairseq_headprune.compress.export import (build_spec, ct2_decoding, max_length, stack_heads, target_prefix,
+                                               write_model)
 from fairseq_headprune.compress.shrink import ShrinkOptions, shrink, write_checkpoint
 from fairseq_headprune.core import flops
 from fairseq_headprune.core.heads import attention_modules
@@ -248,6 +249,7 @@ def ct2_run(translator_, loaded, decoding: Dict, samples, forced: int = 0) -> Di
     """Decode fairseq's batches with CTranslate2 once: seconds and each sentence's hypothesis (the ids of `loaded`'s
     target dictionary: CTranslate2 writes words, so a model with a cut vocabulary maps back as well)."""
     src_dict, tgt_dict = loaded.task.source_dictionary, loaded.task.target_dictionary
+    prefix = target_prefix(loaded.task)  # the multilingual task's target language token
     decoding = dict(decoding)
     if forced:  # the same L + 1 steps as fairseq's L tokens and EOS
         decoding["min_decoding_length"] = forced + 1
@@ -261,7 +263,8 @@ def ct2_run(translator_, loaded, decoding: Dict, samples, forced: int = 0) -> Di
     out = {}
     start = time.perf_counter()
     for ids, sources, cap in batches:
-        results = translator_.translate_batch(sources, max_decoding_length=cap, **decoding)
+        results = translator_.translate_batch(sources, max_decoding_length=cap, **decoding,
+                                              target_prefix=[list(prefix) for _ in sources] if prefix else None)
         for sid, result in zip(ids, results):
             out[sid] = result.hypotheses[0]
     seconds = time.perf_counter() - start
@@ -571,17 +574,23 @@ def write_all(table: Dict, out: str) -> List[str]:
 
 # --------------------------------------------------------------------------------------------- the study
 
-# tasks whose decoding CTranslate2 repeats from the source tokens alone; the multilingual and mBART tasks put
-# language tokens in the decoder's prefix, which compress.export does not pass to CTranslate2 (not built)
-PLAIN_TASKS = ("translation", "translation_headprune")
+# tasks whose decoding CTranslate2 repeats: translation from the source tokens alone, the multilingual task with its
+# language tokens (the encoder's in the source, the decoder's as CTranslate2's target prefix: compress.export); each
+# also as its _headprune twin
+CT2_TASKS = ("translation", "translation_multi_simple_epoch")
+MBART_TASK = "translation_from_pretrained_bart"
 
 
-def check_task(task_cfg) -> None:
-    """Refuse, in one line, a task whose hypotheses CTranslate2 would not repeat."""
+def check_task(task_cfg, command: str = "deploy", instead: str = "") -> None:
+    """Refuse, in one line naming the command (and what to do `instead`), a task whose hypotheses CTranslate2 would
+    not repeat."""
     name = task_cfg.get("_name") if hasattr(task_cfg, "get") else getattr(task_cfg, "_name", None)
-    if name not in PLAIN_TASKS:
-        raise UserError(f"deploy times CTranslate2 on the translation task only, not {name} (its language tokens "
-                        "are not passed to CTranslate2)")
+    base = (name or "").removesuffix("_headprune")
+    if base == MBART_TASK:
+        raise UserError(f"{command}: CTranslate2 cannot decode as {MBART_TASK} (mBART) does: it starts and ends "
+                        f"every hypothesis with the target language token instead of EOS{instead}")
+    if base not in CT2_TASKS:
+        raise UserError(f"{command} runs CTranslate2 under {' and '.join(CT2_TASKS)} only, not {name}{instead}")
 
 
 def calibration_files_sha256(loaded, subset: str) -> str:

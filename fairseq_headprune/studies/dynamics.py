@@ -26,6 +26,7 @@ from fairseq_headprune.records.identity import file_sha256, run_identity
 from fairseq_headprune.records.log import ResultsLog
 from fairseq_headprune.studies.ranking import rank_by_scores, steps
 from fairseq_headprune.studies.scoring import estimate_importance
+from fairseq_headprune.options import option
 from fairseq_headprune.plots import dynamics_figure
 
 EPOCH_FILE = re.compile(r"checkpoint(\d+)\.pt$")
@@ -36,14 +37,14 @@ class DynamicsOptions:
     """What `dynamics` analyses; field names are the command's options."""
 
     subset: str = field(metadata={"flag": "--gen-subset"})
-    checkpoint_dir: str = ""
-    epochs: Optional[str] = None
-    step: float = 0.1
-    importance_subset: str = "valid"
-    references: Optional[str] = None
-    watch: bool = False
-    watch_until_epoch: int = 0
-    poll_seconds: float = 60.0
+    checkpoint_dir: str = option("", flag="--checkpoint-dir", help="folder of epoch checkpoints (checkpointN.pt)")
+    epochs: Optional[str] = option(None, flag="--epochs", help="comma-separated epochs to analyse (default: all)")
+    step: float = option(0.1, flag="--step", help="share of the heads masked at each pruning step")
+    importance_subset: str = option("valid", flag="--importance-subset", help="the subset I_h is scored on")
+    references: Optional[str] = option(None, flag="--references", help="raw reference file of --gen-subset")
+    watch: bool = option(False, flag="--watch", help="keep waiting for new epochs while training runs")
+    watch_until_epoch: int = option(0, flag="--watch-until-epoch", help="with --watch, stop after this epoch")
+    poll_seconds: float = option(60.0, flag="--poll-seconds", help="with --watch, seconds between looks")
 
     def wanted(self) -> Optional[set]:
         if not self.epochs:

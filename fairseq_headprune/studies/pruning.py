@@ -16,8 +16,8 @@ from typing import Dict, List, Optional, Sequence, Union
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.decoding.evaluate import SubsetEvaluator, translate_worker
 from fairseq_headprune.core.heads import ATTENTION_TYPES, Head, HeadLayout, format_head_spec
-from fairseq_headprune.decoding.mask_batching import (MaskBatching, parse_masks_per_batch, rows_per_search,
-                                                      translate_masks)
+from fairseq_headprune.decoding.mask_batching import (MaskBatching, masks_per_batch_option, parse_masks_per_batch,
+                                                      rows_per_search, translate_masks)
 from fairseq_headprune.core.masking import set_head_masks
 from fairseq_headprune.records import layout as names
 from fairseq_headprune.records.identity import file_sha256, input_file, run_identity
@@ -32,7 +32,8 @@ from fairseq_headprune.studies.ranking import (
     steps,
 )
 from fairseq_headprune.studies.scoring import estimate_importance
-from fairseq_headprune.decoding.workers import parse_workers, pool_for
+from fairseq_headprune.decoding.workers import parse_workers, pool_for, workers_option
+from fairseq_headprune.options import option
 from fairseq_headprune.plots import pruning_curves
 from fairseq_headprune.studies.removal import remove_and_save
 
@@ -44,19 +45,27 @@ class PruneOptions:
     """What `prune` sweeps; field names are the command's options."""
 
     subset: str = field(metadata={"flag": "--gen-subset"})
-    order: str = field(default="importance", metadata={"always": True})
-    types: str = ",".join(ATTENTION_TYPES)
-    step: float = 0.1
-    importance: Optional[str] = None
-    importance_subset: str = "valid"
-    reestimate: bool = False
-    ablation: Optional[str] = None
-    random_seed: int = 1
-    references: Optional[str] = None
-    masks_per_batch: Union[int, str] = "auto"
-    workers: Union[int, str] = "auto"
-    save_percent: float = 50.0
-    save_pruned: Optional[str] = None
+    order: str = option("importance", flag="--order", always=True,
+                        help=f"comma-separated, from {', '.join(ORDERS)}")
+    types: str = option(",".join(ATTENTION_TYPES), flag="--types", help="attention types to prune, comma-separated")
+    step: float = option(0.1, flag="--step", help="share of the heads masked at each step")
+    importance: Optional[str] = option(None, flag="--importance",
+                                       help="importance.json of `score` (default: computed on --importance-subset)")
+    importance_subset: str = option("valid", flag="--importance-subset", help="the subset I_h is scored on")
+    reestimate: bool = option(False, flag="--reestimate", help="re-score I_h on the remaining heads after each step")
+    ablation: Optional[str] = option(None, flag="--ablation",
+                                     help="ablation-single.jsonl of `ablate`, for --order oracle")
+    random_seed: int = option(1, flag="--random-seed", help="seed of --order random")
+    references: Optional[str] = option(None, flag="--references",
+                                       help="raw reference file of the subset (default: its decoded targets)")
+    masks_per_batch: Union[int, str] = masks_per_batch_option()
+    workers: Union[int, str] = workers_option()
+    save_percent: float = option(50.0, flag="--save-percent",
+                                 help="write DIR/heads-ORDER[-TYPES]-PCT.json, the heads each order prunes at this "
+                                      "percent")
+    save_pruned: Optional[str] = option(None, flag="--save-pruned", metavar="OUT.pt",
+                                        help="also write a checkpoint with those heads (of the first order) "
+                                             "physically removed")
 
     def orders(self) -> List[str]:
         orders = [o.strip() for o in self.order.split(",") if o.strip()]

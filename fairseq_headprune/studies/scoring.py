@@ -19,6 +19,7 @@ from fairseq_headprune.fairseq_io.loading import batches
 from fairseq_headprune.records import layout as layout_names
 from fairseq_headprune.records.identity import file_sha256
 from fairseq_headprune.records.log import write_json_atomic
+from fairseq_headprune.options import option
 
 DEFINITION = (
     "I_h = mean over sentences x of |dL(x)/dxi_h|, L(x) = summed token NLL of x (teacher forcing, no label "
@@ -106,8 +107,11 @@ class ScoreOptions:
     """`fairseq-headprune score`: I_h on `subset`, l2-normalised per layer unless normalize is False."""
 
     subset: str = field(metadata={"flag": "--gen-subset"})
-    normalize_by_layer: bool = field(default=True, metadata={"flag": "--no-normalize-by-layer", "negate": True})
-    per_position: bool = False
+    normalize_by_layer: bool = option(True, flag="--no-normalize-by-layer", negate=True,
+                                      help="keep raw scores instead of l2-normalising each layer")
+    per_position: bool = option(False, flag="--per-position",
+                                help="|dl_t/dxi_h| per target token, as Michel et al.'s code (default: per sentence, "
+                                     "as the paper's expectation over examples)")
 
 
 def task_option(task, name: str):

@@ -28,6 +28,7 @@ from fairseq_headprune.records import layout as names
 from fairseq_headprune.records.identity import file_sha256
 from fairseq_headprune.records.log import write_json_atomic
 from fairseq_headprune.core.surgery import prune_model
+from fairseq_headprune.options import option
 
 
 @dataclass
@@ -35,12 +36,16 @@ class SpeedOptions:
     """What `speed` measures; field names are the command's options."""
 
     subset: str = field(metadata={"flag": "--gen-subset"})
-    heads: str = ""
-    batch_sizes: str = "1,4,16,64"
-    runs: int = 3
-    num_sentences: int = 128
-    engine: str = "fairseq"  # or ct2: studies/speed_ct2.py
-    compute_type: Optional[str] = None  # CTranslate2's (float32 when not given); refused with --engine fairseq
+    heads: str = option("", flag="--heads", help="heads to prune: TYPE:LAYER:HEADS,... or @file.json")
+    batch_sizes: str = option("1,4,16,64", flag="--batch-sizes", help="batch sizes timed, comma-separated")
+    runs: int = option(3, flag="--runs", help="timed runs of each model and batch size")
+    num_sentences: int = option(128, flag="--num-sentences", help="sentences decoded per run and batch size")
+    engine: str = option("fairseq", flag="--engine",  # ct2: studies/speed_ct2.py
+                         help="fairseq (fairseq's generator) or ct2 (both models exported to CTranslate2, one thread "
+                              "and all threads)")
+    compute_type: Optional[str] = option(None, flag="--compute-type",  # refused with --engine fairseq
+                                         help="with --engine ct2: CTranslate2's compute type (float32, int8, "
+                                              "int8_float32, ...; default float32)")
 
     def batch_size_list(self) -> List[int]:
         try:

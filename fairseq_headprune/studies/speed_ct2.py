@@ -18,7 +18,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from fairseq_headprune.core import flops
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.compress.export import build_spec, ct2_decoding, max_length, stack_heads, write_model
+from fairseq_headprune.compress.export import (build_spec, ct2_decoding, max_length, stack_heads, target_prefix,
+                                                write_model)
 from fairseq_headprune.core.heads import HeadLayout, parse_head_spec
 from fairseq_headprune.core.shape import ModelShape
 from fairseq_headprune.fairseq_io.loading import load_subset
@@ -77,13 +78,15 @@ def translator(folder: str, compute_type: str, threads: int):
                                   intra_threads=threads)
 
 
-def timed_translation(translator_, batches, decoding: Dict, cap) -> Dict:
+def timed_translation(translator_, batches, decoding: Dict, cap, prefix: Sequence[str] = ()) -> Dict:
     """Translate the batches once; seconds, sentences, tokens (EOS not counted) and the hypotheses.
-    `cap(batch)` is each batch's max_decoding_length (fairseq's max-len-a/b rule, or a forced length)."""
+    `cap(batch)` is each batch's max_decoding_length (fairseq's max-len-a/b rule, or a forced length); `prefix`
+    the tokens fairseq forces first (the multilingual task's target language token)."""
     hypotheses = []
     start = time.perf_counter()
     for batch in batches:
-        results = translator_.translate_batch(list(batch), max_decoding_length=cap(batch), **decoding)
+        results = translator_.translate_batch(list(batch), max_decoding_length=cap(batch), **decoding,
+                                              target_prefix=[list(prefix) for _ in batch] if prefix else None)
         hypotheses += [tuple(r.hypotheses[0]) for r in results]
     seconds = time.perf_counter() - start
     return {"seconds": seconds, "sentences": len(hypotheses), "tokens": sum(len(h) for h in hypotheses),
@@ -103,14 +106,15 @@ def ct2_shape(model) -> ModelShape:
     return replace(shape, heads={k: enc if k[0] == "enc-self" else dec for k in shape.heads})
 
 
-def measure(translators: Dict, batches, decoding: Dict, cap, runs: int) -> Dict[str, List[Dict]]:
+def measure(translators: Dict, batches, decoding: Dict, cap, runs: int,
+            prefix: Sequence[str] = ()) -> Dict[str, List[Dict]]:
     """Warm each translator up on the first batch, then `runs` interleaved rounds (machine drift hits all alike)."""
     for t in translators.values():
-        timed_translation(t, batches[:1], decoding, cap)
+        timed_translation(t, batches[:1], decoding, cap, prefix)
     times: Dict[str, List[Dict]] = {name: [] for name in translators}
     for _ in range(runs):
         for name, t in translators.items():
-            times[name].append(timed_translation(t, batches, decoding, cap))
+            times[name].append(timed_translation(t, batches, decoding, cap, prefix))
     return times
 
 
@@ -150,7 +154,8 @@ def run(loaded, options, results_dir: str) -> str:
             translators = {name: translator(folders[name], options.compute_type, threads) for name in MODELS}
             rows = {}
             for bs in options.batch_size_list():
-                times = measure(translators, batched(sources, bs), decoding, cap, options.runs)
+                times = measure(translators, batched(sources, bs), decoding, cap, options.runs,
+                                target_prefix(loaded.task))
                 rows[str(bs)] = row = table_row(times)
                 lengths = lengths or [len(h) + 1 for h in times["unpruned"][0]["hypotheses"]]  # steps, EOS included
                 print(f"{threads} thread(s), batch {bs:>3}: " + ", ".join(

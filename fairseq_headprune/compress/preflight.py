@@ -1,0 +1,221 @@
+"""What `compress` checks before its first stage, so that a run is refused in one line (exit code 2, nothing
+written) instead of failing after the cost table, the choice, the shrink or the recovery:
+
+  output_folder  --out is a new folder or one of compress's own runs (recognised by its records), never holding an
+                 input (--path, DATA, references) or a file compress did not write; ct2/ inside it a CTranslate2
+                 model folder only (the run replaces it whole).
+  reported_sets  --references and --also-references have one line per sentence of their set.
+  text_processing  the --bpe and --tokenizer the report stage decodes with can be built (their files exist).
+  recovery       --recover-args as fairseq-train reads them: no option compress sets itself, and what fairseq-train
+                 would fail on after its run folder exists (devices and world size against this machine, a
+                 --max-tokens below the longest sentence, an optimizer or lr scheduler that cannot be built).
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import tempfile
+from typing import Dict, Optional, Sequence, Tuple
+
+import torch
+from fairseq import optim
+from fairseq.optim import lr_scheduler
+
+from fairseq_headprune.compress import recover
+from fairseq_headprune.compress.export import foreign_entries
+from fairseq_headprune.errors import UserError
+from fairseq_headprune.fairseq_io.loading import load_subset
+from fairseq_headprune.records.log import LOCK_NAME
+
+# what a compress run writes into --out (its records: stages/ and compress.json), and its temporaries
+OWN_ENTRIES = ("stages", "ct2", "model.pt", "MODEL_CARD.md", "compress.json", LOCK_NAME)
+OWN_TEMPORARIES = re.compile(r"\.(MODEL_CARD\.md|compress\.json)\..+\.tmp|model\.pt\.tmp|\.ct2-.+")
+
+# fairseq-train options compress's recovery sets itself -> the compress option that sets it (or why it is fixed)
+SET_BY_COMPRESS = {
+    "--max-epoch": "use --budget-epochs N",
+    "--max-update": "use --budget-epochs N",
+    "--valid-subset": "the recovery early-stops on valid, less the choice's held-out split with --max-bleu-loss "
+                      "(a reported set takes part in no choice)",
+    "--train-subset": "the recovery trains on train",
+    "--criterion": "use --distill",
+    "--teacher-path": "the teacher is --path, the unpruned model",
+    "--distill-weight": "compress distills with recover's default weight",
+    "--distill-temperature": "compress distills with recover's default temperature",
+    "--distill-hidden-weight": "use compress --distill-hidden-weight",
+    "--distill-hidden-layers": "compress maps them from the shrink's kept layers",
+    "--save-dir": "the recovery's checkpoints are OUT/stages/recover/run",
+    "--arch": "the architecture is the shrunk model's", "-a": "the architecture is the shrunk model's",
+    "--finetune-from-model": "the recovery starts from the shrunk model",
+    "--restore-file": "the recovery resumes from its own checkpoints",
+    "--user-dir": "compress loads this package itself",
+}
+
+
+def _inside(path: str, folder: str) -> bool:
+    """Whether `path` is `folder` or lies under it, links resolved."""
+    path, folder = os.path.realpath(path), os.path.realpath(folder)
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def command_inputs(data: str, checkpoint: str, references: Sequence[Optional[str]] = ()) -> Tuple[str, ...]:
+    """Every path a compress run reads: DATA's folders, the checkpoint(s) of --path, the reference files."""
+    paths = (data or "").split(os.pathsep) + (checkpoint or "").split(os.pathsep) + list(references)
+    return tuple(p for p in paths if p)
+
+
+def foreign_names(out: str) -> list:
+    """What in the folder `out` no compress run wrote (empty: a new folder or one of compress's own runs)."""
+    names = sorted(os.listdir(out))
+    foreign = [n for n in names if n not in OWN_ENTRIES and not OWN_TEMPORARIES.fullmatch(n)]
+    if foreign:
+        return foreign
+    if any(n not in (LOCK_NAME,) and not OWN_TEMPORARIES.fullmatch(n) for n in names) and "stages" not in names:
+        return [f"{n} (no stages/ beside it: not a compress run's)" for n in names if n != LOCK_NAME][:1]
+    for name in ("stages", "ct2"):
+        path = os.path.join(out, name)
+        if name in names and (os.path.islink(path) or not os.path.isdir(path)):
+            return [f"{name} (not a folder compress made)"]
+    ct2 = os.path.join(out, "ct2")
+    if "ct2" in names:
+        inside = [n for n in foreign_entries(ct2) if not n.startswith("no ")]
+        if inside:
+            return [f"ct2/{n}" for n in inside]
+    return []
+
+
+def output_folder(out: str, inputs: Sequence[str] = ()) -> None:
+    """--out: a folder compress can create, or one an earlier compress run wrote (nothing in it but compress's own
+    files, its records in stages/); never an input or a folder holding one. Refused in one line naming the path."""
+    for given in inputs:
+        if given and _inside(given, out):
+            raise UserError(f"--out {out} is or holds an input of this run ({given}): compress writes model.pt and "
+                            "MODEL_CARD.md there; name another folder")
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise UserError(f"--out {out} is a file; name a folder")
+    if os.path.isdir(out):
+        foreign = foreign_names(out)
+        if foreign:
+            raise UserError(f"--out {out} holds {', '.join(foreign[:3])}, which compress did not write: it writes "
+                            "into a new folder or one of its own runs only; name another folder")
+        writable("--out", out, out)
+        return
+    parent = os.path.dirname(os.path.abspath(out))
+    if not os.path.exists(parent):
+        raise UserError(f"--out: folder {parent} does not exist")
+    if not os.path.isdir(parent):
+        raise UserError(f"--out: {parent} is not a folder")
+    writable("--out", parent, out)
+
+
+def writable(option: str, folder: str, out: str) -> None:
+    """A folder can be created in `folder` (tried, and removed at once: permissions, read-only or virtual file
+    systems, which os.access does not see for root)."""
+    try:
+        os.rmdir(tempfile.mkdtemp(dir=folder, prefix=".compress-probe-"))
+    except OSError as e:
+        raise UserError(f"{option} {out} cannot be written: {e.strerror} in {folder}") from None
+
+
+def line_count(option: str, path: str) -> int:
+    """Lines of a reference file, as SubsetEvaluator reads them (UTF-8)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return sum(1 for _ in f)
+    except OSError as e:
+        raise UserError(f"{option}: cannot read {path}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise UserError(f"{option}: {path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+
+
+def reported_sets(loaded, options) -> None:
+    """Each reference file has one line per sentence of its set (read at the report stage, the last one)."""
+    pairs = [("--references", options.gen_subset, options.references)]
+    pairs += [("--also-references", s, r) for s, r in zip(options.also_report, options.also_references)]
+    for option, subset, path in pairs:
+        if not path:
+            continue
+        lines, sentences = line_count(option, path), len(load_subset(loaded, subset))
+        if lines != sentences:
+            raise UserError(f"{option} {path} has {lines} lines but subset '{subset}' has {sentences} sentences")
+
+
+def text_processing(loaded) -> None:
+    """The --bpe and --tokenizer the report stage detokenizes with, built now (a missing codes or model file)."""
+    cfg = loaded.cfg
+    for option, section, build in (("--bpe", cfg.bpe, loaded.task.build_bpe),
+                                   ("--tokenizer", cfg.tokenizer, loaded.task.build_tokenizer)):
+        name = getattr(section, "_name", None) if section is not None else None
+        if not name:
+            continue
+        said = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(said):  # subword-nmt prints its error, then exits
+                build(section)
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - the report stage would fail on it, after the work
+            lines = (str(e) if not isinstance(e, SystemExit) else said.getvalue()).strip().splitlines()
+            message = lines[0] if lines else type(e).__name__
+            raise UserError(f"{option} {name} cannot be built: {message}") from None
+
+
+def owned_options(train_args: Sequence[str]) -> None:
+    """An option of --recover-args that compress's recovery sets itself: refused, naming compress's own option."""
+    for name in recover.option_names(list(train_args)):
+        if name in SET_BY_COMPRESS:
+            raise UserError(f"--recover-args: {name} is set by compress itself: {SET_BY_COMPRESS[name]}")
+
+
+def devices(cfg) -> None:
+    """--recover-args' device and distributed options against this machine, as fairseq-train would assert them
+    after the choice and the shrink (fairseq.distributed.utils: a world size above the GPUs here)."""
+    common, dist = cfg.common, cfg.distributed_training
+    gpus = torch.cuda.device_count()
+    world = int(dist.distributed_world_size or 1)
+    launched = dist.distributed_init_method is not None or all(
+        key in os.environ for key in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK"))
+    if world > 1 and not launched and not common.tpu and world > gpus:
+        raise UserError(f"--recover-args: --distributed-world-size {world} needs {world} GPUs and this machine has "
+                        f"{gpus}")
+    if not common.cpu and gpus and dist.device_id >= gpus:
+        raise UserError(f"--recover-args: --device-id {dist.device_id}, and this machine has {gpus} GPU(s)")
+
+
+def optimizer_and_schedule(cfg) -> None:
+    """fairseq-train's optimizer and lr scheduler built as its Trainer builds them (on one stand-in parameter):
+    an option combination they refuse, or fail on, is refused here."""
+    try:
+        optimizer = optim.build_optimizer(cfg.optimizer, [torch.nn.Parameter(torch.zeros(1))])
+        schedule = lr_scheduler.build_lr_scheduler(cfg.lr_scheduler, optimizer)
+        schedule.step_begin_epoch(1)
+        schedule.step_update(0)
+    except Exception as e:  # noqa: BLE001 - any failure of fairseq's own builders is one of the user's options
+        name = getattr(cfg.lr_scheduler, "_name", None)
+        message = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise UserError(f"--recover-args: fairseq-train cannot set up --optimizer {cfg.optimizer._name} with "
+                        f"--lr-scheduler {name}: {message}") from None
+
+
+def recovery(run) -> None:
+    """The recovery's fairseq-train configuration, as compress.recover will build it, checked now."""
+    options, loaded = run.options, run.loaded
+    if not options.budget_epochs:
+        return
+    owned_options(options.recover_args)
+    model_cfg = loaded.saved_cfg.model
+    arch = (model_cfg.get("arch") if hasattr(model_cfg, "get") else getattr(model_cfg, "arch", None)) or "transformer"
+    settings = run._recover_options(os.path.join(options.out, "model.pt"), None)
+    argv = recover.training_argv(loaded.cfg.task.data, loaded.checkpoint, settings, loaded.cfg.task._name, arch)
+    cfg = recover.fairseq_train_cfg(argv, loaded.saved_cfg, settings)
+    devices(cfg)
+    optimizer_and_schedule(cfg)
+    weights: Dict[str, torch.Tensor] = loaded.model.state_dict()
+    recover.preflight(cfg, loaded.cfg.task.data, weights, settings)
+
+
+def check(run) -> None:
+    """Every input a later stage reads, checked after the model loads and before OUT is made."""
+    recovery(run)
+    reported_sets(run.loaded, run.options)
+    text_processing(run.loaded)
