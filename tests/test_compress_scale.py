@@ -88,8 +88,8 @@ def test_fairseq_train_options_given_to_compress_reach_the_recovery_or_are_refus
              (("--budget-epochs", "0", "--patience", "3"), "--patience: a fairseq-train option, and --budget-epochs "
                                                              "0 runs no recovery"),
              (("--recovered", str(tmp_path / "none.pt")), "--recovered: no such file"),
-             (("--recover-args", "--max-update 5"), "--max-update is the recovery's budget or data, which compress "
-                                                    "sets: give --budget-updates N")]
+             (("--recover-args", "--max-update 5"), "--max-update is set by compress itself: use --budget-updates "
+                                                    "N")]
     for extra, message in cases:
         out = tmp_path / f"out{len(message)}"
         argv = compress_argv(tiny_data, stock_checkpoint, out, tmp_path / "cache", *extra)
