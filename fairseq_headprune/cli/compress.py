@@ -11,11 +11,16 @@ DIR/MODEL_CARD.md and DIR/compress.json; DIR/stages/ keeps each stage, so the sa
 from __future__ import annotations
 
 import shlex
+from dataclasses import fields
+from typing import Dict, Tuple
+
+from fairseq.dataclass.configs import DistributedTrainingConfig
 
 from fairseq_headprune.compress import preflight
 from fairseq_headprune.compress.pipeline import CompressOptions
 from fairseq_headprune.options import add_arguments, from_arguments
 from fairseq_headprune.compress import pipeline
+from fairseq_headprune.fairseq_io.fairseq_options import INERT, RULES
 from fairseq_headprune.fairseq_io.loading import PACKAGE_DIR, load
 
 
@@ -31,8 +36,35 @@ def user_argv(argv):
     return out
 
 
+def training_dests() -> Dict[str, str]:
+    """fairseq-train's options among those the command parses (fairseq-generate's parser): every distributed
+    option, and the checkpoint, dataset and common options no decoding reads (fairseq_options: inert) plus --seed.
+    dest -> flag."""
+    dests = {f.name for f in fields(DistributedTrainingConfig)} | {"seed"}
+    for section in ("checkpoint", "dataset", "common"):
+        dests |= {name for name, kind in RULES[section].items() if kind == INERT}
+    return {d: "--" + d.replace("_", "-") for d in dests}
+
+
+def training_options(args) -> Tuple[str, ...]:
+    """The fairseq-train options the user gave compress itself, as fairseq-train tokens with their parsed values:
+    the recovery applies them (or refuses them in one line, as recover refuses its own)."""
+    given = {a.split("=", 1)[0] for a in user_argv(args.command_argv) if a.startswith("--")}
+    out = []
+    for dest, flag in sorted(training_dests().items()):
+        if flag not in given or not hasattr(args, dest):
+            continue
+        value = getattr(args, dest)
+        if isinstance(value, bool):
+            out += [flag] if value else []
+        elif value is not None:
+            out += [flag, str(value)]
+    return tuple(out)
+
+
 def run(cfg, args) -> None:
     options = from_arguments(CompressOptions, args, gen_subset=cfg.dataset.gen_subset,
+                             train_options=training_options(args),
                              command="fairseq-headprune compress " + shlex.join(user_argv(args.command_argv)))
     options.check()  # every option applied or refused before the model loads
     preflight.output_folder(options.out, preflight.command_inputs(cfg.task.data, cfg.common_eval.path, (

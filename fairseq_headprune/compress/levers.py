@@ -33,6 +33,9 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from omegaconf import open_dict
+
+from fairseq_headprune.compress.export import check_batches
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.compress.export import ct2_decoding
 from fairseq_headprune.core import flops
@@ -46,6 +49,8 @@ from fairseq_headprune.studies.speed_ct2 import ct2_shape, translator
 from fairseq_headprune.compress.vocab_map import translate_options
 
 ENGINES = ("ct2-int8", "ct2-float32", "fairseq")
+TIMING_BATCH = 16  # sentences per timing batch when the user gives no --batch-size (300 of valid: 19 batches)
+MIN_PAIRED = 10  # paired batches every sign test sees at least (fewer rounds cannot reach p < 0.05 reliably)
 QUANTIZATION = {"ct2-int8": "int8", "ct2-float32": None, "fairseq": None}
 COMPUTE_TYPE = {"ct2-int8": "int8", "ct2-float32": "float32"}
 
@@ -172,6 +177,38 @@ def timed_rounds(decoders: Dict[str, Callable], samples, runs: int, forced: int,
     return seconds
 
 
+def timing_batches(loaded, subset: str, n: int):
+    """The first n sentences of a subset batched for timing: at most the user's --batch-size sentences per batch, or
+    TIMING_BATCH when none is given (fairseq-generate's default --max-tokens would hold 300 sentences in one batch,
+    leaving every sign test a single pair per round), within the user's --max-tokens when given."""
+    dataset = loaded.cfg.dataset
+    given = dataset.batch_size
+    with open_dict(loaded.cfg):
+        dataset.batch_size = given or TIMING_BATCH
+    try:
+        return check_batches(loaded, subset, n)
+    finally:
+        with open_dict(loaded.cfg):
+            dataset.batch_size = given
+
+
+def timing_rounds(batches: int, runs: int) -> int:
+    """Interleaved rounds of a timing: --runs, or more when the batches are fewer than MIN_PAIRED / runs, so that
+    every sign test sees at least MIN_PAIRED paired batches."""
+    return max(runs, math.ceil(MIN_PAIRED / max(batches, 1)))
+
+
+def fewest_paired(table: Dict) -> int:
+    """The fewest paired batches any row's sign test saw (ties dropped; MIN_PAIRED for a table without rows)."""
+    return min((r.get("sign_test", {}).get("batches", 0) for r in table["rows"]), default=MIN_PAIRED)
+
+
+def decided(table: Dict) -> bool:
+    """Whether the table's sign tests could decide: every row saw at least MIN_PAIRED paired batches (a slice
+    faster in all of them reaches p = 0.001; in 3 of 3, the least a row could reach before, p = 0.125)."""
+    return fewest_paired(table) >= MIN_PAIRED
+
+
 def sign_test(base: Sequence[float], other: Sequence[float]) -> Dict:
     """In how many of the paired batches `other` was faster, and the one-sided sign test's p (exact binomial, ties
     dropped): is it faster at all, beyond the machine's noise?"""
@@ -243,7 +280,7 @@ def cached_table(cache_dir: Optional[str], identity: Mapping) -> Optional[Dict]:
     if not cache_dir:
         return None
     table = read_json(os.path.join(cache_dir, f"cost-table-{identity_key(identity)}.json"))
-    return table if table and table.get("identity") == identity else None
+    return table if table and table.get("identity") == identity and decided(table) else None
 
 
 def store_table(cache_dir: Optional[str], table: Dict) -> Optional[str]:
@@ -428,8 +465,13 @@ def markdown(table: Dict) -> str:
 
 def refuse_unreachable(target: float, best: Tuple[Dict, float], table: Dict, engine: str) -> None:
     """One line: no removable shape reaches `target`; the best one (every removable lever's value) and what the
-    other levers would add."""
+    other levers would add. A table whose sign tests could not decide says so instead: its zeros are not
+    measurements."""
     point, speed = best
+    if not decided(table):
+        raise UserError(f"--speedup {target:g}: the cost table cannot tell: its rows saw as few as "
+                        f"{fewest_paired(table)} paired batches, too few for the sign test (at least {MIN_PAIRED}); "
+                        "give more --timing-sentences, a smaller --batch-size or more --runs")
     extra = best_unremovable(table, point)
     more = f"; with {extra[0]} (not a lever of compress yet) the table predicts {extra[1]:.2f}x" if extra else ""
     raise UserError(f"--speedup {target:g}: no shape reaches it in {engine} on this machine: the fastest, "

@@ -90,8 +90,9 @@ def render(record: Dict) -> str:
         "after every choice, by both models" + also_line(reported, trained) + ".", "",
         "## Cost table", "",
         f"Each part alone, removed from the unpruned model without refitting (what any model of that shape costs) "
-        f"and timed in {engine} at equal work ({table['sentences']} sentences of '{o['timing_subset']}', "
-        f"{o['runs']} rounds). A row's saving counts only when the cut model was faster in significantly more "
+        f"and timed in {engine} at equal work ({table['sentences']} sentences of '{o['timing_subset']}' in "
+        f"{table['identity']['batches']} batches, {table['identity']['runs']} rounds). A row's saving counts only "
+        "when the cut model was faster in significantly more "
         "batches than not (sign test, p < 0.05), made monotone over the values; a shape that moves several parts is "
         "predicted by multiplying the shares of time each leaves. *Removable*: compress can take it from a trained "
         "model (the others are measured so that a missed target says what they would buy).", "",
@@ -268,9 +269,27 @@ def recover_line(recovered: Dict) -> str:
               "sequences": "the unpruned model's beam translations of it as targets (sequence-level distillation)",
               "both": "distillation from the unpruned model on its own beam translations of it (`--distill both`)",
               "none": "the references alone (no distillation)"}[recovered.get("distill") or "logits"]
-    return (f"- The recovery: fairseq-train on 'train', {signal}{term}, early stopping "
+    if recovered.get("elsewhere"):
+        return (f"- The recovery: {what_ran(recovered)}, run elsewhere ({recovered['elsewhere']}, a student of this "
+                "run's shrink), from the fairseq-train command `--stop-after shrink` printed.")
+    budget = f"budget {recovered['budget_epochs']} epochs" + (f" or {recovered['budget_updates']} updates"
+                                                               if recovered.get("budget_updates") else "")
+    return (f"- The recovery: {what_ran(recovered)}: fairseq-train on 'train', {signal}{term}, early stopping "
             f"on 'valid' (best valid loss at {recovered['updates_at_best']} of {recovered['updates']} updates, "
-            f"budget {recovered['budget_epochs']} epochs).")
+            f"{budget}).")
+
+
+def what_ran(recovered: Dict) -> str:
+    """`recovery: N updates on M sentences, P process(es) on DEVICE` (records before it: the updates alone)."""
+    if "processes" not in recovered:
+        return f"recovery: {recovered['updates']} updates"
+    processes = recovered["processes"]
+    sample = recovered.get("sample") or {}
+    drawn = f" (drawn at random from {sample['of']}, seed {sample['seed']})" if sample.get("sampled") else ""
+    device = ("a device the checkpoint does not record" if recovered["device"] == "elsewhere"
+              else recovered["device"])
+    return (f"recovery: {recovered['updates']} updates on {recovered['sentences']} sentences{drawn}, {processes} "
+            f"process{'es' if processes != 1 else ''} on {device}")
 
 
 def record_command(record: Dict) -> str:

@@ -83,6 +83,7 @@ from fairseq_headprune.core.masking import set_head_masks
 from fairseq_headprune.core.shape import CeilingShape, ModelShape
 from fairseq_headprune.core.surgery import remove_layers
 from fairseq_headprune.decoding.evaluate import SubsetEvaluator
+from fairseq_headprune.fairseq_io.checkpoint_io import save_state
 from fairseq_headprune.fairseq_io.loading import load, load_subset
 from fairseq_headprune.records.identity import decoding_identity, file_sha256
 from fairseq_headprune.records.log import FolderLock, atomic_output, read_json, write_json_atomic
@@ -92,6 +93,9 @@ from fairseq_headprune.studies.deploy import calibration_files_sha256, check_tas
 from fairseq_headprune.studies.speed_ct2 import ct2_shape
 
 STAGES = ("cost-table", "choice", "shrink", "recover", "export", "measure", "report")
+# the recovery's default budget: about the bundled De-En model's (4 epochs of its 28k pairs, 1008 updates of 2048
+# tokens), whatever the corpus: a sample of 100k pairs, at most 1200 updates
+BUDGET_UPDATES, RECOVER_SENTENCES = 1200, 100_000
 HELDOUT = "heldout"  # the choice's split of valid (--max-bleu-loss)
 BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED = 1000, 1
 
@@ -114,8 +118,19 @@ class CompressOptions:
                                        "heads, layers and units go is chosen as for the choice's own and shrink's")
     engine: str = option("ct2-int8", flag="--engine", help=f"where the model runs: {', '.join(levers.ENGINES)}")
     budget_epochs: int = option(4, flag="--budget-epochs",
-                                help="recovery epochs at most (early stopping on valid; a rerun with more extends; "
-                                     "0: no recovery)")
+                                help="recovery epochs at most over the recovery set (early stopping on valid; a "
+                                     "rerun with more extends; 0: no recovery)")
+    budget_updates: int = option(BUDGET_UPDATES, flag="--budget-updates",
+                                 help="recovery updates at most (fairseq-train's --max-update: the recovery stops at "
+                                      "whichever of the two budgets comes first; a rerun with more extends). With "
+                                      "--recover-sentences, the defaults hold a corpus of millions of pairs to about "
+                                      "the bundled De-En model's budget (its 4 epochs of 28k pairs: 1008 updates)")
+    recover_sentences: int = option(RECOVER_SENTENCES, flag="--recover-sentences",
+                                    help="the recovery's training set: a random sample of this many pairs of train "
+                                         "(seeded by --sample-seed, recorded; all of train when it holds fewer)")
+    sample_seed: int = option(1, flag="--sample-seed",
+                              help="seed of the random samples of train: the calibration sentences and the "
+                                   "recovery set")
     gen_subset: str = "test"  # fairseq's --gen-subset: decoded once, at the end, to report
     references: Optional[str] = option(None, flag="--references",
                                        help="raw references of --gen-subset for BLEU (default: the binarised targets)")
@@ -135,14 +150,17 @@ class CompressOptions:
     calibration_subset: str = option("train", flag="--calibration-subset",
                                      help="sentences the heads are chosen and the model reconstructed on (never "
                                           "--gen-subset)")
-    calibration_sentences: int = option(1000, flag="--calibration-sentences", help="how many of them (the first)")
+    calibration_sentences: int = option(1000, flag="--calibration-sentences",
+                                        help="how many of them, drawn at random over the subset (--sample-seed)")
     calibration_max_tokens: int = option(1000, flag="--calibration-max-tokens", help="tokens per calibration batch")
     window_steps: int = option(1000, flag="--window-steps",
                                help="Adam steps of each pruned attention sublayer's window fit (shrink --window-steps)")
     window_lr: float = option(WindowOptions.lr, flag="--window-lr", help="their learning rate (shrink --window-lr)")
     timing_subset: str = option("valid", flag="--timing-subset", help="sentences the speeds are measured on")
     timing_sentences: int = option(300, flag="--timing-sentences", help="how many of them")
-    runs: int = option(3, flag="--runs", help="interleaved timing rounds")
+    runs: int = option(3, flag="--runs",
+                       help="interleaved timing rounds, at least (more when the timing batches are too few for every "
+                            "sign test to see 10 paired batches)")
     latency_sentences: int = option(50, flag="--latency-sentences",
                                     help="sentences of --timing-subset decoded one at a time, for the latency at "
                                          "batch 1")
@@ -185,7 +203,17 @@ class CompressOptions:
                                        help="folder of cost tables measured before (per model, engine, CPU; default "
                                             "~/.cache/fairseq-headprune/cost-tables); '' for none")
     stop_after: Optional[str] = option(None, flag="--stop-after", choices=STAGES,
-                                       help="stop after this stage (the same command without it goes on)")
+                                       help="stop after this stage (the same command without it goes on); after "
+                                            "shrink it prints the recovery's fairseq-train command, to run elsewhere "
+                                            "(a GPU, a cluster) and continue with --recovered")
+    recovered: Optional[str] = option(None, flag="--recovered", metavar="CKPT",
+                                      help="a recovery run elsewhere (the checkpoint_best.pt of the fairseq-train "
+                                           "command --stop-after shrink printed): checked to be a student of this "
+                                           "run's shrink, then exported, measured and reported")
+    dry_run: bool = option(False, flag="--dry-run",
+                           help="print the plan (the stages, the data each reads, the estimate of each, the "
+                                "recovery's fairseq-train command) and exit, writing nothing")
+    train_options: Tuple[str, ...] = ()  # fairseq-train options given to compress itself (cli.compress): to recovery
     command: str = ""  # the command line as given, for the model card
 
     def check(self) -> None:
@@ -206,7 +234,8 @@ class CompressOptions:
         if self.engine not in levers.ENGINES:
             raise UserError(f"--engine must be one of {', '.join(levers.ENGINES)}, not {self.engine!r}")
         for name in ("calibration_sentences", "calibration_max_tokens", "timing_sentences", "runs",
-                     "check_sentences", "heldout_sentences", "latency_sentences"):
+                     "check_sentences", "heldout_sentences", "latency_sentences", "budget_updates",
+                     "recover_sentences"):
             if getattr(self, name) < 1:
                 raise UserError(f"--{name.replace('_', '-')} must be at least 1, not {getattr(self, name)}")
         for name in ("budget_epochs", "window_steps"):
@@ -228,6 +257,15 @@ class CompressOptions:
                             "(logits or both do)")
         if self.budget_epochs == 0 and self.recover_args:
             raise UserError("--recover-args: --budget-epochs 0 runs no recovery")
+        if self.budget_epochs == 0 and self.train_options:
+            raise UserError(f"{self.train_options[0]}: a fairseq-train option, and --budget-epochs 0 runs no "
+                            "recovery")
+        if self.recovered is not None:
+            if not os.path.isfile(self.recovered):
+                raise UserError(f"--recovered: no such file: {self.recovered}")
+            if self.budget_epochs == 0:
+                raise UserError("--recovered: --budget-epochs 0 runs no recovery")
+
         if self.distill_hidden_weight < 0:
             raise UserError(f"--distill-hidden-weight must be at least 0, not {self.distill_hidden_weight:g}")
         if self.budget_epochs == 0 and self.distill_hidden_weight:
@@ -307,7 +345,8 @@ def shrink_options(options: CompressOptions, heads: str, dec_layers: Optional[in
     return ShrinkOptions(heads=heads or None, keep_layers=keep_layers_spec(dec_layers, enc_layers),
                          layer_selection="importance", ffn_keep=ffn_percent,
                          calibration_subset=options.calibration_subset,
-                         calibration_sentences=options.calibration_sentences, check_sentences=options.check_sentences,
+                         calibration_sentences=options.calibration_sentences, calibration_seed=options.sample_seed,
+                         check_sentences=options.check_sentences,
                          reconstruction=ReconstructionOptions(window=WindowOptions(
                              steps=options.window_steps if fitted else 0, lr=options.window_lr if fitted else
                              WindowOptions.lr)))
@@ -316,7 +355,7 @@ def shrink_options(options: CompressOptions, heads: str, dec_layers: Optional[in
 def calibration_only_options(options: CompressOptions):
     """shrink's options for the choice's calibration (the same sentences and batches as the shrink's)."""
     return ShrinkOptions(remove="1", calibration_subset=options.calibration_subset,
-                         calibration_sentences=options.calibration_sentences)
+                         calibration_sentences=options.calibration_sentences, calibration_seed=options.sample_seed)
 
 
 # --------------------------------------------------------------------------------------------- stages on disk
@@ -494,19 +533,22 @@ def subset_tokens(loaded, subset: str, n: Optional[int] = None) -> Tuple[int, in
     return count, tokens
 
 
-def estimates(loaded, options: CompressOptions, rates: Dict[str, float], rows: int) -> Dict[str, float]:
-    """Seconds each stage will take, from the measured rates (not guesses of them)."""
+def estimates(loaded, options: CompressOptions, rates: Dict[str, float], rows: int,
+              rounds: Optional[int] = None) -> Dict[str, float]:
+    """Seconds each stage will take, from the measured rates (not guesses of them); `rounds`: the timing's
+    interleaved rounds (levers.timing_rounds; --runs when not given)."""
     timing_n = options.timing_sentences
+    runs = rounds or options.runs
     engine = rates["engine_sent_s"]
     calib_n, calib_tok = subset_tokens(loaded, options.calibration_subset, options.calibration_sentences)
     train_n, train_tok = subset_tokens(loaded, "train")
     valid_n, valid_tok = subset_tokens(loaded, "valid")
     sublayers = len(attention_modules(loaded.model))
-    out = {"cost-table": (rows + 1) * ((options.runs + 2) * timing_n / engine + rates["export_s"])}
+    out = {"cost-table": (rows + 1) * ((runs + 2) * timing_n / engine + rates["export_s"])}
     out["choice"] = calib_tok / rates["train_tok_s"]
     if options.speedup is not None:  # up to five shapes timed again beside the unpruned model, and (expected) one
         models = 2 if options.shape is not None else 6 + 6  # more round of five (ffn_variants, retime_candidates)
-        out["choice"] += models * ((options.runs + 2) * timing_n / engine + rates["export_s"])
+        out["choice"] += models * ((runs + 2) * timing_n / engine + rates["export_s"])
         depth = len(loaded.model.decoder.layers)  # at most: the greedy layer order down to one layer, a gradient
         out["choice"] += ((depth * (depth + 1) // 2 - 1 + depth) * calib_tok / rates["forward_tok_s"]  # pass and
                           + (depth - 1) * calib_tok / rates["train_tok_s"])  # an NLL per depth
@@ -519,16 +561,61 @@ def estimates(loaded, options: CompressOptions, rates: Dict[str, float], rows: i
         probes = math.ceil(math.log2(max(2, len(per_stack_points(loaded.model)) // 3)))
         out["choice"] += probes * (shrink + held / rates["fairseq_sent_s"]) + held / rates["fairseq_sent_s"]
     out["shrink"] = shrink
-    out["recover"] = options.budget_epochs * (train_tok / rates["train_tok_s"] + train_tok / rates["forward_tok_s"]
-                                              + valid_tok / rates["forward_tok_s"])
+    sample_n = min(options.recover_sentences, train_n)  # the recovery set, its epochs capped by the updates
+    sample_tok = train_tok * sample_n / max(train_n, 1)
+    epochs = min(float(options.budget_epochs), options.budget_updates / updates_per_epoch(sample_tok, options))
+    out["recover"] = epochs * (sample_tok / rates["train_tok_s"] + sample_tok / rates["forward_tok_s"]
+                               + valid_tok / rates["forward_tok_s"])
     if options.distill in ("sequences", "both"):  # the teacher's translations of train (cached: once per teacher)
-        out["recover"] += train_n / rates["fairseq_sent_s"]
+        out["recover"] += sample_n / rates["fairseq_sent_s"]
+    if options.recovered:  # run elsewhere: only adopted here
+        out["recover"] = 0.0
     out["export"] = (2 * options.check_sentences / rates["fairseq_sent_s"] + 2 * rates["export_s"]
                      if options.engine != "fairseq" else 0.0)
-    out["measure"] = 2 * (2 * options.runs + 2) * timing_n / engine + rates["export_s"]
+    out["measure"] = 2 * (2 * runs + 2) * timing_n / engine + rates["export_s"]
     reported = sum(subset_tokens(loaded, subset)[1] for subset in (options.gen_subset, *options.also_report))
     out["report"] = 2 * reported / rates["engine_tok_s"]  # both models, every reported set
     return out
+
+
+def updates_per_epoch(target_tokens: float, options: CompressOptions) -> float:
+    """About how many updates an epoch of `target_tokens` takes in the recovery's batches (its --max-tokens, the
+    bundled model's batches three quarters full of target tokens: 252 updates an epoch of De-En's 28k pairs)."""
+    given = list(options.recover_args) + list(options.train_options)
+    max_tokens = next((given[i + 1] for i, a in enumerate(given[:-1]) if a == "--max-tokens"),
+                      TRAIN_DEFAULTS["--max-tokens"])
+    return max(1.0, target_tokens / (0.75 * int(max_tokens)))
+
+
+def split_subsets(train_options: Tuple[str, ...]) -> Tuple[str, str, List[str]]:
+    """fairseq-train's --train-subset and --valid-subset among the training options given to compress (recover sets
+    them itself, from RecoverOptions), and the other options."""
+    subsets, rest, given = {"--train-subset": "train", "--valid-subset": "valid"}, [], list(train_options)
+    i = 0
+    while i < len(given):
+        name, _, value = given[i].partition("=")
+        if name in subsets:
+            if not value:
+                i += 1
+                value = given[i]
+            subsets[name] = value
+        else:
+            rest.append(given[i])
+        i += 1
+    return subsets["--train-subset"], subsets["--valid-subset"], rest
+
+
+@contextlib.contextmanager
+def torch_threads(n: int):
+    """torch's intra-op threads set to n for the block, restored after."""
+    import torch
+
+    saved = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
 
 
 # --------------------------------------------------------------------------------------------- the choice
@@ -648,7 +735,7 @@ class Run:
         import torch
 
         set_head_masks(self.loaded.model, [])
-        threads = torch.get_num_threads()
+        threads = self.threads = torch.get_num_threads()  # the recovery's (OMP_NUM_THREADS, else every core)
         torch.set_num_threads(1)
         try:
             return self._run()
@@ -657,15 +744,16 @@ class Run:
 
     def _run(self) -> Optional[Dict]:
         options, loaded = self.options, self.loaded
-        timing = self.timing = check_batches(loaded, options.timing_subset, options.timing_sentences)
+        timing = self.timing = levers.timing_batches(loaded, options.timing_subset, options.timing_sentences)
+        self.rounds = levers.timing_rounds(len(timing), options.runs)
 
         train_tokens = int(TRAIN_DEFAULTS["--max-tokens"])  # a batch as recovery trains on (the probe's rates)
         with max_tokens(loaded, train_tokens):
             calibration, _ = calibration_samples(loaded, "train", 200, train_tokens)
-        table_identity = levers.table_identity(loaded, options.engine, timing, options.runs)
+        table_identity = levers.table_identity(loaded, options.engine, timing, self.rounds)
         rows = len(levers.lever_rows(loaded.model))
         rates = probe(loaded, options, timing, calibration)
-        plan = estimates(loaded, options, rates, rows)
+        plan = estimates(loaded, options, rates, rows, self.rounds)
         cached = self._cached_stages(table_identity)
         todo = {name: (0.0 if name in cached else s) for name, s in plan.items()}
         done_epochs = self._recovered_epochs(cached)
@@ -677,6 +765,13 @@ class Run:
                  + f"; from rates measured just now in CPU time: {rates['engine_sent_s']:.0f} sentences/s in "
                  f"{options.engine}, {rates['train_tok_s']:.0f} training tokens/s)")
         self.rates, self.plan, self.todo = rates, plan, todo
+        if self.rounds > options.runs:
+            self.log(f"timing: {len(timing)} batches of '{options.timing_subset}', so {self.rounds} interleaved rounds "
+                     f"(--runs {options.runs}) give every sign test at least {levers.MIN_PAIRED} paired batches")
+        if options.dry_run:
+            for line in self.plan_lines(todo, cached):
+                self.log(line)
+            return None
         plan = todo  # each stage's bar: what is left of it
 
         table = self.stage("cost-table", table_identity, lambda folder: self._cost_table(folder, table_identity),
@@ -690,6 +785,8 @@ class Run:
             return None
         shrunk = self.stage("shrink", {"options": self._shrink_identity(choice)},
                             lambda folder: self._shrink(folder, choice), plan["shrink"])
+        if self.options.stop_after == "shrink" and self.options.budget_epochs:
+            self._write_recovery_script(shrunk)
         if self.stop_here("shrink"):
             return None
         recovered = self._recover_stage(shrunk)
@@ -716,6 +813,38 @@ class Run:
             return None
         return self._write_outputs(table, points, choice, shrunk, recovered, exported, measured, reported)
 
+    def plan_lines(self, estimate: Dict[str, float], cached: set) -> List[str]:
+        """--dry-run: every stage with the data it reads and its estimate, then the recovery's fairseq-train
+        command."""
+        o = self.options
+        data, sample = self._recovery_set(prepare=False)
+        calibration = (f"{o.calibration_sentences} sentences of '{o.calibration_subset}' drawn at random (seed "
+                       f"{o.sample_seed})")
+        recovery = (f"{sample['sentences']} of the {sample['of']} pairs of '{sample['subset']}'"
+                    + (f" drawn at random (seed {o.sample_seed})" if sample["sampled"] else "")
+                    + f"; early stopping on 'valid'; at most {o.budget_epochs} epochs and {o.budget_updates} updates"
+                    if o.budget_epochs else "nothing: --budget-epochs 0")
+        reads = {"cost-table": f"{sum(s['id'].numel() for s in self.timing)} sentences of '{o.timing_subset}' in "
+                               f"{len(self.timing)} batches, {self.rounds} interleaved rounds",
+                 "choice": calibration + (f"; the first {o.heldout_sentences} of 'valid' (held out)"
+                                          if o.max_bleu_loss is not None else ""),
+                 "shrink": calibration, "recover": recovery,
+                 "export": f"{o.check_sentences} sentences of '{o.timing_subset}'",
+                 "measure": f"the cost table's batches of '{o.timing_subset}'",
+                 "report": ", ".join(f"'{s}'" for s in (o.gen_subset, *o.also_report))}
+        lines = [f"plan (--dry-run: nothing was written): {o.out}"]
+        for name in STAGES:
+            if o.recovered and name == "recover":
+                what = f"--recovered {o.recovered} (a recovery run elsewhere)"
+            else:
+                what = reads[name]
+            lines.append(f"  {name:<10} {'cached' if name in cached else f'{estimate[name] / 60:.1f} CPU min'}: "
+                         f"{what}")
+        if o.budget_epochs and not o.recovered:
+            lines.append("the recovery's command (run by the recover stage; or elsewhere after --stop-after shrink):")
+            lines.append("  " + self.recovery_command(data))
+        return lines
+
     def _recovered_epochs(self, cached: set) -> int:
         """Epochs a recovery of this run's shrink already trained (its record, of another budget)."""
         record = self.store.record("recover")
@@ -734,7 +863,17 @@ class Run:
             return
         model_cfg = self.loaded.saved_cfg.model
         arch = model_cfg.get("arch") if hasattr(model_cfg, "get") else getattr(model_cfg, "arch", None)
-        recover.refuse_foreign_options(list(self.options.recover_args), arch or "transformer")
+        _, _, train_options = split_subsets(self.options.train_options)
+        instead = {"--max-update": "--budget-updates N", "--max-epoch": "--budget-epochs N",
+                   "--train-subset": "--train-subset to compress itself", "--valid-subset":
+                   "--valid-subset to compress itself"}
+        for name in recover.option_names(list(self.options.recover_args)):
+            if name in instead:
+                raise UserError(f"--recover-args: {name} is the recovery's budget or data, which compress sets: give "
+                                f"{instead[name]}")
+        recover.refuse_foreign_options(train_options + list(self.options.recover_args), arch or "transformer")
+        if "--disable-validation" in train_options + list(self.options.recover_args):
+            raise UserError("--disable-validation: the recovery early-stops on valid and keeps its best checkpoint")
         options = self._recover_options(os.path.join(self.options.out, "model.pt"), None)
         argv = recover.training_argv(self.loaded.cfg.task.data, self.loaded.checkpoint, options,
                                      self.loaded.cfg.task._name, arch or "transformer")
@@ -758,7 +897,8 @@ class Run:
             following = self.store.record(name)
             if not following or following["identity"].get("after") != digest(record):
                 break
-            if name == "recover" and following["identity"].get("budget_epochs") != self.options.budget_epochs:
+            if name == "recover" and (following["identity"].get("budget_epochs") != self.options.budget_epochs
+                                      or following["identity"].get("budget_updates") != self.options.budget_updates):
                 break
             cached.add(name)
             record = following
@@ -771,8 +911,12 @@ class Run:
         if cached:
             self.log(f"cost table: measured before on this machine ({self.cost_cache})")
             return {**cached, "from_cache": True}
-        table = levers.measure(self.loaded, self.options.engine, self.timing, self.options.runs, log=self.log)
+        table = levers.measure(self.loaded, self.options.engine, self.timing, self.rounds, log=self.log)
         table["identity"] = identity
+        if not levers.decided(table):  # never cached: a rerun measures again rather than reuse an undecided table
+            self.log(f"cost table: its rows saw as few as {levers.fewest_paired(table)} paired batches, fewer than "
+                     f"{levers.MIN_PAIRED}: not kept in the cache")
+            return {**table, "from_cache": False, "cache_file": None}
         stored = levers.store_table(self.cost_cache, table)
         return {**table, "from_cache": False, "cache_file": stored}
 
@@ -840,7 +984,8 @@ class Run:
     def _choice_identity(self, points: List[Dict]) -> Dict:
         o = self.options
         identity = {"target": o.target, "points": points, "calibration": [o.calibration_subset,
-                    o.calibration_sentences, o.calibration_max_tokens], "data": self._data_sha(o.calibration_subset)}
+                    o.calibration_sentences, o.calibration_max_tokens, {"seed": o.sample_seed}],
+                    "data": self._data_sha(o.calibration_subset)}
         if o.max_bleu_loss is not None:
             identity.update(heldout=o.heldout_sentences, shrink=self._shrink_settings(), valid=self._data_sha("valid"))
         return identity
@@ -967,7 +1112,7 @@ class Run:
         timed: List[Dict] = []
         for _ in range(1 + RETIMED_ROUNDS):
             shapes = {label(p): levers.ceiling_shape(self.loaded.model, p) for p in batch}
-            measured = levers.time_shapes(self.loaded, self.options.engine, self.timing, self.options.runs, shapes,
+            measured = levers.time_shapes(self.loaded, self.options.engine, self.timing, self.rounds, shapes,
                                           self.log)
             for p in batch:
                 p["measured_speedup"] = measured["speedup"][label(p)]
@@ -1071,7 +1216,8 @@ class Run:
 
     def _shrink_settings(self) -> Dict:
         o = self.options
-        return {"calibration": [o.calibration_subset, o.calibration_sentences, o.calibration_max_tokens],
+        return {"calibration": [o.calibration_subset, o.calibration_sentences, o.calibration_max_tokens,
+                                {"seed": o.sample_seed}],
                 "window": [o.window_steps, o.window_lr], "check_sentences": o.check_sentences,
                 "data": self._data_sha(o.calibration_subset)}
 
@@ -1124,9 +1270,10 @@ class Run:
 
     # recover
 
-    def _recover_stage(self, shrunk: Dict) -> Dict:
+    def _recover_key(self, shrunk_sha: str, sample: Dict) -> Dict:
+        """What makes two recoveries the same run (their resume key): student, teacher, options, the recovery set."""
         o = self.options
-        key = {"student": shrunk["checkpoint_sha256"], "teacher": file_sha256(self.loaded.checkpoint),
+        key = {"student": shrunk_sha, "teacher": file_sha256(self.loaded.checkpoint),
                "recover_args": list(o.recover_args)}
         if o.distill_hidden_weight:  # (absent when off: the records of runs before the option still resume)
             key["distill_hidden_weight"] = o.distill_hidden_weight
@@ -1135,13 +1282,59 @@ class Run:
         if o.distill_source:  # (likewise)
             key["distill_source"] = [file_sha256(p) for p in o.distill_source]
             key["distill_nbest"] = o.distill_nbest
+        if o.train_options:  # (likewise)
+            key["train_options"] = list(o.train_options)
+        if sample.get("sampled"):  # (likewise: all of train, as before the option)
+            key["sample"] = {"sentences": o.recover_sentences, "seed": o.sample_seed}
+        return key
+
+    def _recover_stage(self, shrunk: Dict) -> Dict:
+        o = self.options
+        if o.recovered:
+            inside = os.path.realpath(self.store.folder("recover")) + os.sep
+            if os.path.realpath(o.recovered).startswith(inside):
+                raise UserError(f"--recovered {o.recovered} is inside the recover stage's own folder, which the stage "
+                                "replaces: move it out first")
+            return self.stage("recover", {"recovered": file_sha256(o.recovered)},
+                              lambda folder: self._adopt(folder, shrunk), 0.0)
+        data, sample = self._recovery_set(prepare=o.budget_epochs > 0)
+        key = self._recover_key(shrunk["checkpoint_sha256"], sample)
         record = self.store.record("recover")
-        if record and record["identity"].get("run") == key and record["result"]["budget_epochs"] > o.budget_epochs:
-            raise UserError(f"{self.store.folder('recover')} holds a recovery of {record['result']['budget_epochs']} "
-                            f"epochs: give --budget-epochs {record['result']['budget_epochs']} or more, or another "
-                            "--out")
-        return self.stage("recover", {"run": key, "budget_epochs": o.budget_epochs},
-                          lambda folder: self._recover(folder, shrunk), self.todo["recover"], resume_key=key)
+        if record and record["identity"].get("run") == key:
+            for name, flag in (("budget_epochs", "--budget-epochs"), ("budget_updates", "--budget-updates")):
+                held = record["result"].get(name)
+                if held is not None and held > getattr(o, name):
+                    raise UserError(f"{self.store.folder('recover')} holds a recovery of {flag} {held}: give {flag} "
+                                    f"{held} or more, or another --out")
+        return self.stage("recover", {"run": key, "budget_epochs": o.budget_epochs,
+                                      "budget_updates": o.budget_updates},
+                          lambda folder: self._recover(folder, shrunk, data, sample), self.todo["recover"],
+                          resume_key=key)
+
+    def _recovery_set(self, prepare: bool = True) -> Tuple[str, Dict]:
+        """The recovery's data folder and what it trains on: the user's (or the choice's, valid split) when train
+        holds at most --recover-sentences pairs, else a folder whose train subset is a random sample of that many
+        (OUT/stages/recover-data, drawn once per data, size and seed; `prepare` False: its path only)."""
+        o = self.options
+        base = (self.results.get("choice") or {}).get("data") or self.loaded.cfg.task.data
+        train_subset, _, _ = split_subsets(o.train_options)
+        total, _ = subset_tokens(self.loaded, train_subset)
+        if o.recover_sentences >= total:
+            return base, {"subset": train_subset, "sentences": total, "of": total, "sampled": False}
+        folder = os.path.join(self.store.root, "recover-data")
+        described = {"subset": train_subset, "sentences": o.recover_sentences, "of": total, "sampled": True,
+                     "seed": o.sample_seed}
+        if not prepare:
+            return folder, described
+        identity = {"data": recover.data_fingerprint(base, [train_subset]), "sentences": o.recover_sentences,
+                    "seed": o.sample_seed, "subset": train_subset}
+        held = read_json(os.path.join(folder, "sample.json"))
+        if not held or held.get("identity") != identity:
+            drawn = recover.sample_subset(base, train_subset, o.recover_sentences, o.sample_seed, folder)
+            write_json_atomic(os.path.join(folder, "sample.json"), {"identity": identity, "drawn": drawn})
+            self.log(f"recovery set: {o.recover_sentences} of the {total} pairs of '{train_subset}', drawn at random "
+                     f"(seed {o.sample_seed}) into {folder}")
+        return folder, described
 
     def _recover_options(self, out: str, work_dir: Optional[str], layers: Optional[Dict] = None):
         """`layers`: the shrink record's; a cut decoder compares each kept layer with the teacher layer its
@@ -1149,18 +1342,58 @@ class Run:
         cfg = self.loaded.cfg
         languages = task_language_args(cfg.task)
         hidden_map = ((layers or {}).get("teacher_outputs") or {}).get("dec")
+        train_subset, valid_subset, train_options = split_subsets(self.options.train_options)
         return RecoverOptions(teacher=self.loaded.checkpoint, out=out, epochs=self.options.budget_epochs,
-                              distill=self.options.distill,
+                              updates=self.options.budget_updates, distill=self.options.distill,
                               distill_hidden_weight=self.options.distill_hidden_weight,
                               distill_hidden_layers=",".join(map(str, hidden_map)) if hidden_map and
                               self.options.distill_hidden_weight else "",
                               distill_source=list(self.options.distill_source),
-                              distill_nbest=self.options.distill_nbest, work_dir=work_dir,
+                              distill_nbest=self.options.distill_nbest, train_subset=train_subset,
+                              valid_subset=valid_subset, work_dir=work_dir,
                               train_args=languages + (encoder_args(cfg) if self.options.distill_source else [])
-                              + list(self.options.recover_args))
+                              + train_options + list(self.options.recover_args))
 
-    def _recover(self, folder: str, shrunk: Dict) -> Dict:
-        o, cfg = self.options, self.loaded.cfg
+    def recovery_command(self, data: str, layers: Optional[Dict] = None, elsewhere: bool = False) -> str:
+        """The recovery's fairseq-train command, as the recover stage runs it (from OUT/stages/shrink's student into
+        OUT/stages/recover/run); `elsewhere`: into OUT/recovery-run instead, to run on GPUs or a cluster (torchrun,
+        Slurm) and hand back with --recovered (the recover stage's folder is its own)."""
+        folder = self.store.folder("recover")
+        work_dir = os.path.join(self.options.out, "recovery-run") if elsewhere else os.path.join(folder, "run")
+        options = self._recover_options(os.path.join(folder, "model.pt"), work_dir, layers)
+        model_cfg = self.loaded.saved_cfg.model
+        arch = (model_cfg.get("arch") if hasattr(model_cfg, "get") else getattr(model_cfg, "arch", None)) \
+            or "transformer"
+        student = os.path.join(self.store.folder("shrink"), "model.pt")
+        task = recover.saved_task_name(self.loaded.saved_cfg)
+        if os.path.exists(student):  # the student's own model and task options (its pruned heads, its shape)
+            student_cfg = recover._saved_cfg(recover._load_state(student), student)
+            arch = recover._field(student_cfg["model"], "arch") or arch
+            saved = recover.student_args(student, arch, task)
+        else:  # --dry-run: the student does not exist yet
+            saved = []
+        argv = recover.training_argv(os.path.abspath(data), student, options, task, arch, saved)
+        return "fairseq-train " + shlex.join(argv) + ("" if saved else "  (and the student's model options, read "
+                                                      "from its checkpoint once the shrink wrote it)")
+
+    def _write_recovery_script(self, shrunk: Dict) -> None:
+        """--stop-after shrink: the recovery's fairseq-train command printed and written to OUT/recovery-run.sh
+        (options given to the script are added to it: --distributed-world-size N, ...), to run here or elsewhere;
+        --recovered then takes its best checkpoint."""
+        data, _ = self._recovery_set()
+        command = self.recovery_command(data, shrunk.get("layers"), elsewhere=True)
+        script = os.path.join(self.options.out, "recovery-run.sh")
+        with atomic_output(script) as f:
+            f.write("#!/bin/sh\n# the recovery of compress, as its recover stage would run it; \"$@\": more "
+                    "fairseq-train options\n" + f"exec {command} \"$@\"\n")
+        os.chmod(script, 0o755)
+        best = os.path.join(self.options.out, "recovery-run", "checkpoint_best.pt")
+        self.log(f"the recovery, to run here or elsewhere (GPUs: --distributed-world-size N; a cluster: its "
+                 f"fairseq-train under torchrun or srun), written to {script}:\n  {command}\nthen the same compress "
+                 f"command with --recovered {best} goes on from its result")
+
+    def _recover(self, folder: str, shrunk: Dict, data: str, sample: Dict) -> Dict:
+        o = self.options
         if o.budget_epochs == 0:
             return {"checkpoint": shrunk["checkpoint"], "checkpoint_sha256": shrunk["checkpoint_sha256"],
                     "budget_epochs": 0, "recovered": False}
@@ -1169,15 +1402,54 @@ class Run:
             if os.path.exists(path):
                 os.remove(path)
         options = self._recover_options(out, os.path.join(folder, "run"), shrunk.get("layers"))
-        data = self.results["choice"].get("data") or cfg.task.data  # --max-bleu-loss: valid less the held-out split
-        record = recover.recover(data, shrunk["checkpoint"], options, log=self.log)
+        with torch_threads(self.threads):  # the threads the command was given (every other stage times on one)
+            record = recover.recover(data, shrunk["checkpoint"], options, log=self.log)
         return {"checkpoint": out, "checkpoint_sha256": file_sha256(out), "budget_epochs": o.budget_epochs,
-                "recovered": True, "updates": record["updates"], "updates_at_best": record["updates_at_best"],
+                "budget_updates": o.budget_updates, "recovered": True, "updates": record["updates"],
+                "updates_at_best": record["updates_at_best"], "sentences": sample["sentences"], "sample": sample,
+                "processes": record["processes"], "device": record["device"], "threads": self.threads,
                 "epochs": record["epochs"], "best_checkpoint": record["best_checkpoint"],
                 "peak_rss_gib": record["peak_rss_gib"], "distill": options.distill,
                 "distill_hidden": {"weight": options.distill_hidden_weight,
                                    "teacher_layers": options.distill_hidden_layers or "one to one"}
                 if options.distill_hidden_weight else None}
+
+    def _adopt(self, folder: str, shrunk: Dict) -> Dict:
+        """--recovered CKPT: a recovery that ran elsewhere, checked to be a student of this run's shrink (every
+        parameter's name and shape, and, where the file it was fine-tuned from is here, that file), written as
+        the recovered model (weights and config, no optimizer state)."""
+        import torch
+
+        path = self.options.recovered
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=False)
+        except Exception as e:  # noqa: BLE001 - any unreadable file is the user's to fix
+            raise UserError(f"--recovered: cannot load {path}: {type(e).__name__}") from None
+        student = torch.load(shrunk["checkpoint"], map_location="cpu", weights_only=False)["model"]
+        weights = state.get("model") or {}
+        shapes = {k: tuple(v.shape) for k, v in weights.items() if torch.is_tensor(v)}
+        wanted = {k: tuple(v.shape) for k, v in student.items() if torch.is_tensor(v)}
+        differs = sorted(set(shapes) ^ set(wanted)) or sorted(k for k in wanted if shapes[k] != wanted[k])
+        if differs:
+            raise UserError(f"--recovered {path} is not a student of this run's shrink ({shrunk['checkpoint']}): "
+                            f"{differs[0]} differs")
+        cfg = state.get("cfg") or {}
+        source = ((cfg.get("checkpoint") or {}).get("finetune_from_model")) if hasattr(cfg, "get") else None
+        if source and os.path.isfile(source) and file_sha256(source) != shrunk["checkpoint_sha256"]:
+            raise UserError(f"--recovered {path} was fine-tuned from {source}, not from this run's shrink")
+        state.pop("last_optimizer_state", None)
+        out = os.path.join(folder, "model.pt")
+        save_state(state, out + ".tmp")
+        os.replace(out + ".tmp", out)
+        trained = (state.get("optimizer_history") or [{}])[-1]
+        distributed = (cfg.get("distributed_training") or {}) if hasattr(cfg, "get") else {}
+        _, sample = self._recovery_set(prepare=False)
+        return {"checkpoint": out, "checkpoint_sha256": file_sha256(out), "budget_epochs": self.options.budget_epochs,
+                "recovered": True, "elsewhere": os.path.abspath(path), "updates": trained.get("num_updates"),
+                "updates_at_best": trained.get("num_updates"), "sentences": sample["sentences"], "sample": sample,
+                "processes": int(distributed.get("distributed_world_size") or 1),
+                "device": "elsewhere", "epochs": [], "best_checkpoint": os.path.basename(path),
+                "distill": self.options.distill, "distill_hidden": None}
 
     # export
 
@@ -1213,8 +1485,8 @@ class Run:
             natural = models["unpruned"].run(timing)
             length = max(1, round(statistics.mean(len(h) for h in natural["hypotheses"].values())))
             decoders = {k: m.run for k, m in models.items()}
-            forced = levers.timed_rounds(decoders, timing, self.options.runs, length)
-            as_decoded = levers.timed_rounds(decoders, timing, self.options.runs, 0)
+            forced = levers.timed_rounds(decoders, timing, self.rounds, length)
+            as_decoded = levers.timed_rounds(decoders, timing, self.rounds, 0)
             singles = single_sentences(self.loaded, self.options.timing_subset, self.options.latency_sentences)
             latency = levers.timed_rounds(decoders, singles, self.options.runs, length)
             load = levers.load_average()
@@ -1222,13 +1494,13 @@ class Run:
         beam, batch = int(self.loaded.cfg.generation.beam), max(s["id"].numel() for s in timing)
         shape_of = ModelShape.of if self.options.engine == "fairseq" else ct2_shape
         n = sum(s["id"].numel() for s in timing)
-        return {"subset": self.options.timing_subset, "sentences": n, "runs": self.options.runs,
+        return {"subset": self.options.timing_subset, "sentences": n, "runs": self.rounds, "batches": len(timing),
                 "forced_length": length, "largest_batch": batch, "load_average": load,
                 "speedup_equal_work": round(levers.paired_speedup(forced["unpruned"], forced["compressed"]), 3),
                 "speedup_as_decoded": round(levers.paired_speedup(as_decoded["unpruned"], as_decoded["compressed"]),
                                             3),
                 "speedup_equal_work_total": round(sum(forced["unpruned"]) / sum(forced["compressed"]), 3),
-                "sentences_per_s": {k: round(n * self.options.runs / sum(v), 1) for k, v in as_decoded.items()},
+                "sentences_per_s": {k: round(n * self.rounds / sum(v), 1) for k, v in as_decoded.items()},
                 "latency_batch1": {"sentences": len(singles), "forced_length": length,
                                    "ms": {k: round(1000 * statistics.median(v), 2) for k, v in latency.items()},
                                    "speedup": round(levers.paired_speedup(latency["unpruned"],
@@ -1418,6 +1690,8 @@ def run(loaded, options: CompressOptions, log: Callable = print, progress: bool 
     preflight.output_folder(options.out, inputs)
     compress = Run(loaded, options, log, progress)
     compress.check()
+    if options.dry_run:  # the plan only: nothing is written, OUT not even made
+        return compress.run()
     os.makedirs(options.out, exist_ok=True)
     with FolderLock(options.out, option="--out"):
         preflight.output_folder(options.out, inputs)  # as it is now that this process holds it

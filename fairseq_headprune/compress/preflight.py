@@ -30,13 +30,14 @@ from fairseq_headprune.fairseq_io.loading import load_subset
 from fairseq_headprune.records.log import LOCK_NAME
 
 # what a compress run writes into --out (its records: stages/ and compress.json), and its temporaries
-OWN_ENTRIES = ("stages", "ct2", "model.pt", "MODEL_CARD.md", "compress.json", LOCK_NAME)
-OWN_TEMPORARIES = re.compile(r"\.(MODEL_CARD\.md|compress\.json)\..+\.tmp|model\.pt\.tmp|\.ct2-.+")
+OWN_ENTRIES = ("stages", "ct2", "model.pt", "MODEL_CARD.md", "compress.json", LOCK_NAME,
+               "recovery-run.sh", "recovery-run")  # --stop-after shrink's recovery command and its run folder
+OWN_TEMPORARIES = re.compile(r"\.(MODEL_CARD\.md|compress\.json|recovery-run\.sh)\..+\.tmp|model\.pt\.tmp|\.ct2-.+")
 
 # fairseq-train options compress's recovery sets itself -> the compress option that sets it (or why it is fixed)
 SET_BY_COMPRESS = {
     "--max-epoch": "use --budget-epochs N",
-    "--max-update": "use --budget-epochs N",
+    "--max-update": "use --budget-updates N",
     "--valid-subset": "the recovery early-stops on valid, less the choice's held-out split with --max-bleu-loss "
                       "(a reported set takes part in no choice)",
     "--train-subset": "the recovery trains on train",
@@ -175,7 +176,7 @@ def devices(cfg) -> None:
     world = int(dist.distributed_world_size or 1)
     launched = dist.distributed_init_method is not None or all(
         key in os.environ for key in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK"))
-    if world > 1 and not launched and not common.tpu and world > gpus:
+    if world > 1 and not launched and not common.tpu and gpus and world > gpus:  # without a GPU: CPU processes
         raise UserError(f"--recover-args: --distributed-world-size {world} needs {world} GPUs and this machine has "
                         f"{gpus}")
     if not common.cpu and gpus and dist.device_id >= gpus:

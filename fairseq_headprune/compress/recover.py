@@ -17,17 +17,22 @@ from __future__ import annotations
 import argparse
 import copy
 import glob
+import hashlib
 import json
 import logging
 import os
 import resource
 import shutil
+import socket
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional
 
+import numpy as np
 import torch
+from fairseq.data import data_utils, indexed_dataset
 
+from fairseq_headprune.compress.shrink import random_ids
 from fairseq_headprune.fairseq_io.checkpoint_io import record_path_for, save_state, write_checkpoint_pair
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.fairseq_io.loading import PACKAGE_DIR
@@ -112,16 +117,16 @@ class RecoverOptions:
         self.budget_args()
 
     def budget_args(self) -> List[str]:
-        if self.epochs is not None and self.updates is not None:
-            raise UserError("give --epochs or --updates, not both")
+        """fairseq-train's budget: --max-epoch, --max-update, or both (it stops at whichever comes first)."""
         if self.updates is not None:
             if self.updates < 1:
                 raise UserError(f"--updates must be at least 1, not {self.updates}")
-            return ["--max-update", str(self.updates), "--max-epoch", "0"]
+            if self.epochs is None:
+                return ["--max-update", str(self.updates), "--max-epoch", "0"]
         epochs = 2 if self.epochs is None else self.epochs
         if epochs < 1:
             raise UserError(f"--epochs must be at least 1, not {epochs}")
-        return ["--max-epoch", str(epochs)]
+        return ["--max-epoch", str(epochs)] + ([] if self.updates is None else ["--max-update", str(self.updates)])
 
     def resolved_work_dir(self) -> str:
         return self.work_dir or os.path.splitext(self.out)[0] + ".recover"
@@ -165,12 +170,54 @@ def refuse_foreign_options(train_args: List[str], arch: str) -> None:
                         f"(only {', '.join('--' + o.replace('_', '-') for o in TUNABLE_MODEL_OPTIONS)} can)")
 
 
-def training_argv(data: str, student: str, options: RecoverOptions, saved_task: str, arch: str) -> List[str]:
-    """fairseq-train's argument list for this recovery: defaults, then the user's options, then recover's own."""
+def saved_config_args(section, add_args, skip=()) -> List[str]:
+    """A saved config section (the student's model or task) as command-line options of the parser `add_args`
+    builds: every option whose saved value is set, so that a bare fairseq-train builds the very model the
+    checkpoint holds (its pruned heads, its shape) under its task's settings."""
+    values = as_mapping(section)
+    parser = argparse.ArgumentParser(add_help=False)
+    add_args(parser)
+    out: List[str] = []
+    for action in parser._actions:
+        longs = [o for o in action.option_strings if o.startswith("--")]
+        if not longs or action.dest in skip or values.get(action.dest) is None:
+            continue
+        value, flag = values[action.dest], longs[0]
+        if isinstance(action, argparse._StoreTrueAction):
+            out += [flag] if value else []
+        elif isinstance(action, argparse._StoreFalseAction):
+            out += [] if value else [flag]
+        elif isinstance(value, (list, tuple)):
+            out += [flag, *map(str, value)] if action.nargs in ("+", "*") else [flag, ",".join(map(str, value))]
+        else:
+            out += [flag, str(value)]
+    return out
+
+
+def student_args(student: str, arch: str, task_name: str) -> List[str]:
+    """The student checkpoint's model and task options for a fairseq-train command run on its own (recover passes
+    them as configs instead): its architecture's options but the tunable dropouts, and its task's but the data
+    and the subsets."""
+    from fairseq.models import ARCH_MODEL_REGISTRY
+    from fairseq.tasks import TASK_REGISTRY
+
+    cfg = _saved_cfg(_load_state(student), student)
+    out = saved_config_args(cfg["model"], ARCH_MODEL_REGISTRY[arch].add_args, set(TUNABLE_MODEL_OPTIONS) | {"arch"})
+    task = TASK_REGISTRY.get(task_name)
+    if task is not None and saved_task_name(cfg) == task_name:
+        out += saved_config_args(cfg.get("task"), task.add_args, {"data", "train_subset", "valid_subset"})
+    return out
+
+
+def training_argv(data: str, student: str, options: RecoverOptions, saved_task: str, arch: str,
+                  saved: List[str] = ()) -> List[str]:
+    """fairseq-train's argument list for this recovery: defaults, then the user's options, then recover's own
+    (`saved`: the student's model and task options, student_args, for a command run on its own)."""
     given = set(option_names(options.train_args))
     argv = [data, "--user-dir", PACKAGE_DIR, "--arch", arch]
     if "--task" not in given:
         argv += ["--task", saved_task]
+    argv += list(saved)
     for name, value in TRAIN_DEFAULTS.items():
         if name not in given:
             argv += [name, value]
@@ -642,7 +689,10 @@ def _train_and_write(cfg, data, student, options, work_dir, start, log) -> dict:
     for logger in loggers:  # fairseq-train's own progress (the command logs WARNING and above), for this run only
         logger.setLevel(logging.INFO)
     try:
-        distributed_utils.call_main(cfg, fairseq_train.main)
+        if cpu_processes(cfg) > 1:
+            call_main_on_cpu(cfg, fairseq_train.main)
+        else:
+            distributed_utils.call_main(cfg, fairseq_train.main)
     finally:
         for logger, level in zip(loggers, levels):
             logger.setLevel(level)
@@ -654,6 +704,91 @@ def _train_and_write(cfg, data, student, options, work_dir, start, log) -> dict:
     return write_recovered(best, student, options, data, work_dir, cfg, time.perf_counter() - start,
                            early_stop=(f"the valid loss did not improve for {patience} validations (--patience "
                                        f"{patience})") if stopped else None)
+
+
+def cpu_processes(cfg) -> int:
+    """The processes of a recovery on the CPU (--distributed-world-size without a GPU, or with --cpu): fairseq 0.12
+    spawns one process per GPU only, so call_main_on_cpu starts them. 1 on GPUs (fairseq's own spawn) or alone."""
+    world = int(cfg.distributed_training.distributed_world_size or 1)
+    on_cpu = bool(cfg.common.cpu) or not torch.cuda.is_available()
+    launched = cfg.distributed_training.distributed_init_method is not None  # torchrun, Slurm: fairseq's own
+    return world if on_cpu and not launched else 1
+
+
+def call_main_on_cpu(cfg, main) -> None:
+    """fairseq-train's main in distributed_world_size local CPU processes, through fairseq's own distributed_main
+    (torch.distributed, gloo; fairseq's legacy_ddp where torch's DDP, which wants a GPU id, was asked): each rank
+    trains on its shard of every batch, the gradients are all-reduced, and rank 0 alone writes the checkpoints, as
+    on GPUs. The machine's threads are shared out between the ranks."""
+    from fairseq.distributed import utils as distributed_utils
+    from omegaconf import open_dict
+
+    world = int(cfg.distributed_training.distributed_world_size)
+    with socket.socket() as s:  # a free port on this machine for the rendezvous
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    with open_dict(cfg):
+        cfg.common.cpu = True
+        cfg.distributed_training.distributed_backend = "gloo"
+        cfg.distributed_training.distributed_init_method = f"tcp://localhost:{port}"
+        cfg.distributed_training.distributed_no_spawn = True
+        cfg.distributed_training.distributed_rank = None
+        cfg.distributed_training.distributed_num_procs = world
+        if cfg.distributed_training.ddp_backend in ("pytorch_ddp", "c10d"):  # torch's DDP takes no CPU device id
+            cfg.distributed_training.ddp_backend = "legacy_ddp"
+    threads = max(1, torch.get_num_threads() // world)
+    torch.multiprocessing.spawn(fn=cpu_rank, args=(main, cfg, threads, distributed_utils.distributed_main),
+                                nprocs=world, join=True)
+
+
+def cpu_rank(rank: int, main, cfg, threads: int, distributed_main) -> None:
+    """One rank of call_main_on_cpu (a spawned process)."""
+    torch.set_num_threads(threads)
+    cfg.distributed_training.distributed_rank = rank
+    distributed_main(0, main, cfg, {})
+
+
+def training_setup(cfg) -> Dict[str, object]:
+    """What ran: the processes (fairseq's world size) and the device (a GPU when one is visible and --cpu is not
+    given, as fairseq's trainer decides)."""
+    world = int(cfg.distributed_training.distributed_world_size or 1)
+    gpu = torch.cuda.is_available() and not cfg.common.cpu
+    return {"processes": world, "device": torch.cuda.get_device_name(0) if gpu else "CPU"}
+
+
+def sample_subset(source: str, subset: str, n: int, seed: int, out: str) -> Dict:
+    """A data folder `out` beside the user's: every file linked, except the subset's binarised files, which hold n
+    of its sentence pairs drawn at random with `seed` (in id order; each language pair's files sampled alike).
+    Written whole: built beside `out`, then renamed. Returns what was drawn (per pair: sentences, ids' hash)."""
+    folder = source.split(os.pathsep)[0]
+    prefixes = sorted({p[:-4] for p in glob.glob(os.path.join(folder, glob.escape(subset) + ".*.bin"))})
+    if not prefixes:
+        raise UserError(f"no binarised '{subset}' subset in {folder} to sample")
+    staged = out + ".partial"
+    shutil.rmtree(staged, ignore_errors=True)
+    os.makedirs(staged)
+    for path in glob.glob(os.path.join(folder, "*")):
+        if os.path.isfile(path) and not os.path.basename(path).startswith(subset + "."):
+            os.symlink(os.path.abspath(path), os.path.join(staged, os.path.basename(path)))
+    drawn: Dict[str, Dict] = {}
+    for prefix in prefixes:
+        name = os.path.basename(prefix)  # train.de-en.de: the pair is the part between the subset and the language
+        pair = name[len(subset) + 1:].rsplit(".", 1)[0]
+        dataset = data_utils.load_indexed_dataset(prefix, None)
+        ids = random_ids(len(dataset), n, seed)
+        if pair in drawn and drawn[pair]["of"] != len(dataset):
+            raise UserError(f"the files of '{subset}' for {pair} hold different numbers of sentences")
+        drawn[pair] = {"sentences": len(ids), "of": len(dataset),
+                       "ids_sha256": hashlib.sha256(",".join(map(str, ids)).encode()).hexdigest()[:16]}
+        dtype = getattr(getattr(dataset, "_index", None), "dtype", np.int32)  # the user's files' own width
+        builder = indexed_dataset.MMapIndexedDatasetBuilder(os.path.join(staged, name + ".bin"), dtype=dtype)
+        for i in ids:
+            builder.add_item(dataset[i])
+        builder.finalize(os.path.join(staged, name + ".idx"))
+        del dataset
+    shutil.rmtree(out, ignore_errors=True)
+    os.rename(staged, out)
+    return {"subset": subset, "seed": seed, "pairs": drawn}
 
 
 def last_valid_loss(state: dict):
@@ -715,7 +850,7 @@ def write_recovered(best: str, student: str, options: RecoverOptions, data: str,
         "updates": trained.get("num_updates"),  # fairseq's own count, carried across resumes
         "epochs": epoch_history(work_dir),
         "lr": list(cfg.optimization.lr), "lr_scheduler": cfg.lr_scheduler._name, "max_tokens": cfg.dataset.max_tokens,
-        "wall_seconds_this_call": round(seconds, 1),
+        "wall_seconds_this_call": round(seconds, 1), **training_setup(cfg),
         "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
         "work_dir": os.path.abspath(work_dir),
         "options": {k: v for k, v in asdict(options).items()},

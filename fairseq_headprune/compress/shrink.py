@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import os
+import random
 import re
 import time
 from collections import Counter
@@ -62,6 +63,9 @@ class ShrinkOptions:
     calibration_subset: str = option("valid", flag="--calibration-subset",
                                      help="the subset whose sentences the search and the fits read")
     calibration_sentences: int = option(1000, flag="--calibration-sentences", help="how many of them (the first)")
+    calibration_seed: Optional[int] = option(None, flag="--calibration-seed",
+                                             help="draw them at random over the subset with this seed instead of "
+                                                  "taking the first (a concatenated corpus: every part)")
     calibration_targets: str = option("references", flag="--calibration-targets", choices=TARGETS,
                                       help="teacher-force the references, or the unpruned model's own translations "
                                            "(no references needed)")
@@ -379,18 +383,24 @@ class Calibration:
     source_tokens: int
     target_tokens: int
     seconds: float = 0.0
+    seed: Optional[int] = None  # drawn at random with this seed (None: the first sentences)
 
     def provenance(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if k != "samples"}
+        out = {k: v for k, v in asdict(self).items() if k != "samples"}
+        if out["seed"] is None:  # the records of the first sentences stay as they were
+            del out["seed"]
+        return out
 
 
-def calibration_samples(loaded, subset: str, n: int, max_tokens: Optional[int] = None) -> Tuple[List[dict], str]:
-    """The first n sentences (by id) of a subset, in batches of similar length; the ids' hash."""
+def calibration_samples(loaded, subset: str, n: int, max_tokens: Optional[int] = None,
+                        seed: Optional[int] = None) -> Tuple[List[dict], str]:
+    """The first n sentences (by id) of a subset, or n drawn at random with `seed`, in batches of similar length;
+    the ids' hash."""
     try:
         dataset = load_subset(loaded, subset)
     except UserError as e:
         raise UserError(f"calibration: {e}") from None
-    ids = list(range(min(n, len(dataset))))
+    ids = list(range(min(n, len(dataset)))) if seed is None else random_ids(len(dataset), n, seed)
     # (source, target) sizes through fairseq's own size(): the multilingual task's concatenated datasets have no
     # src_sizes array of their own
     sizes = {i: tuple(int(s or 0) for s in dataset.size(i)) for i in ids}
@@ -409,6 +419,12 @@ def calibration_samples(loaded, subset: str, n: int, max_tokens: Optional[int] =
     samples = [dataset.collater([dataset[i] for i in b]) for b in batches]
     sha = hashlib.sha256(",".join(map(str, sorted(ids))).encode()).hexdigest()[:16]
     return samples, sha
+
+
+def random_ids(size: int, n: int, seed: int) -> List[int]:
+    """n sentence ids of a subset of `size`, drawn without replacement with `seed` (all of them when n >= size),
+    in id order."""
+    return sorted(random.Random(seed).sample(range(size), n)) if n < size else list(range(size))
 
 
 @torch.no_grad()
@@ -437,7 +453,7 @@ def self_targets(loaded, samples: List[dict], beam: int) -> List[dict]:
 def calibrate(loaded, options: ShrinkOptions) -> Calibration:
     start = time.perf_counter()
     samples, sha = calibration_samples(loaded, options.calibration_subset, options.calibration_sentences,
-                                       loaded.cfg.dataset.max_tokens)
+                                       loaded.cfg.dataset.max_tokens, options.calibration_seed)
     if options.calibration_targets == "self":
         set_head_masks(loaded.model, [])
         samples = self_targets(loaded, samples, options.calibration_beam)
@@ -446,7 +462,7 @@ def calibrate(loaded, options: ShrinkOptions) -> Calibration:
     src = sum(int(s["net_input"]["src_tokens"].ne(pad).sum()) for s in samples)
     tgt = sum(int(s["target"].ne(pad).sum()) for s in samples)
     return Calibration(samples, options.calibration_subset, n, options.calibration_targets, sha, src, tgt,
-                       time.perf_counter() - start)
+                       time.perf_counter() - start, options.calibration_seed)
 
 
 # --------------------------------------------------------------------------------------------- search
