@@ -634,6 +634,7 @@ def test_a_distillation_set_and_a_vocabulary_map_reach_the_recovery_and_the_expo
     assert (out / "ct2" / "vmap.txt").exists() and translate_options(str(out / "ct2")) == {"use_vmap": True}
     exported = json.loads((out / "compress.json").read_text())["stages"]["export"]
     assert exported["check"]["vocab_map"]["always"] == 50
+    assert "**Vocabulary map** (`ct2/vmap.txt`" in (out / "MODEL_CARD.md").read_text()
     assert json.loads((out / "stages" / "export" / "stage.json").read_text())["identity"]["vocab_map"] == {
         "vocab_map_per_source": 100, "vocab_map_frequent": 50}
 

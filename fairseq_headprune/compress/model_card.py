@@ -44,6 +44,8 @@ def render(record: Dict) -> str:
         *([f"- **On the unpruned model's own training data** (not a held-out result: the unpruned model has seen "
            "these sentences, so its score there is inflated): "
            + "; ".join(bleu_words(r) for r in all_sets(reported) if r["subset"] in trained)] if trained else []),
+        *([vocab_map_words(st["export"]["check"]["vocab_map"])]
+          if (st.get("export") or {}).get("check", {}).get("vocab_map") else []),
         f"- **Target** {target_words(record, trained)}", "",
         GLOSSARY, "",
         "## Result", "",
@@ -134,6 +136,17 @@ def _option_value(command: str, flag: str) -> Optional[str]:
         if token == flag:
             return tokens[i + 1]
     return None
+
+
+def vocab_map_words(vmap: Dict) -> str:
+    """The summary's line for a model shipped with a vocabulary map (compress --vocab-map)."""
+    line = (f"- **Vocabulary map** (`ct2/vmap.txt`, translated with `use_vmap=True`): the output layer scores only the "
+            f"{vmap['always']} most frequent target tokens and the {vmap['per_source']} each source token of the batch "
+            f"brings in (co-occurrence in {vmap['sentence_pairs']} training pairs); speed and BLEU above are with it")
+    if "differing" in vmap:
+        line += (f"; on the export check's {vmap['sentences']} sentences it changed {vmap['differing']} translations "
+                 f"(BLEU {vmap['bleu_without']:.2f} without, {vmap['bleu_with']:.2f} with)")
+    return line
 
 
 def summary_removed(chosen: Dict, whole: Dict, shrunk: Dict) -> str:
