@@ -177,7 +177,7 @@ def _parsed(meta, given):
 def non_finite(options) -> None:
     """Refuse nan or inf in any float option field of an options dataclass (nested too), in one line naming its
     flag: a library caller's options are held to what the command line's finite_float holds them to."""
-    for f, hint in _fields(type(options)):
+    for f, _hint in _fields(type(options)):
         value = getattr(options, f.name)
         if f.metadata.get("nested"):
             non_finite(value)

@@ -64,7 +64,8 @@ def as_run_here(command: str, data: Path, checkpoint: Path, study_checkpoint: Pa
 # time is mostly per-step overhead, which no shape removes, and its targets are refused
 DEEP_DECODER = [
     "--arch", "transformer", "--share-all-embeddings",
-    "--encoder-layers", "1", "--encoder-attention-heads", "4", "--decoder-layers", "8", "--decoder-attention-heads", "4",
+    "--encoder-layers", "1", "--encoder-attention-heads", "4",
+    "--decoder-layers", "8", "--decoder-attention-heads", "4",
     "--encoder-embed-dim", "64", "--decoder-embed-dim", "64", "--encoder-ffn-embed-dim", "128",
     "--decoder-ffn-embed-dim", "128",
 ]
@@ -114,7 +115,7 @@ def test_the_commands_of_readme_and_docs_compress_run_as_written(tiny_data, stoc
     every = [c for commands in found.values() for c in commands]
     assert set(NOT_RUN) <= set(every), sorted(set(NOT_RUN) - set(every))
     ran = []
-    for doc, commands in found.items():
+    for commands in found.values():
         assignments = []  # DEC=...: a variable the following commands read, as in the user's shell
         for command in commands:
             if command in NOT_RUN:

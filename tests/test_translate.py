@@ -63,7 +63,7 @@ def test_moses_subword_nmt_model_translates_raw_text_as_fairseq_generate(tiny_sl
 
     # the README's snippet, as written, with ctranslate2, sacremoses and subword-nmt alone
     snippet = re.search(r"```python\n(.*?)```", (folder / "README.md").read_text(), re.S).group(1)
-    assert "fairseq" not in "".join(l for l in snippet.splitlines() if "import" in l)
+    assert "fairseq" not in "".join(line for line in snippet.splitlines() if "import" in line)
     script = tmp_path / "snippet.py"
     script.write_text(snippet, encoding="utf-8")
     alone = subprocess.run([sys.executable, script, folder], input="\n".join(source) + "\n", capture_output=True,

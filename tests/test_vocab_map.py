@@ -26,7 +26,7 @@ def test_candidates_are_the_most_co_occurring_targets_and_the_most_frequent_ones
 
 
 def _translate(folder, task, batch, **kw):
-    src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
+    src_dict = task.source_dictionary
     sources = [[src_dict[t] for t in row if t not in (src_dict.pad(), src_dict.eos())]
                for row in batch["net_input"]["src_tokens"].tolist()]
     translator = ctranslate2.Translator(str(folder), device="cpu", intra_threads=1)

@@ -91,8 +91,8 @@ def parse_argv(argv):
 
 
 def run(cfg, args) -> None:
-    for option, path in (("--path", args.path), ("--teacher", args.teacher)):
-        readable_file(option, path)
+    for flag, path in (("--path", args.path), ("--teacher", args.teacher)):
+        readable_file(flag, path)
     if not os.path.isdir(args.data.split(os.pathsep)[0]):
         raise UserError(f"data directory not found: {args.data}")
     output_checkpoint("--out", args.out, args.path)

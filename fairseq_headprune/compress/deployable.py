@@ -130,7 +130,7 @@ def guide(content: Dict) -> str:
         "Written by `fairseq-headprune export-ct2` (or `compress`) from a fairseq checkpoint; its translations were "
         "checked against fairseq-generate's before it was written. "
         f"{CARD}, where present, says what was removed and how it was measured.", "",
-        f"- `config.json`, `model.bin`, the vocabulary: the CTranslate2 model",
+        "- `config.json`, `model.bin`, the vocabulary: the CTranslate2 model",
         f"- `{SETTINGS}`: its tokenization ({what or 'none: the input is the tokens fairseq reads'}), language "
         "tokens and the decoding options it was checked with",
         *([f"- `{bpe[SUBWORD_FILES[bpe['_name']][0]]}`: the subword model"] if bpe else []), "",

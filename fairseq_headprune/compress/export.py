@@ -84,7 +84,8 @@ class ExportOptions:
 
 
 # the files CTranslate2's spec.save writes (vocabularies: .json since 3.0, .txt before) and the deployable folder's
-# (compress.deployable), and the vocabulary map: a folder holding anything else is not one export-ct2 wrote, and --force never replaces it
+# (compress.deployable), and the vocabulary map: a folder holding anything else is not one export-ct2 wrote, and
+# --force never replaces it
 CT2_REQUIRED = ("config.json", "model.bin")
 CT2_VOCABULARY = re.compile(r"((shared|source|target)_)?vocabulary\.(json|txt)")
 

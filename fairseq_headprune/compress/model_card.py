@@ -41,7 +41,7 @@ def render(record: Dict) -> str:
         f"{measured['speedup_equal_work']:.2f}x in batches of up to {measured.get('largest_batch', '?')} sentences; "
         + latency_words(measured),
         f"- **BLEU** ({engine}, sacreBLEU): " + "; ".join(bleu_words(r) for r in held_out(reported, trained)),
-        *([f"- **On the unpruned model's own training data** (not a held-out result: the unpruned model has seen "
+        *(["- **On the unpruned model's own training data** (not a held-out result: the unpruned model has seen "
            "these sentences, so its score there is inflated): "
            + "; ".join(bleu_words(r) for r in all_sets(reported) if r["subset"] in trained)] if trained else []),
         *([vocab_map_words(st["export"]["check"]["vocab_map"])]

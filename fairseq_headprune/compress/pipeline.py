@@ -65,7 +65,7 @@ from fairseq_headprune.compress.window_fit import WindowOptions
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.options import nested, non_finite, option
 from fairseq_headprune.compress import layers, model_card, recover, select
-from fairseq_headprune.compress.export import ExportOptions, check_batches, ct2_decoding, export, unsupported_parts
+from fairseq_headprune.compress.export import ExportOptions, ct2_decoding, export, unsupported_parts
 from fairseq_headprune.compress.reconstruct import ReconstructionOptions
 from fairseq_headprune.compress.recover import DISTILL, RecoverOptions, TRAIN_DEFAULTS
 from fairseq_headprune.compress.sequence_targets import language_pair

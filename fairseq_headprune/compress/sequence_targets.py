@@ -266,6 +266,6 @@ def distillation_set_data(base: str, options, encoders, log=print) -> Dict:
                 [source[i].tolist() for i in range(len(source))], source_dict.unk()), 4)}
     with atomic_output(info_path) as f:
         json.dump(info, f)
-    log(f"distillation set: {len(source)} source sentences, {len(pairs_src)} pairs (the teacher's {options.distill_nbest} "
-        f"best each) as '{shard}' beside '{subset}' in {folder}")
+    log(f"distillation set: {len(source)} source sentences, {len(pairs_src)} pairs (the teacher's "
+        f"{options.distill_nbest} best each) as '{shard}' beside '{subset}' in {folder}")
     return {**info, "data": folder}

@@ -233,10 +233,10 @@ class AblationOptions:
         self.workers = parse_workers(self.workers)
         if self.report_subset and self.mode != "keep-one":
             raise UserError("--report-subset applies to --mode keep-one")
-        for option, value in (("--report-metric", self.report_metric),
-                              ("--report-references", self.report_references)):
+        for flag, value in (("--report-metric", self.report_metric),
+                            ("--report-references", self.report_references)):
             if value and self.mode != "keep-one":
-                raise UserError(f"{option} applies to --mode keep-one (with --report-subset)")
+                raise UserError(f"{flag} applies to --mode keep-one (with --report-subset)")
             if value and not self.report_subset:
                 raise UserError(f"{option} needs --report-subset (the subset the chosen heads are reported on)")
         if self.bootstrap_samples < 1:

@@ -91,10 +91,10 @@ class AnalyzeOptions:
                 raise UserError(f"--{name.replace('_', '-')} must be in (0, 1], not {value}")
         if not 0 <= self.syntactic_margin < 1:
             raise UserError(f"--syntactic-margin must be in [0, 1), not {self.syntactic_margin}")
-        for option in ("source_parses", "frequency_text", "importance"):
-            path = getattr(self, option)
+        for name in ("source_parses", "frequency_text", "importance"):
+            path = getattr(self, name)
             if path and not os.path.isfile(path):
-                raise UserError(f"--{option.replace('_', '-')}: no such file: {path}")
+                raise UserError(f"--{name.replace('_', '-')}: no such file: {path}")
 
 
 # -- inputs -------------------------------------------------------------------------------------------------

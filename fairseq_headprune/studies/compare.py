@@ -68,9 +68,9 @@ class CompareOptions:
     def check(self) -> None:
         self.masks_per_batch = parse_masks_per_batch(self.masks_per_batch)
         self.workers = parse_workers(self.workers)
-        for option, path in (("--importance", self.importance), ("--references", self.references)):
+        for flag, path in (("--importance", self.importance), ("--references", self.references)):
             if path and not os.path.isfile(path):
-                raise UserError(f"{option}: no such file: {path}")
+                raise UserError(f"{flag}: no such file: {path}")
         for path in self.gated:
             if not os.path.isfile(path):
                 raise UserError(f"--gated: checkpoint not found: {path}")

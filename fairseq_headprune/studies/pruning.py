@@ -85,10 +85,10 @@ class PruneOptions:
         self.workers = parse_workers(self.workers)
         if not 0 <= self.save_percent <= 100:
             raise UserError(f"--save-percent must be in [0, 100], not {self.save_percent}")
-        for option, path in (("--importance", self.importance), ("--ablation", self.ablation),
-                             ("--references", self.references)):
+        for flag, path in (("--importance", self.importance), ("--ablation", self.ablation),
+                           ("--references", self.references)):
             if path and not os.path.isfile(path):
-                raise UserError(f"{option}: no such file: {path}")
+                raise UserError(f"{flag}: no such file: {path}")
 
     def inputs(self, orders: Sequence[str]) -> Dict:
         """The study inputs this invocation's rows depend on (the run identity's `inputs`)."""

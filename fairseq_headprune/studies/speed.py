@@ -58,9 +58,9 @@ class SpeedOptions:
 
     def check(self) -> None:
         self.batch_size_list()
-        for option, value in (("--runs", self.runs), ("--num-sentences", self.num_sentences)):
+        for flag, value in (("--runs", self.runs), ("--num-sentences", self.num_sentences)):
             if value < 1:
-                raise UserError(f"{option} must be at least 1, not {value}")
+                raise UserError(f"{flag} must be at least 1, not {value}")
         if not parse_head_spec(self.heads):
             raise UserError("--heads names no head")
         if self.engine not in ("fairseq", "ct2"):
