@@ -283,11 +283,11 @@ def recover_line(recovered: Dict) -> str:
               "both": "distillation from the unpruned model on its own beam translations of it (`--distill both`)",
               "none": "the references alone (no distillation)"}[recovered.get("distill") or "logits"]
     if recovered.get("elsewhere"):
-        return (f"- The recovery: {what_ran(recovered)}, run elsewhere ({recovered['elsewhere']}, a student of this "
+        return (f"- The {what_ran(recovered)}, run elsewhere ({recovered['elsewhere']}, a student of this "
                 "run's shrink), from the fairseq-train command `--stop-after shrink` printed.")
     budget = f"budget {recovered['budget_epochs']} epochs" + (f" or {recovered['budget_updates']} updates"
                                                                if recovered.get("budget_updates") else "")
-    return (f"- The recovery: {what_ran(recovered)}: fairseq-train on 'train', {signal}{term}, early stopping "
+    return (f"- The {what_ran(recovered)}: fairseq-train on 'train', {signal}{term}, early stopping "
             f"on 'valid' (best valid loss at {recovered['updates_at_best']} of {recovered['updates']} updates, "
             f"{budget}).")
 
