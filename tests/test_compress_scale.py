@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 
 import pytest
 
-from conftest import run
+from conftest import BIN, run
 from test_compress import compress_argv
 
 from fairseq_headprune.compress import levers
@@ -141,7 +142,9 @@ def test_a_recovery_run_elsewhere_continues_to_the_card(tiny_data, stock_checkpo
     command = next(line.strip() for line in printed.splitlines() if line.strip().startswith("fairseq-train "))
     assert f"--save-dir {out}/recovery-run" in command
     assert f"exec {command} \"$@\"" in (out / "recovery-run.sh").read_text()
-    run(["bash", out / "recovery-run.sh"])  # elsewhere: here, as written
+    # elsewhere: here, as written, with fairseq-train on the PATH as a user's shell has it
+    run(["bash", out / "recovery-run.sh"],
+        env={"PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"})
     best = out / "recovery-run" / "checkpoint_best.pt"
     foreign = run(compress_argv(tiny_data, stock_checkpoint, out, cache, "--recovered", stock_checkpoint),
                   check=False)

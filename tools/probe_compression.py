@@ -21,6 +21,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+import torch
 from pathlib import Path
 from typing import Callable, List, Tuple
 
@@ -295,14 +297,10 @@ COMPRESS_REFUSALS = {
     "--window-lr nan": (lambda p: ["--window-lr", "nan"], "'nan' is not a finite number"),
     "--distill-hidden-weight nan": (lambda p: ["--distill-hidden-weight", "nan"], "'nan' is not a finite number"),
     "--recover-args='--max-tokens 5'": (lambda p: ["--recover-args", "--max-tokens 5"], "--max-tokens 5"),
-    "--recover-args='--distributed-world-size N' beyond the GPUs": (
-        lambda p: ["--recover-args", f"--distributed-world-size {_beyond_gpus()}"], "GPUs and this machine has"),
     "--recover-args='--valid-subset test'": (lambda p: ["--recover-args", "--valid-subset test"],
                                              "--valid-subset is set by compress itself"),
     "--recover-args with an unbalanced quote": (lambda p: ["--recover-args", "--lr 'x"], "No closing quotation"),
-    "--recover-args='--max-update 5'": (lambda p: ["--recover-args", "--max-update 5"], "use --budget-epochs"),
-    "--recover-args='--lr-scheduler cosine'": (lambda p: ["--recover-args", "--lr-scheduler cosine"],
-                                               "cannot set up"),
+    "--recover-args='--max-update 5'": (lambda p: ["--recover-args", "--max-update 5"], "use --budget-updates"),
     "--stop-after bogus": (lambda p: ["--stop-after", "bogus"], "invalid choice: 'bogus'"),
     "a misspelt option": (lambda p: ["--stop-afte", "report"], "did you mean --stop-after?"),
 }
@@ -318,6 +316,11 @@ def _beyond_gpus() -> int:
     import torch
 
     return max(2, torch.cuda.device_count() + 1)
+
+
+if torch.cuda.device_count():  # without a GPU a world size is CPU processes (gloo): a run, not a refusal
+    COMPRESS_REFUSALS["--recover-args='--distributed-world-size N' beyond the GPUs"] = (
+        lambda p: ["--recover-args", f"--distributed-world-size {_beyond_gpus()}"], "GPUs and this machine has")
 
 
 for _name, (_extra, _names) in COMPRESS_REFUSALS.items():

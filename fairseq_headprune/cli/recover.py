@@ -108,7 +108,7 @@ def run(cfg, args) -> None:
                         f"{args.distill} does not use")
     if args.sequence_beam is not None and args.distill not in ("sequences", "both") and not args.distill_source:
         raise UserError(f"--sequence-beam sets the beam of the teacher's translations, which --distill "
-                        f"{args.distill} without --distill-source does not use")
+                        f"{args.distill} does not use (without --distill-source)")
     if args.distill_nbest != 1 and not args.distill_source:
         raise UserError("--distill-nbest sets how many translations of each --distill-source sentence are kept: "
                         "give --distill-source")

@@ -207,7 +207,8 @@ def recovery(run) -> None:
     model_cfg = loaded.saved_cfg.model
     arch = (model_cfg.get("arch") if hasattr(model_cfg, "get") else getattr(model_cfg, "arch", None)) or "transformer"
     settings = run._recover_options(os.path.join(options.out, "model.pt"), None)
-    argv = recover.training_argv(loaded.cfg.task.data, loaded.checkpoint, settings, loaded.cfg.task._name, arch)
+    argv = recover.training_argv(loaded.cfg.task.data, loaded.checkpoint, settings,
+                                 recover.saved_task_name(loaded.saved_cfg), arch)  # the task recover trains under
     cfg = recover.fairseq_train_cfg(argv, loaded.saved_cfg, settings)
     devices(cfg)
     optimizer_and_schedule(cfg)
