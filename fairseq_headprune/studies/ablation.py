@@ -238,7 +238,7 @@ class AblationOptions:
             if value and self.mode != "keep-one":
                 raise UserError(f"{flag} applies to --mode keep-one (with --report-subset)")
             if value and not self.report_subset:
-                raise UserError(f"{option} needs --report-subset (the subset the chosen heads are reported on)")
+                raise UserError(f"{flag} needs --report-subset (the subset the chosen heads are reported on)")
         if self.bootstrap_samples < 1:
             raise UserError(f"--bootstrap-samples must be at least 1, not {self.bootstrap_samples}")
         if not 0 < self.bootstrap_sample_ratio <= 1:
