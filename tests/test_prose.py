@@ -1,6 +1,7 @@
 """The pages a reader reads (README.md, docs/, every results README) say what was run and when, never the work
 period, the tree snapshot or the tracker issue it happened in: those mean something to the author only."""
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -40,3 +41,33 @@ def test_every_reader_page_is_checked():
     names = {str(p.relative_to(ROOT)) for p in PAGES}
     assert {"README.md", "docs/development.md", "results/README.md", "results/compress-de-en/README.md",
             "results/shrink-de-en/NOTES.md"} <= names and len(names) > 30
+
+
+# an absolute path of the machine a file was made on (a home, a work or scratch folder); fairseq's own default
+# "/tmp/plasma" (the plasma store of its checkpoint config) names no machine
+MACHINE_PATH = re.compile(r"(?<![\w.])/(?:work|home|Users|root|scratch|mnt|tmp(?!/plasma))/[\w.-]+")
+TEXT_SUFFIXES = {".md", ".json", ".jsonl", ".log", ".txt", ".html", ".csv", ".tsv", ".sh", ".py", ".cfg", ".toml"}
+
+
+def committed_text_files():
+    """Every file git tracks whose name says it is text."""
+    names = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    return sorted(ROOT / n for n in names.split("\0") if n and Path(n).suffix in TEXT_SUFFIXES)
+
+
+def test_no_committed_text_file_holds_a_machine_path():
+    found = []
+    for path in committed_text_files():
+        for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+            match = MACHINE_PATH.search(line)
+            if match and path.name != "test_prose.py":
+                found.append(f"{path.relative_to(ROOT)}:{n}: {match.group(0)}")
+    assert not found, f"{len(found)} machine paths (write them relative to the repository): " + "; ".join(found[:20])
+
+
+def test_the_machine_path_pattern():
+    caught = ["--save-dir /work/main/work/x", '"/home/me/model.pt"', "/tmp/old/ckpt.pt", "from /work/snap12/ckpt"]
+    kept = ["--plasma-path /tmp/plasma", "work/compress-de-en/data-bin", "../shared/data/multi30k", "a/work/b",
+            "https://example.org/home/page"]
+    assert [t for t in caught if not MACHINE_PATH.search(t)] == []
+    assert [t for t in kept if MACHINE_PATH.search(t)] == []
