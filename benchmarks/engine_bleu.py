@@ -1,5 +1,5 @@
 """BLEU of other checkpoints against the unpruned model in one engine, scored as `compress` reports (the same
-function: compress.pipeline.scored_pair): for controls (the unpruned model through a recovery with nothing removed)
+function: compress.stages.report.scored_pair): for controls (the unpruned model through a recovery with nothing removed)
 beside a compressed model's record.
 
   python benchmarks/engine_bleu.py DATA --path UNPRUNED.pt --other ctl-e4=CKPT [--other ...] \
@@ -30,7 +30,7 @@ def add_args(parser) -> None:
 def main(argv) -> int:
     from fairseq_headprune.cli import _quiet_dependencies, parse
     from fairseq_headprune.compress import levers
-    from fairseq_headprune.compress.pipeline import BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED, scored_pair
+    from fairseq_headprune.compress.stages.report import BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED, scored_pair
     from fairseq_headprune.fairseq_io.loading import load, trust_fairseq_checkpoints
     from fairseq_headprune.records.identity import decoding_identity
     from fairseq_headprune.records.log import write_json_atomic

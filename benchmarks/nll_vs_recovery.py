@@ -87,7 +87,10 @@ def markdown(rows, correlations, calibration) -> str:
 
 def main(argv) -> int:
     from fairseq_headprune.cli import _quiet_dependencies, parse
-    from fairseq_headprune.compress import pipeline
+    from fairseq_headprune.compress.options import CompressOptions
+    from fairseq_headprune.compress.stages.choice import nll_after_fits
+    from fairseq_headprune.compress.stages.common import max_tokens
+    from fairseq_headprune.compress.stages.shrink import calibration_only_options
     from fairseq_headprune.compress.choice import shape_words
     from fairseq_headprune.fairseq_io.loading import load, trust_fairseq_checkpoints
     from fairseq_headprune.records.log import atomic_output, write_json_atomic
@@ -98,14 +101,13 @@ def main(argv) -> int:
     loaded = load(cfg)
     from fairseq_headprune.compress.shrink import calibrate
 
-    options = pipeline.CompressOptions(out=args.runs, speedup=2.0)  # compress's defaults: its calibration
-    run = pipeline.Run(loaded, options, log=print, progress=False)
-    with pipeline.max_tokens(loaded, options.calibration_max_tokens):  # the same sentences and batches
-        calibration = calibrate(loaded, pipeline.calibration_only_options(options))
+    options = CompressOptions(out=args.runs, speedup=2.0)  # compress's defaults: its calibration
+    with max_tokens(loaded, options.calibration_max_tokens):  # the same sentences and batches
+        calibration = calibrate(loaded, calibration_only_options(options))
     pad = loaded.task.target_dictionary.pad()
     rows = []
     for name, chosen, losses in distinct_runs(args.runs):
-        nll = run.nll_after_fits(chosen, calibration, pad)
+        nll = nll_after_fits(loaded, options, chosen, calibration, pad)
         rows.append({"run": name, "shape": shape_words(chosen), "reconstructed_nll": nll, "valid_loss": losses})
         print(f"{name}: {rows[-1]['shape']}: NLL after the fits {nll:.4f}; valid loss {losses}", flush=True)
     correlations = rank_correlations(rows)

@@ -46,7 +46,7 @@ def main(argv) -> int:
     from fairseq_headprune.cli import _quiet_dependencies, parse
     from fairseq_headprune.compress import levers
     from fairseq_headprune.compress.export import build_spec, check_batches, vocabulary, write_model
-    from fairseq_headprune.compress.pipeline import BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED, scored_pair
+    from fairseq_headprune.compress.stages.report import BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED, scored_pair
     from fairseq_headprune.compress.vocab_map import VocabMapOptions, build_vmap
     from fairseq_headprune.fairseq_io.loading import load, trust_fairseq_checkpoints
     from fairseq_headprune.records.identity import decoding_identity

@@ -194,3 +194,29 @@ def test_names_that_meant_two_things_mean_one():
                  "ModelShape", "CeilingShape", "select_linear", "remove_units", "remove_layers", "crude_model"):
         assert len(defined.get(name, [])) == 1, f"{name} is defined in {defined.get(name)}"
     assert "parse_types" not in defined
+
+
+ORCHESTRATOR = ROOT / PACKAGE / "compress" / "pipeline.py"
+MAX_ORCHESTRATOR_LINES, MAX_FUNCTION_LINES = 500, 60
+
+
+def long_functions(folder: Path, limit: int) -> List[str]:
+    """Every function (methods and nested ones included) of the modules under `folder` longer than `limit` lines,
+    as path:line name (lines), measured from its `def` to its last line."""
+    found = []
+    for path in sorted(folder.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > limit:
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({length} lines)")
+    return found
+
+
+def test_compress_reads_as_its_stages():
+    """The orchestrator stays thin (the stages are modules of compress/stages/) and no function of compress/ is
+    longer than a screen."""
+    lines = len(ORCHESTRATOR.read_text().splitlines())
+    assert lines < MAX_ORCHESTRATOR_LINES, f"{ORCHESTRATOR.relative_to(ROOT)} has {lines} lines"
+    long = long_functions(ROOT / PACKAGE / "compress", MAX_FUNCTION_LINES)
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines:\n  " + "\n  ".join(long)

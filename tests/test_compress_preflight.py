@@ -19,7 +19,7 @@ from test_compress import compress_argv
 
 from fairseq_headprune import cli
 from fairseq_headprune.compress import preflight
-from fairseq_headprune.compress.pipeline import CompressOptions
+from fairseq_headprune.compress.options import CompressOptions
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.options import finite_float, non_finite
 

@@ -14,7 +14,8 @@ import os
 import sys
 
 from fairseq_headprune.compress import model_card
-from fairseq_headprune.compress.pipeline import comma_list, verdict
+from fairseq_headprune.compress.options import comma_list
+from fairseq_headprune.compress.stages.outputs import verdict
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.records.log import atomic_output, read_json, write_json_atomic
 

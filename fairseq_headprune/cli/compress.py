@@ -17,7 +17,7 @@ from typing import Dict, Tuple
 from fairseq.dataclass.configs import DistributedTrainingConfig
 
 from fairseq_headprune.compress import preflight
-from fairseq_headprune.compress.pipeline import CompressOptions
+from fairseq_headprune.compress.options import CompressOptions
 from fairseq_headprune.options import add_arguments, from_arguments
 from fairseq_headprune.compress import pipeline
 from fairseq_headprune.fairseq_io.fairseq_options import INERT, RULES

@@ -13,7 +13,9 @@ a model does not need.
   export        a CTranslate2 model of the result, checked against fairseq (ExportOptions)
 
 and `compress`, which runs them for a stated speed: levers (what each structure buys in the engine: the cost table),
-choice (which shape to build), pipeline (the staged, resumable run; CompressOptions), model_card.
+choice (which shape to build), options (CompressOptions: the command's options), stages (one module per
+stage of the run: cost_table, choice, shrink, recover, export, measure, report, outputs, and plan), pipeline (the
+staged, resumable run that orders and caches them), model_card.
 
 Removing what they choose is core.surgery's, for every structure. Functions take loaded models and options
 dataclasses; none of them sees argparse.

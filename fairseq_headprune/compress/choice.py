@@ -1,5 +1,5 @@
 """The choice of compress --speedup: which shape (heads per stack, the decoder's depth, the FFNs' share) to build, as
-plain functions on shape points and the model, apart from the run that calls them (pipeline.Run._choice).
+plain functions on shape points and the model, apart from the stage that calls them (compress.stages.choice).
 
 A point is a dict {enc_heads, dec_heads[, dec_layers][, ffn_percent]} with the fields the choice adds as it goes
 (predicted_speedup from the cost table, fisher_estimate and heads from fisher_choice, depth_nll, measured_speedup,

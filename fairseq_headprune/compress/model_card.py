@@ -25,14 +25,19 @@ GLOSSARY = ("*Equal work*: both models forced to write the same number of tokens
 
 def render(record: Dict) -> str:
     """The card: a summary for the person who deploys the model first, then how it was made and measured."""
-    st, o = record["stages"], record["options"]
-    choice, shrunk, recovered = st["choice"], st["shrink"], st["recover"]
-    measured, reported, table = st["measure"], st["report"], st["cost-table"]
-    chosen = choice["chosen"]
-    whole = table["whole"]
+    lines = (summary_lines(record) + result_lines(record) + method_lines(record) + cost_table_lines(record)
+             + use_lines(record))
+    return "\n".join(line for line in lines if line is not None)
+
+
+def summary_lines(record: Dict) -> List[Optional[str]]:
+    """The title and the summary for the person who deploys the model."""
+    st = record["stages"]
+    choice, shrunk, measured, reported = st["choice"], st["shrink"], st["measure"], st["report"]
+    chosen, whole = choice["chosen"], st["cost-table"]["whole"]
     trained = set(record.get("teacher_trained_on") or ())
     engine = record["engine"]
-    lines: List[str] = [
+    return [
         "# Model card: a compressed translation model", "",
         f"Made by `fairseq-headprune compress` from {source_name(record)} for {engine} ({record['target']}).", "",
         "## Summary", "",
@@ -48,6 +53,17 @@ def render(record: Dict) -> str:
           if (st.get("export") or {}).get("check", {}).get("vocab_map") else []),
         f"- **Target** {target_words(record, trained)}", "",
         GLOSSARY, "",
+    ]
+
+
+def result_lines(record: Dict) -> List[Optional[str]]:
+    """The result table (unpruned against compressed), how it was measured, and what was removed."""
+    st = record["stages"]
+    choice, shrunk, measured, reported = st["choice"], st["shrink"], st["measure"], st["report"]
+    chosen, whole = choice["chosen"], st["cost-table"]["whole"]
+    trained = set(record.get("teacher_trained_on") or ())
+    engine = record["engine"]
+    return [
         "## Result", "",
         "| | unpruned | compressed |", "|---|---|---|",
         f"| heads per layer, encoder / decoder | {whole['enc_heads']} / {whole['dec_heads']} | "
@@ -74,6 +90,17 @@ def render(record: Dict) -> str:
         "## What was removed", "",
         removed_line(chosen, {**whole, "enc_layers": encoder_depth(choice)} if "enc_layers" in chosen else whole),
         "",
+    ]
+
+
+def method_lines(record: Dict) -> List[Optional[str]]:
+    """How each choice was made, and on which data."""
+    st, o = record["stages"], record["options"]
+    choice, shrunk, recovered, measured, reported = (st["choice"], st["shrink"], st["recover"], st["measure"],
+                                                     st["report"])
+    chosen = choice["chosen"]
+    trained = set(record.get("teacher_trained_on") or ())
+    return [
         "## How each choice was made, and on which data", "",
         f"- The shape: {plain(choice['chosen_by'])}. Predicted {chosen['predicted_speedup']:.2f}x by the cost table "
         "below"
@@ -90,6 +117,13 @@ def render(record: Dict) -> str:
         recover_line(recovered),
         f"- Speed: sentences of '{measured['subset']}'. The reported set '{reported['subset']}' was decoded once, "
         "after every choice, by both models" + also_line(reported, trained) + ".", "",
+    ]
+
+
+def cost_table_lines(record: Dict) -> List[Optional[str]]:
+    """The cost table: what each part alone buys in the engine."""
+    o, table, engine = record["options"], record["stages"]["cost-table"], record["engine"]
+    return [
         "## Cost table", "",
         f"Each part alone, removed from the unpruned model without refitting (what any model of that shape costs) "
         f"and timed in {engine} at equal work ({table['sentences']} sentences of '{o['timing_subset']}' in "
@@ -100,6 +134,13 @@ def render(record: Dict) -> str:
         "model (the others are measured so that a missed target says what they would buy).", "",
         levers.markdown(current_levers(table)), "",
         *cost_lines(record),
+    ]
+
+
+def use_lines(record: Dict) -> List[Optional[str]]:
+    """How to use the model, and the command that made it."""
+    st = record["stages"]
+    return [
         "## Use", "",
         "`ct2/` is a CTranslate2 model with its tokenizer's files: `fairseq-headprune translate ct2/ < raw.txt` "
         "translates raw text, and `ct2/README.md` shows the same with `ctranslate2` and the tokenizer's own "
@@ -114,7 +155,6 @@ def render(record: Dict) -> str:
         "stage cached by its identity): the same command resumes an interrupted run, and a larger --budget-epochs "
         "extends the recovery.", "",
     ]
-    return "\n".join(line for line in lines if line is not None)
 
 
 def plain(text: str) -> str:

@@ -9,6 +9,10 @@ written) instead of failing after the cost table, the choice, the shrink or the 
   recovery       --recover-args as fairseq-train reads them: no option compress sets itself, and what fairseq-train
                  would fail on after its run folder exists (devices and world size against this machine, a
                  --max-tokens below the longest sentence, an optimizer or lr scheduler that cannot be built).
+  engine         a CTranslate2 --engine for a task and model it can express.
+  recover_arguments  --recover-args and compress's own fairseq-train options as recover would refuse them.
+  subsets        every subset a stage reads loads.
+  check          all of them but output_folder, on the loaded model, in that order.
 """
 from __future__ import annotations
 
@@ -24,10 +28,15 @@ from fairseq import optim
 from fairseq.optim import lr_scheduler
 
 from fairseq_headprune.compress import recover
-from fairseq_headprune.compress.export import foreign_entries
+from fairseq_headprune.compress.export import ct2_decoding, foreign_entries, unsupported_parts
+from fairseq_headprune.compress.sequence_targets import language_pair
+from fairseq_headprune.compress.stages.common import split_subsets, subset_tokens
+from fairseq_headprune.compress.stages.cost_table import shape_point
+from fairseq_headprune.compress.stages.recover import recover_options
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.fairseq_io.loading import load_subset
 from fairseq_headprune.records.log import LOCK_NAME
+from fairseq_headprune.studies.deploy import check_task
 
 # what a compress run writes into --out (its records: stages/ and compress.json), and its temporaries
 OWN_ENTRIES = ("stages", "ct2", "model.pt", "MODEL_CARD.md", "compress.json", LOCK_NAME,
@@ -198,15 +207,14 @@ def optimizer_and_schedule(cfg) -> None:
                         f"--lr-scheduler {name}: {message}") from None
 
 
-def recovery(run) -> None:
+def recovery(loaded, options) -> None:
     """The recovery's fairseq-train configuration, as compress.recover will build it, checked now."""
-    options, loaded = run.options, run.loaded
     if not options.budget_epochs:
         return
     owned_options(options.recover_args)
     model_cfg = loaded.saved_cfg.model
     arch = (model_cfg.get("arch") if hasattr(model_cfg, "get") else getattr(model_cfg, "arch", None)) or "transformer"
-    settings = run._recover_options(os.path.join(options.out, "model.pt"), None)
+    settings = recover_options(loaded, options, os.path.join(options.out, "model.pt"), None)
     argv = recover.training_argv(loaded.cfg.task.data, loaded.checkpoint, settings,
                                  recover.saved_task_name(loaded.saved_cfg), arch)  # the task recover trains under
     cfg = recover.fairseq_train_cfg(argv, loaded.saved_cfg, settings)
@@ -216,8 +224,59 @@ def recovery(run) -> None:
     recover.preflight(cfg, loaded.cfg.task.data, weights, settings)
 
 
-def check(run) -> None:
-    """Every input a later stage reads, checked after the model loads and before OUT is made."""
-    recovery(run)
-    reported_sets(run.loaded, run.options)
-    text_processing(run.loaded)
+def engine(loaded, options) -> None:
+    """--engine: a CTranslate2 engine for a task and model it can express (fairseq runs any)."""
+    if options.engine != "fairseq":  # CTranslate2 decodes as fairseq under translation and the multilingual task
+        check_task(loaded.cfg.task, f"compress --engine {options.engine}", "; --engine fairseq compresses it")
+        ct2_decoding(loaded.cfg.generation)
+        activation = getattr(loaded.saved_cfg.model, "activation_fn", None) or "relu"
+        problems = unsupported_parts(loaded.model, activation)
+        if problems:
+            raise UserError(f"--engine {options.engine}: CTranslate2 cannot express {problems[0]}")
+
+
+def recover_arguments(loaded, options) -> None:
+    """fairseq-train's options of the recovery, refused in one line before any work (as recover refuses them)."""
+    if not options.budget_epochs:
+        if options.recover_args:
+            raise UserError("--recover-args: --budget-epochs 0 runs no recovery")
+        return
+    model_cfg = loaded.saved_cfg.model
+    arch = model_cfg.get("arch") if hasattr(model_cfg, "get") else getattr(model_cfg, "arch", None)
+    _, _, train_options = split_subsets(options.train_options)
+    instead = {"--max-update": "--budget-updates N", "--max-epoch": "--budget-epochs N",
+               "--train-subset": "--train-subset to compress itself", "--valid-subset":
+               "--valid-subset to compress itself"}
+    for name in recover.option_names(list(options.recover_args)):
+        if name in instead:
+            raise UserError(f"--recover-args: {name} is the recovery's budget or data, which compress sets: give "
+                            f"{instead[name]}")
+    recover.refuse_foreign_options(train_options + list(options.recover_args), arch or "transformer")
+    if "--disable-validation" in train_options + list(options.recover_args):
+        raise UserError("--disable-validation: the recovery early-stops on valid and keeps its best checkpoint")
+    settings = recover_options(loaded, options, os.path.join(options.out, "model.pt"), None)
+    argv = recover.training_argv(loaded.cfg.task.data, loaded.checkpoint, settings,
+                                 loaded.cfg.task._name, arch or "transformer")
+    recover.fairseq_train_cfg(argv, loaded.saved_cfg, settings)
+    if settings.distill in ("sequences", "both"):  # what recover would refuse after the choice and the shrink
+        recover.refuse_teacher_decoding(settings.distill, recover.saved_task_name(loaded.saved_cfg))
+        language_pair(loaded.cfg.task.data, settings.train_subset)
+
+
+def subsets(loaded, options) -> None:
+    """Every subset a stage reads loads (fairseq's own refusal of a missing one, in one line)."""
+    for subset in ("train", "valid", options.gen_subset, options.calibration_subset, options.timing_subset,
+                   *options.also_report):
+        subset_tokens(loaded, subset, 1)
+
+
+def check(loaded, options) -> None:
+    """Every refusal the loaded model and data can give, in one line, before OUT is made or anything runs."""
+    engine(loaded, options)
+    recovery(loaded, options)
+    reported_sets(loaded, options)
+    text_processing(loaded)
+    recover_arguments(loaded, options)
+    subsets(loaded, options)
+    if options.shape is not None:
+        shape_point(loaded, options)

@@ -178,7 +178,23 @@ def reconstruct(teacher, student, samples: Sequence[dict], pad: int, options: Re
     student.eval()
     modules = attention_modules(student)
     keys = sublayer_keys(student, ffn=True)  # an FFN is fitted when wanted() says so
+    todo, pruned, to_teacher = _selection(teacher, student, keys, modules, options, kept_layers)
+    inputs, encoder_drift = drifted_inputs(keys, pruned) if options.refit_inputs else ([], False)
+    if not todo and not inputs:
+        return []
+    teacher_keys = [to_teacher(k) for k in todo]
+    raw = teacher_targets(teacher, samples, teacher_keys, pad)
+    targets = {k: raw[t] for k, t in zip(todo, teacher_keys)}
+    teacher_in = teacher_inputs(teacher, samples, inputs, pad, encoder_out=encoder_drift) if inputs else {}
+    runner = _Student(student, samples)
+    fits: List[SublayerFit] = []
+    _fit_in_order(runner, keys, todo, inputs, targets, teacher_in, encoder_drift, modules, pad, options,
+                  _fit_logger(fits, log, options.window.steps))
+    return fits
 
+
+def _selection(teacher, student, keys: Sequence[Key], modules, options: ReconstructionOptions, kept_layers):
+    """The sublayers to fit (in the order of keys), the test of a pruned sublayer, and each key's teacher key."""
     if kept_layers:
         teacher_depths = depths(teacher)
 
@@ -203,17 +219,11 @@ def reconstruct(teacher, student, samples: Sequence[dict], pad: int, options: Re
             return pruned(key) or (options.refit_ffn or kept_layers is not None) and (i > first or moved(key))
         return options.refit_unpruned or pruned(key) or (kept_layers is not None and i > first)
 
-    todo = [k for i, k in enumerate(keys) if wanted(i, k)]
-    inputs, encoder_drift = drifted_inputs(keys, pruned) if options.refit_inputs else ([], False)
-    if not todo and not inputs:
-        return []
-    teacher_keys = [to_teacher(k) for k in todo]
-    raw = teacher_targets(teacher, samples, teacher_keys, pad)
-    targets = {k: raw[t] for k, t in zip(todo, teacher_keys)}
-    teacher_in = teacher_inputs(teacher, samples, inputs, pad, encoder_out=encoder_drift) if inputs else {}
-    runner = _Student(student, samples)
-    fits = []
+    return [k for i, k in enumerate(keys) if wanted(i, k)], pruned, to_teacher
 
+
+def _fit_logger(fits: List[SublayerFit], log, window_steps: int):
+    """record(fit): the fit kept, and its line logged (when there is a log)."""
     def record(fit):
         fits.append(fit)
         if log:
@@ -222,14 +232,21 @@ def reconstruct(teacher, student, samples: Sequence[dict], pad: int, options: Re
             what = "input map" if fit.part == "input" else \
                 f"{fit.kept} {'units' if fit.key[0] in FFN_TYPES else 'heads'} kept, {fit.method}"
             if fit.part == "window":
-                what += f" (step {fit.steps} of {options.window.steps} kept)"
+                what += f" (step {fit.steps} of {window_steps} kept)"
             log(f"{fit.key[0]}:{fit.key[1]} {what}: relative error "
                 f"{fit.error_before / energy:.4f} -> {fit.error_after / energy:.4f}{note}")
 
+    return record
+
+
+def _fit_in_order(runner, keys: Sequence[Key], todo, inputs, targets, teacher_in, encoder_drift: bool, modules,
+                  pad: int, options: ReconstructionOptions, record) -> None:
+    """Each sublayer fitted bottom up (its input map first, where its input drifted), on the student's stream as
+    the fits below it left it."""
     wanted_inputs = set(inputs)
     for key in keys:
         if encoder_drift and key[0] not in ENCODER_TYPES:  # the decoder's keys and values read the encoder output
-            enc_key = (ENCODER_OUT, len(student.encoder.layers))
+            enc_key = (ENCODER_OUT, len(runner.model.encoder.layers))
             record(_fit_input(runner, enc_key, teacher_in.pop(enc_key), pad, options))
             encoder_drift = False
         if key in wanted_inputs:
@@ -243,7 +260,6 @@ def reconstruct(teacher, student, samples: Sequence[dict], pad: int, options: Re
             if options.window.steps > 0 and key[0] not in FFN_TYPES:
 
                 record(fit_window(runner, key, target, pad, options.window))
-    return fits
 
 
 def drifted_inputs(keys: Sequence[Key], pruned) -> Tuple[List[Key], bool]:

@@ -207,6 +207,23 @@ def distillation_key(teacher: str, sources: List[str], base: str, subset: str, o
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
 
 
+def _write_source(paths, encoders, source_dict, folder: str, prefix: str) -> None:
+    """The --distill-source files encoded as the model reads them, written as one binarised subset (refused in one
+    line when too many of their tokens are unknown to the dictionary)."""
+    tokenizer, bpe, described = encoders
+    lines = []
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            lines += f.read().splitlines()
+    rows = encode_source(lines, tokenizer, bpe, source_dict)
+    share = unknown_share(rows, source_dict.unk())
+    if share > MAX_UNKNOWN:  # refused before anything is written
+        raise UserError(f"--distill-source: {share:.0%} of its tokens are unknown to the model's dictionary: "
+                        f"give the model's --tokenizer and --bpe (now: {described})")
+    os.makedirs(folder, exist_ok=True)
+    _write_indexed(prefix, rows, len(source_dict))
+
+
 def distillation_set_data(base: str, options, encoders, log=print) -> Dict:
     """The data folder holding `base` (linked) and the distillation set: options.distill_source translated by the
     teacher, its n best hypotheses each a pair, as the next shard of the training subset. Built once and cached
@@ -214,7 +231,7 @@ def distillation_set_data(base: str, options, encoders, log=print) -> Dict:
     resumable. `encoders`: (tokenizer, bpe, description). Returns {"data": folder, "shard", "pairs", ...}."""
     from fairseq.data import Dictionary
 
-    tokenizer, bpe, described = encoders
+    described = encoders[2]
     subset = options.train_subset
     src, tgt = language_pair(base, subset)
     key = distillation_key(options.teacher, options.distill_source, base, subset, options, described)
@@ -229,17 +246,7 @@ def distillation_set_data(base: str, options, encoders, log=print) -> Dict:
     target_dict = Dictionary.load(os.path.join(base, f"dict.{tgt}.txt"))
     source_prefix = os.path.join(folder, f"distill.{src}-{tgt}.{src}")
     if not os.path.exists(source_prefix + ".idx"):
-        lines = []
-        for path in options.distill_source:
-            with open(path, encoding="utf-8") as f:
-                lines += f.read().splitlines()
-        rows = encode_source(lines, tokenizer, bpe, source_dict)
-        share = unknown_share(rows, source_dict.unk())
-        if share > MAX_UNKNOWN:  # refused before anything is written
-            raise UserError(f"--distill-source: {share:.0%} of its tokens are unknown to the model's dictionary: "
-                            f"give the model's --tokenizer and --bpe (now: {described})")
-        os.makedirs(folder, exist_ok=True)
-        _write_indexed(source_prefix, rows, len(source_dict))
+        _write_source(options.distill_source, encoders, source_dict, folder, source_prefix)
     for path in glob.glob(os.path.join(base, "*")):
         link = os.path.join(folder, os.path.basename(path))
         if os.path.isfile(path) and not os.path.lexists(link):

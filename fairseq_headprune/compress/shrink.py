@@ -266,6 +266,34 @@ def _without_layers(options: ShrinkOptions) -> ShrinkOptions:
     return replace(options, keep_layers=None)
 
 
+def _validate_settings(options: ShrinkOptions, budget: Budget) -> None:
+    """The types, the search's and the reconstruction's settings, each in range; raises UserError."""
+    parse_type_set(options.types)
+    if options.calibration_targets not in TARGETS:
+        raise UserError(f"--calibration-targets must be one of {', '.join(TARGETS)}")
+    if options.search not in SEARCHES:
+        raise UserError(f"--search must be one of {', '.join(SEARCHES)}")
+    fit = options.reconstruction
+    if fit.method not in METHODS:
+        raise UserError(f"--refit must be one of {', '.join(METHODS)}")
+    if options.calibration_sentences < 1:
+        raise UserError("--calibration-sentences must be at least 1")
+    if options.search_steps < 1:
+        raise UserError("--search-steps must be at least 1")
+    if options.search_steps > 1 and budget.kind == "flops":
+        raise UserError("--search-steps works with head budgets (--remove, --keep), not --flops")
+    if options.min_heads < 0:
+        raise UserError(f"--min-heads-per-layer must be at least 0, not {options.min_heads}")
+    if not 0 <= options.teacher_mildness < 1:
+        raise UserError("--teacher-mildness must be in [0, 1)")
+    if fit.ridge < 0 or fit.max_scale <= 0:
+        raise UserError("--ridge must be >= 0 and --max-scale > 0")
+    if fit.window.steps < 0 or fit.window.lr <= 0:
+        raise UserError("--window-steps must be >= 0 and --window-lr > 0")
+    if fit.window.steps and fit.method == "none":
+        raise UserError("--window-steps fits the sublayers --refit fits: it needs --refit scales or out-proj")
+
+
 def validate(options: ShrinkOptions, model) -> Budget:
     """Everything that can be checked before any expensive work; raises UserError."""
     if not 0 < options.ffn_keep <= 100:
@@ -291,30 +319,7 @@ def validate(options: ShrinkOptions, model) -> Budget:
     if head_gates(model):
         raise UserError("the checkpoint has L0 head gates: fold them into a stock checkpoint first "
                         "(fairseq-headprune gates CKPT --results-dir DIR --fold-out stock.pt) and shrink that")
-    parse_type_set(options.types)
-    if options.calibration_targets not in TARGETS:
-        raise UserError(f"--calibration-targets must be one of {', '.join(TARGETS)}")
-    if options.search not in SEARCHES:
-        raise UserError(f"--search must be one of {', '.join(SEARCHES)}")
-    fit = options.reconstruction
-    if fit.method not in METHODS:
-        raise UserError(f"--refit must be one of {', '.join(METHODS)}")
-    if options.calibration_sentences < 1:
-        raise UserError("--calibration-sentences must be at least 1")
-    if options.search_steps < 1:
-        raise UserError("--search-steps must be at least 1")
-    if options.search_steps > 1 and budget.kind == "flops":
-        raise UserError("--search-steps works with head budgets (--remove, --keep), not --flops")
-    if options.min_heads < 0:
-        raise UserError(f"--min-heads-per-layer must be at least 0, not {options.min_heads}")
-    if not 0 <= options.teacher_mildness < 1:
-        raise UserError("--teacher-mildness must be in [0, 1)")
-    if fit.ridge < 0 or fit.max_scale <= 0:
-        raise UserError("--ridge must be >= 0 and --max-scale > 0")
-    if fit.window.steps < 0 or fit.window.lr <= 0:
-        raise UserError("--window-steps must be >= 0 and --window-lr > 0")
-    if fit.window.steps and fit.method == "none":
-        raise UserError("--window-steps fits the sublayers --refit fits: it needs --refit scales or out-proj")
+    _validate_settings(options, budget)
     layout = HeadLayout.of(model)
     if given or ffn_only:
         return budget

@@ -1,0 +1,283 @@
+"""CompressOptions: what `fairseq-headprune compress` does, every field with the command's default and its flag
+(cli.compress generates the parser from it), and the checks of the options alone, before anything loads."""
+from __future__ import annotations
+
+import os
+import shlex
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+from fairseq_headprune.compress import levers
+from fairseq_headprune.compress.recover import DISTILL
+from fairseq_headprune.compress.vocab_map import VocabMapOptions
+from fairseq_headprune.compress.window_fit import WindowOptions
+from fairseq_headprune.core.shape import CeilingShape
+from fairseq_headprune.errors import UserError
+from fairseq_headprune.options import nested, non_finite, option
+
+STAGES = ("cost-table", "choice", "shrink", "recover", "export", "measure", "report")
+# the recovery's default budget: about the bundled De-En model's (4 epochs of its 28k pairs, 1008 updates of 2048
+# tokens), whatever the corpus: a sample of 100k pairs, at most 1200 updates
+BUDGET_UPDATES, RECOVER_SENTENCES = 1200, 100_000
+
+
+@dataclass
+class CompressOptions:
+    """What `fairseq-headprune compress` does; every field has the command's default."""
+
+    out: str = option(flag="--out", metavar="DIR", help="the folder of the model, its card and its stages")
+    speedup: Optional[float] = option(None, flag="--speedup",
+                                      help="at least this many times the unpruned model's speed in --engine, at "
+                                           "equal work")
+    max_bleu_loss: Optional[float] = option(None, flag="--max-bleu-loss",
+                                            help="instead: the fastest model that loses at most this much BLEU on a "
+                                                 "held-out split of valid")
+    shape: Optional[str] = option(None, flag="--shape", metavar="[L x]ENC/[L x]DEC[:ffn=P%]",
+                                  help="build this shape instead of choosing one (heads kept per layer of each "
+                                       "stack, each stack's layers and the share of every FFN's units "
+                                       "optionally: 8/3, 6x8/3x3, 4x8/3, 8/3:ffn=75%%, as deploy --ceilings); which "
+                                       "heads, layers and units go is chosen as for the choice's own and shrink's")
+    engine: str = option("ct2-int8", flag="--engine", help=f"where the model runs: {', '.join(levers.ENGINES)}")
+    budget_epochs: int = option(4, flag="--budget-epochs",
+                                help="recovery epochs at most over the recovery set (early stopping on valid; a "
+                                     "rerun with more extends; 0: no recovery)")
+    budget_updates: int = option(BUDGET_UPDATES, flag="--budget-updates",
+                                 help="recovery updates at most (fairseq-train's --max-update: the recovery stops at "
+                                      "whichever of the two budgets comes first; a rerun with more extends). With "
+                                      "--recover-sentences, the defaults hold a corpus of millions of pairs to about "
+                                      "the bundled De-En model's budget (its 4 epochs of 28k pairs: 1008 updates)")
+    recover_sentences: int = option(RECOVER_SENTENCES, flag="--recover-sentences",
+                                    help="the recovery's training set: a random sample of this many pairs of train "
+                                         "(seeded by --sample-seed, recorded; all of train when it holds fewer)")
+    sample_seed: int = option(1, flag="--sample-seed",
+                              help="seed of the random samples of train: the calibration sentences and the "
+                                   "recovery set")
+    gen_subset: str = "test"  # fairseq's --gen-subset: decoded once, at the end, to report
+    references: Optional[str] = option(None, flag="--references",
+                                       help="raw references of --gen-subset for BLEU (default: the binarised targets)")
+    also_report: Tuple[str, ...] = option((), flag="--also-report", metavar="SUBSET[,SUBSET...]",
+                                          parse=lambda text: comma_list(text),
+                                          help="more sets decoded once, at the end, beside --gen-subset (a second "
+                                               "test set): no choice or training of the run reads them")
+    also_references: Tuple[str, ...] = option((), flag="--also-references", metavar="FILE[,FILE...]",
+                                              parse=lambda text: comma_list(text),
+                                              help="their raw references, in the same order (default: the "
+                                                   "binarised targets)")
+    teacher_trained_on: Tuple[str, ...] = option((), flag="--teacher-trained-on", metavar="SUBSET[,SUBSET...]",
+                                                 parse=lambda text: comma_list(text),
+                                                 help="--also-report sets the unpruned model was trained on: the "
+                                                      "card labels them as its training data, apart from the "
+                                                      "held-out results")
+    calibration_subset: str = option("train", flag="--calibration-subset",
+                                     help="sentences the heads are chosen and the model reconstructed on (never "
+                                          "--gen-subset)")
+    calibration_sentences: int = option(1000, flag="--calibration-sentences",
+                                        help="how many of them, drawn at random over the subset (--sample-seed)")
+    calibration_max_tokens: int = option(1000, flag="--calibration-max-tokens", help="tokens per calibration batch")
+    window_steps: int = option(1000, flag="--window-steps",
+                               help="Adam steps of each pruned attention sublayer's window fit (shrink --window-steps)")
+    window_lr: float = option(WindowOptions.lr, flag="--window-lr", help="their learning rate (shrink --window-lr)")
+    timing_subset: str = option("valid", flag="--timing-subset", help="sentences the speeds are measured on")
+    timing_sentences: int = option(300, flag="--timing-sentences", help="how many of them")
+    runs: int = option(3, flag="--runs",
+                       help="interleaved timing rounds, at least (more when the timing batches are too few for every "
+                            "sign test to see 10 paired batches)")
+    latency_sentences: int = option(50, flag="--latency-sentences",
+                                    help="sentences of --timing-subset decoded one at a time, for the latency at "
+                                         "batch 1")
+    heldout_sentences: int = option(500, flag="--heldout-sentences",
+                                    help="--max-bleu-loss: the first N sentences of valid choose; the rest early-stop "
+                                         "the recovery")
+    check_sentences: int = option(100, flag="--check-sentences",
+                                  help="sentences of the pruned-model and export checks")
+    significance: float = option(levers.SIGNIFICANCE, flag="--significance",
+                                 help="a cost-table row's time saving counts when its slice was faster in "
+                                      "significantly more batches than not: sign test p below this (1: every "
+                                      "measured saving counts)")
+    distill: str = option("logits", flag="--distill", metavar="logits|sequences|both|none",
+                          help="the recovery's signal (recover --distill): the teacher's token distributions on "
+                               "the references; its beam translations of train as targets (Kim & Rush 2016, "
+                               "decoded once and cached); both (the distributions on those translations); none")
+    distill_hidden_weight: float = option(0.0, flag="--distill-hidden-weight",
+                                          help="β of the recovery's hidden-state term: each kept decoder layer's "
+                                               "output pulled towards the teacher layer the shrink reconstructed it "
+                                               "towards (recover --distill-hidden-weight; 0: off)")
+    distill_source: Tuple[str, ...] = option((), flag="--distill-source", metavar="FILE", nargs="+",
+                                             parse=tuple,
+                                             help="raw source text the unpruned model translates once (with the "
+                                                  "model's --tokenizer and --bpe), trained on beside train: a "
+                                                  "distillation set beyond the parallel data (recover "
+                                                  "--distill-source)")
+    distill_nbest: int = option(1, flag="--distill-nbest", metavar="N",
+                                help="the unpruned model's N best translations of each --distill-source sentence, "
+                                     "each a pair (recover --distill-nbest)")
+    vocab_map: bool = option(False, flag="--vocab-map",
+                             help="ct2 engines: ship a vocabulary map (vmap.txt, from the training pairs) the model is "
+                                  "measured, checked and reported with: the output layer scores only the target "
+                                  "words the batch's source words bring in (export-ct2 --vocab-map)")
+    vocab_map_options: VocabMapOptions = nested(VocabMapOptions)
+    recover_args: Tuple[str, ...] = option((), flag="--recover-args", metavar="'FAIRSEQ-TRAIN OPTIONS'",
+                                           parse=lambda text: recover_args(text),
+                                           help="fairseq-train options of the recovery, as one argument: "
+                                                "--recover-args='--lr 3e-4' (device and distributed options too)")
+    cost_cache: Optional[str] = option(None, flag="--cost-cache",
+                                       help="folder of cost tables measured before (per model, engine, CPU; default "
+                                            "~/.cache/fairseq-headprune/cost-tables); '' for none")
+    stop_after: Optional[str] = option(None, flag="--stop-after", choices=STAGES,
+                                       help="stop after this stage (the same command without it goes on); after "
+                                            "shrink it prints the recovery's fairseq-train command, to run elsewhere "
+                                            "(a GPU, a cluster) and continue with --recovered")
+    recovered: Optional[str] = option(None, flag="--recovered", metavar="CKPT",
+                                      help="a recovery run elsewhere (the checkpoint_best.pt of the fairseq-train "
+                                           "command --stop-after shrink printed): checked to be a student of this "
+                                           "run's shrink, then exported, measured and reported")
+    dry_run: bool = option(False, flag="--dry-run",
+                           help="print the plan (the stages, the data each reads, the estimate of each, the "
+                                "recovery's fairseq-train command) and exit, writing nothing")
+    train_options: Tuple[str, ...] = ()  # fairseq-train options given to compress itself (cli.compress): to recovery
+    command: str = ""  # the command line as given, for the model card
+
+    def check(self) -> None:
+        """Every option applied or refused in one line, before anything loads."""
+        non_finite(self)
+        self._check_target()
+        self._check_counts()
+        self._check_recovery()
+        self._check_distillation()
+        self._check_sets()
+        self._check_out()
+
+    def _check_target(self) -> None:
+        """The target (--speedup or --max-bleu-loss) and --shape."""
+        if (self.speedup is None) == (self.max_bleu_loss is None):
+            raise UserError("give exactly one target: --speedup X (times the unpruned model's speed) or "
+                            "--max-bleu-loss X (BLEU points on held-out data)")
+        if self.speedup is not None and not self.speedup > 1:
+            raise UserError(f"--speedup must be above 1, not {self.speedup:g}")
+        if self.max_bleu_loss is not None and self.max_bleu_loss < 0:
+            raise UserError(f"--max-bleu-loss must be at least 0, not {self.max_bleu_loss:g}")
+        if self.shape is not None:
+            if self.max_bleu_loss is not None:
+                raise UserError("--shape gives the shape --max-bleu-loss would choose by BLEU: give --speedup X (the "
+                                "speed it is judged against) with it")
+            self.given_shape()
+
+    def _check_counts(self) -> None:
+        """--engine, the counts, --significance and the window fit's settings."""
+        if self.engine not in levers.ENGINES:
+            raise UserError(f"--engine must be one of {', '.join(levers.ENGINES)}, not {self.engine!r}")
+        for name in ("calibration_sentences", "calibration_max_tokens", "timing_sentences", "runs",
+                     "check_sentences", "heldout_sentences", "latency_sentences", "budget_updates",
+                     "recover_sentences"):
+            if getattr(self, name) < 1:
+                raise UserError(f"--{name.replace('_', '-')} must be at least 1, not {getattr(self, name)}")
+        for name in ("budget_epochs", "window_steps"):
+            if getattr(self, name) < 0:
+                raise UserError(f"--{name.replace('_', '-')} must be at least 0, not {getattr(self, name)}")
+        if not 0 < self.significance <= 1:
+            raise UserError(f"--significance must be in (0, 1], not {self.significance:g}")
+        if self.window_lr <= 0:
+            raise UserError(f"--window-lr must be above 0, not {self.window_lr:g}")
+        if not self.window_steps and self.window_lr != CompressOptions.window_lr:
+            raise UserError("--window-lr sets the window fit's learning rate: it needs --window-steps N (above 0)")
+
+    def _check_recovery(self) -> None:
+        """The recovery's signal and budget against each other, and --recovered."""
+        if self.distill not in DISTILL:
+            raise UserError(f"--distill must be one of {', '.join(DISTILL)}, not {self.distill}")
+        if self.budget_epochs == 0 and self.distill != "logits":
+            raise UserError(f"--distill {self.distill}: --budget-epochs 0 runs no recovery")
+        if self.distill_hidden_weight and self.distill in ("sequences", "none"):
+            raise UserError(f"--distill-hidden-weight: --distill {self.distill} compares no states with the teacher "
+                            "(logits or both do)")
+        if self.budget_epochs == 0 and self.recover_args:
+            raise UserError("--recover-args: --budget-epochs 0 runs no recovery")
+        if self.budget_epochs == 0 and self.train_options:
+            raise UserError(f"{self.train_options[0]}: a fairseq-train option, and --budget-epochs 0 runs no "
+                            "recovery")
+        if self.recovered is not None:
+            if not os.path.isfile(self.recovered):
+                raise UserError(f"--recovered: no such file: {self.recovered}")
+            if self.budget_epochs == 0:
+                raise UserError("--recovered: --budget-epochs 0 runs no recovery")
+
+    def _check_distillation(self) -> None:
+        """The distillation's options, and --vocab-map."""
+        if self.distill_hidden_weight < 0:
+            raise UserError(f"--distill-hidden-weight must be at least 0, not {self.distill_hidden_weight:g}")
+        if self.budget_epochs == 0 and self.distill_hidden_weight:
+            raise UserError("--distill-hidden-weight: --budget-epochs 0 runs no recovery")
+        if self.distill_source and self.budget_epochs == 0:
+            raise UserError("--distill-source: --budget-epochs 0 runs no recovery")
+        for path in self.distill_source:
+            if not os.path.isfile(path):
+                raise UserError(f"--distill-source: no such file: {path}")
+        if self.distill_nbest != 1 and not self.distill_source:
+            raise UserError("--distill-nbest sets how many translations of each --distill-source sentence are kept: "
+                            "give --distill-source")
+        if not 1 <= self.distill_nbest <= 5:  # recover's teacher beam
+            raise UserError(f"--distill-nbest must be between 1 and 5 (the teacher's beam), not {self.distill_nbest}")
+        if self.vocab_map and self.engine == "fairseq":
+            raise UserError("--vocab-map is CTranslate2's (use_vmap): --engine fairseq cannot apply it")
+        self.vocab_map_options.check()
+
+    def _check_sets(self) -> None:
+        """The reported sets against the ones a choice or training reads, --stop-after, the references."""
+        for name in ("calibration_subset", "timing_subset"):
+            if getattr(self, name) == self.gen_subset:
+                raise UserError(f"--{name.replace('_', '-')} {self.gen_subset} is --gen-subset: the reported set "
+                                "must take part in no choice")
+        if self.stop_after is not None and self.stop_after not in STAGES:
+            raise UserError(f"--stop-after must be one of {', '.join(STAGES)}, not {self.stop_after!r}")
+        if self.references and not os.path.isfile(self.references):
+            raise UserError(f"--references: no such file: {self.references}")
+        used = {self.calibration_subset: "--calibration-subset", self.gen_subset: "--gen-subset",
+                "train": "the recovery's training set", "valid": "the recovery's early stopping"}
+        for subset in self.also_report:
+            if subset in used:
+                raise UserError(f"--also-report {subset}: that is {used[subset]}; a reported set must be held out "
+                                "of every choice and every training run")
+        for subset in self.teacher_trained_on:
+            if subset not in self.also_report:
+                raise UserError(f"--teacher-trained-on {subset}: not an --also-report set (the sets it labels are "
+                                "among those)")
+        if len(set(self.also_report)) != len(self.also_report):
+            raise UserError(f"--also-report names a set twice: {','.join(self.also_report)}")
+        if self.also_references and len(self.also_references) != len(self.also_report):
+            raise UserError(f"--also-references: {len(self.also_references)} file(s) for {len(self.also_report)} "
+                            "--also-report set(s); give one per set, in the same order")
+        for path in self.also_references:
+            if not os.path.isfile(path):
+                raise UserError(f"--also-references: no such file: {path}")
+
+    def _check_out(self) -> None:
+        """--out: a folder whose path fairseq can read back."""
+        if os.path.exists(self.out) and not os.path.isdir(self.out):
+            raise UserError(f"--out {self.out} is a file; name a folder")
+        if os.pathsep in os.path.abspath(self.out):  # found at the export of an 8-epoch run, after the training
+            raise UserError(f"--out {self.out}: fairseq's --path splits a checkpoint path on '{os.pathsep}' (an "
+                            f"ensemble), so the stages could not load the models written there; name a folder "
+                            f"without it")
+
+    def given_shape(self):
+        """--shape as deploy's CeilingShape: heads per stack, the decoder's depth, the FFNs' share of units."""
+        shape = CeilingShape.parse(self.shape, "--shape")
+        if shape.vocab_percent < 100:
+            raise UserError(f"--shape {self.shape}: the output layer cannot be removed yet (heads per stack, the "
+                            "decoder's depth and the FFN units can)")
+        return shape
+
+    @property
+    def target(self) -> str:
+        return (f"--speedup {self.speedup:g}" if self.speedup is not None
+                else f"--max-bleu-loss {self.max_bleu_loss:g}")
+
+
+
+def comma_list(text: str) -> Tuple[str, ...]:
+    """fairseq's comma-separated list of subsets (as --valid-subset takes them)."""
+    return tuple(part for part in text.split(",") if part)
+
+
+def recover_args(text: Optional[str]) -> Tuple[str, ...]:
+    return tuple(shlex.split(text)) if text else ()

@@ -1,0 +1,14 @@
+"""compress's stages, one module each: a function of what the stage reads, returning its result dict (and the stage's
+identity, what its cached record is recognised by). compress.pipeline.Run orders them, caches each and logs.
+
+  common      what several stages read alike (batch and thread settings, subset sizes and digests, engine models)
+  plan        the rates measured now and each stage's estimate; --dry-run's lines
+  cost_table  what each lever buys in the engine, and the shapes that reach the target
+  choice      the shape and its heads (--speedup: timed again; --max-bleu-loss: bisection on held-out BLEU)
+  shrink      the shape removed and the model reconstructed; the one place compress builds shrink's options
+  recover     the distillation on fairseq-train, or a recovery run elsewhere adopted; the recovery's command
+  export      the CTranslate2 model, checked against fairseq
+  measure     speed over the unpruned model in the same engine; the FLOP ratio
+  report      the reported sets decoded once by both models: BLEU and paired-bootstrap p
+  outputs     OUT/model.pt, OUT/ct2/, OUT/MODEL_CARD.md and OUT/compress.json with its verdict
+"""

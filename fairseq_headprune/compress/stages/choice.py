@@ -1,0 +1,300 @@
+"""The choice stage: the shape and its heads. --speedup: of the shapes that reach it, the lowest Fisher estimate of the
+loss increase within a decoder depth, the depths ranked by calibration NLL, the first few timed again as crude slices
+and the one with the lowest calibration NLL after shrink's closed-form fits among those that measure the target.
+--max-bleu-loss: the fastest shape of the (speed, Fisher estimate) frontier whose shrunk model loses at most X BLEU
+on a held-out split of valid, found by bisection."""
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+from typing import Callable, Dict, List, Optional, Tuple
+
+from fairseq_headprune.compress import layers, levers, select
+from fairseq_headprune.compress.choice import (RETIMED_ROUNDS, TIMED_AGAIN, as_timed, candidate_order, ffn_variants,
+                                               fisher_choice, fisher_frontier, kept_by_depth, label, masked_nll,
+                                               moved_levers, pick_measured, reconstructed_nll, retime_candidates,
+                                               shape_words)
+from fairseq_headprune.compress.shrink import calibrate, with_fit
+from fairseq_headprune.compress.stages.common import HELDOUT, data_sha, max_tokens
+from fairseq_headprune.compress.stages.shrink import (calibration_only_options, keep_layers_spec, settings,
+                                                      shrink_heads, shrink_options)
+from fairseq_headprune.compress.window_fit import WindowOptions
+from fairseq_headprune.core.surgery import remove_layers
+from fairseq_headprune.decoding.evaluate import SubsetEvaluator
+from fairseq_headprune.errors import UserError
+from fairseq_headprune.fairseq_io.loading import load
+
+
+def split_valid(loaded, out: str, heldout: int) -> Tuple[str, Dict]:
+    """A data folder beside the user's: every file linked, except valid, whose binarised sentences are split by id:
+    the first `heldout` (at most half) become the subset HELDOUT, the rest the subset valid. Returns the folder and
+    the split (id ranges, half-open)."""
+    import glob
+
+    from fairseq.data import data_utils, indexed_dataset
+
+    source = loaded.cfg.task.data.split(os.pathsep)[0]
+    prefixes = sorted({p[:-4] for p in glob.glob(os.path.join(source, "valid.*.bin"))})
+    if not prefixes:
+        raise UserError(f"--max-bleu-loss splits valid, and {source} has no binarised valid subset")
+    staged = out + ".partial"
+    shutil.rmtree(staged, ignore_errors=True)
+    os.makedirs(staged)
+    for path in glob.glob(os.path.join(source, "*")):  # (a user's own HELDOUT files would be written through)
+        if os.path.isfile(path) and not os.path.basename(path).startswith(("valid.", HELDOUT + ".")):
+            os.symlink(os.path.abspath(path), os.path.join(staged, os.path.basename(path)))
+    vocab = max(len(loaded.task.source_dictionary), len(loaded.task.target_dictionary))
+    sizes = set()
+    split = {}
+    for prefix in prefixes:
+        dataset = data_utils.load_indexed_dataset(prefix, None)
+        n = len(dataset)
+        sizes.add(n)
+        cut = min(heldout, n // 2)
+        if cut < 1:
+            raise UserError(f"--max-bleu-loss: valid has {n} sentence(s), too few to hold any out")
+        split = {"heldout": [0, cut], "valid": [cut, n]}
+        rest = os.path.basename(prefix)[len("valid"):]
+        for name, (a, b) in (("heldout", (0, cut)), ("valid", (cut, n))):
+            target = os.path.join(staged, name + rest)
+            builder = indexed_dataset.make_builder(target + ".bin", impl="mmap", vocab_size=vocab)
+            for i in range(a, b):
+                builder.add_item(dataset[i])
+            builder.finalize(target + ".idx")
+    if len(sizes) != 1:
+        raise UserError(f"valid's files in {source} hold different numbers of sentences ({sorted(sizes)})")
+    shutil.rmtree(out, ignore_errors=True)
+    os.rename(staged, out)
+    return out, split
+
+
+
+def identity(loaded, options, points: List[Dict]) -> Dict:
+    """What the choice reads: the target, the reachable points, the calibration sentences by content."""
+    o = options
+    identity = {"target": o.target, "points": points, "calibration": [o.calibration_subset,
+                o.calibration_sentences, o.calibration_max_tokens, {"seed": o.sample_seed}],
+                "data": data_sha(loaded, o.calibration_subset)}
+    if o.max_bleu_loss is not None:
+        identity.update(heldout=o.heldout_sentences, shrink=settings(loaded, options), valid=data_sha(loaded, "valid"))
+    return identity
+
+
+def gradients(loaded, options):
+    """Each calibration sentence's head-mask gradients, and the calibration they were taken on."""
+    with max_tokens(loaded, options.calibration_max_tokens):
+        calibration = calibrate(loaded, calibration_only_options(options))
+    pad = loaded.task.target_dictionary.pad()
+    return select.sentence_gradients(loaded.model, calibration.samples, pad), calibration
+
+
+def build(folder: str, loaded, options, points: List[Dict], timing, rounds: int, log: Callable) -> Dict:
+    """The chosen shape with the candidates it was chosen among and the rule that chose it."""
+    grads, calibration = gradients(loaded, options)
+    provenance = {**calibration.provenance(), "data": os.path.abspath(loaded.cfg.task.data)}
+    if options.speedup is None:  # the Fisher frontier compares heads only: depth and FFN points left out
+        scored = fisher_choice(loaded.model, grads, [p for p in points
+                                                     if "dec_layers" not in p and "ffn_percent" not in p])
+        return {**by_bleu(folder, loaded, options, scored, provenance, log),
+                "levers": moved_levers(scored, levers.stack_sizes(loaded.model))}
+    scored, layer_order = scored_by_depth(loaded, grads, calibration, points, log)
+    best, confirmed, timed = confirm(loaded, options, timing, rounds, scored, calibration, log)
+    depths = len({p.get("dec_layers") for p in scored})
+    rule = (f"given by --shape {options.shape} (its heads by the Fisher estimate in the kept layers, its "
+            "layers by the calibration loss)" if options.shape is not None else
+            f"of the shapes predicted to reach {options.speedup:g}x (as they are; with half of every FFN "
+            f"when none does), {len(scored)} at {depths} decoder depth(s), the first "
+            f"{min(TIMED_AGAIN, len(scored))} in the choice's order (the lowest Fisher estimate of the loss "
+            "increase within a depth, removing no more than another one first"
+            + ("" if depths == 1 else ", the depths by the calibration NLL of their best shape")
+            + ") and the fastest timed again as crude slices (then the FFN variant of each that measured below "
+            "the target, and at a depth where every timed shape missed it, the next whose prediction scaled by "
+            "the depth's measured/predicted ratio reaches it); of those that measured the target (clearing it "
+            "by 3% when any does), the lowest calibration NLL after shrink's closed-form fits (layers removed, "
+            "heads masked, FFN units removed, every changed sublayer refit; no window fit)")
+    log(f"choice: {shape_words(best)}, {best['measured_speedup']:.2f}x measured (predicted "
+        f"{best['predicted_speedup']:.2f}x): {rule}"
+        + ("" if confirmed else "; it measured below the target" if options.shape is not None
+           else "; none of them measured it: the fastest of them")
+        + f" ({calibration.sentences} sentences of '{calibration.subset}')")
+    return {"chosen": best, "candidates": scored, "timed": timed, "confirmed": confirmed,
+            "levers": moved_levers(scored + timed, levers.stack_sizes(loaded.model)),
+            "layer_order": layer_order,
+            "chosen_by": rule if confirmed or options.shape is not None
+            else "none of the shapes timed again measured the target: the fastest of them",
+            "calibration": provenance}
+
+
+def scored_by_depth(loaded, grads, calibration, points: List[Dict],
+                    log: Callable) -> Tuple[List[Dict], Optional[Dict]]:
+    """fisher_choice at each decoder depth among the points: on the model with the layers shrink's importance
+    selection removes (one greedy run down to the shallowest depth, on the same calibration sentences: its
+    order gives every depth's layers) and that model's own head-mask gradients (as shrink's head search in
+    the kept layers). Each point gets its depth's `depth_nll` (when several depths compete): the calibration
+    NLL of the depth's lowest-Fisher shape with its layers removed and its heads masked. Returns the scored
+    points and the greedy layer order (None without a depth cut)."""
+    model, pad = loaded.model, loaded.task.target_dictionary.pad()
+    whole = levers.stack_sizes(model)
+    full = whole["dec_layers"]
+    groups: Dict[int, List[Dict]] = {}
+    for p in points:
+        groups.setdefault(p.get("dec_layers", full), []).append(p)
+    order, kept = None, {}
+    enc = {p["enc_layers"] for p in points if "enc_layers" in p}  # --shape only: one shape
+    if enc:
+        counts = layers.parse_keep_layers(keep_layers_spec(min(groups) if min(groups) < full else None, *enc))
+        chosen = layers.select_by_loss(model, counts,
+                                       lambda m: layers.calibration_loss(m, calibration.samples, pad), log)
+        order, kept = chosen.as_json(), {min(groups): {s: list(v) for s, v in chosen.kept.items()}}
+    elif min(groups) < full:
+        chosen = layers.select_by_loss(model, {"dec": min(groups)},
+                                       lambda m: layers.calibration_loss(m, calibration.samples, pad), log)
+        order = chosen.as_json()
+        kept = {d: {"dec": v} for d, v in kept_by_depth(chosen.steps, full, [d for d in groups if d < full]
+                                                        ).items()}
+    scored = []
+    for depth in sorted(groups, reverse=True):
+        cut = remove_layers(copy.deepcopy(model), kept[depth]) if depth in kept else model
+        removes = any(p["enc_heads"] < whole["enc_heads"] or p["dec_heads"] < whole["dec_heads"]
+                      for p in groups[depth])
+        own = grads if cut is model else (select.sentence_gradients(cut, calibration.samples, pad)
+                                          if removes else {})
+        out = fisher_choice(cut, own, groups[depth])
+        if depth in kept:
+            for p in out:
+                p["layers_kept"] = kept[depth]
+        if len(groups) > 1:
+            best = candidate_order(out)[0]
+            nll = masked_nll(cut, best["heads"], calibration.samples, pad)
+            log(f"choice: at {depth} decoder layers, {label(best)} has the lowest Fisher estimate of "
+                f"{len(out)} shapes: calibration NLL {nll:.4f}")
+            for p in out:
+                p["depth_nll"] = nll
+        scored += out
+    return scored, order
+
+
+def confirm(loaded, options, timing, rounds: int, scored: List[Dict], calibration, log: Callable,
+            tries: int = TIMED_AGAIN) -> Tuple[Dict, bool, List[Dict]]:
+    """The candidates in the choice's order (candidate_order: the Fisher estimate within a depth, a shape that
+    removes more than another candidate after it), the first `tries` (and the fastest predicted) timed again as
+    crude slices in one interleaved run, each as it is or, when only its FFN variant is predicted to reach the
+    target, as that; then, in at most RETIMED_ROUNDS more runs, the FFN variant of each shape that measured
+    below it (ffn_variants) and, for depths where every timed shape missed it, the next shapes
+    retime_candidates names. Of those that measure the target, the lowest calibration NLL after shrink's
+    closed-form fits (reconstructed_nll: comparable across depths, head counts and FFN widths, where the Fisher
+    estimates of different cut models are not); none measuring it, the fastest timed."""
+    target = options.speedup
+    if options.shape is not None:  # the shape given, timed as it is
+        batch = list(scored)
+    else:
+        batch = [as_timed(p, target) for p in candidate_order(scored)[:tries]]
+        fastest = as_timed(max(scored, key=lambda p: max(p["predicted_speedup"],
+                                                         p.get("ffn_predicted_speedup", 0))), target)
+        if fastest not in batch:
+            batch.append(fastest)
+    timed: List[Dict] = []
+    for _ in range(1 + RETIMED_ROUNDS):
+        shapes = {label(p): levers.ceiling_shape(loaded.model, p) for p in batch}
+        measured = levers.time_shapes(loaded, options.engine, timing, rounds, shapes, log)
+        for p in batch:
+            p["measured_speedup"] = measured["speedup"][label(p)]
+            p["timing_load"] = measured["load_average"]
+        if (measured["load_average"] or 0.0) > levers.LOADED:
+            log(f"choice: timed under a 1-minute load average of {measured['load_average']:.1f} (another "
+                "CPU-bound process beside the timing): slices time lower under load, and the shape taken "
+                "can move with it (docs/compress.md, Limits); a quiet machine gives the choice its figures")
+        timed += batch
+        if options.shape is not None:
+            break
+        seen = {label(p) for p in timed}
+        batch = [p for p in ffn_variants(batch, target) + retime_candidates(scored, timed, target)
+                 if label(p) not in seen]
+        if not batch:
+            break
+    pad = loaded.task.target_dictionary.pad()
+    best, confirmed = pick_measured(timed, options.speedup,
+                                    lambda p: nll_after_fits(loaded, options, p, calibration, pad))
+    log("choice: timed again " + ", ".join(
+        f"{label(p)} {p['measured_speedup']:.2f}x" + (f" (calibration NLL after the closed-form fits "
+                                                      f"{p['calibration_nll']:.4f})"
+                                                      if "calibration_nll" in p else "") for p in timed))
+    return best, confirmed, timed
+
+
+def nll_after_fits(loaded, options, point: Dict, calibration, pad: int) -> float:
+    """A shape's calibration NLL after shrink's closed-form fits (choice.reconstructed_nll) with this run's
+    shrink options: what the pick compares (benchmarks/nll_vs_recovery.py reads it too)."""
+    fits = with_fit(shrink_options(options, point["heads"], point.get("dec_layers"),
+                                   point.get("ffn_percent", 100.0), point.get("enc_layers")),
+                    window=WindowOptions(steps=0))
+    return reconstructed_nll(loaded.model, point, calibration, fits, pad)
+
+
+def by_bleu(folder: str, loaded, options, scored: List[Dict], provenance: Dict, log: Callable) -> Dict:
+    """The fastest shape on the (speed, Fisher estimate) frontier whose shrunk model (before recovery) loses at
+    most --max-bleu-loss BLEU on the held-out split of valid, in the engine: a bisection along the frontier
+    (the loss falls as the shapes get slower), each probe a shrink with the full recipe and one decode."""
+    o = options
+    data, split = split_valid(loaded, os.path.join(folder, "data"), o.heldout_sentences)
+    log(f"choice: valid split in two: sentences {split['heldout'][0]}-{split['heldout'][1] - 1} choose "
+        f"(subset '{HELDOUT}'), {split['valid'][0]}-{split['valid'][1] - 1} early-stop the recovery")
+    frontier = fisher_frontier(scored)
+    base = heldout_bleu(loaded, options.engine, data, loaded.checkpoint, os.path.join(folder, "unpruned"))
+    probes: Dict[str, Dict] = {}
+
+    def loss(i: int) -> float:
+        point = frontier[i]
+        name = label(point).replace("/", "-")
+        if name not in probes:
+            cand = os.path.join(folder, "candidates", name)
+            os.makedirs(cand, exist_ok=True)
+            shrunk = shrink_heads(cand, loaded, options, point["heads"])
+            bleu = heldout_bleu(loaded, options.engine, data, shrunk["checkpoint"], os.path.join(cand, "decode"))
+            probes[name] = {**point, "heldout_bleu": bleu, "heldout_loss": round(base - bleu, 2),
+                            "shrunk": shrunk}
+            log(f"choice: {label(point)} (predicted {point['predicted_speedup']:.2f}x) loses "
+                f"{base - bleu:.2f} BLEU on '{HELDOUT}' before recovery")
+        return probes[name]["heldout_loss"]
+
+    lo, hi = 0, len(frontier) - 1  # the first (fastest) index within the bound; the loss falls with the index
+    if loss(hi) > o.max_bleu_loss:
+        raise UserError(f"--max-bleu-loss {o.max_bleu_loss:g}: even the mildest shape, {label(frontier[hi])}, "
+                        f"loses {probes[label(frontier[hi]).replace('/', '-')]['heldout_loss']:.2f} BLEU on the "
+                        "held-out split before recovery; give a larger bound, or --speedup")
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if loss(mid) <= o.max_bleu_loss:
+            hi = mid
+        else:
+            lo = mid + 1
+    best = probes[label(frontier[lo]).replace("/", "-")]
+    log(f"choice: {shape_words(best)}, predicted "
+        f"{best['predicted_speedup']:.2f}x, "
+        f"the fastest of {len(frontier)} frontier shapes within {o.max_bleu_loss:g} BLEU on '{HELDOUT}' "
+        f"({len(probes)} shrunk and decoded)")
+    return {"chosen": best, "candidates": scored, "frontier": frontier, "probes": list(probes.values()),
+            "heldout_bleu_unpruned": base, "split": split, "data": data,
+            "chosen_by": f"the fastest shape of the frontier (predicted speed against the Fisher estimate) whose "
+                         f"shrunk model, before recovery, loses at most {o.max_bleu_loss:g} BLEU in {o.engine} on "
+                         f"valid sentences {split['heldout'][0]}-{split['heldout'][1] - 1} (held out of the "
+                         "recovery's early stopping)",
+            "calibration": provenance}
+
+
+def heldout_bleu(loaded, engine: str, data: str, checkpoint: str, folder: str) -> float:
+    """BLEU of a checkpoint on the held-out split, decoded in the engine (references: the binarised targets)."""
+    import torch
+
+    cfg = copy.deepcopy(loaded.cfg)
+    cfg.task.data, cfg.common_eval.path = data, checkpoint
+    model = load(cfg)
+    evaluator = SubsetEvaluator(model, HELDOUT)
+    os.makedirs(folder, exist_ok=True)
+    hyps = levers.EngineModel(model, engine, folder=os.path.join(folder, "model")).run(
+        evaluator.samples)["hypotheses"]
+    texts = [evaluator.hypothesis_text({"tokens": torch.tensor(hyps[i], dtype=torch.long)})
+             for i in range(evaluator.size)]
+    shutil.rmtree(os.path.join(folder, "model"), ignore_errors=True)
+    return round(float(evaluator.bleu(texts).score), 2)

@@ -1,0 +1,91 @@
+"""What several stages read alike: batch and thread settings for a block, the size and content digest of a subset,
+the reported sets, and a model as the engine runs it."""
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Dict, List, Optional, Tuple
+
+from fairseq_headprune.compress import levers
+from fairseq_headprune.fairseq_io.loading import load_subset
+from fairseq_headprune.records.identity import file_sha256
+from fairseq_headprune.studies.deploy import calibration_files_sha256
+
+HELDOUT = "heldout"  # the choice's split of valid (--max-bleu-loss)
+
+
+@contextlib.contextmanager
+def max_tokens(loaded, value: Optional[int]):
+    """Batches of at most `value` tokens while calibrating (the recipe's --max-tokens 1000), restored after."""
+    from omegaconf import open_dict
+
+    saved = loaded.cfg.dataset.max_tokens
+    with open_dict(loaded.cfg):
+        loaded.cfg.dataset.max_tokens = value
+    try:
+        yield
+    finally:
+        with open_dict(loaded.cfg):
+            loaded.cfg.dataset.max_tokens = saved
+
+
+@contextlib.contextmanager
+def torch_threads(n: int):
+    """torch's intra-op threads set to n for the block, restored after."""
+    import torch
+
+    saved = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
+
+
+def subset_tokens(loaded, subset: str, n: Optional[int] = None) -> Tuple[int, int]:
+    """(sentences, target tokens) of the first n sentences of a subset (all when n is None)."""
+    dataset = load_subset(loaded, subset)
+    count = len(dataset) if n is None else min(n, len(dataset))
+    sizes = getattr(dataset, "tgt_sizes", None)
+    tokens = int(sizes[:count].sum()) if sizes is not None else count * 20
+    return count, tokens
+
+
+def split_subsets(train_options: Tuple[str, ...]) -> Tuple[str, str, List[str]]:
+    """fairseq-train's --train-subset and --valid-subset among the training options given to compress (recover sets
+    them itself, from RecoverOptions), and the other options."""
+    subsets, rest, given = {"--train-subset": "train", "--valid-subset": "valid"}, [], list(train_options)
+    i = 0
+    while i < len(given):
+        name, _, value = given[i].partition("=")
+        if name in subsets:
+            if not value:
+                i += 1
+                value = given[i]
+            subsets[name] = value
+        else:
+            rest.append(given[i])
+        i += 1
+    return subsets["--train-subset"], subsets["--valid-subset"], rest
+
+
+def data_sha(loaded, subset: str) -> str:
+    return calibration_files_sha256(loaded, subset)
+
+
+def references_sha(loaded, options, subset: Optional[str] = None, references: Optional[str] = None) -> Optional[str]:
+    if subset is None:
+        subset, references = options.gen_subset, options.references
+    return file_sha256(references) if references else data_sha(loaded, subset)
+
+
+def also_sets(options) -> List[Tuple[str, Optional[str]]]:
+    """(subset, references or None) of each --also-report set."""
+    return list(zip(options.also_report, options.also_references or [None] * len(options.also_report)))
+
+
+def engine_model(loaded, engine: str, exported: Optional[Dict], tmp: str, name: str) -> levers.EngineModel:
+    """A model as `engine` runs it: the exported CTranslate2 folder when there is one, else built under tmp/name."""
+    if exported and exported.get("ct2"):
+        return levers.EngineModel(loaded, engine, ct2_folder=exported["ct2"])
+    return levers.EngineModel(loaded, engine, folder=os.path.join(tmp, name))

@@ -1,0 +1,94 @@
+"""The cost-table stage: what each lever buys in the engine (compress.levers: crude shapes at equal work,
+interleaved; also cached per model, engine and CPU outside OUT), and the shapes that reach the target (or --shape's
+point), refused in one line when none does."""
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Optional
+
+from fairseq_headprune.compress import levers
+from fairseq_headprune.compress.choice import SHAPE_FIELDS, lever_points, shape_words, shapes_reaching
+from fairseq_headprune.errors import UserError
+
+
+def cost_cache(options) -> Optional[str]:
+    """The folder of cost tables measured before: --cost-cache, the user's cache by default, none for ''."""
+    given = options.cost_cache
+    return levers.default_cache() if given is None else (given or None)
+
+
+def build(loaded, options, timing, rounds: int, identity: Dict, log: Callable) -> Dict:
+    """The table: from the cache, or measured (and cached when every row is decided)."""
+    cache = cost_cache(options)
+    cached = levers.cached_table(cache, identity)
+    if cached:
+        log(f"cost table: measured before on this machine ({cache})")
+        return {**cached, "from_cache": True}
+    table = levers.measure(loaded, options.engine, timing, rounds, log=log)
+    table["identity"] = identity
+    if not levers.decided(table):  # never cached: a rerun measures again rather than reuse an undecided table
+        log(f"cost table: its rows saw as few as {levers.fewest_paired(table)} paired batches, fewer than "
+            f"{levers.MIN_PAIRED}: not kept in the cache")
+        return {**table, "from_cache": False, "cache_file": None}
+    stored = levers.store_table(cache, table)
+    return {**table, "from_cache": False, "cache_file": stored}
+
+
+def reachable(loaded, options, table: Dict, log: Callable) -> List[Dict]:
+    """Every point (per-stack shapes, at every decoder depth) with its predicted speed; the target's reachable
+    ones, or a refusal in one line."""
+    levers.smooth(table["rows"], options.significance)
+    points = lever_points(loaded.model)
+    for p in points:
+        p["predicted_speedup"] = round(levers.predict(table, p), 4)
+    points.sort(key=lambda p: -p["predicted_speedup"])
+    order = ", ".join(f"{name} {speed:.2f}x" for name, speed in levers.lever_order(table))
+    log(f"cost table ({options.engine}, equal work): what half of each lever buys alone: {order}")
+    if options.shape is not None:
+        given = shape_point(loaded, options)
+        point, note = next((dict(p) for p in points if {k: v for k, v in p.items() if k in SHAPE_FIELDS} == given),
+                           None), ""
+        if point is None:  # an FFN share the table did not measure, or the encoder's depth (no row)
+            point, priced = dict(given), {k: v for k, v in given.items() if k != "enc_layers"}
+            if "enc_layers" in given:
+                note = ", the encoder's depth not counted (the cost table has no row for it)"
+            try:
+                point["predicted_speedup"] = round(levers.predict(table, priced), 4)
+            except ValueError:  # below the table's FFN rows: the FFN's share left out of the prediction
+                note += ", the FFN's share not counted (below the cost table's rows)"
+                point["predicted_speedup"] = round(levers.predict(
+                    table, {k: v for k, v in priced.items() if k != "ffn_percent"}), 4)
+        log(f"--shape {options.shape}: {shape_words(point)}, predicted "
+            f"{point['predicted_speedup']:.2f}x{note} (the target {options.speedup:g}x)")
+        return [point]
+    if options.speedup is not None:
+        reach = shapes_reaching(points, options.speedup)
+        if not reach:
+            best = points[0]
+            fields = {lever.field for lever in levers.LEVERS if lever.removable}
+            levers.refuse_unreachable(options.speedup,
+                                      ({k: v for k, v in best.items() if k in fields},
+                                       best["predicted_speedup"]), table, options.engine)
+        how = ("as they are" if reach[0]["predicted_speedup"] >= options.speedup else
+               "with half of every FFN, none as it is")
+        log(f"{len(reach)} per-stack shapes (at every decoder depth) reach {options.speedup:g}x {how} "
+            f"(predicted): fastest {shape_words(points[0])} {points[0]['predicted_speedup']:.2f}x")
+        return reach
+    return points
+
+
+def shape_point(loaded, options) -> Dict[str, int]:
+    """--shape as a choice point {enc_heads, dec_heads[, dec_layers][, ffn_percent][, enc_layers]}, or one line
+    where this model cannot take it (a stack's heads or layers out of range, nothing removed)."""
+    shape, model = options.given_shape(), loaded.model
+    shape.check(model, "--shape")
+    whole = levers.stack_sizes(model)
+    point = {"enc_heads": shape.enc_heads, "dec_heads": shape.dec_heads}
+    if shape.dec_layers not in (None, whole["dec_layers"]):
+        point["dec_layers"] = shape.dec_layers
+    if shape.enc_layers not in (None, len(model.encoder.layers)):
+        point["enc_layers"] = shape.enc_layers
+    if shape.ffn_percent < 100:
+        point["ffn_percent"] = shape.ffn_percent
+    if point == {"enc_heads": whole["enc_heads"], "dec_heads": whole["dec_heads"]}:
+        raise UserError(f"--shape {options.shape} is the unpruned model's: nothing to remove")
+    return point

@@ -1,0 +1,112 @@
+"""The outputs, each written whole: OUT/model.pt, OUT/ct2/ (with its card), OUT/MODEL_CARD.md and OUT/compress.json
+last (the outputs are a set only while it is there); the verdict (met or missed, by how much) they carry."""
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+import tempfile
+from dataclasses import asdict
+from typing import Callable, Dict, List
+
+from fairseq_headprune.compress import levers, model_card, preflight
+from fairseq_headprune.compress.choice import shape_words
+from fairseq_headprune.compress.options import STAGES
+from fairseq_headprune.records.log import atomic_output, write_json_atomic
+
+
+def write(loaded, options, results: Dict[str, Dict], points: List[Dict], rates: Dict, plan: Dict,
+          recovered: Dict, exported: Dict, log: Callable) -> Dict:
+    """compress.json's record (stages, estimates, verdict; paths made portable) and the files beside it."""
+    o = options
+    record = {"target": o.target, "engine": o.engine, "options": {k: (list(v) if isinstance(v, tuple) else v)
+                                                                    for k, v in asdict(o).items()},
+              "source_checkpoint": os.path.abspath(loaded.checkpoint),
+              "data": os.path.abspath(loaded.cfg.task.data),
+              "stages": {name: results[name] for name in STAGES if name in results},
+              "reachable_shapes": points, "rates": rates, "estimated_cpu_seconds": plan,
+              "cpu_seconds": {name: results[name].get("cpu_seconds") for name in STAGES
+                              if name in results},
+              "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+              "teacher_trained_on": list(o.teacher_trained_on)}
+    record["verdict"] = verdict(record)
+    preflight.output_folder(o.out)  # a file of the user's put there while the run went on stays untouched
+    # paths as OUT/..., DATA/... or file names: the record and the card travel without this machine's folders
+    record = model_card.portable(record, os.path.abspath(o.out), os.path.abspath(loaded.cfg.task.data))
+    record_path = os.path.join(o.out, "compress.json")
+    if os.path.exists(record_path):  # the outputs are a set only while compress.json is there: written last
+        os.remove(record_path)
+    model_path = os.path.join(o.out, "model.pt")
+    staged = model_path + ".tmp"
+    shutil.copyfile(recovered["checkpoint"], staged)
+    os.replace(staged, model_path)
+    card = model_card.render(record)
+    if exported.get("ct2"):
+        replace_folder(exported["ct2"], os.path.join(o.out, "ct2"))
+        with atomic_output(os.path.join(o.out, "ct2", "MODEL_CARD.md")) as f:  # the card travels with ct2/
+            f.write(card)
+    with atomic_output(os.path.join(o.out, "MODEL_CARD.md")) as f:
+        f.write(card)
+    write_json_atomic(record_path, record)
+    for line in record["verdict"]["lines"]:
+        log(line)
+    return record
+
+
+def replace_folder(source: str, out: str) -> None:
+    """A copy of `source` put in place of `out` whole (the old one moved aside first, removed once the new is in)."""
+    staged = tempfile.mkdtemp(dir=os.path.dirname(os.path.abspath(out)), prefix=".ct2-")
+    os.rmdir(staged)
+    shutil.copytree(source, staged)
+    old = None
+    if os.path.exists(out):
+        old = staged + ".old"
+        os.rename(out, old)
+    os.rename(staged, out)
+    if old:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def verdict(record: Dict) -> Dict:
+    """Met or missed, by how much, and what the cost table says would reach a missed target."""
+    stages = record["stages"]
+    measured, reported, table = stages["measure"], stages["report"], stages["cost-table"]
+    chosen = stages["choice"]["chosen"]
+    speed, loss = measured["speedup_equal_work"], -reported["bleu_delta"]
+    lines = [f"compressed model: {shape_words(chosen)}, {speed:.2f}x the unpruned model "
+             f"in {record['engine']} at equal work ({measured['speedup_as_decoded']:.2f}x as decoded; FLOP ratio "
+             f"{measured['flop_ratio']:.2f}); BLEU on {reported['subset']} {reported['bleu_compressed']:.2f} against "
+             f"{reported['bleu_unpruned']:.2f} ({reported['bleu_delta']:+.2f}, p {reported['p']:.3f})"]
+    trained = set(record.get("teacher_trained_on") or ())
+    for also in reported.get("also") or []:
+        where = ("the unpruned model's training data: not a held-out result" if also["subset"] in trained else
+                 "no choice or training of this run read it")
+        lines.append(f"BLEU on {also['subset']} ({where}): "
+                     f"{also['bleu_compressed']:.2f} against {also['bleu_unpruned']:.2f} ({also['bleu_delta']:+.2f}, "
+                     f"p {also['p']:.3f})")
+    out = {"speedup": speed, "bleu_loss": round(loss, 2)}
+    target = record["options"]["speedup"]
+    if target is not None:
+        met = speed >= target
+        out["met"] = met
+        bleu = (f"; BLEU {reported['bleu_delta']:+.2f} on {reported['subset']} (p {reported['p']:.3f}; "
+                f"{'significant' if reported['p'] < 0.05 else 'not significant'} at 0.05; no BLEU bound was set)")
+        if met:
+            lines.append(f"target {target:g}x: speed met ({speed:.2f}x){bleu}")
+        else:
+            faster = [p for p in record["reachable_shapes"] if p["predicted_speedup"] > chosen["predicted_speedup"]]
+            hint = (f"; the cost table predicts {shape_words(faster[-1])} at {faster[-1]['predicted_speedup']:.2f}x"
+                    if faster else "")
+            rerun = "" if record["options"].get("shape") else "; rerun with a higher --speedup to take it"
+            lines.append(f"target {target:g}x: speed missed by {target - speed:.2f}x (predicted "
+                         f"{chosen['predicted_speedup']:.2f}x{hint if rerun else ''}{rerun}){bleu}")
+    else:
+        bound, held = record["options"]["max_bleu_loss"], reported["heldout"]
+        out["met"] = held["loss"] <= bound
+        lines.append(f"target BLEU loss at most {bound:g} on held-out data: {'met' if out['met'] else 'missed'} "
+                     f"({held['loss']:.2f} on valid's held-out split after recovery, "
+                     f"{held['loss_before_recovery']:.2f} before; {loss:.2f} on {reported['subset']})")
+    out["lines"] = lines
+    out["lever_order"] = levers.lever_order(table)
+    return out
+

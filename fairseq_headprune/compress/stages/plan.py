@@ -1,0 +1,171 @@
+"""The plan before any stage: rates measured on this machine now (probe) and each stage's estimate in CPU seconds
+from them; --dry-run's lines (each stage, the data it reads, its estimate)."""
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import tempfile
+import time
+from typing import Dict, List, Optional
+
+from fairseq_headprune.compress import levers
+from fairseq_headprune.compress.choice import per_stack_points
+from fairseq_headprune.compress.options import STAGES
+from fairseq_headprune.compress.recover import TRAIN_DEFAULTS
+from fairseq_headprune.compress.stages.common import subset_tokens
+from fairseq_headprune.core.heads import attention_modules
+from fairseq_headprune.studies import deploy
+
+
+def cpu_seconds(fn, repeat: int = 2) -> float:
+    """CPU seconds of this process (every thread) for one call of fn, the least of `repeat` calls (the first pays
+    for allocations and caches): what a stage costs whatever else the machine runs meanwhile."""
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.process_time()
+        fn()
+        best = min(best, time.process_time() - start)
+    return max(best, 1e-6)
+
+
+def probe(loaded, options, timing, calibration) -> Dict[str, float]:
+    """Rates measured on this machine now, in CPU time, a few seconds: decoding (sentences/s) in the engine and in
+    fairseq, the export of the model, a forward and a forward+backward of a training batch (target tokens/s), one
+    window-fit step."""
+    import torch
+
+    rates = {}
+    few = timing[:2]
+    n = sum(s["id"].numel() for s in few)
+    with tempfile.TemporaryDirectory(prefix="compress-probe-") as tmp:
+        holder = {}
+
+        def build():
+            shutil.rmtree(os.path.join(tmp, "m"), ignore_errors=True)
+            holder["m"] = levers.EngineModel(loaded, options.engine, folder=os.path.join(tmp, "m"))
+
+        rates["export_s"] = cpu_seconds(build, 1) if options.engine != "fairseq" else 0.0
+        if "m" not in holder:
+            build()
+        seconds = cpu_seconds(lambda: holder["m"].run(few))
+    pad = loaded.task.target_dictionary.pad()
+    rates["engine_sent_s"] = n / seconds  # and per reference token: the reported sets' sentences are longer or not
+    rates["engine_tok_s"] = sum(int(s["target"].ne(pad).sum()) for s in few) / seconds
+    rates["fairseq_sent_s"] = (rates["engine_sent_s"] if options.engine == "fairseq" else
+                               n / cpu_seconds(lambda: deploy.fairseq_run(loaded, loaded.model, few)))
+    sample = calibration[len(calibration) // 2]  # a full training batch of middling sentences
+    tokens = int(sample["target"].ne(pad).sum())
+    model = loaded.model
+
+    def forward():
+        with torch.no_grad():
+            model(**sample["net_input"])
+
+    def train_step():
+        out = model(**sample["net_input"])[0]
+        out.float().logsumexp(-1).sum().backward()
+        model.zero_grad(set_to_none=True)
+
+    rates["forward_tok_s"] = tokens / cpu_seconds(forward)
+    rates["train_tok_s"] = tokens / cpu_seconds(train_step)
+    attn = next(iter(attention_modules(model).values()))
+    x = torch.randn(25, 40, attn.embed_dim)  # one window-fit step: at most 1000 tokens
+
+    def window_step():
+        y, _ = attn(query=x, key=x, value=x, need_weights=False)
+        y.pow(2).sum().backward()
+
+    rates["window_step_s"] = cpu_seconds(window_step, 3)
+    for p in attn.parameters():
+        p.grad = None
+    return rates
+
+
+
+def estimates(loaded, options, rates: Dict[str, float], rows: int,
+              rounds: Optional[int] = None) -> Dict[str, float]:
+    """Seconds each stage will take, from the measured rates (not guesses of them); `rounds`: the timing's
+    interleaved rounds (levers.timing_rounds; --runs when not given)."""
+    timing_n = options.timing_sentences
+    runs = rounds or options.runs
+    engine = rates["engine_sent_s"]
+    calib_n, calib_tok = subset_tokens(loaded, options.calibration_subset, options.calibration_sentences)
+    train_n, train_tok = subset_tokens(loaded, "train")
+    valid_n, valid_tok = subset_tokens(loaded, "valid")
+    sublayers = len(attention_modules(loaded.model))
+    out = {"cost-table": (rows + 1) * ((runs + 2) * timing_n / engine + rates["export_s"])}
+    out["choice"] = calib_tok / rates["train_tok_s"]
+    if options.speedup is not None:  # up to five shapes timed again beside the unpruned model, and (expected) one
+        models = 2 if options.shape is not None else 6 + 6  # more round of five (ffn_variants, retime_candidates)
+        out["choice"] += models * ((runs + 2) * timing_n / engine + rates["export_s"])
+        depth = len(loaded.model.decoder.layers)  # at most: the greedy layer order down to one layer, a gradient
+        out["choice"] += ((depth * (depth + 1) // 2 - 1 + depth) * calib_tok / rates["forward_tok_s"]  # pass and
+                          + (depth - 1) * calib_tok / rates["train_tok_s"])  # an NLL per depth
+        if options.shape is None:  # (expected) three timed shapes reach the target, each compared by its NLL after
+            out["choice"] += 3 * 3 * calib_tok / rates["forward_tok_s"]  # shrink's closed-form fits
+    shrink = (options.window_steps * sublayers * rates["window_step_s"] + 3 * calib_tok / rates["forward_tok_s"]
+              + 2 * min(options.check_sentences, calib_n) / rates["fairseq_sent_s"])
+    if options.max_bleu_loss is not None:  # shrinks and held-out decodes: a bisection over the frontier, whose
+        held = min(options.heldout_sentences, valid_n)  # ~20 shapes took 5 probes on the bundled models
+        probes = math.ceil(math.log2(max(2, len(per_stack_points(loaded.model)) // 3)))
+        out["choice"] += probes * (shrink + held / rates["fairseq_sent_s"]) + held / rates["fairseq_sent_s"]
+    out["shrink"] = shrink
+    sample_n = min(options.recover_sentences, train_n)  # the recovery set, its epochs capped by the updates
+    sample_tok = train_tok * sample_n / max(train_n, 1)
+    epochs = min(float(options.budget_epochs), options.budget_updates / updates_per_epoch(sample_tok, options))
+    out["recover"] = epochs * (sample_tok / rates["train_tok_s"] + sample_tok / rates["forward_tok_s"]
+                               + valid_tok / rates["forward_tok_s"])
+    if options.distill in ("sequences", "both"):  # the teacher's translations of train (cached: once per teacher)
+        out["recover"] += sample_n / rates["fairseq_sent_s"]
+    if options.recovered:  # run elsewhere: only adopted here
+        out["recover"] = 0.0
+    out["export"] = (2 * options.check_sentences / rates["fairseq_sent_s"] + 2 * rates["export_s"]
+                     if options.engine != "fairseq" else 0.0)
+    out["measure"] = 2 * (2 * runs + 2) * timing_n / engine + rates["export_s"]
+    reported = sum(subset_tokens(loaded, subset)[1] for subset in (options.gen_subset, *options.also_report))
+    out["report"] = 2 * reported / rates["engine_tok_s"]  # both models, every reported set
+    return out
+
+
+def updates_per_epoch(target_tokens: float, options) -> float:
+    """About how many updates an epoch of `target_tokens` takes in the recovery's batches (its --max-tokens, the
+    bundled model's batches three quarters full of target tokens: 252 updates an epoch of De-En's 28k pairs)."""
+    given = list(options.recover_args) + list(options.train_options)
+    max_tokens = next((given[i + 1] for i, a in enumerate(given[:-1]) if a == "--max-tokens"),
+                      TRAIN_DEFAULTS["--max-tokens"])
+    return max(1.0, target_tokens / (0.75 * int(max_tokens)))
+
+
+
+def plan_lines(options, timing, rounds: int, estimate: Dict[str, float], cached: set, sample: Dict,
+               command: Optional[str]) -> List[str]:
+    """--dry-run: every stage with the data it reads and its estimate, then the recovery's fairseq-train
+    command."""
+    o = options
+    calibration = (f"{o.calibration_sentences} sentences of '{o.calibration_subset}' drawn at random (seed "
+                   f"{o.sample_seed})")
+    recovery = (f"{sample['sentences']} of the {sample['of']} pairs of '{sample['subset']}'"
+                + (f" drawn at random (seed {o.sample_seed})" if sample["sampled"] else "")
+                + f"; early stopping on 'valid'; at most {o.budget_epochs} epochs and {o.budget_updates} updates"
+                if o.budget_epochs else "nothing: --budget-epochs 0")
+    reads = {"cost-table": f"{sum(s['id'].numel() for s in timing)} sentences of '{o.timing_subset}' in "
+                           f"{len(timing)} batches, {rounds} interleaved rounds",
+             "choice": calibration + (f"; the first {o.heldout_sentences} of 'valid' (held out)"
+                                      if o.max_bleu_loss is not None else ""),
+             "shrink": calibration, "recover": recovery,
+             "export": f"{o.check_sentences} sentences of '{o.timing_subset}'",
+             "measure": f"the cost table's batches of '{o.timing_subset}'",
+             "report": ", ".join(f"'{s}'" for s in (o.gen_subset, *o.also_report))}
+    lines = [f"plan (--dry-run: nothing was written): {o.out}"]
+    for name in STAGES:
+        if o.recovered and name == "recover":
+            what = f"--recovered {o.recovered} (a recovery run elsewhere)"
+        else:
+            what = reads[name]
+        lines.append(f"  {name:<10} {'cached' if name in cached else f'{estimate[name] / 60:.1f} CPU min'}: "
+                     f"{what}")
+    if o.budget_epochs and not o.recovered:
+        lines.append("the recovery's command (run by the recover stage; or elsewhere after --stop-after shrink):")
+        lines.append("  " + command)
+    return lines

@@ -1,0 +1,215 @@
+"""The recover stage: fairseq-train (compress.recover.recover) distils the unpruned model into the shrunk one, early
+stopping on valid, resumable from its own checkpoints; or a recovery run elsewhere (--recovered) adopted once it is
+checked to be a student of this run's shrink. Also the recovery set (a seeded sample of train) and the recovery's
+fairseq-train command, for --dry-run and --stop-after shrink."""
+from __future__ import annotations
+
+import os
+import shlex
+from typing import Callable, Dict, List, Optional, Tuple
+
+from fairseq_headprune.compress import recover
+from fairseq_headprune.compress.recover import RecoverOptions
+from fairseq_headprune.compress.stages.common import split_subsets, subset_tokens, torch_threads
+from fairseq_headprune.errors import UserError
+from fairseq_headprune.fairseq_io.checkpoint_io import save_state
+from fairseq_headprune.records.identity import file_sha256
+from fairseq_headprune.records.log import atomic_output, read_json, write_json_atomic
+
+
+def task_language_args(task_cfg) -> List[str]:
+    """fairseq-train's options for the directions this run reads: -s/-t, and the multilingual task's --lang-pairs
+    (a hydra task is a DictConfig, a legacy one such as the multilingual task's a Namespace)."""
+    def get(key):
+        return task_cfg.get(key) if hasattr(task_cfg, "get") else getattr(task_cfg, key, None)
+
+    args = ["-s", get("source_lang"), "-t", get("target_lang")] if get("source_lang") else []
+    pairs = get("lang_pairs")  # the multilingual task keeps it as a list once parsed
+    return args + (["--lang-pairs", pairs if isinstance(pairs, str) else ",".join(pairs)] if pairs else [])
+
+
+def encoder_args(cfg) -> List[str]:
+    """The tokenizer and BPE options of a loaded config as command-line options (fairseq's own names), for a
+    fairseq-train that must encode raw text as fairseq-generate would: interpolated values (the language pair)
+    and false switches left to fairseq."""
+    argv = []
+    for kind in ("tokenizer", "bpe"):
+        section = cfg.get(kind)
+        if not section or not section.get("_name"):
+            continue
+        argv += [f"--{kind}", str(section["_name"])]
+        for key in section:
+            if key == "_name" or section._get_node(key)._is_interpolation():
+                continue
+            value = section[key]
+            if value is None or value is False:
+                continue
+            argv += [f"--{key.replace('_', '-')}"] + ([] if value is True else [str(value)])
+    return argv
+
+
+def recover_key(loaded, options, shrunk_sha: str, sample: Dict) -> Dict:
+    """What makes two recoveries the same run (their resume key): student, teacher, options, the recovery set."""
+    o = options
+    key = {"student": shrunk_sha, "teacher": file_sha256(loaded.checkpoint),
+           "recover_args": list(o.recover_args)}
+    if o.distill_hidden_weight:  # (absent when off: the records of runs before the option still resume)
+        key["distill_hidden_weight"] = o.distill_hidden_weight
+    if o.distill != "logits":  # (likewise)
+        key["distill"] = o.distill
+    if o.distill_source:  # (likewise)
+        key["distill_source"] = [file_sha256(p) for p in o.distill_source]
+        key["distill_nbest"] = o.distill_nbest
+    if o.train_options:  # (likewise)
+        key["train_options"] = list(o.train_options)
+    if sample.get("sampled"):  # (likewise: all of train, as before the option)
+        key["sample"] = {"sentences": o.recover_sentences, "seed": o.sample_seed}
+    return key
+
+
+def recovery_set(loaded, options, choice: Optional[Dict], stages_root: str, log: Callable,
+                 prepare: bool = True) -> Tuple[str, Dict]:
+    """The recovery's data folder and what it trains on: the user's (or the choice's, valid split) when train
+    holds at most --recover-sentences pairs, else a folder whose train subset is a random sample of that many
+    (OUT/stages/recover-data, drawn once per data, size and seed; `prepare` False: its path only)."""
+    o = options
+    base = (choice or {}).get("data") or loaded.cfg.task.data
+    train_subset, _, _ = split_subsets(o.train_options)
+    total, _ = subset_tokens(loaded, train_subset)
+    if o.recover_sentences >= total:
+        return base, {"subset": train_subset, "sentences": total, "of": total, "sampled": False}
+    folder = os.path.join(stages_root, "recover-data")
+    described = {"subset": train_subset, "sentences": o.recover_sentences, "of": total, "sampled": True,
+                 "seed": o.sample_seed}
+    if not prepare:
+        return folder, described
+    identity = {"data": recover.data_fingerprint(base, [train_subset]), "sentences": o.recover_sentences,
+                "seed": o.sample_seed, "subset": train_subset}
+    held = read_json(os.path.join(folder, "sample.json"))
+    if not held or held.get("identity") != identity:
+        drawn = recover.sample_subset(base, train_subset, o.recover_sentences, o.sample_seed, folder)
+        write_json_atomic(os.path.join(folder, "sample.json"), {"identity": identity, "drawn": drawn})
+        log(f"recovery set: {o.recover_sentences} of the {total} pairs of '{train_subset}', drawn at random "
+            f"(seed {o.sample_seed}) into {folder}")
+    return folder, described
+
+
+def recover_options(loaded, options, out: str, work_dir: Optional[str],
+                    layers: Optional[Dict] = None) -> RecoverOptions:
+    """`layers`: the shrink record's; a cut decoder compares each kept layer with the teacher layer its
+    reconstruction aimed at (`teacher_outputs`), an uncut one layer by layer."""
+    cfg = loaded.cfg
+    languages = task_language_args(cfg.task)
+    hidden_map = ((layers or {}).get("teacher_outputs") or {}).get("dec")
+    train_subset, valid_subset, train_options = split_subsets(options.train_options)
+    return RecoverOptions(teacher=loaded.checkpoint, out=out, epochs=options.budget_epochs,
+                          updates=options.budget_updates, distill=options.distill,
+                          distill_hidden_weight=options.distill_hidden_weight,
+                          distill_hidden_layers=",".join(map(str, hidden_map)) if hidden_map and
+                          options.distill_hidden_weight else "",
+                          distill_source=list(options.distill_source),
+                          distill_nbest=options.distill_nbest, train_subset=train_subset,
+                          valid_subset=valid_subset, work_dir=work_dir,
+                          train_args=languages + (encoder_args(cfg) if options.distill_source else [])
+                          + train_options + list(options.recover_args))
+
+
+def recovery_command(loaded, options, data: str, folder: str, student: str, layers: Optional[Dict] = None,
+                     elsewhere: bool = False) -> str:
+    """The recovery's fairseq-train command, as the recover stage runs it (from OUT/stages/shrink's student into
+    OUT/stages/recover/run); `elsewhere`: into OUT/recovery-run instead, to run on GPUs or a cluster (torchrun,
+    Slurm) and hand back with --recovered (the recover stage's folder is its own)."""
+    work_dir = os.path.join(options.out, "recovery-run") if elsewhere else os.path.join(folder, "run")
+    settings = recover_options(loaded, options, os.path.join(folder, "model.pt"), work_dir, layers)
+    model_cfg = loaded.saved_cfg.model
+    arch = (model_cfg.get("arch") if hasattr(model_cfg, "get") else getattr(model_cfg, "arch", None)) \
+        or "transformer"
+    task = recover.saved_task_name(loaded.saved_cfg)
+    if os.path.exists(student):  # the student's own model and task options (its pruned heads, its shape)
+        student_cfg = recover._saved_cfg(recover._load_state(student), student)
+        arch = recover._field(student_cfg["model"], "arch") or arch
+        saved = recover.student_args(student, arch, task)
+    else:  # --dry-run: the student does not exist yet
+        saved = []
+    argv = recover.training_argv(os.path.abspath(data), student, settings, task, arch, saved)
+    return "fairseq-train " + shlex.join(argv) + ("" if saved else "  (and the student's model options, read "
+                                                  "from its checkpoint once the shrink wrote it)")
+
+
+def write_recovery_script(loaded, options, data: str, folder: str, student: str, layers: Optional[Dict],
+                          log: Callable) -> None:
+    """--stop-after shrink: the recovery's fairseq-train command printed and written to OUT/recovery-run.sh
+    (options given to the script are added to it: --distributed-world-size N, ...), to run here or elsewhere;
+    --recovered then takes its best checkpoint."""
+    command = recovery_command(loaded, options, data, folder, student, layers, elsewhere=True)
+    script = os.path.join(options.out, "recovery-run.sh")
+    with atomic_output(script) as f:
+        f.write("#!/bin/sh\n# the recovery of compress, as its recover stage would run it; \"$@\": more "
+                "fairseq-train options\n" + f"exec {command} \"$@\"\n")
+    os.chmod(script, 0o755)
+    best = os.path.join(options.out, "recovery-run", "checkpoint_best.pt")
+    log(f"the recovery, to run here or elsewhere (GPUs: --distributed-world-size N; a cluster: its "
+        f"fairseq-train under torchrun or srun), written to {script}:\n  {command}\nthen the same compress "
+        f"command with --recovered {best} goes on from its result")
+
+
+def build(folder: str, loaded, options, shrunk: Dict, data: str, sample: Dict, threads: int,
+          log: Callable) -> Dict:
+    """The shrunk model distilled from the unpruned one (--budget-epochs 0: the shrunk model as it is)."""
+    o = options
+    if o.budget_epochs == 0:
+        return {"checkpoint": shrunk["checkpoint"], "checkpoint_sha256": shrunk["checkpoint_sha256"],
+                "budget_epochs": 0, "recovered": False}
+    out = os.path.join(folder, "model.pt")
+    for path in (out, recover.record_path(out)):  # a shorter run's result: recovery goes on from its checkpoints
+        if os.path.exists(path):
+            os.remove(path)
+    settings = recover_options(loaded, options, out, os.path.join(folder, "run"), shrunk.get("layers"))
+    with torch_threads(threads):  # the threads the command was given (every other stage times on one)
+        record = recover.recover(data, shrunk["checkpoint"], settings, log=log)
+    return {"checkpoint": out, "checkpoint_sha256": file_sha256(out), "budget_epochs": o.budget_epochs,
+            "budget_updates": o.budget_updates, "recovered": True, "updates": record["updates"],
+            "updates_at_best": record["updates_at_best"], "sentences": sample["sentences"], "sample": sample,
+            "processes": record["processes"], "device": record["device"], "threads": threads,
+            "epochs": record["epochs"], "best_checkpoint": record["best_checkpoint"],
+            "peak_rss_gib": record["peak_rss_gib"], "distill": settings.distill,
+            "distill_hidden": {"weight": settings.distill_hidden_weight,
+                               "teacher_layers": settings.distill_hidden_layers or "one to one"}
+            if settings.distill_hidden_weight else None}
+
+
+def adopt(folder: str, options, shrunk: Dict, sample: Dict) -> Dict:
+    """--recovered CKPT: a recovery that ran elsewhere, checked to be a student of this run's shrink (every
+    parameter's name and shape, and, where the file it was fine-tuned from is here, that file), written as
+    the recovered model (weights and config, no optimizer state)."""
+    import torch
+
+    path = options.recovered
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # noqa: BLE001 - any unreadable file is the user's to fix
+        raise UserError(f"--recovered: cannot load {path}: {type(e).__name__}") from None
+    student = torch.load(shrunk["checkpoint"], map_location="cpu", weights_only=False)["model"]
+    weights = state.get("model") or {}
+    shapes = {k: tuple(v.shape) for k, v in weights.items() if torch.is_tensor(v)}
+    wanted = {k: tuple(v.shape) for k, v in student.items() if torch.is_tensor(v)}
+    differs = sorted(set(shapes) ^ set(wanted)) or sorted(k for k in wanted if shapes[k] != wanted[k])
+    if differs:
+        raise UserError(f"--recovered {path} is not a student of this run's shrink ({shrunk['checkpoint']}): "
+                        f"{differs[0]} differs")
+    cfg = state.get("cfg") or {}
+    source = ((cfg.get("checkpoint") or {}).get("finetune_from_model")) if hasattr(cfg, "get") else None
+    if source and os.path.isfile(source) and file_sha256(source) != shrunk["checkpoint_sha256"]:
+        raise UserError(f"--recovered {path} was fine-tuned from {source}, not from this run's shrink")
+    state.pop("last_optimizer_state", None)
+    out = os.path.join(folder, "model.pt")
+    save_state(state, out + ".tmp")
+    os.replace(out + ".tmp", out)
+    trained = (state.get("optimizer_history") or [{}])[-1]
+    distributed = (cfg.get("distributed_training") or {}) if hasattr(cfg, "get") else {}
+    return {"checkpoint": out, "checkpoint_sha256": file_sha256(out), "budget_epochs": options.budget_epochs,
+            "recovered": True, "elsewhere": os.path.abspath(path), "updates": trained.get("num_updates"),
+            "updates_at_best": trained.get("num_updates"), "sentences": sample["sentences"], "sample": sample,
+            "processes": int(distributed.get("distributed_world_size") or 1),
+            "device": "elsewhere", "epochs": [], "best_checkpoint": os.path.basename(path),
+            "distill": options.distill, "distill_hidden": None}

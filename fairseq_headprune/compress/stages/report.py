@@ -1,0 +1,87 @@
+"""The report stage: --gen-subset and each --also-report set decoded once by both models in the engine (the only
+reads of them): BLEU, the difference and its paired-bootstrap p; with --max-bleu-loss, the held-out split after
+recovery. No choice reads it."""
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Dict, Optional
+
+from fairseq_headprune.compress.stages.choice import heldout_bleu
+from fairseq_headprune.compress.stages.common import also_sets, engine_model, references_sha
+from fairseq_headprune.decoding.evaluate import SubsetEvaluator
+from fairseq_headprune.fairseq_io.loading import load_subset
+from fairseq_headprune.records.identity import decoding_identity
+from fairseq_headprune.stats import BleuBootstrap
+from fairseq_headprune.studies.deploy import load_other
+
+BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED = 1000, 1
+
+
+def identity(loaded, options) -> Dict:
+    """What the report reads besides the models: the reported sets and references by content, the decoding."""
+    return {"gen_subset": options.gen_subset, "references": references_sha(loaded, options),
+            "also": [[s, references_sha(loaded, options, s, r)] for s, r in also_sets(options)],
+            "decoding": decoding_identity(loaded.cfg)}
+
+
+def build(folder: str, loaded, options, recovered: Dict, exported: Dict, choice: Dict) -> Dict:
+    """--gen-subset and each --also-report set, decoded once by both models: the only reads of them."""
+    o = options
+    pruned = load_other(loaded, recovered["checkpoint"])
+    with tempfile.TemporaryDirectory(prefix="compress-report-") as tmp:
+        models = {"unpruned": engine_model(loaded, o.engine, None, tmp, "unpruned"),
+                  "compressed": engine_model(pruned, o.engine, exported, tmp, "compressed")}
+        main = scored_pair(loaded, models, folder, o.gen_subset, o.references)
+        also = [{**scored_pair(loaded, models, folder, subset, references),
+                 "overlap": overlap(loaded, options, subset)} for subset, references in also_sets(options)]
+    heldout = None
+    if choice.get("data"):  # --max-bleu-loss: the held-out split the choice read, after recovery
+        after = heldout_bleu(loaded, o.engine, choice["data"], recovered["checkpoint"],
+                             os.path.join(folder, "heldout"))
+        heldout = {"bleu_unpruned": choice["heldout_bleu_unpruned"], "bleu_compressed": after,
+                   "loss": round(choice["heldout_bleu_unpruned"] - after, 2),
+                   "loss_before_recovery": choice["chosen"]["heldout_loss"], "sentences": choice["split"]}
+    return {**main, "heldout": heldout, "also": also, "engine": o.engine,
+            "significance": f"paired bootstrap of sacreBLEU against the unpruned model in {o.engine} "
+                            f"({BOOTSTRAP_SAMPLES} resamples, seed {BOOTSTRAP_SEED}, one-sided)"}
+
+
+def overlap(loaded, options, subset: str) -> Dict[str, int]:
+    """How many of a reported set's source sentences also occur in each set a choice or training read (identical
+    captions happen; a count near the set's size means it was not held out)."""
+    def sources(name: str) -> set:
+        dataset = load_subset(loaded, name)
+        return {tuple(dataset[i]["source"].tolist()) for i in range(len(dataset))}
+
+    mine = load_subset(loaded, subset)  # (the multilingual task's datasets have no .src)
+    mine = [tuple(mine[i]["source"].tolist()) for i in range(len(mine))]
+    overlap = {}
+    for name in dict.fromkeys(("train", "valid", options.calibration_subset)):
+        seen = sources(name)
+        overlap[name] = sum(sentence in seen for sentence in mine)
+    return overlap
+
+
+def scored_pair(loaded, models: Dict, folder: Optional[str], subset: str, references: Optional[str]) -> Dict:
+    """One set decoded by both models ({"unpruned": EngineModel, "compressed": EngineModel}) in their engine: BLEU of
+    each, the difference and its paired-bootstrap p; the hypotheses written to folder as NAME.SUBSET.txt."""
+    import torch
+
+    evaluator = SubsetEvaluator(loaded, subset, references)
+    texts = {}
+    for name, model in models.items():
+        hyps = model.run(evaluator.samples)["hypotheses"]
+        texts[name] = [evaluator.hypothesis_text({"tokens": torch.tensor(hyps[i], dtype=torch.long)})
+                       for i in range(evaluator.size)]
+        if folder:
+            with open(os.path.join(folder, f"{name}.{subset}.txt"), "w", encoding="utf-8") as f:
+                f.write("\n".join(texts[name]) + "\n")
+    bleu = {k: round(float(evaluator.bleu(v).score), 2) for k, v in texts.items()}
+    p = BleuBootstrap(evaluator.references, texts["unpruned"], BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED).test(
+        texts["compressed"]).p_value
+    return {"subset": subset, "sentences": evaluator.size, "references": evaluator.reference_source,
+            "bleu_unpruned": bleu["unpruned"], "bleu_compressed": bleu["compressed"],
+            "bleu_delta": round(bleu["compressed"] - bleu["unpruned"], 2), "p": round(float(p), 4),
+            "signature": evaluator.bleu_signature()}
+

@@ -1,0 +1,104 @@
+"""The shrink stage: the chosen heads (and decoder layers, FFN units) removed and the model reconstructed (window fit
+1000 steps, lr 3e-4, train calibration: the recipe the recover study measured best), written as a fairseq checkpoint;
+and the one place compress builds shrink's options."""
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Callable, Dict, Optional
+
+from fairseq_headprune.compress.reconstruct import ReconstructionOptions
+from fairseq_headprune.compress.shrink import ShrinkOptions, shrink, write_checkpoint
+from fairseq_headprune.compress.stages.common import data_sha, max_tokens
+from fairseq_headprune.compress.window_fit import WindowOptions
+from fairseq_headprune.core.masking import set_head_masks
+from fairseq_headprune.records.identity import file_sha256
+
+
+def keep_layers_spec(dec_layers: Optional[int] = None, enc_layers: Optional[int] = None) -> Optional[str]:
+    """shrink's --keep-layers for a shape's depths (the choice's layer search reads the same counts)."""
+    parts = [f"{s}:{n}" for s, n in (("dec", dec_layers), ("enc", enc_layers)) if n]
+    return ",".join(parts) or None
+
+
+def shrink_options(options, heads: str, dec_layers: Optional[int] = None,
+                   ffn_percent: float = 100.0, enc_layers: Optional[int] = None):
+    """The one place compress builds shrink's options (the removed heads given: the choice made them; with a
+    decoder depth, the layers shrink's importance selection keeps, the heads naming the kept layers renumbered;
+    with an FFN share, the units shrink's mask Fisher keeps in every FFN, after the heads)."""
+    fitted = bool(heads or dec_layers or enc_layers)  # the window fit refits sublayers that lost heads or inputs
+    return ShrinkOptions(heads=heads or None, keep_layers=keep_layers_spec(dec_layers, enc_layers),
+                         layer_selection="importance", ffn_keep=ffn_percent,
+                         calibration_subset=options.calibration_subset,
+                         calibration_sentences=options.calibration_sentences, calibration_seed=options.sample_seed,
+                         check_sentences=options.check_sentences,
+                         reconstruction=ReconstructionOptions(window=WindowOptions(
+                             steps=options.window_steps if fitted else 0, lr=options.window_lr if fitted else
+                             WindowOptions.lr)))
+
+
+def calibration_only_options(options):
+    """shrink's options for the choice's calibration (the same sentences and batches as the shrink's)."""
+    return ShrinkOptions(remove="1", calibration_subset=options.calibration_subset,
+                         calibration_sentences=options.calibration_sentences, calibration_seed=options.sample_seed)
+
+
+def settings(loaded, options) -> Dict:
+    """What every shrink of this run reads (the choice's probes and the stage alike)."""
+    o = options
+    return {"calibration": [o.calibration_subset, o.calibration_sentences, o.calibration_max_tokens,
+                            {"seed": o.sample_seed}],
+            "window": [o.window_steps, o.window_lr], "check_sentences": o.check_sentences,
+            "data": data_sha(loaded, o.calibration_subset)}
+
+
+def identity(loaded, options, choice: Dict) -> Dict:
+    """What the shrink reads: its settings and the chosen heads, layers and FFN share."""
+    chosen = choice["chosen"]
+    return {**settings(loaded, options), "heads": chosen["heads"],
+            **({"layers_kept": chosen["layers_kept"]} if chosen.get("layers_kept") else {}),
+            **({"ffn_percent": chosen["ffn_percent"]} if "ffn_percent" in chosen else {})}
+
+
+def build(folder: str, loaded, options, choice: Dict, log: Callable) -> Dict:
+    """The chosen shape shrunk (or the choice's own shrink of it, reused)."""
+    probe = choice["chosen"].get("shrunk")
+    if probe and os.path.exists(probe["checkpoint"]):  # the choice shrank these heads with these options
+
+        if file_sha256(probe["checkpoint"]) == probe["checkpoint_sha256"]:
+            path = os.path.join(folder, "model.pt")
+            shutil.copyfile(probe["checkpoint"], path)
+            shutil.copyfile(os.path.splitext(probe["checkpoint"])[0] + ".json", os.path.join(folder, "model.json"))
+            log("shrink: the choice's shrink of these heads, reused")
+            return {**probe, "checkpoint": path}
+    chosen = choice["chosen"]
+    return shrink_heads(folder, loaded, options, chosen["heads"], chosen.get("layers_kept"),
+                        chosen.get("ffn_percent", 100.0))
+
+
+def shrink_heads(folder: str, loaded, options, heads: str, layers_kept: Optional[Dict] = None,
+                 ffn_percent: float = 100.0) -> Dict:
+    """shrink with these heads removed (and these layers kept: shrink's importance selection, checked to keep
+    the very layers the choice recorded, the heads naming them renumbered 1..N; and every FFN at this share of
+    its units)."""
+    kept = {s: len(v) for s, v in (layers_kept or {}).items()}
+    opts = shrink_options(options, heads, kept.get("dec"), ffn_percent, kept.get("enc"))
+    path = os.path.join(folder, "model.pt")
+    with max_tokens(loaded, options.calibration_max_tokens), \
+            open(os.path.join(folder, "shrink.log"), "a", encoding="utf-8") as log_file:
+        def log(line: str) -> None:  # every sublayer's fit, in the stage's own log
+            log_file.write(line + "\n")
+            log_file.flush()
+
+        result, calibration = shrink(loaded, opts, log)
+        if layers_kept and {s: list(v) for s, v in result.layers.kept.items()} != layers_kept:
+            raise RuntimeError(f"shrink kept the layers {dict(result.layers.kept)}, the choice {layers_kept}: "
+                               "the layer selection differs on the same sentences")
+        record = write_checkpoint(loaded, result, calibration, opts, path, os.path.join(folder, "model.json"),
+                                  log)
+    set_head_masks(loaded.model, [])
+
+    return {"checkpoint": path, "checkpoint_sha256": file_sha256(path), "heads_kept": record["heads_kept"],
+            "heads_total": record["heads_total"], "params_before": record["params_before"],
+            "params_after": record["params_after"], "calibration": record["calibration"],
+            "layers": record["layers"], "shrink_options": record["options"]}
