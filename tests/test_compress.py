@@ -617,7 +617,7 @@ def test_a_distillation_set_and_a_vocabulary_map_reach_the_recovery_and_the_expo
     report decode with it (the exported folder's map is what EngineModel applies)."""
     from conftest import SLICE
 
-    from fairseq_headprune.compress.vocab_map import translate_options
+    from fairseq_headprune.engines.ct2 import translate_options
 
     raw = tmp_path / "mono.de"
     raw.write_text("\n".join((SLICE / "test.de").read_text(encoding="utf-8").splitlines()[:40]) + "\n")

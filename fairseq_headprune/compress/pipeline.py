@@ -65,7 +65,7 @@ from fairseq_headprune.compress.window_fit import WindowOptions
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.options import nested, non_finite, option
 from fairseq_headprune.compress import layers, model_card, recover, select
-from fairseq_headprune.compress.export import ExportOptions, ct2_decoding, export, unsupported_parts
+from fairseq_headprune.compress.export import ExportOptions, export
 from fairseq_headprune.compress.reconstruct import ReconstructionOptions
 from fairseq_headprune.compress.recover import DISTILL, RecoverOptions, TRAIN_DEFAULTS
 from fairseq_headprune.compress.sequence_targets import language_pair
@@ -84,13 +84,13 @@ from fairseq_headprune.core.shape import CeilingShape, ModelShape
 from fairseq_headprune.core.surgery import remove_layers
 from fairseq_headprune.decoding.evaluate import SubsetEvaluator
 from fairseq_headprune.fairseq_io.checkpoint_io import save_state
-from fairseq_headprune.fairseq_io.loading import load, load_subset
-from fairseq_headprune.records.identity import decoding_identity, file_sha256
+from fairseq_headprune.engines import fairseq_engine as deploy  # deploy.fairseq_run: fairseq's timed run
+from fairseq_headprune.engines.ct2 import check_task, ct2_decoding, ct2_shape
+from fairseq_headprune.engines.ct2_spec import unsupported_parts
+from fairseq_headprune.fairseq_io.loading import load, load_other, load_subset
+from fairseq_headprune.records.identity import calibration_files_sha256, decoding_identity, file_sha256
 from fairseq_headprune.records.log import FolderLock, atomic_output, read_json, write_json_atomic
 from fairseq_headprune.stats import BleuBootstrap
-from fairseq_headprune.studies import deploy
-from fairseq_headprune.studies.deploy import calibration_files_sha256, check_task, load_other
-from fairseq_headprune.studies.speed_ct2 import ct2_shape
 
 STAGES = ("cost-table", "choice", "shrink", "recover", "export", "measure", "report")
 # the recovery's default budget: about the bundled De-En model's (4 epochs of its 28k pairs, 1008 updates of 2048
