@@ -40,7 +40,7 @@ from fairseq_headprune.core.heads import attention_modules
 from fairseq_headprune.core.shape import CeilingShape, ModelShape
 from fairseq_headprune.core.surgery import crude_model
 from fairseq_headprune.engines.ct2 import ct2_shape
-# QUANTIZATION: the weights of each --engine's model, read by compress.pipeline from here with the cost table's names
+# compress.pipeline reads levers.QUANTIZATION (the weights of each --engine's model) beside the cost table's names
 from fairseq_headprune.engines.engine_model import QUANTIZATION, EngineModel  # noqa: F401
 from fairseq_headprune.engines.fairseq_engine import check_batches
 from fairseq_headprune.engines.timing import load_average, paired_speedup, sign_test, timed_rounds
