@@ -29,12 +29,11 @@ def add_args(parser) -> None:
 
 def main(argv) -> int:
     from fairseq_headprune.cli import _quiet_dependencies, parse
-    from fairseq_headprune.compress import levers
     from fairseq_headprune.compress.stages.report import BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED, scored_pair
-    from fairseq_headprune.fairseq_io.loading import load, trust_fairseq_checkpoints
+    from fairseq_headprune.engines.engine_model import EngineModel
+    from fairseq_headprune.fairseq_io.loading import load, load_other, trust_fairseq_checkpoints
     from fairseq_headprune.records.identity import decoding_identity
     from fairseq_headprune.records.log import write_json_atomic
-    from fairseq_headprune.studies.deploy import load_other
 
     trust_fairseq_checkpoints()
     _quiet_dependencies()
@@ -45,12 +44,12 @@ def main(argv) -> int:
            "significance": f"paired bootstrap of sacreBLEU against the unpruned model in {args.engine} "
                            f"({BOOTSTRAP_SAMPLES} resamples, seed {BOOTSTRAP_SEED}, one-sided)", "models": {}}
     with tempfile.TemporaryDirectory(prefix="engine-bleu-") as tmp:
-        base = levers.EngineModel(unpruned, args.engine, folder=os.path.join(tmp, "unpruned"))
+        base = EngineModel(unpruned, args.engine, folder=os.path.join(tmp, "unpruned"))
         for i, item in enumerate(args.other):
             name, path = item.split("=", 1)
             other = load_other(unpruned, path)
             models = {"unpruned": base,
-                      "compressed": levers.EngineModel(other, args.engine, folder=os.path.join(tmp, f"m{i}"))}
+                      "compressed": EngineModel(other, args.engine, folder=os.path.join(tmp, f"m{i}"))}
             out["models"][name] = {"checkpoint": os.path.abspath(path),
                                    **{s: scored_pair(unpruned, models, None, s, r) for s, r in subsets}}
             print(name, {s: out["models"][name][s]["bleu_delta"] for s, _ in subsets}, flush=True)

@@ -104,7 +104,9 @@ def measure_shape(name: str, runs: int, length: int, batch1_sentences: int, log=
     from fairseq_headprune.compress import levers
     from fairseq_headprune.core import flops
     from fairseq_headprune.core.surgery import crude_model
-    from fairseq_headprune.studies.speed_ct2 import ct2_shape
+    from fairseq_headprune.engines import timing
+    from fairseq_headprune.engines.ct2 import ct2_shape
+    from fairseq_headprune.engines.engine_model import EngineModel
 
     start = time.perf_counter()
     loaded = random_loaded(name, beam=5)
@@ -114,19 +116,19 @@ def measure_shape(name: str, runs: int, length: int, batch1_sentences: int, log=
     rows = levers.lever_rows(loaded.model, levers_for_benchmark())
     out_rows = []
     with tempfile.TemporaryDirectory(prefix="shape-cost-") as tmp:
-        base = levers.EngineModel(loaded, "ct2-int8", folder=os.path.join(tmp, "unpruned"))
+        base = EngineModel(loaded, "ct2-int8", folder=os.path.join(tmp, "unpruned"))
         base_shape = ct2_shape(loaded.model)
         for i, (lever, value) in enumerate(rows):
             shape = levers.ceiling_shape(loaded.model, {lever.field: value})
             model, target_dictionary = crude_model(loaded.model, dictionary, shape)
             cost_shape = ct2_shape(model)
-            row_model = levers.EngineModel(loaded, "ct2-int8", model, target_dictionary, os.path.join(tmp, f"r{i}"))
+            row_model = EngineModel(loaded, "ct2-int8", model, target_dictionary, os.path.join(tmp, f"r{i}"))
             del model
             row = {"lever": lever.name, "field": lever.field, "value": value, "unit": lever.unit,
                    "removable": lever.removable}
             for key, batches in samples.items():
-                seconds = levers.timed_rounds({"unpruned": base.run, "row": row_model.run}, batches, runs, length)
-                row[f"speedup {key}"] = round(levers.paired_speedup(seconds["unpruned"], seconds["row"]), 3)
+                seconds = timing.timed_rounds({"unpruned": base.run, "row": row_model.run}, batches, runs, length)
+                row[f"speedup {key}"] = round(timing.paired_speedup(seconds["unpruned"], seconds["row"]), 3)
                 src = [int(n) for s in batches for n in s["net_input"]["src_lengths"].tolist()]
                 row[f"flop_ratio {key}"] = round(flops.flop_ratio(base_shape, cost_shape, src, [length + 1] * len(src),
                                                                   5, max(s["id"].numel() for s in batches)), 3)

@@ -39,8 +39,7 @@ def trimmed_translator(loaded, words, folder: str):
     import copy
 
     from fairseq_headprune.core.surgery import cut_target_vocabulary
-    from fairseq_headprune.studies.deploy import ct2_translator
-    from fairseq_headprune.studies.speed_ct2 import ct2_shape
+    from fairseq_headprune.engines.ct2 import ct2_shape, ct2_translator
 
     model = copy.deepcopy(loaded.model)
     dictionary = cut_target_vocabulary(model, loaded.task.target_dictionary, words)
@@ -62,11 +61,12 @@ def main() -> None:
     from fairseq_headprune.core import flops
     from fairseq_headprune.cli import _quiet_dependencies, parse
     from fairseq_headprune.cli import shrink as command
-    from fairseq_headprune.fairseq_io.loading import load, trust_fairseq_checkpoints
+    from fairseq_headprune.engines import timing
+    from fairseq_headprune.engines.ct2 import ct2_run, ct2_shape
+    from fairseq_headprune.engines.timing import paired_ratio
+    from fairseq_headprune.fairseq_io.loading import load, load_other, trust_fairseq_checkpoints
     from fairseq_headprune.records.log import atomic_output, write_json_atomic
-    from fairseq_headprune.studies.deploy import (Contender, DeployOptions, ct2_run, interleaved, load_other,
-                                                  paired_ratio)
-    from fairseq_headprune.studies.speed_ct2 import ct2_shape
+    from fairseq_headprune.studies.deploy import Contender, DeployOptions
 
     trust_fairseq_checkpoints()
     _quiet_dependencies()
@@ -91,13 +91,9 @@ def main() -> None:
         length = round(statistics.mean(len(h) for h in natural[("unpruned", "full")].values()))
         decoders = {key: functools.partial(ct2_run, t, first.loaded, first.decoding, forced=length)
                     for key, (t, _) in cells.items()}
-        for decode in decoders.values():  # warm-up
-            decode(samples[:1])
-        seconds = {key: [] for key in cells}
-        for r in range(args.runs):  # batch by batch, in a seeded random order (deploy's timing)
-            spent, _ = interleaved(decoders, samples, f"target-vocabulary-{r}")
-            for key, value in spent.items():
-                seconds[key].append(value)
+        rounds = timing.measure(decoders, samples, args.runs, seed=lambda r: f"target-vocabulary-{r}")
+        # batch by batch, in a seeded random order (deploy's timing)
+        seconds = {key: [timing.seconds(results[key]) for results in rounds] for key in cells}
         src_lens = [int(n) for s in samples for n in s["net_input"]["src_lengths"].tolist()]
         batch = max(s["id"].numel() for s in samples)
         for (name, vocab), (_, shape) in cells.items():

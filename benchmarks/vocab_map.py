@@ -33,20 +33,22 @@ def add_args(parser) -> None:
 
 def timed(models, samples, runs: int):
     """Equal-work speed-up of every model over `plain` (forced to the mean length of plain's own hypotheses)."""
-    from fairseq_headprune.compress import levers
+    from fairseq_headprune.engines import timing
 
     natural = models["plain"].run(samples)
     length = max(1, round(statistics.mean(len(h) for h in natural["hypotheses"].values())))
-    seconds = levers.timed_rounds({k: m.run for k, m in models.items()}, samples, runs, length)
-    return {k: round(levers.paired_speedup(seconds["plain"], v), 3) for k, v in seconds.items() if k != "plain"}, \
+    seconds = timing.timed_rounds({k: m.run for k, m in models.items()}, samples, runs, length)
+    return {k: round(timing.paired_speedup(seconds["plain"], v), 3) for k, v in seconds.items() if k != "plain"}, \
         {"batches": len(samples), "forced_length": length, "runs": runs}
 
 
 def main(argv) -> int:
     from fairseq_headprune.cli import _quiet_dependencies, parse
-    from fairseq_headprune.compress import levers
-    from fairseq_headprune.compress.export import build_spec, check_batches, vocabulary, write_model
     from fairseq_headprune.compress.stages.report import BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED, scored_pair
+    from fairseq_headprune.engines import timing
+    from fairseq_headprune.engines.ct2_spec import build_spec, vocabulary, write_model
+    from fairseq_headprune.engines.engine_model import EngineModel
+    from fairseq_headprune.engines.fairseq_engine import check_batches
     from fairseq_headprune.compress.vocab_map import VocabMapOptions, build_vmap
     from fairseq_headprune.fairseq_io.loading import load, trust_fairseq_checkpoints
     from fairseq_headprune.records.identity import decoding_identity
@@ -75,7 +77,7 @@ def main(argv) -> int:
             folders[name] = os.path.join(tmp, f"map-{k}-{n}")
             write_model(build_spec(loaded.model, src_dict, tgt_dict, activation), folders[name], "int8", vmap)
             out["maps"][name] = {"map": stats}
-        models = {k: levers.EngineModel(loaded, "ct2-int8", ct2_folder=f) for k, f in folders.items()}
+        models = {k: EngineModel(loaded, "ct2-int8", ct2_folder=f) for k, f in folders.items()}
         for name in out["maps"]:
             pair = {"unpruned": models["plain"], "compressed": models[name]}
             out["maps"][name]["bleu"] = scored_pair(loaded, pair, None, args.subset, args.references)
@@ -88,7 +90,7 @@ def main(argv) -> int:
         finally:
             loaded.cfg.dataset.batch_size = batch_size
         speed1, out["timing_batch1"] = timed(models, single, args.runs)
-        out["load_average"] = levers.load_average()
+        out["load_average"] = timing.load_average()
     for name, row in out["maps"].items():
         row["speedup_equal_work"], row["speedup_equal_work_batch1"] = speed[name], speed1[name]
         b = row["bleu"]

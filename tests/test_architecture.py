@@ -12,7 +12,8 @@ MAX_LOCAL_IMPORTS = 20
 CORE_MAY_IMPORT = ("fairseq_headprune.core", "fairseq_headprune.errors")
 # the package's floors, lowest first (docs/development.md's layout): a module imports from its own floor or below
 FLOORS = (("errors",), ("options", "stats"), ("core",), ("tasks", "models", "criterions"), ("records",),
-          ("fairseq_io",), ("plots",), ("decoding",), ("analysis",), ("studies", "compress"), ("report",), ("cli",))
+          ("fairseq_io",), ("plots",), ("decoding",), ("engines",), ("analysis",), ("studies", "compress"), ("report",),
+          ("cli",))
 
 
 class Import(NamedTuple):

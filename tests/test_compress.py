@@ -285,7 +285,7 @@ def test_cost_table_ranks_the_levers_a_shape_rewards(tiny_data, stock_checkpoint
     samples = [task.dataset("valid").collater([task.dataset("valid")[i] for i in range(j, j + 8)])
                for j in range(0, 32, 8)]
     chosen = tuple(lever for lever in levers.LEVERS if lever.name not in left_out)
-    table = levers.measure(loaded, "fairseq", samples, 2, chosen, log=lambda _: None,
+    table = levers.cost_table(loaded, "fairseq", samples, 2, chosen, log=lambda _: None,
                            decoder_factory=flop_timer(loaded, samples))
     order = [name for name, _ in levers.lever_order(table)]
     assert order[0] == first, table["rows"]
@@ -617,7 +617,7 @@ def test_a_distillation_set_and_a_vocabulary_map_reach_the_recovery_and_the_expo
     report decode with it (the exported folder's map is what EngineModel applies)."""
     from conftest import SLICE
 
-    from fairseq_headprune.compress.vocab_map import translate_options
+    from fairseq_headprune.engines.ct2 import translate_options
 
     raw = tmp_path / "mono.de"
     raw.write_text("\n".join((SLICE / "test.de").read_text(encoding="utf-8").splitlines()[:40]) + "\n")

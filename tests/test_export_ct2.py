@@ -187,7 +187,7 @@ def test_shrink_per_stack_keeps_the_promised_counts_under_every_budget(stock_che
 
 def test_quantizing_an_export_leaves_the_fairseq_model_as_it_was(stock_checkpoint, tiny_data, tmp_path):
     # the spec's int8 optimisation rewrites its arrays in place: they must not be views of the model's weights
-    from fairseq_headprune.compress.export import build_spec, write_model
+    from fairseq_headprune.engines.ct2_spec import build_spec, write_model
 
     model, task = load_stock(stock_checkpoint, tiny_data)
     before = {k: v.clone() for k, v in model.state_dict().items()}

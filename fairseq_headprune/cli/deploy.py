@@ -14,7 +14,7 @@ from fairseq_headprune.cli.common import ResultsDir, results_folder
 from fairseq_headprune.options import add_arguments, from_arguments
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.studies import deploy
-from fairseq_headprune.compress.export import ct2_decoding
+from fairseq_headprune.engines.ct2 import ct2_decoding
 from fairseq_headprune.fairseq_io.loading import load
 
 

@@ -21,7 +21,8 @@ from typing import Optional
 from fairseq_headprune.cli.common import options_from, readable_file
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.options import add_arguments, option
-from fairseq_headprune.compress.export import ExportOptions, ct2_decoding, export
+from fairseq_headprune.compress.export import ExportOptions, export
+from fairseq_headprune.engines.ct2 import ct2_decoding
 from fairseq_headprune.decoding.evaluate import SubsetEvaluator
 from fairseq_headprune.fairseq_io.loading import load
 
@@ -53,7 +54,7 @@ def run(cfg, args) -> None:
     options.check()
     ct2_decoding(cfg.generation)  # refuses decoding options CTranslate2 cannot apply, before any loading
     task_name = str(getattr(cfg.task, "_name", "") or "")
-    if task_name.startswith("translation_from_pretrained_bart"):  # compress.export.target_prefix, before loading
+    if task_name.startswith("translation_from_pretrained_bart"):  # engines.ct2.target_prefix, before loading
         raise UserError("CTranslate2 cannot decode as translation_from_pretrained_bart (mBART) does: it starts and "
                         "ends every hypothesis with the target language token instead of EOS")
     readable_file("--references", references)

@@ -21,7 +21,7 @@ from typing import Dict, List, Optional
 
 from omegaconf import OmegaConf
 
-from fairseq_headprune.compress.vocab_map import translate_options
+from fairseq_headprune.engines.ct2 import translate_options
 from fairseq_headprune.errors import UserError
 
 SETTINGS = "translate.json"

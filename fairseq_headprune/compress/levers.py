@@ -13,7 +13,7 @@ other counts what the model holds (heads per layer, layers), its whole read from
 Each row of the table is one lever at one value, every other lever left whole: a crude slice of the unpruned model
 (its translations mean nothing, its speed is that of any model of its shape) timed at equal work (every hypothesis
 forced to the unpruned model's mean length) beside the unpruned model in the same engine, in the same rounds,
-interleaved batch by batch (studies.deploy.interleaved). A shape that moves several levers is predicted from the
+interleaved batch by batch (engines.timing.interleaved). A shape that moves several levers is predicted from the
 shares of time each lever's row leaves, multiplied: the conservative side of adding the shares each saves (which
 separate computations, as the encoder's and the decoder's, would justify), and never beyond what is possible when
 noisy rows add up past the whole. The shapes chosen are timed again, and the final model is measured, never
@@ -31,28 +31,25 @@ import statistics
 import tempfile
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from omegaconf import open_dict
 
-from fairseq_headprune.compress.export import check_batches
-from fairseq_headprune.errors import UserError
-from fairseq_headprune.compress.export import ct2_decoding
 from fairseq_headprune.core import flops
 from fairseq_headprune.core.heads import attention_modules
 from fairseq_headprune.core.shape import CeilingShape, ModelShape
 from fairseq_headprune.core.surgery import crude_model
+from fairseq_headprune.engines.ct2 import ct2_shape
+from fairseq_headprune.engines.engine_model import EngineModel
+from fairseq_headprune.engines.fairseq_engine import check_batches
+from fairseq_headprune.engines.timing import load_average, paired_speedup, sign_test, timed_rounds
+from fairseq_headprune.errors import UserError
 from fairseq_headprune.records.identity import decoding_identity, file_sha256
 from fairseq_headprune.records.log import read_json, write_json_atomic
-from fairseq_headprune.studies.deploy import ct2_run, ct2_translator, fairseq_run
-from fairseq_headprune.studies.speed_ct2 import ct2_shape, translator
-from fairseq_headprune.compress.vocab_map import translate_options
 
 ENGINES = ("ct2-int8", "ct2-float32", "fairseq")
 TIMING_BATCH = 16  # sentences per timing batch when the user gives no --batch-size (300 of valid: 19 batches)
 MIN_PAIRED = 10  # paired batches every sign test sees at least (fewer rounds cannot reach p < 0.05 reliably)
-QUANTIZATION = {"ct2-int8": "int8", "ct2-float32": None, "fairseq": None}
-COMPUTE_TYPE = {"ct2-int8": "int8", "ct2-float32": "float32"}
 
 
 # --------------------------------------------------------------------------------------------- levers as data
@@ -122,59 +119,7 @@ def ceiling_shape(model, point: Mapping[str, float]):
                         dec_layers=layers if layers < sizes["dec_layers"] else None)
 
 
-# --------------------------------------------------------------------------------------------- engines
-
-
-class EngineModel:
-    """A model (the loaded one, or a cut or pruned one with its target dictionary) decoding fairseq's batches in one
-    engine, one thread: run(samples, forced) -> seconds and each sentence's hypothesis (ids of loaded's target
-    dictionary, no EOS)."""
-
-    def __init__(self, loaded, engine: str, model=None, target_dictionary=None, folder: Optional[str] = None,
-                 ct2_folder: Optional[str] = None):
-        self.loaded, self.engine = loaded, engine
-        self.model = loaded.model if model is None else model
-        self.target_dictionary = target_dictionary
-        if engine == "fairseq":
-            self.translator = None
-            return
-        self.decoding = ct2_decoding(loaded.cfg.generation)
-        if ct2_folder:  # an exported model (compress's own export), with its vocabulary map when it has one
-            self.translator = translator(ct2_folder, COMPUTE_TYPE[engine], 1)
-            self.decoding = {**self.decoding, **translate_options(ct2_folder)}
-        else:
-            self.translator = ct2_translator(loaded, self.model, folder, QUANTIZATION[engine], target_dictionary)
-
-    def run(self, samples, forced: int = 0) -> Dict:
-        if self.translator is not None:
-            return ct2_run(self.translator, self.loaded, self.decoding, samples, forced)
-
-        return fairseq_run(self.loaded, self.model, samples, forced, self.target_dictionary)
-
-
-def timed_rounds(decoders: Dict[str, Callable], samples, runs: int, forced: int, progress=None) -> Dict[str, List]:
-    """Seconds of every decoder on every batch of every round, in that order, after a warm-up. Interleaved batch by
-    batch as deploy times its table: each batch decoded by every decoder in turn, in an order drawn anew for each
-    batch, so that a change in the machine's load hits all of them alike."""
-    import random
-
-    for decode in decoders.values():
-        decode(samples[:1], forced)
-    seconds: Dict[str, List[float]] = {k: [] for k in decoders}
-    tokens: Dict[str, int] = {k: 0 for k in decoders}
-    for r in range(runs):
-        order = random.Random(f"cost-{r}-{forced}")
-        for batch in samples:
-            for k in order.sample(list(decoders), len(decoders)):
-                got = decoders[k]([batch], forced)
-                seconds[k].append(got["seconds"])
-                if r == 0:
-                    tokens[k] += sum(len(h) for h in got["hypotheses"].values())
-        if progress:
-            progress(r + 1, runs)
-    if forced and len(set(tokens.values())) > 1:
-        raise RuntimeError(f"forced lengths gave different token counts {sorted(set(tokens.values()))}: not equal work")
-    return seconds
+# --------------------------------------------------------------------------------------------- timing batches
 
 
 def timing_batches(loaded, subset: str, n: int):
@@ -207,22 +152,6 @@ def decided(table: Dict) -> bool:
     """Whether the table's sign tests could decide: every row saw at least MIN_PAIRED paired batches (a slice
     faster in all of them reaches p = 0.001; in 3 of 3, the least a row could reach before, p = 0.125)."""
     return fewest_paired(table) >= MIN_PAIRED
-
-
-def sign_test(base: Sequence[float], other: Sequence[float]) -> Dict:
-    """In how many of the paired batches `other` was faster, and the one-sided sign test's p (exact binomial, ties
-    dropped): is it faster at all, beyond the machine's noise?"""
-    wins = sum(o < b for b, o in zip(base, other))
-    n = sum(o != b for b, o in zip(base, other))
-    p = sum(math.comb(n, k) for k in range(wins, n + 1)) / 2 ** n if n else 1.0
-    return {"faster_batches": wins, "batches": n, "p": round(p, 5)}
-
-
-def paired_speedup(base: Sequence[float], other: Sequence[float]) -> float:
-    """How many times faster `other` is than `base`: the median, over batches and rounds, of the ratio of the
-    seconds each took on the same batch one right after the other (a burst of load from another process moves a
-    few ratios, not the median)."""
-    return statistics.median(b / o for b, o in zip(base, other))
 
 
 # --------------------------------------------------------------------------------------------- the table
@@ -298,16 +227,6 @@ def store_table(cache_dir: Optional[str], table: Dict) -> Optional[str]:
 LOADED = 1.5  # a 1-minute load average above this while timing: another CPU-bound process ran beside the timing
 
 
-def load_average() -> Optional[float]:
-    """The 1-minute load average (None where the system has none): what a timing says about the machine's load.
-    One thread timing alone reads about 1; another CPU-bound process beside it, about 2, and slices time lower
-    then (docs/compress.md, Limits)."""
-    try:
-        return round(os.getloadavg()[0], 2)
-    except (OSError, AttributeError):
-        return None
-
-
 def time_shapes(loaded, engine: str, samples, runs: int, shapes: Mapping[str, object], log=print, progress=None,
                 decoder_factory=None) -> Dict:
     """Time crude slices of the unpruned model (core.surgery.crude_model, one per CeilingShape) beside the
@@ -343,7 +262,7 @@ def time_shapes(loaded, engine: str, samples, runs: int, shapes: Mapping[str, ob
                                     4) for k in shapes}}
 
 
-def measure(loaded, engine: str, samples, runs: int, levers: Sequence[Lever] = LEVERS, log=print,
+def cost_table(loaded, engine: str, samples, runs: int, levers: Sequence[Lever] = LEVERS, log=print,
             progress=None, decoder_factory=None) -> Dict:
     """The cost table: every lever's row timed beside the unpruned model (time_shapes), as JSON."""
     start = time.perf_counter()

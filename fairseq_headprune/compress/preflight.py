@@ -28,15 +28,16 @@ from fairseq import optim
 from fairseq.optim import lr_scheduler
 
 from fairseq_headprune.compress import recover
-from fairseq_headprune.compress.export import ct2_decoding, foreign_entries, unsupported_parts
+from fairseq_headprune.compress.export import foreign_entries
 from fairseq_headprune.compress.sequence_targets import language_pair
 from fairseq_headprune.compress.stages.common import split_subsets, subset_tokens
 from fairseq_headprune.compress.stages.cost_table import shape_point
 from fairseq_headprune.compress.stages.recover import recover_options
+from fairseq_headprune.engines.ct2 import check_task, ct2_decoding
+from fairseq_headprune.engines.ct2_spec import unsupported_parts
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.fairseq_io.loading import load_subset
 from fairseq_headprune.records.log import LOCK_NAME
-from fairseq_headprune.studies.deploy import check_task
 
 # what a compress run writes into --out (its records: stages/ and compress.json), and its temporaries
 OWN_ENTRIES = ("stages", "ct2", "model.pt", "MODEL_CARD.md", "compress.json", LOCK_NAME,

@@ -17,7 +17,7 @@ from fairseq.data import encoders
 from omegaconf import OmegaConf
 
 from fairseq_headprune.compress import deployable
-from fairseq_headprune.compress.export import max_length
+from fairseq_headprune.engines.ct2 import max_length
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.options import option
 

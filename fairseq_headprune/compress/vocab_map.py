@@ -23,7 +23,6 @@ from fairseq_headprune.errors import UserError
 from fairseq_headprune.options import option
 from fairseq_headprune.records.log import atomic_output
 
-VMAP_FILE = "vmap.txt"  # the name CTranslate2 gives the mapping inside a model folder
 
 
 @dataclass
@@ -144,9 +143,3 @@ def build_vmap(path: str, pairs: Sequence[Tuple[str, str, str, str]], source_sym
     write_vmap(path, lines)
     return {"sentence_pairs": len(sources), "source_tokens": len(lines) - 1,
             "always": options.vocab_map_frequent, "per_source": options.vocab_map_per_source}
-
-
-def translate_options(folder: str) -> Dict:
-    """translate_batch's options for a CTranslate2 folder: a folder holding a vocabulary map is translated with
-    it, as `ct2-translator --use_vmap` would."""
-    return {"use_vmap": True} if os.path.exists(os.path.join(folder, VMAP_FILE)) else {}

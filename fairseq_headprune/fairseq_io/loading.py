@@ -7,6 +7,7 @@ lifts that default; never load a checkpoint you would not run as code.
 from __future__ import annotations
 
 import ast
+import copy
 import os
 import warnings
 from dataclasses import dataclass
@@ -147,6 +148,13 @@ def load(cfg) -> Loaded:
     model = models[0]
     model.eval()
     return Loaded(cfg, task, model, saved_cfg, path)
+
+
+def load_other(loaded, path: str) -> Loaded:
+    """Another checkpoint loaded with the same options as `loaded` (task, data, generation)."""
+    cfg = copy.deepcopy(loaded.cfg)
+    cfg.common_eval.path = path
+    return load(cfg)
 
 
 def load_subset(loaded: Loaded, subset: str):

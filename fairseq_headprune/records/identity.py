@@ -9,6 +9,7 @@ joins the identity by default; tests/test_run_identity.py walks every field and 
 """
 from __future__ import annotations
 
+import glob
 import hashlib
 import os
 from typing import Any, Dict, Iterable, List, Mapping, Optional
@@ -70,6 +71,13 @@ def file_sha256(path: str, limit: Optional[int] = None) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()[:limit] if limit else h.hexdigest()
+
+
+def calibration_files_sha256(loaded, subset: str) -> str:
+    """The calibration subset's files in the data folder (binarised and raw), hashed: the shrink's input by content."""
+    folder = loaded.cfg.task.data.split(os.pathsep)[0]
+    files = sorted(glob.glob(os.path.join(folder, subset + ".*")))
+    return hashlib.sha256("".join(f"{os.path.basename(f)}:{file_sha256(f)}," for f in files).encode()).hexdigest()
 
 
 def input_file(path: Optional[str]) -> Optional[str]:

@@ -37,7 +37,7 @@ from fairseq_headprune.records.log import atomic_output, read_json, write_json_a
 from fairseq_headprune.studies import ablation, analysis, deploy, frontier, pruning, scoring, shrink_sweep, speed
 from fairseq_headprune.studies.ranking import heads_to_json, importance_scores, rank_by_scores, steps
 from fairseq_headprune.decoding.workers import kept_pools, parse_workers, workers_option
-from fairseq_headprune.compress.export import ct2_decoding
+from fairseq_headprune.engines.ct2 import check_task, ct2_decoding
 from fairseq_headprune.decoding.evaluate import SubsetEvaluator
 from fairseq_headprune.fairseq_io import loading
 from fairseq_headprune.fairseq_io.loading import progress_for
@@ -598,7 +598,7 @@ def run(cfg, options: ReportOptions, base: Sequence[str], out: str) -> List[str]
     loaded = loading.load(cfg)
     if "deploy" in parts_wanted and not options.render_only:
         try:
-            deploy.check_task(loaded.cfg.task)
+            check_task(loaded.cfg.task)
         except UserError as e:
             raise UserError(f"part deploy: {e}: leave deploy out of --parts") from None
     checkpoint_sha = file_sha256(loaded.checkpoint)

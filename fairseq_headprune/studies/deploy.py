@@ -18,22 +18,15 @@ Batch 1 (latency) on the first `batch1_sentences` sentences, both kinds. One thr
 """
 from __future__ import annotations
 
-import copy
 import datetime
 import functools
 import os
-import random
 import re
 import statistics
 import tempfile
-import time
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from fairseq_headprune.errors import UserError
-from fairseq_headprune.options import option
-from fairseq_headprune.compress.export import (build_spec, ct2_decoding, max_length, stack_heads, target_prefix,
-                                               write_model)
 from fairseq_headprune.compress.shrink import ShrinkOptions, shrink, write_checkpoint
 from fairseq_headprune.core import flops
 from fairseq_headprune.core.heads import attention_modules
@@ -41,12 +34,18 @@ from fairseq_headprune.core.masking import set_head_masks
 from fairseq_headprune.core.shape import CeilingShape
 from fairseq_headprune.core.surgery import crude_model
 from fairseq_headprune.decoding.evaluate import SubsetEvaluator
-from fairseq_headprune.fairseq_io.loading import load
+from fairseq_headprune.engines import timing
+from fairseq_headprune.engines.ct2 import check_task, ct2_decoding, ct2_run, ct2_shape, ct2_translator
+from fairseq_headprune.engines.ct2_spec import stack_heads
+from fairseq_headprune.engines.fairseq_engine import fairseq_run
+from fairseq_headprune.engines.timing import paired_ratio
+from fairseq_headprune.errors import UserError
+from fairseq_headprune.fairseq_io.loading import load_other
+from fairseq_headprune.options import option
 from fairseq_headprune.plots import deploy_frontier
-from fairseq_headprune.records.identity import file_sha256
+from fairseq_headprune.records.identity import calibration_files_sha256, file_sha256
 from fairseq_headprune.records.log import atomic_output, read_json, write_json_atomic
 from fairseq_headprune.stats import BleuBootstrap
-from fairseq_headprune.studies.speed_ct2 import ct2_shape, translator
 
 ENGINES = ("fairseq", "ct2-float32", "ct2-int8")
 # (kind, batch): "batch" is the subset's own batches (--batch-size / --max-tokens), 1 the latency batches
@@ -173,19 +172,9 @@ def check_candidate(options) -> None:
                         "judge a per-stack model (shrink --shape per-stack)")
 
 
-def ct2_translator(loaded, model, folder: str, quantization: Optional[str], target_dictionary=None):
-    """`model` (loaded's own, or a cut of it with its cut `target_dictionary`) written as a CTranslate2 model by
-    compress.export's functions into a new folder, and a one-thread translator of it."""
-    activation = getattr(loaded.saved_cfg.model, "activation_fn", None) or "relu"
-    spec = build_spec(model, loaded.task.source_dictionary, target_dictionary or loaded.task.target_dictionary,
-                      activation)
-    write_model(spec, folder, quantization)
-    return translator(folder, quantization or "float32", 1)
-
-
 class Contender:
     """One checkpoint loaded as fairseq-generate loads it, its evaluator (references, detokenisation) and its
-    CTranslate2 exports (float32 and int8, written by compress.export's functions into a temporary folder)."""
+    CTranslate2 exports (float32 and int8, written by engines.ct2 into a temporary folder)."""
 
     def __init__(self, name: str, loaded, options: DeployOptions, tmp: str):
         self.name, self.path, self.loaded = name, loaded.checkpoint, loaded
@@ -219,56 +208,6 @@ class Contender:
 
     def bleu(self, texts: List[str]) -> float:
         return round(float(self.evaluator.bleu(texts).score), 2)
-
-
-def fairseq_run(loaded, model, samples, forced: int = 0, target_dictionary=None) -> Dict:
-    """fairseq's beam search over the batches once (forced: L tokens, then EOS at step L). A model with a cut target
-    vocabulary decodes with its cut dictionary (its ids are then the cut dictionary's)."""
-    import torch
-
-    task = loaded.task
-    if target_dictionary is not None:
-        task = copy.copy(task)
-        task.tgt_dict = target_dictionary
-    generation = copy.deepcopy(loaded.cfg.generation)
-    if forced:
-        generation.min_len, generation.max_len_a, generation.max_len_b = forced, 0, forced
-    generator = task.build_generator([model], generation)
-    eos = task.target_dictionary.eos()
-    out = {}
-    with torch.no_grad():
-        start = time.perf_counter()
-        for sample in samples:
-            for sid, nbest in zip(sample["id"].tolist(), task.inference_step(generator, [model], sample)):
-                out[sid] = nbest[0]["tokens"].tolist()
-        seconds = time.perf_counter() - start
-    return {"seconds": seconds, "hypotheses": {s: h[:-1] if h and h[-1] == eos else h for s, h in out.items()}}
-
-
-def ct2_run(translator_, loaded, decoding: Dict, samples, forced: int = 0) -> Dict:
-    """Decode fairseq's batches with CTranslate2 once: seconds and each sentence's hypothesis (the ids of `loaded`'s
-    target dictionary: CTranslate2 writes words, so a model with a cut vocabulary maps back as well)."""
-    src_dict, tgt_dict = loaded.task.source_dictionary, loaded.task.target_dictionary
-    prefix = target_prefix(loaded.task)  # the multilingual task's target language token
-    decoding = dict(decoding)
-    if forced:  # the same L + 1 steps as fairseq's L tokens and EOS
-        decoding["min_decoding_length"] = forced + 1
-    positions = loaded.model.decoder.max_positions()
-    batches = []
-    for sample in samples:  # prepared before the clock starts: fairseq's batches are ready-made too
-        tokens = sample["net_input"]["src_tokens"]
-        sources = [[src_dict[t] for t in row if t not in (src_dict.pad(), src_dict.eos())] for row in tokens.tolist()]
-        cap = forced + 1 if forced else max_length(loaded.cfg.generation, tokens.size(1), positions)
-        batches.append((sample["id"].tolist(), sources, cap))
-    out = {}
-    start = time.perf_counter()
-    for ids, sources, cap in batches:
-        results = translator_.translate_batch(sources, max_decoding_length=cap, **decoding,
-                                              target_prefix=[list(prefix) for _ in sources] if prefix else None)
-        for sid, result in zip(ids, results):
-            out[sid] = result.hypotheses[0]
-    seconds = time.perf_counter() - start
-    return {"seconds": seconds, "hypotheses": {sid: [tgt_dict.index(t) for t in h] for sid, h in out.items()}}
 
 
 class Ceiling:
@@ -309,14 +248,14 @@ def batch1_samples(contender: Contender, n: int):
 # --------------------------------------------------------------------------------------------- the table
 
 
-def measure(contenders: Sequence[Contender], runs: int, batch1_sentences: int, log=print,
-            ceilings: Sequence[Ceiling] = ()) -> Dict:
-    """All rounds; the seconds of every cell per round and the first round's hypotheses. Interleaved batch by batch:
-    each batch is decoded by every cell in turn, in an order drawn anew for every batch, so a drift in the machine's
-    speed (another tenant, the clock) hits every cell alike, and no cell owes its time to its place in the order or
-    to the cell before it (a fixed rotation left one model 3.5% ahead of its identical twin here). A cell that
-    translates differently in a later round is an error (the timing would not be of the same work). Ceilings are
-    timed in the same rounds, at equal work only, in their one engine."""
+def time_cells(contenders: Sequence[Contender], runs: int, batch1_sentences: int, log=print,
+               ceilings: Sequence[Ceiling] = ()) -> Dict:
+    """All rounds; the seconds of every cell per round and the first round's hypotheses. Interleaved batch by batch
+    (engines.timing.interleaved): each batch is decoded by every cell in turn, in an order drawn anew for every
+    batch, so a drift in the machine's speed (another tenant, the clock) hits every cell alike, and no cell owes its
+    time to its place in the order or to the cell before it (a fixed rotation left one model 3.5% ahead of its
+    identical twin here). A cell that translates differently in a later round is an error (the timing would not be
+    of the same work). Ceilings are timed in the same rounds, at equal work only, in their one engine."""
     base = contenders[0]
     samples = {"batch": base.evaluator.samples, 1: batch1_samples(base, batch1_sentences)}
     natural = base.run("fairseq", samples["batch"])
@@ -326,115 +265,135 @@ def measure(contenders: Sequence[Contender], runs: int, batch1_sentences: int, l
     ceiling_decoders = {(c.name, c.engine): c.run for c in ceilings}
     cells = {key: {f"{m}-{b}": [] for m, b in MODES} for key in decoders}
     cells.update({key: {f"forced-{b}": [] for m, b in MODES if m == "forced"} for key in ceiling_decoders})
-    for decode in decoders.values():  # warm-up: every engine meets its shapes once
-        decode(samples["batch"][:1])
-    for decode in ceiling_decoders.values():
-        decode(samples["batch"][:1], length)
+    timing.warm_up(decoders, samples["batch"])  # every engine meets its shapes once
+    timing.warm_up({key: functools.partial(decode, forced=length) for key, decode in ceiling_decoders.items()},
+                   samples["batch"])
     hypotheses = {}
     for r in range(runs):
         for mode, bs in MODES:
             forced = length if mode == "forced" else 0
             timed = {**decoders, **(ceiling_decoders if forced else {})}
-            spent, written = interleaved({key: functools.partial(decode, forced=forced)
+            results = timing.interleaved({key: functools.partial(decode, forced=forced)
                                           for key, decode in timed.items()}, samples[bs], f"{r}-{mode}-{bs}")
             for key in timed:
-                cells[key][f"{mode}-{bs}"].append(spent[key])
+                cells[key][f"{mode}-{bs}"].append(timing.seconds(results[key]))
+                written = timing.hypotheses(results[key])
                 if r == 0:
-                    hypotheses[(*key, mode, bs)] = written[key]
-                elif written[key] != hypotheses[(*key, mode, bs)]:
+                    hypotheses[(*key, mode, bs)] = written
+                elif written != hypotheses[(*key, mode, bs)]:
                     raise RuntimeError(f"{(*key, mode, bs)}: round {r + 1} translated differently from round 1")
             log(f"round {r + 1}/{runs}: {mode}, {'batched' if bs == 'batch' else 'batch 1'}, done")
     return {"seconds": cells, "hypotheses": hypotheses, "length": length,
             "sentences": {"batch": base.evaluator.size, 1: len(samples[1])}}
 
 
-def interleaved(decoders: Dict, batches, seed: str) -> Tuple[Dict, Dict]:
-    """Decode every batch with every decoder (a function of a list of batches, as Contender.run) in turn, in a
-    seeded random order drawn for each batch: each decoder's seconds, summed, and its hypotheses."""
-    order = random.Random(seed)
-    spent = {key: 0.0 for key in decoders}
-    written: Dict = {key: {} for key in decoders}
-    for batch in batches:
-        for key in order.sample(list(decoders), len(decoders)):
-            got = decoders[key]([batch])
-            spent[key] += got["seconds"]
-            written[key].update(got["hypotheses"])
-    return spent, written
+def cost_lengths(base: Contender, measured: Dict) -> Dict:
+    """What the FLOP ratios are computed on: the source lengths, every hypothesis at the forced length + 1 step, the
+    beam and the largest batch."""
+    src_lens = [int(n) for s in base.evaluator.samples for n in s["net_input"]["src_lengths"].tolist()]
+    return {"src": src_lens, "forced": [measured["length"] + 1] * len(src_lens),
+            "beam": int(base.loaded.cfg.generation.beam),
+            "batch": max(s["id"].numel() for s in base.evaluator.samples)}
 
 
-def paired_ratio(base: List[float], other: List[float]) -> float:
-    """How many times faster `other` is than `base`, seconds paired within each round, averaged over rounds."""
-    return statistics.mean(b / o for b, o in zip(base, other))
+def flop_ratio(base_shape, shape, lengths: Dict) -> float:
+    return flops.flop_ratio(base_shape, shape, lengths["src"], lengths["forced"], lengths["beam"], lengths["batch"])
 
 
-def build_table(contenders: Sequence[Contender], measured: Dict, options: DeployOptions,
-                ceilings: Sequence[Ceiling] = ()) -> Dict:
-    import ctranslate2
-
-    base = contenders[0]
+def speed_columns(measured: Dict, base: Contender, c: Contender, e: str) -> Dict:
+    """A cell's speed in every mode: sentences/s, times the unpruned model in fairseq and in the same engine, tokens."""
     seconds, hyps = measured["seconds"], measured["hypotheses"]
+    cell = seconds[(c.name, e)]
+    row = {}
+    for mode, bs in MODES:
+        key = f"{mode}-{bs}"
+        n = measured["sentences"][bs]
+        row[f"sentences_per_s_{key}"] = round(statistics.mean(n / s for s in cell[key]), 1)
+        row[f"x_unpruned_fairseq_{key}"] = round(paired_ratio(seconds[(base.name, "fairseq")][key], cell[key]), 3)
+        row[f"x_unpruned_same_engine_{key}"] = round(paired_ratio(seconds[(base.name, e)][key], cell[key]), 3)
+        row[f"tokens_{key}"] = sum(len(h) for h in hyps[(c.name, e, mode, bs)].values())
+    return row
+
+
+def model_rows(contenders: Sequence[Contender], measured: Dict, lengths: Dict) -> List[Dict]:
+    """A row per model and engine: BLEU as decoded and its p against the unpruned model in fairseq, the speed
+    columns, the FLOP ratio, and in CTranslate2 how many hypotheses differ from the model's own in fairseq."""
+    base = contenders[0]
+    hyps = measured["hypotheses"]
     texts = {(c.name, e): c.texts(hyps[(c.name, e, "natural", "batch")]) for c in contenders for e in ENGINES}
     bootstrap = BleuBootstrap(base.evaluator.references, texts[(base.name, "fairseq")], BOOTSTRAP_SAMPLES,
                               BOOTSTRAP_SEED)
-    beam = int(base.loaded.cfg.generation.beam)
-    src_lens = [int(n) for s in base.evaluator.samples for n in s["net_input"]["src_lengths"].tolist()]
-    forced_lens = [measured["length"] + 1] * len(src_lens)
-    batch = max(s["id"].numel() for s in base.evaluator.samples)
     rows = []
     for c in contenders:
-        flop = {"fairseq": flops.flop_ratio(base.loaded.model, c.loaded.model, src_lens, forced_lens, beam, batch),
-                "ct2": flops.flop_ratio(ct2_shape(base.loaded.model), ct2_shape(c.loaded.model), src_lens,
-                                        forced_lens, beam, batch)}
+        flop = {"fairseq": flop_ratio(base.loaded.model, c.loaded.model, lengths),
+                "ct2": flop_ratio(ct2_shape(base.loaded.model), ct2_shape(c.loaded.model), lengths)}
         for e in ENGINES:
-            cell = seconds[(c.name, e)]
             row = {"model": c.name, "checkpoint": c.path, "shape": "unpruned" if c is base else c.shape,
                    "heads_kept": c.heads_kept, "ct2_heads_per_stack": list(c.ct2_heads), "engine": e,
                    "bleu": c.bleu(texts[(c.name, e)]),
                    "p_vs_unpruned_fairseq": None if (c is base and e == "fairseq")
                    else round(bootstrap.test(texts[(c.name, e)]).p_value, 4),
                    "flop_ratio": flop["fairseq" if e == "fairseq" else "ct2"]}
-            for mode, bs in MODES:
-                key = f"{mode}-{bs}"
-                n = measured["sentences"][bs]
-                row[f"sentences_per_s_{key}"] = round(statistics.mean(n / s for s in cell[key]), 1)
-                row[f"x_unpruned_fairseq_{key}"] = round(
-                    paired_ratio(seconds[(base.name, "fairseq")][key], cell[key]), 3)
-                row[f"x_unpruned_same_engine_{key}"] = round(paired_ratio(seconds[(base.name, e)][key], cell[key]), 3)
-                row[f"tokens_{key}"] = sum(len(h) for h in hyps[(c.name, e, mode, bs)].values())
+            row.update(speed_columns(measured, base, c, e))
             if e != "fairseq":
                 ours, theirs = hyps[(c.name, e, "natural", "batch")], hyps[(c.name, "fairseq", "natural", "batch")]
                 row["differing_from_fairseq"] = sum(ours[i] != theirs[i] for i in theirs)
             rows.append(row)
-    ceiling_rows = []
-    for c in ceilings:  # speed at equal work over the unpruned model in the same engine, and its FLOP ratio
-        row = {"shape": c.shape.label, "ct2_heads_per_stack": list(c.ct2_heads), "engine": c.engine,
-               "ffn_percent": c.shape.ffn_percent, "vocab_percent": c.shape.vocab_percent,
-               "flop_ratio": flops.flop_ratio(ct2_shape(base.loaded.model), c.cost_shape, src_lens, forced_lens,
-                                              beam, batch)}
-        for bs in ("batch", 1):
-            key = f"forced-{bs}"
-            row[f"x_unpruned_same_engine_{key}"] = round(
-                paired_ratio(seconds[(base.name, c.engine)][key], seconds[(c.name, c.engine)][key]), 3)
-            row[f"tokens_{key}"] = sum(len(h) for h in hyps[(c.name, c.engine, "forced", bs)].values())
-        ceiling_rows.append(row)
-    for e in ENGINES:  # equal work: every model of an engine (and every ceiling) wrote as many tokens when forced
+    return rows
+
+
+def ceiling_row(c: Ceiling, base: Contender, measured: Dict, lengths: Dict) -> Dict:
+    """A ceiling's speed at equal work over the unpruned model in the same engine, and its FLOP ratio."""
+    seconds, hyps = measured["seconds"], measured["hypotheses"]
+    row = {"shape": c.shape.label, "ct2_heads_per_stack": list(c.ct2_heads), "engine": c.engine,
+           "ffn_percent": c.shape.ffn_percent, "vocab_percent": c.shape.vocab_percent,
+           "flop_ratio": flop_ratio(ct2_shape(base.loaded.model), c.cost_shape, lengths)}
+    for bs in ("batch", 1):
+        key = f"forced-{bs}"
+        row[f"x_unpruned_same_engine_{key}"] = round(
+            paired_ratio(seconds[(base.name, c.engine)][key], seconds[(c.name, c.engine)][key]), 3)
+        row[f"tokens_{key}"] = sum(len(h) for h in hyps[(c.name, c.engine, "forced", bs)].values())
+    return row
+
+
+def check_equal_work(rows: Sequence[Dict]) -> None:
+    """Every model of an engine (and every ceiling) wrote as many tokens when forced, or the timing is not of equal
+    work."""
+    for e in ENGINES:
         for mode, bs in MODES:
-            counts = {r[f"tokens_forced-{bs}"] for r in rows + ceiling_rows if r["engine"] == e}
+            counts = {r[f"tokens_forced-{bs}"] for r in rows if r["engine"] == e}
             if mode == "forced" and len(counts) != 1:
                 raise RuntimeError(f"{e}, batch {bs}: forced lengths gave different token counts: not equal work")
+
+
+def table_meta(base: Contender, measured: Dict, options: DeployOptions, lengths: Dict) -> Dict:
+    """How the table was measured: when, on what, with which versions, options and batches."""
+    import ctranslate2  # optional heavy dependency: CTranslate2 (its version)
+
+    dataset = base.loaded.cfg.dataset
+    return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "checkpoint_sha256": file_sha256(base.path),
+            "ctranslate2": ctranslate2.__version__, "threads": 1, "beam": lengths["beam"],
+            "batch_size": dataset.batch_size, "max_tokens": dataset.max_tokens, "largest_batch": lengths["batch"],
+            "subset": options.subset, "references": options.references or "binarised targets, decoded",
+            "runs": options.runs, "forced_length": measured["length"], "significance": SIGNIFICANCE,
+            "interleaved": INTERLEAVED,
+            "sentences_batched": measured["sentences"]["batch"], "sentences_batch1": measured["sentences"][1],
+            "options": asdict(options)}
+
+
+def build_table(contenders: Sequence[Contender], measured: Dict, options: DeployOptions,
+                ceilings: Sequence[Ceiling] = ()) -> Dict:
+    """The table: a row per model and engine, a row per ceiling, the targets, and how it was measured."""
+    base = contenders[0]
+    lengths = cost_lengths(base, measured)
+    rows = model_rows(contenders, measured, lengths)
+    ceiling_rows = [ceiling_row(c, base, measured, lengths) for c in ceilings]
+    check_equal_work(rows + ceiling_rows)
     for row in rows:
         row["bleu_delta"] = round(row["bleu"] - rows[0]["bleu"], 2)
-    dataset = base.loaded.cfg.dataset
     return {"rows": rows, "targets": targets(rows, options.candidate), "ceilings": ceiling_rows,
-            "meta": {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                     "checkpoint_sha256": file_sha256(base.path),
-                     "ctranslate2": ctranslate2.__version__, "threads": 1, "beam": beam,
-                     "batch_size": dataset.batch_size, "max_tokens": dataset.max_tokens, "largest_batch": batch,
-                     "subset": options.subset, "references": options.references or "binarised targets, decoded",
-                     "runs": options.runs, "forced_length": measured["length"], "significance": SIGNIFICANCE,
-                     "interleaved": INTERLEAVED,
-                     "sentences_batched": measured["sentences"]["batch"], "sentences_batch1": measured["sentences"][1],
-                     "options": asdict(options)}}
+            "meta": table_meta(base, measured, options, lengths)}
 
 
 def targets(rows: List[Dict], candidate: Optional[str] = None) -> Dict:
@@ -574,34 +533,6 @@ def write_all(table: Dict, out: str) -> List[str]:
 
 # --------------------------------------------------------------------------------------------- the study
 
-# tasks whose decoding CTranslate2 repeats: translation from the source tokens alone, the multilingual task with its
-# language tokens (the encoder's in the source, the decoder's as CTranslate2's target prefix: compress.export); each
-# also as its _headprune twin
-CT2_TASKS = ("translation", "translation_multi_simple_epoch")
-MBART_TASK = "translation_from_pretrained_bart"
-
-
-def check_task(task_cfg, command: str = "deploy", instead: str = "") -> None:
-    """Refuse, in one line naming the command (and what to do `instead`), a task whose hypotheses CTranslate2 would
-    not repeat."""
-    name = task_cfg.get("_name") if hasattr(task_cfg, "get") else getattr(task_cfg, "_name", None)
-    base = (name or "").removesuffix("_headprune")
-    if base == MBART_TASK:
-        raise UserError(f"{command}: CTranslate2 cannot decode as {MBART_TASK} (mBART) does: it starts and ends "
-                        f"every hypothesis with the target language token instead of EOS{instead}")
-    if base not in CT2_TASKS:
-        raise UserError(f"{command} runs CTranslate2 under {' and '.join(CT2_TASKS)} only, not {name}{instead}")
-
-
-def calibration_files_sha256(loaded, subset: str) -> str:
-    """The calibration subset's files in the data folder (binarised and raw), hashed: the shrink's input by content."""
-    import glob
-    import hashlib
-
-    folder = loaded.cfg.task.data.split(os.pathsep)[0]
-    files = sorted(glob.glob(os.path.join(folder, subset + ".*")))
-    return hashlib.sha256("".join(f"{os.path.basename(f)}:{file_sha256(f)}," for f in files).encode()).hexdigest()
-
 
 def shrunk_checkpoint(loaded, options: DeployOptions, out: str, log=print) -> str:
     """The study's own shrink of the model (OUT/models/NAME.pt), reused when its identity (OUT/models/NAME.deploy.json:
@@ -627,13 +558,6 @@ def shrunk_checkpoint(loaded, options: DeployOptions, out: str, log=print) -> st
     return path
 
 
-def load_other(loaded, path: str):
-    """Another checkpoint loaded with the same options as `loaded` (task, data, generation)."""
-    cfg = copy.deepcopy(loaded.cfg)
-    cfg.common_eval.path = path
-    return load(cfg)
-
-
 def run(loaded, options: DeployOptions, out: str, log=print) -> Tuple[Dict, List[str]]:
     """Shrink (if asked), export every model to CTranslate2, time every cell, write OUT/deploy.{json,md,png}."""
     import torch
@@ -655,7 +579,7 @@ def run(loaded, options: DeployOptions, out: str, log=print) -> Tuple[Dict, List
             if options.shrink_percent:
                 path = shrunk_checkpoint(loaded, options, out, log)
                 contenders.insert(1, Contender(options.shrunk_name(), load_other(loaded, path), options, tmp))
-            measured = measure(contenders, options.runs, options.batch1_sentences, log, ceilings)
+            measured = time_cells(contenders, options.runs, options.batch1_sentences, log, ceilings)
             table = build_table(contenders, measured, options, ceilings)
     finally:
         torch.set_num_threads(threads)

@@ -11,9 +11,9 @@ if time followed the arithmetic) and the incremental state the decoder keeps.
 from __future__ import annotations
 
 import copy
+import functools
 import os
 import statistics
-import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
@@ -28,6 +28,8 @@ from fairseq_headprune.records import layout as names
 from fairseq_headprune.records.identity import file_sha256
 from fairseq_headprune.records.log import write_json_atomic
 from fairseq_headprune.core.surgery import prune_model
+from fairseq_headprune.engines import timing
+from fairseq_headprune.engines.fairseq_engine import fixed_batches, timed_generation
 from fairseq_headprune.options import option
 
 
@@ -91,25 +93,6 @@ class IncrementalStateMeter:
         self.handle.remove()
 
 
-def fixed_batches(loaded, subset: str, n: int, batch_size: int):
-    """The first n sentences of the subset in batches of exactly batch_size (the last may be smaller)."""
-    dataset = loaded.task.dataset(subset)
-    ids = list(range(min(n, len(dataset))))
-    return [dataset.collater([dataset[i] for i in ids[k : k + batch_size]]) for k in range(0, len(ids), batch_size)]
-
-
-@torch.no_grad()
-def timed_generation(task, generator, model, batches) -> Dict[str, float]:
-    start = time.perf_counter()
-    sentences = tokens = 0
-    for sample in batches:
-        for nbest in task.inference_step(generator, [model], sample):
-            sentences += 1
-            tokens += len(nbest[0]["tokens"])
-    seconds = time.perf_counter() - start
-    return {"seconds": seconds, "sentences": sentences, "tokens": tokens}
-
-
 def summarise(runs: List[Dict]) -> Dict:
     """Mean and spread of a model's timed runs."""
     rates = [r["sentences"] / r["seconds"] for r in runs]
@@ -147,6 +130,7 @@ def run(loaded, options: SpeedOptions, results_dir: str) -> str:
     set_head_masks(masked, heads)
     models = {"unpruned": loaded.model, "masked": masked, "pruned": pruned}
     generators = {name: task.build_generator([m], cfg.generation) for name, m in models.items()}
+    decoders = {name: functools.partial(timed_generation, task, generators[name], m) for name, m in models.items()}
     result = {"heads_pruned": len(heads), "heads_total": len(layout.all_heads()), "subset": subset,
               "checkpoint_sha256": file_sha256(loaded.checkpoint),
               "beam": cfg.generation.beam, "threads": torch.get_num_threads(), "runs": options.runs,
@@ -154,15 +138,13 @@ def run(loaded, options: SpeedOptions, results_dir: str) -> str:
               "equal_work": "pruned vs masked: the same function, identical hypotheses (tokens counted per run)"}
     for bs in batch_sizes:
         data = fixed_batches(loaded, subset, options.num_sentences, bs)
-        times: Dict[str, List[Dict]] = {name: [] for name in models}
         meters = {}
         for name, model in models.items():  # warm-up: kernels meet the shapes once, state sizes measured
             meters[name] = IncrementalStateMeter(model.decoder)
-            timed_generation(task, generators[name], model, data[:1])
+            timing.warm_up({name: decoders[name]}, data)
             meters[name].close()
-        for _ in range(options.runs):
-            for name, model in models.items():  # interleaved, so drift in machine load hits all alike
-                times[name].append(timed_generation(task, generators[name], model, data))
+        # interleaved model by model, so drift in machine load hits all alike
+        times = timing.by_decoder(timing.measure(decoders, data, options.runs, warm=False))
         row = table_row(times)
         for name in models:
             row[name]["incremental_state_bytes"] = meters[name].peak

@@ -22,6 +22,7 @@ from fairseq_headprune.compress.stages.shrink import (calibration_only_options, 
 from fairseq_headprune.compress.window_fit import WindowOptions
 from fairseq_headprune.core.surgery import remove_layers
 from fairseq_headprune.decoding.evaluate import SubsetEvaluator
+from fairseq_headprune.engines.engine_model import EngineModel
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.fairseq_io.loading import load
 
@@ -292,7 +293,7 @@ def heldout_bleu(loaded, engine: str, data: str, checkpoint: str, folder: str) -
     model = load(cfg)
     evaluator = SubsetEvaluator(model, HELDOUT)
     os.makedirs(folder, exist_ok=True)
-    hyps = levers.EngineModel(model, engine, folder=os.path.join(folder, "model")).run(
+    hyps = EngineModel(model, engine, folder=os.path.join(folder, "model")).run(
         evaluator.samples)["hypotheses"]
     texts = [evaluator.hypothesis_text({"tokens": torch.tensor(hyps[i], dtype=torch.long)})
              for i in range(evaluator.size)]

@@ -6,10 +6,9 @@ import contextlib
 import os
 from typing import Dict, List, Optional, Tuple
 
-from fairseq_headprune.compress import levers
+from fairseq_headprune.engines.engine_model import EngineModel
 from fairseq_headprune.fairseq_io.loading import load_subset
-from fairseq_headprune.records.identity import file_sha256
-from fairseq_headprune.studies.deploy import calibration_files_sha256
+from fairseq_headprune.records.identity import calibration_files_sha256, file_sha256
 
 HELDOUT = "heldout"  # the choice's split of valid (--max-bleu-loss)
 
@@ -84,8 +83,8 @@ def also_sets(options) -> List[Tuple[str, Optional[str]]]:
     return list(zip(options.also_report, options.also_references or [None] * len(options.also_report)))
 
 
-def engine_model(loaded, engine: str, exported: Optional[Dict], tmp: str, name: str) -> levers.EngineModel:
+def engine_model(loaded, engine: str, exported: Optional[Dict], tmp: str, name: str) -> EngineModel:
     """A model as `engine` runs it: the exported CTranslate2 folder when there is one, else built under tmp/name."""
     if exported and exported.get("ct2"):
-        return levers.EngineModel(loaded, engine, ct2_folder=exported["ct2"])
-    return levers.EngineModel(loaded, engine, folder=os.path.join(tmp, name))
+        return EngineModel(loaded, engine, ct2_folder=exported["ct2"])
+    return EngineModel(loaded, engine, folder=os.path.join(tmp, name))

@@ -23,7 +23,7 @@ def build(loaded, options, timing, rounds: int, identity: Dict, log: Callable) -
     if cached:
         log(f"cost table: measured before on this machine ({cache})")
         return {**cached, "from_cache": True}
-    table = levers.measure(loaded, options.engine, timing, rounds, log=log)
+    table = levers.cost_table(loaded, options.engine, timing, rounds, log=log)
     table["identity"] = identity
     if not levers.decided(table):  # never cached: a rerun measures again rather than reuse an undecided table
         log(f"cost table: its rows saw as few as {levers.fewest_paired(table)} paired batches, fewer than "

@@ -6,10 +6,10 @@ import os
 from dataclasses import asdict
 from typing import Dict
 
-from fairseq_headprune.compress import levers
 from fairseq_headprune.compress.export import ExportOptions, export
 from fairseq_headprune.decoding.evaluate import SubsetEvaluator
-from fairseq_headprune.studies.deploy import load_other
+from fairseq_headprune.engines.engine_model import QUANTIZATION
+from fairseq_headprune.fairseq_io.loading import load_other
 
 
 def identity(options) -> Dict:
@@ -28,7 +28,7 @@ def build(folder: str, loaded, options, recovered: Dict) -> Dict:
     pruned = load_other(loaded, recovered["checkpoint"])
     evaluator = SubsetEvaluator(pruned, options.timing_subset)
     out = os.path.join(folder, "ct2")
-    info = export(pruned, evaluator, ExportOptions(out=out, quantization=levers.QUANTIZATION[options.engine],
+    info = export(pruned, evaluator, ExportOptions(out=out, quantization=QUANTIZATION[options.engine],
                                                    check_sentences=options.check_sentences,
                                                    vocab_map=options.vocab_map,
                                                    vocab_map_options=options.vocab_map_options),

@@ -6,13 +6,12 @@ import statistics
 import tempfile
 from typing import Dict
 
-from fairseq_headprune.compress import levers
 from fairseq_headprune.compress.stages.common import engine_model
 from fairseq_headprune.core import flops
 from fairseq_headprune.core.shape import ModelShape
-from fairseq_headprune.fairseq_io.loading import load_subset
-from fairseq_headprune.studies.deploy import load_other
-from fairseq_headprune.studies.speed_ct2 import ct2_shape
+from fairseq_headprune.engines.timing import load_average, paired_speedup, timed_rounds
+from fairseq_headprune.engines.ct2 import ct2_shape
+from fairseq_headprune.fairseq_io.loading import load_other, load_subset
 
 
 def identity(options, timing_identity: Dict) -> Dict:
@@ -31,25 +30,25 @@ def build(loaded, options, recovered: Dict, exported: Dict, timing, rounds: int)
         natural = models["unpruned"].run(timing)
         length = max(1, round(statistics.mean(len(h) for h in natural["hypotheses"].values())))
         decoders = {k: m.run for k, m in models.items()}
-        forced = levers.timed_rounds(decoders, timing, rounds, length)
-        as_decoded = levers.timed_rounds(decoders, timing, rounds, 0)
+        forced = timed_rounds(decoders, timing, rounds, length)
+        as_decoded = timed_rounds(decoders, timing, rounds, 0)
         singles = single_sentences(loaded, options.timing_subset, options.latency_sentences)
-        latency = levers.timed_rounds(decoders, singles, options.runs, length)
-        load = levers.load_average()
+        latency = timed_rounds(decoders, singles, options.runs, length)
+        load = load_average()
     src = [int(n) for s in timing for n in s["net_input"]["src_lengths"].tolist()]
     beam, batch = int(loaded.cfg.generation.beam), max(s["id"].numel() for s in timing)
     shape_of = ModelShape.of if options.engine == "fairseq" else ct2_shape
     n = sum(s["id"].numel() for s in timing)
     return {"subset": options.timing_subset, "sentences": n, "runs": rounds, "batches": len(timing),
             "forced_length": length, "largest_batch": batch, "load_average": load,
-            "speedup_equal_work": round(levers.paired_speedup(forced["unpruned"], forced["compressed"]), 3),
-            "speedup_as_decoded": round(levers.paired_speedup(as_decoded["unpruned"], as_decoded["compressed"]),
+            "speedup_equal_work": round(paired_speedup(forced["unpruned"], forced["compressed"]), 3),
+            "speedup_as_decoded": round(paired_speedup(as_decoded["unpruned"], as_decoded["compressed"]),
                                         3),
             "speedup_equal_work_total": round(sum(forced["unpruned"]) / sum(forced["compressed"]), 3),
             "sentences_per_s": {k: round(n * rounds / sum(v), 1) for k, v in as_decoded.items()},
             "latency_batch1": {"sentences": len(singles), "forced_length": length,
                                "ms": {k: round(1000 * statistics.median(v), 2) for k, v in latency.items()},
-                               "speedup": round(levers.paired_speedup(latency["unpruned"],
+                               "speedup": round(paired_speedup(latency["unpruned"],
                                                                       latency["compressed"]), 3)},
             "flop_ratio": round(flops.flop_ratio(shape_of(loaded.model), shape_of(pruned.model), src,
                                                  [length + 1] * len(src), beam, batch), 4)}

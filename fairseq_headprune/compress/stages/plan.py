@@ -9,13 +9,13 @@ import tempfile
 import time
 from typing import Dict, List, Optional
 
-from fairseq_headprune.compress import levers
 from fairseq_headprune.compress.choice import per_stack_points
 from fairseq_headprune.compress.options import STAGES
 from fairseq_headprune.compress.recover import TRAIN_DEFAULTS
 from fairseq_headprune.compress.stages.common import subset_tokens
 from fairseq_headprune.core.heads import attention_modules
-from fairseq_headprune.studies import deploy
+from fairseq_headprune.engines.engine_model import EngineModel
+from fairseq_headprune.engines.fairseq_engine import fairseq_run
 
 
 def cpu_seconds(fn, repeat: int = 2) -> float:
@@ -43,7 +43,7 @@ def probe(loaded, options, timing, calibration) -> Dict[str, float]:
 
         def build():
             shutil.rmtree(os.path.join(tmp, "m"), ignore_errors=True)
-            holder["m"] = levers.EngineModel(loaded, options.engine, folder=os.path.join(tmp, "m"))
+            holder["m"] = EngineModel(loaded, options.engine, folder=os.path.join(tmp, "m"))
 
         rates["export_s"] = cpu_seconds(build, 1) if options.engine != "fairseq" else 0.0
         if "m" not in holder:
@@ -53,7 +53,7 @@ def probe(loaded, options, timing, calibration) -> Dict[str, float]:
     rates["engine_sent_s"] = n / seconds  # and per reference token: the reported sets' sentences are longer or not
     rates["engine_tok_s"] = sum(int(s["target"].ne(pad).sum()) for s in few) / seconds
     rates["fairseq_sent_s"] = (rates["engine_sent_s"] if options.engine == "fairseq" else
-                               n / cpu_seconds(lambda: deploy.fairseq_run(loaded, loaded.model, few)))
+                               n / cpu_seconds(lambda: fairseq_run(loaded, loaded.model, few)))
     sample = calibration[len(calibration) // 2]  # a full training batch of middling sentences
     tokens = int(sample["target"].ne(pad).sum())
     model = loaded.model

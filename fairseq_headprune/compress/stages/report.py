@@ -10,10 +10,9 @@ from typing import Dict, Optional
 from fairseq_headprune.compress.stages.choice import heldout_bleu
 from fairseq_headprune.compress.stages.common import also_sets, engine_model, references_sha
 from fairseq_headprune.decoding.evaluate import SubsetEvaluator
-from fairseq_headprune.fairseq_io.loading import load_subset
+from fairseq_headprune.fairseq_io.loading import load_other, load_subset
 from fairseq_headprune.records.identity import decoding_identity
 from fairseq_headprune.stats import BleuBootstrap
-from fairseq_headprune.studies.deploy import load_other
 
 BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED = 1000, 1
 

@@ -1,0 +1,123 @@
+"""Timing decoders against each other on the same batches: a warm-up, then interleaved rounds, so that a change in
+the machine's load hits every decoder alike; and the paired statistics of the seconds (ratios within a round or a
+batch, the sign test).
+
+A decoder is a function of a list of batches returning at least {"seconds": float, "hypotheses": ...} (the fairseq
+and CTranslate2 runs of engines.fairseq_engine and engines.ct2, or a stand-in in the tests).
+"""
+from __future__ import annotations
+
+import math
+import os
+import random
+import statistics
+from typing import Callable, Dict, Hashable, List, Mapping, Optional, Sequence
+
+Decoder = Callable[[Sequence], Dict]
+Round = Dict[Hashable, List[Dict]]  # each decoder's results in one round, one per call
+
+
+def warm_up(decoders: Mapping[Hashable, Decoder], batches: Sequence) -> None:
+    """Every decoder decodes the first batch once: kernels and caches meet the shapes before the clock runs."""
+    for decode in decoders.values():
+        decode(batches[:1])
+
+
+def interleaved(decoders: Mapping[Hashable, Decoder], batches: Sequence, seed: str) -> Round:
+    """One round batch by batch: every batch decoded by every decoder in turn, in an order drawn anew for every
+    batch from a random generator seeded with `seed`, so that no decoder owes its time to its place in the order or
+    to the decoder before it. Each decoder's results, one per batch."""
+    order = random.Random(seed)
+    results: Round = {key: [] for key in decoders}
+    for batch in batches:
+        for key in order.sample(list(decoders), len(decoders)):
+            results[key].append(decoders[key]([batch]))
+    return results
+
+
+def in_turn(decoders: Mapping[Hashable, Decoder], batches: Sequence) -> Round:
+    """One round decoder by decoder: each decodes all the batches at once, in the order given."""
+    return {key: [decode(batches)] for key, decode in decoders.items()}
+
+
+def measure(decoders: Mapping[Hashable, Decoder], batches: Sequence, runs: int,
+            seed: Optional[Callable[[int], str]] = None, warm: bool = True, progress=None) -> List[Round]:
+    """Time the decoders on the same batches: a warm-up (unless `warm` is False), then `runs` interleaved rounds,
+    batch by batch in the order seed(round) draws (interleaved) or, without `seed`, decoder by decoder (in_turn).
+    `progress(done, runs)` is called after each round. Every round's results."""
+    if warm:
+        warm_up(decoders, batches)
+    rounds = []
+    for r in range(runs):
+        rounds.append(interleaved(decoders, batches, seed(r)) if seed else in_turn(decoders, batches))
+        if progress:
+            progress(r + 1, runs)
+    return rounds
+
+
+def by_decoder(rounds: Sequence[Round]) -> Dict[Hashable, List[Dict]]:
+    """Each decoder's result of every round, when every round called it once (decoder by decoder: in_turn)."""
+    return {key: [results[key][0] for results in rounds] for key in (rounds[0] if rounds else {})}
+
+
+def seconds(results: Sequence[Dict]) -> float:
+    """The seconds of a decoder's calls in a round, summed."""
+    return sum(got["seconds"] for got in results)
+
+
+def hypotheses(results: Sequence[Dict]) -> Dict:
+    """The hypotheses of a decoder's calls in a round, by sentence id."""
+    written: Dict = {}
+    for got in results:
+        written.update(got["hypotheses"])
+    return written
+
+
+def timed_rounds(decoders: Mapping[Hashable, Callable], samples, runs: int, forced: int,
+                 progress=None) -> Dict[str, List[float]]:
+    """Seconds of every decoder (a function of (batches, forced)) on every batch of every round, in that order, after
+    a warm-up, every hypothesis forced to `forced` tokens (0: as decoded); interleaved batch by batch in an order
+    drawn anew for each batch. Forced decoders that wrote different token counts in the first round are an error
+    (not equal work)."""
+    at_length = {key: (lambda batches, decode=decode: decode(batches, forced)) for key, decode in decoders.items()}
+    rounds = measure(at_length, samples, runs, seed=lambda r: f"cost-{r}-{forced}", progress=progress)
+    per_batch = {key: [got["seconds"] for results in rounds for got in results[key]] for key in decoders}
+    first = rounds[0] if rounds else {key: [] for key in decoders}
+    tokens = {key: sum(len(h) for got in first[key] for h in got["hypotheses"].values()) for key in decoders}
+    if forced and len(set(tokens.values())) > 1:
+        raise RuntimeError(f"forced lengths gave different token counts {sorted(set(tokens.values()))}: not equal work")
+    return per_batch
+
+
+# --------------------------------------------------------------------------------------------- paired statistics
+
+
+def paired_ratio(base: Sequence[float], other: Sequence[float]) -> float:
+    """How many times faster `other` is than `base`, seconds paired within each round, averaged over rounds."""
+    return statistics.mean(b / o for b, o in zip(base, other))
+
+
+def paired_speedup(base: Sequence[float], other: Sequence[float]) -> float:
+    """How many times faster `other` is than `base`: the median, over batches and rounds, of the ratio of the
+    seconds each took on the same batch one right after the other (a burst of load from another process moves a
+    few ratios, not the median)."""
+    return statistics.median(b / o for b, o in zip(base, other))
+
+
+def sign_test(base: Sequence[float], other: Sequence[float]) -> Dict:
+    """In how many of the paired batches `other` was faster, and the one-sided sign test's p (exact binomial, ties
+    dropped): is it faster at all, beyond the machine's noise?"""
+    wins = sum(o < b for b, o in zip(base, other))
+    n = sum(o != b for b, o in zip(base, other))
+    p = sum(math.comb(n, k) for k in range(wins, n + 1)) / 2 ** n if n else 1.0
+    return {"faster_batches": wins, "batches": n, "p": round(p, 5)}
+
+
+def load_average() -> Optional[float]:
+    """The 1-minute load average (None where the system has none): what a timing says about the machine's load.
+    One thread timing alone reads about 1; another CPU-bound process beside it, about 2, and slices time lower
+    then (docs/compress.md, Limits)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (OSError, AttributeError):
+        return None
