@@ -636,6 +636,9 @@ def test_a_distillation_set_and_a_vocabulary_map_reach_the_recovery_and_the_expo
     exported = json.loads((out / "compress.json").read_text())["stages"]["export"]
     assert exported["check"]["vocab_map"]["always"] == 50
     assert "**Vocabulary map** (`ct2/vmap.txt`" in (out / "MODEL_CARD.md").read_text()
+    assert record["distillation_set"] == {"sources": 40, "pairs": 80, "nbest": 2}  # the card says what it trained on
+    assert (" sentences and 80 pairs of the unpruned model's translations (2 best each) of 40 --distill-source "
+            "sentences, 1 process on CPU") in (out / "MODEL_CARD.md").read_text()
     assert json.loads((out / "stages" / "export" / "stage.json").read_text())["identity"]["vocab_map"] == {
         "vocab_map_per_source": 100, "vocab_map_frequent": 50}
 

@@ -80,6 +80,16 @@ def test_dry_run_prints_the_plan_and_the_recoverys_command_and_writes_nothing(ti
         assert part in command, (part, command)
 
 
+def test_dry_run_names_the_distillation_set(tiny_data, stock_checkpoint, tmp_path):
+    source = tmp_path / "more.de"
+    source.write_text("ein Hund läuft .\nzwei Männer sitzen .\n", encoding="utf-8")
+    out = tmp_path / "out"
+    printed = run(compress_argv(tiny_data, stock_checkpoint, out, tmp_path / "cache", "--dry-run",
+                                "--distill-source", source, "--distill-nbest", "2")).stdout
+    assert not out.exists()
+    assert "beside the unpruned model's translations (2 best each) of 1 --distill-source file(s)" in printed
+
+
 def test_fairseq_train_options_given_to_compress_reach_the_recovery_or_are_refused(tiny_data, stock_checkpoint,
                                                                                   tmp_path):
     cases = [(("--save-dir", "x"), "--save-dir is set by recover itself"),

@@ -341,8 +341,11 @@ def what_ran(recovered: Dict) -> str:
     drawn = f" (drawn at random from {sample['of']}, seed {sample['seed']})" if sample.get("sampled") else ""
     device = ("a device the checkpoint does not record" if recovered["device"] == "elsewhere"
               else recovered["device"])
-    return (f"recovery: {recovered['updates']} updates on {recovered['sentences']} sentences{drawn}, {processes} "
-            f"process{'es' if processes != 1 else ''} on {device}")
+    extra = recovered.get("distillation_set")
+    beside = (f" and {extra['pairs']} pairs of the unpruned model's translations ({extra['nbest']} best each) of "
+              f"{extra['sources']} --distill-source sentences" if extra else "")
+    return (f"recovery: {recovered['updates']} updates on {recovered['sentences']} sentences{drawn}{beside}, "
+            f"{processes} process{'es' if processes != 1 else ''} on {device}")
 
 
 def record_command(record: Dict) -> str:

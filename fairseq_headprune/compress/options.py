@@ -44,8 +44,8 @@ class CompressOptions:
     budget_updates: int = option(BUDGET_UPDATES, flag="--budget-updates",
                                  help="recovery updates at most (fairseq-train's --max-update: the recovery stops at "
                                       "whichever of the two budgets comes first; a rerun with more extends). With "
-                                      "--recover-sentences, the defaults hold a corpus of millions of pairs to about "
-                                      "the bundled De-En model's budget (its 4 epochs of 28k pairs: 1008 updates)")
+                                      "--recover-sentences, the defaults hold a corpus of millions of pairs to the "
+                                      "budget of a few epochs of a small corpus")
     recover_sentences: int = option(RECOVER_SENTENCES, flag="--recover-sentences",
                                     help="the recovery's training set: a random sample of this many pairs of train "
                                          "(seeded by --sample-seed, recorded; all of train when it holds fewer)")

@@ -552,13 +552,14 @@ def recover(data: str, student: str, options: RecoverOptions, log=print) -> dict
     del student_state
     with output_lock(options.out):  # held to the end: a second run of this OUT is refused, whatever its work dir
         refuse_output_of_another_run(options, student)
-        train_data = data
+        train_data, distillation_set = data, None
         if options.distill in ("sequences", "both"):
             train_data = teacher_targets_data(data, options, log=log)
             cfg = fairseq_train_cfg(training_argv(train_data, student, options, task_name, arch), student_cfg,
                                     options)
         if options.distill_source:
-            train_data = distillation_set_data(train_data, options, source_encoders(cfg), log=log)["data"]
+            made = distillation_set_data(train_data, options, source_encoders(cfg), log=log)
+            train_data, distillation_set = made["data"], {k: made[k] for k in ("sources", "pairs", "nbest")}
             cfg = fairseq_train_cfg(training_argv(train_data, student, options, task_name, arch), student_cfg,
                                     options)
             if "--upsample-primary" not in option_names(options.train_args) and \
@@ -569,7 +570,7 @@ def recover(data: str, student: str, options: RecoverOptions, log=print) -> dict
         os.makedirs(work_dir, exist_ok=True)
         try:
             with FolderLock(work_dir):  # one process per run folder: another would interleave fairseq's checkpoints
-                return _train_and_write(cfg, data, student, options, work_dir, start, log)
+                return _train_and_write(cfg, data, student, options, work_dir, start, log, distillation_set)
         except BaseException:
             if created and not trained_checkpoints(work_dir):  # nothing to resume: leave nothing behind
                 shutil.rmtree(work_dir, ignore_errors=True)
@@ -670,7 +671,7 @@ def longest_sentence(data: str, subset: str, positions: int) -> int:
     return longest
 
 
-def _train_and_write(cfg, data, student, options, work_dir, start, log) -> dict:
+def _train_and_write(cfg, data, student, options, work_dir, start, log, distillation_set=None) -> dict:
     from fairseq import checkpoint_utils
     from fairseq.distributed import utils as distributed_utils
     from fairseq_cli import train as fairseq_train
@@ -703,7 +704,7 @@ def _train_and_write(cfg, data, student, options, work_dir, start, log) -> dict:
     stopped = patience > 0 and getattr(fairseq_train.should_stop_early, "num_runs", 0) >= patience
     return write_recovered(best, student, options, data, work_dir, cfg, time.perf_counter() - start,
                            early_stop=(f"the valid loss did not improve for {patience} validations (--patience "
-                                       f"{patience})") if stopped else None)
+                                       f"{patience})") if stopped else None, distillation_set=distillation_set)
 
 
 def cpu_processes(cfg) -> int:
@@ -819,7 +820,8 @@ def epoch_history(work_dir: str) -> List[dict]:
 
 
 def write_recovered(best: str, student: str, options: RecoverOptions, data: str, work_dir: str, cfg,
-                    seconds: float, early_stop: Optional[str] = None) -> dict:
+                    seconds: float, early_stop: Optional[str] = None,
+                    distillation_set: Optional[dict] = None) -> dict:
     """The best checkpoint as the student's kind of file (weights and config, no optimizer state) and its record,
     written as one pair (checkpoint_io: whole or not at all, one writer per output path)."""
     state = torch.load(best, map_location="cpu", weights_only=False)
@@ -846,7 +848,7 @@ def write_recovered(best: str, student: str, options: RecoverOptions, data: str,
         "distill_hidden_weight": options.distill_hidden_weight if options.distill in ("logits", "both") else None,
         "best_checkpoint": os.path.basename(best), "updates_at_best": updates, "epoch_at_best": best_epoch,
         "last_valid_loss": last_valid_loss(last_state), "best_valid_loss": last_valid_loss(state),
-        "early_stop": early_stop,
+        "early_stop": early_stop, "distillation_set": distillation_set,
         "updates": trained.get("num_updates"),  # fairseq's own count, carried across resumes
         "epochs": epoch_history(work_dir),
         "lr": list(cfg.optimization.lr), "lr_scheduler": cfg.lr_scheduler._name, "max_tokens": cfg.dataset.max_tokens,

@@ -35,7 +35,10 @@ def row(name: str, record: Dict) -> Dict:
             "epochs": stages["recover"].get("budget_epochs", 0), "given": bool(record["options"].get("shape")),
             "hidden": (stages["recover"].get("distill_hidden") or {}).get("weight"),
             "distill": stages["recover"].get("distill") or "logits",  # (records before --distill: logits)
+            "vocab_map": bool(record["options"].get("vocab_map")),
+            "distillation_set": stages["recover"].get("distillation_set"),
             "speed": stages["measure"]["speedup_equal_work"], "flops": stages["measure"]["flop_ratio"],
+            "latency": (stages["measure"].get("latency_batch1") or {}).get("speedup"),  # (records before it: none)
             "sets": {s: (r["bleu_delta"], r["p"]) for s, r in sets.items()},
             "significance": report.get("significance", "not recorded")}
 
@@ -74,7 +77,8 @@ def controls(folder: str) -> Dict[str, Dict[str, float]]:
 
 
 def headers(sets: List[str]) -> List[str]:
-    return ["run", "shape", "recovery epochs", "speed (equal work)", "FLOP ratio"] + [f"{s} ΔBLEU (p)" for s in sets]
+    return (["run", "shape", "recovery epochs", "speed (equal work)", "FLOP ratio", "batch-1 latency speed-up"]
+            + [f"{s} ΔBLEU (p)" for s in sets])
 
 
 def cells(found: List[Dict], sets: List[str]) -> List[List[str]]:
@@ -83,7 +87,11 @@ def cells(found: List[Dict], sets: List[str]) -> List[List[str]]:
         extra = " (given by --shape)" if r["given"] else ""
         extra += f" (hidden-state term β {r['hidden']:g})" if r["hidden"] else ""
         extra += f" (--distill {r['distill']})" if r["distill"] != "logits" else ""
-        out.append([r["run"], r["shape"] + extra, str(r["epochs"]), f"{r['speed']:.2f}x", f"{r['flops']:.2f}"]
+        extra += " (vocabulary map)" if r["vocab_map"] else ""
+        extra += (f" (+{r['distillation_set']['pairs']} pairs of --distill-source text)" if r["distillation_set"]
+                  else "")
+        latency = f"{r['latency']:.2f}x" if r["latency"] else "not measured"
+        out.append([r["run"], r["shape"] + extra, str(r["epochs"]), f"{r['speed']:.2f}x", f"{r['flops']:.2f}", latency]
                    + [f"{r['sets'][s][0]:+.2f} ({r['sets'][s][1]:.3f})" if s in r["sets"] else "" for s in sets])
     return out
 

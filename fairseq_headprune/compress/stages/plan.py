@@ -147,6 +147,8 @@ def plan_lines(options, timing, rounds: int, estimate: Dict[str, float], cached:
                    f"{o.sample_seed})")
     recovery = (f"{sample['sentences']} of the {sample['of']} pairs of '{sample['subset']}'"
                 + (f" drawn at random (seed {o.sample_seed})" if sample["sampled"] else "")
+                + (f", beside the unpruned model's translations ({o.distill_nbest} best each) of "
+                   f"{len(o.distill_source)} --distill-source file(s)" if o.distill_source else "")
                 + f"; early stopping on 'valid'; at most {o.budget_epochs} epochs and {o.budget_updates} updates"
                 if o.budget_epochs else "nothing: --budget-epochs 0")
     reads = {"cost-table": f"{sum(s['id'].numel() for s in timing)} sentences of '{o.timing_subset}' in "

@@ -170,6 +170,7 @@ def build(folder: str, loaded, options, shrunk: Dict, data: str, sample: Dict, t
     return {"checkpoint": out, "checkpoint_sha256": file_sha256(out), "budget_epochs": o.budget_epochs,
             "budget_updates": o.budget_updates, "recovered": True, "updates": record["updates"],
             "updates_at_best": record["updates_at_best"], "sentences": sample["sentences"], "sample": sample,
+            "distillation_set": record.get("distillation_set"),
             "processes": record["processes"], "device": record["device"], "threads": threads,
             "epochs": record["epochs"], "best_checkpoint": record["best_checkpoint"],
             "peak_rss_gib": record["peak_rss_gib"], "distill": settings.distill,
