@@ -167,6 +167,50 @@ def _worker_main(index: int, inbox, outbox, parent: int) -> None:
         outbox.put(("result", index, task_id, (result, time.perf_counter() - start)))
 
 
+class _TaskFeed:
+    """A run's tasks, pulled lazily and numbered in order; `exhausted` once the last has been taken."""
+
+    def __init__(self, tasks: Iterable):
+        self.tasks = iter(tasks)
+        self.next_id = 0
+        self.exhausted = False
+
+    def take(self) -> Optional[Tuple[int, Any]]:
+        """(task id, task), or None when there are no more tasks."""
+        try:
+            task = next(self.tasks)
+        except StopIteration:
+            self.exhausted = True
+            return None
+        self.next_id += 1
+        return self.next_id - 1, task
+
+
+def _run_local(local: Callable[[Any, Any], Any], feed: _TaskFeed, shared: Any, finished: dict) -> None:
+    """This process handles the next task itself, if there is one; its result joins `finished`."""
+    taken = feed.take()
+    if taken is not None:
+        start = time.perf_counter()
+        result = local(taken[1], shared)
+        finished[taken[0]] = (taken[1], result, time.perf_counter() - start)
+
+
+@contextlib.contextmanager
+def _one_torch_thread(active: bool) -> Iterator[None]:
+    """When `active`, torch runs one thread in this process for the duration, as the workers do."""
+    if not active:
+        yield
+        return
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 class Workers:
     """N spawned worker processes of one thread each (see the module docstring). A pool serves any number of
     (setup, config) handlers, each built once per worker when first used (`prepare`), so one pool can run the
@@ -249,56 +293,33 @@ class Workers:
         for inbox in self.inboxes:
             inbox.put(("shared", key, shared))
         depth = 2 if local is not None else 1  # tasks in flight per worker
-        tasks = iter(tasks)
+        feed = _TaskFeed(tasks)
         in_flight, finished = {}, {}  # task id -> (worker, task); task id -> (task, result, seconds)
         load = [0] * self.n  # tasks in flight per worker
-        next_id = next_out = 0
-        exhausted = False
-
-        def take():
-            nonlocal next_id, exhausted
-            try:
-                task = next(tasks)
-            except StopIteration:
-                exhausted = True
-                return None
-            next_id += 1
-            return next_id - 1, task
-
-        threads = None
-        if local is not None:
-            import torch
-
-            threads = torch.get_num_threads()
-            torch.set_num_threads(1)
-        try:
+        next_out = 0
+        with _one_torch_thread(local is not None):
             while True:
-                for worker in range(self.n):
-                    while not exhausted and load[worker] < depth and (worker, key) in self.built:
-                        taken = take()
-                        if taken is None:
-                            break
-                        self.inboxes[worker].put(("task", taken[0], key, taken[1]))
-                        in_flight[taken[0]] = (worker, taken[1])
-                        load[worker] += 1
-                if exhausted and not in_flight:
+                self._dispatch(key, depth, feed, in_flight, load)
+                if feed.exhausted and not in_flight:
                     self._flush(finished, next_out, on_result)
                     return
                 message = self._poll()
-                if message is None and local is not None and not exhausted:
-                    taken = take()
-                    if taken is not None:
-                        start = time.perf_counter()
-                        result = local(taken[1], shared)
-                        finished[taken[0]] = (taken[1], result, time.perf_counter() - start)
+                if message is None and local is not None and not feed.exhausted:
+                    _run_local(local, feed, shared, finished)
                 else:  # a worker's message, or nothing this process can do but wait for one
                     self._handle(message if message is not None else self._receive(), in_flight, finished, load)
                 next_out = self._flush(finished, next_out, on_result)
-        finally:
-            if threads is not None:
-                import torch
 
-                torch.set_num_threads(threads)
+    def _dispatch(self, key, depth: int, feed: "_TaskFeed", in_flight: dict, load: list) -> None:
+        """Send the next tasks to every worker that has built handler `key`, up to `depth` in flight each."""
+        for worker in range(self.n):
+            while not feed.exhausted and load[worker] < depth and (worker, key) in self.built:
+                taken = feed.take()
+                if taken is None:
+                    break
+                self.inboxes[worker].put(("task", taken[0], key, taken[1]))
+                in_flight[taken[0]] = (worker, taken[1])
+                load[worker] += 1
 
     def _poll(self):
         try:

@@ -374,48 +374,55 @@ def _voita_verdict(points: Optional[Sequence[Dict]], command: Optional[str] = No
     if not candidates:
         return _claim("V", "the sweep has only λ = 0 controls", INCOMPLETE, rule, (source,), command)
 
-    def baseline(p: Dict) -> Tuple[float, Optional[Dict]]:
-        control = next((c for c in controls if _same_run_shape(c, p)), None)
-        return (control["bleu"], control) if control else (untuned, None)
-
     by_encoder = all(_encoder_counts(p) for p in candidates)
-
-    def closed(p: Dict, encoder: bool) -> Tuple[int, int]:
-        return _encoder_counts(p) if encoder else (p["heads_total"] - p["heads_kept"], p["heads_total"])
-
-    def describe(p: Dict, encoder: bool) -> str:
-        shut, total = closed(p, encoder)
-        base, control = baseline(p)
-        label = f"λ={p['lambda']}" if p.get("lambda") is not None else ""
-        if p.get("updates") is not None:
-            label += f", {p['updates']} updates"
-        what = "encoder self-attention heads" if encoder else "heads"
-        text = (f"{shut} of {total} {what} closed" + (f" ({label.lstrip(', ')})" if label else "")
-                + f", BLEU {p['bleu']:.2f} vs {base:.2f} ({p['bleu'] - base:+.2f})")
-        if control:
-            text += (f" against the λ = 0 control of the same fine-tuning; un-fine-tuned model {untuned:.2f} "
-                     f"({p['bleu'] - untuned:+.2f})")
-        else:
-            text += " against the un-fine-tuned model (no λ = 0 control of the same updates)"
-        return text
-
-    within = [p for p in candidates if p["bleu"] >= baseline(p)[0] - VOITA_TOLERANCE]
+    within = [p for p in candidates if p["bleu"] >= _voita_baseline(p, controls, untuned)[0] - VOITA_TOLERANCE]
     if not within:
-        nearest = max(candidates, key=lambda p: p["bleu"] - baseline(p)[0])
+        nearest = max(candidates, key=lambda p: p["bleu"] - _voita_baseline(p, controls, untuned)[0])
         return _claim("V", f"no L0 model within {VOITA_TOLERANCE} BLEU of its baseline; the nearest: "
-                      + describe(nearest, by_encoder), NOT_SUPPORTED, rule, (source,))
-
-    def share(p: Dict, encoder: bool) -> float:
-        shut, total = closed(p, encoder)
-        return 100.0 * shut / total
-
-    best = max(within, key=lambda p: share(p, by_encoder))
-    ours = describe(best, by_encoder)
+                      + _voita_describe(nearest, by_encoder, controls, untuned), NOT_SUPPORTED, rule, (source,))
+    best = max(within, key=lambda p: _voita_share(p, by_encoder))
+    ours = _voita_describe(best, by_encoder, controls, untuned)
     if by_encoder and all_types:
-        best_all = max(within, key=lambda p: share(p, False))
-        ours = f"encoder self-attention: {ours}; all types: {describe(best_all, False)}"
-    return _claim("V", ours, SUPPORTED if share(best, by_encoder) > VOITA_MIN_SHARE else NOT_SUPPORTED, rule,
-                  (source,))
+        best_all = max(within, key=lambda p: _voita_share(p, False))
+        ours = f"encoder self-attention: {ours}; all types: {_voita_describe(best_all, False, controls, untuned)}"
+    return _claim("V", ours, SUPPORTED if _voita_share(best, by_encoder) > VOITA_MIN_SHARE else NOT_SUPPORTED,
+                  rule, (source,))
+
+
+def _voita_baseline(p: Dict, controls: Sequence[Dict], untuned: float) -> Tuple[float, Optional[Dict]]:
+    """The BLEU an L0 point is judged against: its λ = 0 control of the same run shape (and that control), else
+    the un-fine-tuned model's (and None)."""
+    control = next((c for c in controls if _same_run_shape(c, p)), None)
+    return (control["bleu"], control) if control else (untuned, None)
+
+
+def _voita_closed(p: Dict, encoder: bool) -> Tuple[int, int]:
+    """(heads closed, heads in all) of a point: encoder self-attention only, or every head."""
+    return _encoder_counts(p) if encoder else (p["heads_total"] - p["heads_kept"], p["heads_total"])
+
+
+def _voita_share(p: Dict, encoder: bool) -> float:
+    """The percentage of heads a point closed (encoder self-attention only, or all)."""
+    shut, total = _voita_closed(p, encoder)
+    return 100.0 * shut / total
+
+
+def _voita_describe(p: Dict, encoder: bool, controls: Sequence[Dict], untuned: float) -> str:
+    """One L0 point in words: heads closed, its λ and updates, and its BLEU against its baseline."""
+    shut, total = _voita_closed(p, encoder)
+    base, control = _voita_baseline(p, controls, untuned)
+    label = f"λ={p['lambda']}" if p.get("lambda") is not None else ""
+    if p.get("updates") is not None:
+        label += f", {p['updates']} updates"
+    what = "encoder self-attention heads" if encoder else "heads"
+    text = (f"{shut} of {total} {what} closed" + (f" ({label.lstrip(', ')})" if label else "")
+            + f", BLEU {p['bleu']:.2f} vs {base:.2f} ({p['bleu'] - base:+.2f})")
+    if control:
+        text += (f" against the λ = 0 control of the same fine-tuning; un-fine-tuned model {untuned:.2f} "
+                 f"({p['bleu'] - untuned:+.2f})")
+    else:
+        text += " against the un-fine-tuned model (no λ = 0 control of the same updates)"
+    return text
 
 
 # ---------------------------------------------------------------- Voita's L0 sweep

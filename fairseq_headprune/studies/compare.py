@@ -119,6 +119,32 @@ def _evaluate_gated(cfg, run: dict, references, fingerprint: str, subset: str):
     return gated, as_masks
 
 
+def _michel_pending(runs: List[dict], done, scores: Dict[Head, float], layout: HeadLayout) -> Dict[str, List[Head]]:
+    """Michel's masks still to score, keyed michel:TYPES:KEPT: one per (gated types, heads kept) of the gated
+    runs, in their order."""
+    pending = {}
+    for r in runs:
+        key = f"michel:{','.join(r['gated_types'])}:{r['kept']}"
+        if key not in done and key not in pending:
+            pending[key] = michel_mask(scores, layout, r["gated_types"], r["kept"])
+    return pending
+
+
+def _log_gated(log: ResultsLog, runs: List[dict], cfg, options: CompareOptions, fingerprint: str,
+               layout: HeadLayout) -> None:
+    """Score each gated checkpoint of `runs` and append its l0 row."""
+    total = len(layout.all_heads())
+    for r in runs:
+        gated, as_masks = _evaluate_gated(cfg, r, options.references, fingerprint, options.subset)
+        log.append({"key": f"l0:{r['sha']}", "method": "l0", "checkpoint": r["path"],
+                    "l0_lambda": r["l0_lambda"], "updates": r["updates"], "types": r["gated_types"],
+                    "heads_kept": total - r["closed"], "kept_per_type": kept_per_type(layout, r["closed_heads"]),
+                    "fractional_gates": r["fractional"], "masked": format_head_spec(r["closed_heads"]),
+                    "michel_key": f"michel:{','.join(r['gated_types'])}:{r['kept']}",
+                    "bleu": gated, "bleu_closed_as_masks": as_masks})
+        print(f"L0 lambda {r['l0_lambda']} ({total - r['closed']} heads kept): BLEU {gated:.2f}")
+
+
 def run(loaded, options: CompareOptions, results_dir: str) -> List[str]:
     """Rows of DIR/compare.jsonl (resumable; new gated checkpoints join), its table and figure; returns the files.
     The gated checkpoints are loaded one by one with the unpruned model's fairseq configuration."""
@@ -139,11 +165,7 @@ def run(loaded, options: CompareOptions, results_dir: str) -> List[str]:
         log.append({"key": "baseline", "method": "unpruned", "heads_kept": total,
                     "bleu": evaluator.bleu(evaluator.translate()).score})
         print(f"unpruned: BLEU {log.rows[-1]['bleu']:.2f}")
-    pending = {}
-    for r in runs:
-        key = f"michel:{','.join(r['gated_types'])}:{r['kept']}"
-        if key not in done and key not in pending:
-            pending[key] = michel_mask(scores, layout, r["gated_types"], r["kept"])
+    pending = _michel_pending(runs, done, scores, layout)
     baseline = next(r["bleu"] for r in log.rows if r.get("key") == "baseline")
     decode = [key for key, masked in pending.items() if masked]  # nothing masked: the baseline itself
     hyps: Dict[str, List[str]] = {}
@@ -164,17 +186,7 @@ def run(loaded, options: CompareOptions, results_dir: str) -> List[str]:
                     "masked": format_head_spec(masked),
                     "bleu": evaluator.bleu(hyps[key]).score if masked else baseline})
         print(f"michel ({total - len(masked)} heads kept): BLEU {log.rows[-1]['bleu']:.2f}")
-    for r in runs:
-        if f"l0:{r['sha']}" in done:
-            continue
-        gated, as_masks = _evaluate_gated(cfg, r, options.references, fingerprint, options.subset)
-        log.append({"key": f"l0:{r['sha']}", "method": "l0", "checkpoint": r["path"],
-                    "l0_lambda": r["l0_lambda"], "updates": r["updates"], "types": r["gated_types"],
-                    "heads_kept": total - r["closed"], "kept_per_type": kept_per_type(layout, r["closed_heads"]),
-                    "fractional_gates": r["fractional"], "masked": format_head_spec(r["closed_heads"]),
-                    "michel_key": f"michel:{','.join(r['gated_types'])}:{r['kept']}",
-                    "bleu": gated, "bleu_closed_as_masks": as_masks})
-        print(f"L0 lambda {r['l0_lambda']} ({total - r['closed']} heads kept): BLEU {gated:.2f}")
+    _log_gated(log, [r for r in runs if f"l0:{r['sha']}" not in done], cfg, options, fingerprint, layout)
     md = os.path.join(results_dir, "compare.md")
     with atomic_output(md) as f:
         f.write(report(log.rows, log.header))

@@ -176,27 +176,11 @@ def run_sweep(loaded, evaluator, options: SweepOptions, log, say: Callable = pri
         budget = Budget("remove", float(percent), True)
         selection = select_heads(model, grads, budget, opts)
         t0 = time.perf_counter()
-        fits = []
         if opts.reconstruction.method == "none" and not opts.reconstruction.refit_ffn:
-            set_head_masks(model, selection.removed)
-            try:
-                hyps = evaluator.translate()
-            finally:
-                set_head_masks(model, [])
+            fits, hyps = [], _translate_masked(model, evaluator, selection.removed)
         else:
-            if opts.search_steps > 1:
-                result = search_with_reconstruction(model, grads, budget, opts, calibration, pad)
-                selection = result.selection
-            else:
-                result = build_student(model, selection, calibration, opts, pad, grads)
-            fits = result.fits
-            with weights_of(model, result.student):
-                set_head_masks(model, selection.removed)
-                try:
-                    hyps = evaluator.translate()
-                finally:
-                    set_head_masks(model, [])
-            del result
+            selection, fits, hyps = _translate_reconstructed(model, evaluator, grads, budget, selection, opts,
+                                                             calibration, pad)
         bleu = evaluator.bleu(hyps).score
         row = {"key": _key(options.tag, method, percent, n_allowed), "method": method, "tag": options.tag,
                "percent": percent, "removed": len(selection.removed), "heads_total": len(layout.all_heads()),
@@ -211,6 +195,29 @@ def run_sweep(loaded, evaluator, options: SweepOptions, log, say: Callable = pri
         say(f"{percent:g}% {method}{' [' + options.tag + ']' if options.tag else ''}: {len(selection.removed)} "
             f"removed, BLEU {bleu:.2f} ({bleu - base_bleu:+.2f})")
     return log.rows
+
+
+def _translate_masked(model, evaluator, removed) -> List[str]:
+    """The evaluator's translations with the heads of `removed` masked; the model is left unmasked."""
+    set_head_masks(model, removed)
+    try:
+        return evaluator.translate()
+    finally:
+        set_head_masks(model, [])
+
+
+def _translate_reconstructed(model, evaluator, grads, budget: Budget, selection, opts: ShrinkOptions,
+                             calibration: Calibration, pad: int) -> Tuple[object, list, List[str]]:
+    """(selection, fits, translations) of the reconstructed student: built from `selection`, or searched with
+    reconstruction in the loop when opts.search_steps > 1 (its own selection then); the model keeps its weights."""
+    if opts.search_steps > 1:
+        result = search_with_reconstruction(model, grads, budget, opts, calibration, pad)
+        selection = result.selection
+    else:
+        result = build_student(model, selection, calibration, opts, pad, grads)
+    with weights_of(model, result.student):
+        hyps = _translate_masked(model, evaluator, selection.removed)
+    return selection, result.fits, hyps
 
 
 def _key(tag: str, method: str, percent: float, n_allowed: int) -> str:
