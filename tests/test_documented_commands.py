@@ -1,6 +1,7 @@
-"""Every command README.md and docs/compress.md tell a user to run (their fenced `bash` blocks) runs here as written,
-on the tiny model and data: the placeholders (DATA, model.pt, MODEL_DIR) replaced by fixtures, nothing else. A
-documented line that stops working, or a new one, fails this test."""
+"""Every command README.md and docs/*.md tell a user to run (their fenced `bash` blocks) runs here as written, on the
+tiny model and data: the placeholders (DATA, model.pt, MODEL_DIR) replaced by fixtures, nothing else. A documented
+line that stops working, or a new one, fails this test. A usage synopsis ([optional] options, A|B, ...) is a `text`
+block: it is not a command anybody can run as written."""
 from __future__ import annotations
 
 import hashlib
@@ -9,43 +10,40 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
-from typing import List
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+from documented_commands import ASSIGNMENT, fenced_commands, with_placeholders  # noqa: E402
 
 from conftest import (BIN, ENV, ROOT, SLICE, _cached_data, _data_key, build_key, cached_build, copy_cached, run_fairseq,
                       train)
 
-DOCUMENTS = ("README.md", "docs/compress.md")
+DOCUMENTS = ("README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")))
+M2M_GENERATE = ("fairseq-generate data-bin --path 418M_last_checkpoint.pt --user-dir fairseq_headprune --task "
+                "translation_multi_simple_epoch_headprune --mask-heads enc-dec:12:1-16,dec-self:3:5+9 --lang-pairs "
+                "language_pairs_small_models.txt --fixed-dictionary model_dict.128k.txt --encoder-langtok src "
+                "--decoder-langtok -s de -t fr --remove-bpe sentencepiece --beam 5")
+M2M_SCORE = ("fairseq-headprune score data-bin --path 418M_last_checkpoint.pt --results-dir DIR --gen-subset valid "
+             "--task translation_multi_simple_epoch --lang-pairs language_pairs_small_models.txt --fixed-dictionary "
+             "model_dict.128k.txt --encoder-langtok src --decoder-langtok -s de -t fr --bpe sentencepiece "
+             "--sentencepiece-model spm.128k.model")
 # lines of those blocks not run here, and why (each must still be in its document: a stale entry fails the test)
 NOT_RUN = {
     "make demo": "the bundled model's whole study (minutes of CPU); its parts are the report's, run below on the tiny "
                  "model",
     "make test": "runs this very suite",
     "MULTI30K=DIR recipes/compress_de_en.sh": "the bundled model's compression, about 50 CPU minutes and the "
-                                              "Multi30k corpus; the compress line below is its command",
+                                              "Multi30k corpus; the compress line below is its command "
+                                              "(recipes/readme_compress_de_en.sh runs it on the bundled model)",
+    "recipes/voita_l0.sh": "the L0 gates' lambda sweep on the bundled model, hours of CPU; tests/test_gates.py trains "
+                           "the gates on the tiny model",
+    M2M_GENERATE: "M2M-100 418M's released checkpoint and files, which cannot be had here; tests/test_families.py "
+                  "runs the same task, mask and options on a tiny model of its task and shape",
+    M2M_SCORE: "as the line above",
 }
-
-
-def fenced_commands(path: Path) -> List[str]:
-    """The commands of a Markdown file's ```bash blocks: continuation lines joined, comments dropped."""
-    commands, block = [], None
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if block is None:
-            if line.strip() == "```bash":
-                block = []
-            continue
-        if line.strip() == "```":
-            text = "\n".join(block).replace("\\\n", " ")
-            for command in text.splitlines():
-                command = re.sub(r"(^|\s)#.*$", "", command).strip()
-                if command:
-                    commands.append(re.sub(r"\s+", " ", command))
-            block = None
-        else:
-            block.append(line)
-    return commands
 
 
 def as_run_here(command: str, data: Path, checkpoint: Path, study_checkpoint: Path) -> str:
@@ -53,10 +51,9 @@ def as_run_here(command: str, data: Path, checkpoint: Path, study_checkpoint: Pa
     decoder (compress reaches its documented speed-up), or for the whole study (`report`) the stock tiny model: the
     deep decoder's 68 heads in sublayers of 4 leave 51 removable, fewer than report's shrink sweep asks at 80%
     (refused in one line)."""
-    command = re.sub(r"\bMODEL_DIR\b", str(data), command)  # the model's folder: its BPE codes
-    command = re.sub(r"\bDATA\b", str(data), command)
     model = study_checkpoint if command.startswith("fairseq-headprune report ") else checkpoint
-    return re.sub(r"(?<![\w/.])model\.pt\b", str(model), command)
+    # MODEL_DIR: the model's folder, for its BPE codes
+    return with_placeholders(command, {"DATA": str(data), "MODEL_DIR": str(data), "model.pt": str(model)})
 
 
 # model.pt: a tiny model trained for seconds whose decoder holds most of its decoding time (8 layers over one
@@ -110,8 +107,7 @@ def data_fixture(tiny_data: Path, out: Path) -> Path:
     return out
 
 
-def test_the_commands_of_readme_and_docs_compress_run_as_written(tiny_data, stock_checkpoint, deep_decoder_checkpoint,
-                                                                 tmp_path):
+def test_the_commands_of_readme_and_docs_run_as_written(tiny_data, stock_checkpoint, deep_decoder_checkpoint, tmp_path):
     data = data_fixture(tiny_data, tmp_path / "data")
     work = tmp_path / "work"  # the user's folder: relative outputs (small/, study/) land here
     work.mkdir()
@@ -130,7 +126,7 @@ def test_the_commands_of_readme_and_docs_compress_run_as_written(tiny_data, stoc
             if command in NOT_RUN:
                 continue
             line = as_run_here(command, data, deep_decoder_checkpoint, stock_checkpoint)
-            if re.fullmatch(r"[A-Z_]+=(\"[^\"]*\"|\S*)", line):
+            if ASSIGNMENT.fullmatch(line):
                 assignments.append(line)
                 continue
             before = tree(work)
@@ -184,3 +180,21 @@ def check_outcome(command: str, proc: subprocess.CompletedProcess, work: Path) -
         assert len(lines) == 5 and all(line.strip() for line in lines) and "@@" not in out.read_text(), lines
     elif words[0] == "fairseq-generate":
         assert re.search(r"^H-\d+\t", proc.stdout, re.M), proc.stdout[-2000:]
+
+
+def test_the_readme_compress_line_as_the_recipe_takes_it():
+    """recipes/readme_compress_de_en.sh runs the README's compress line on the bundled model: the tool it takes the
+    line from gives one compress command, after the DEC it reads, with the placeholders replaced and nothing else."""
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "documented_commands.py"), str(ROOT / "README.md"),
+                           "--starting", "fairseq-headprune compress", "--assignments", "--set", "DATA=data-bin",
+                           "--set", "model.pt=m/model.pt", "--set", "MODEL_DIR=m"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    written = [c for c in fenced_commands(ROOT / "README.md") if c.startswith("fairseq-headprune compress")]
+    assert len(written) == 1 and lines[-1] == with_placeholders(written[0], {"DATA": "data-bin",
+                                                                             "model.pt": "m/model.pt"})
+    assert lines[-1].startswith("fairseq-headprune compress data-bin --path m/model.pt ") and "$DEC" in lines[-1]
+    assert any(line.startswith("DEC=") and "--bpe-codes m/code" in line for line in lines[:-1])
+    bad = subprocess.run([sys.executable, str(ROOT / "tools" / "documented_commands.py"), "nowhere.md"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
