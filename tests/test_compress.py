@@ -253,7 +253,7 @@ def flop_timer(loaded, samples, length: int = 6):
 
     src = [int(n) for s in samples for n in s["net_input"]["src_lengths"].tolist()]
 
-    def factory(model, dictionary, folder):
+    def factory(model, dictionary, folder, vocab_map=None):
         cost = flops.decode_flops(model, src, [length + 1] * len(src), 2, 8)
 
         def decode(batches, forced=0):
@@ -303,6 +303,42 @@ def test_cost_table_ranks_the_levers_a_shape_rewards(tiny_data, stock_checkpoint
                     * (1 - (0 if left_out else levers.saved(table, "dec_layers", 1))))
     assert levers.predict(table, point) == pytest.approx(expected)
     assert levers.predict(table, {"enc_heads": whole["enc_heads"]}) == 1.0
+
+
+def test_the_vocabulary_map_is_a_row_of_the_cost_table_and_multiplies_every_prediction(tiny_data, stock_checkpoint):
+    """With a vocabulary map, the cost table times the whole model decoding with it (the map reaches that row's
+    decoder and no other), says what it changes in the unpruned model's translations, and a prediction with the map
+    multiplies the share of time it leaves."""
+    from fairseq_headprune.fairseq_io.loading import Loaded
+
+    model, task = random_model(stock_checkpoint, tiny_data, decoder_layers=3, encoder_layers=1)
+    task.load_dataset("valid")
+    cfg = Namespace(generation=Namespace(beam=2, lenpen=1.0), dataset=Namespace(max_tokens=2000, batch_size=None))
+    loaded = Loaded(cfg, task, model, None, str(stock_checkpoint))
+    samples = [task.dataset("valid").collater([task.dataset("valid")[i] for i in range(j, j + 8)])
+               for j in range(0, 32, 8)]
+    timer, given = flop_timer(loaded, samples), {}
+
+    def factory(model, dictionary, folder, vocab_map=None):  # the map's decoder: the whole model, at 4/5 the cost
+        given[folder] = vocab_map
+        run = timer(model, dictionary, folder)
+        return (lambda batches, forced=0: {**run(batches, forced), "seconds": 0.8 * run(batches, forced)["seconds"]}
+                ) if vocab_map else run
+
+    table = levers.cost_table(loaded, "fairseq", samples, 12, log=lambda _: None, decoder_factory=factory,
+                              vocab_map="vmap.txt")
+    assert sorted(given.values(), key=str).count("vmap.txt") == 1 and list(given.values())[-1] == "vmap.txt"
+    row = table["rows"][-1]
+    assert (row["field"], row["lever"], row["removable"]) == (levers.MAP, "vocabulary map", True)
+    assert row["speedup"] == pytest.approx(1.25) and row["sign_test"]["batches"] >= levers.MIN_PAIRED
+    assert row["translations"]["sentences"] == 32 and row["translations"]["differing"] == 0
+    assert row["translations"]["bleu_with"] == row["translations"]["bleu_without"]
+    point = {"enc_heads": 1, "dec_layers": 1}
+    assert levers.predict(table, {**point, levers.MAP: 1}) == pytest.approx(1.25 * levers.predict(table, point))
+    assert levers.predict(table, {**point, levers.MAP: 0}) == pytest.approx(levers.predict(table, point))
+    assert dict(levers.lever_order(table))["vocabulary map"] == pytest.approx(1.25)
+    with pytest.raises(ValueError, match="no row for the vocabulary map"):
+        levers.predict({"rows": [], "whole": {}}, {levers.MAP: 1})
 
 
 def test_smoothing_pools_timing_noise():
@@ -641,6 +677,14 @@ def test_a_distillation_set_and_a_vocabulary_map_reach_the_recovery_and_the_expo
             "sentences, 1 process on CPU") in (out / "MODEL_CARD.md").read_text()
     assert json.loads((out / "stages" / "export" / "stage.json").read_text())["identity"]["vocab_map"] == {
         "vocab_map_per_source": 100, "vocab_map_frequent": 50}
+    # the map is a lever: the cost table times it (its own row, over the pairs every row sees) and the choice's
+    # slices decode with it
+    table = json.loads((out / "stages" / "cost-table" / "stage.json").read_text())
+    rows = [r for r in table["result"]["rows"] if r["field"] == "vocab_map"]
+    assert len(rows) == 1 and rows[0]["sign_test"]["batches"] >= 10 and rows[0]["translations"]["sentences"] > 0
+    assert table["identity"]["vocab_map"]["vocab_map_frequent"] == 50
+    chosen_by = json.loads((out / "stages" / "choice" / "stage.json").read_text())["result"]["chosen_by"]
+    assert chosen_by.endswith("every slice timed with the vocabulary map the model ships (--vocab-map)")
 
 
 def test_a_given_shape_narrows_the_ffns_and_the_exported_model_keeps_their_width(tiny_data, stock_checkpoint,

@@ -195,9 +195,10 @@ def _replace_folder(staged: str, out: str) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def build_task_vmap(loaded, options: ExportOptions, folder: str) -> Tuple[str, Dict]:
-    """The vocabulary map of the loaded task's training pairs (options.vocab_map_subsets of its data), written in
-    `folder`: its path and what it holds."""
+def build_task_vmap(loaded, folder: str, vocab_map_options: VocabMapOptions,
+                    subsets: Sequence[str] = ("train",)) -> Tuple[str, Dict]:
+    """The vocabulary map of the loaded task's training pairs (`subsets` of its data), written in `folder`: its
+    path and what it holds."""
     cfg = loaded.task.cfg  # the task's own, with the language pair it inferred from the data
     src, tgt = getattr(cfg, "source_lang", None), getattr(cfg, "target_lang", None)
     if not src or not tgt:
@@ -205,8 +206,8 @@ def build_task_vmap(loaded, options: ExportOptions, folder: str) -> Tuple[str, D
     data = str(cfg.data).split(os.pathsep)[0]
     path = os.path.join(folder, VMAP_FILE)
     source, target = loaded.task.source_dictionary, loaded.task.target_dictionary
-    stats = build_vmap(path, [(data, subset, src, tgt) for subset in options.vocab_map_subsets], vocabulary(source),
-                       vocabulary(target), [source.pad(), source.eos(), source.bos()], options.vocab_map_options)
+    stats = build_vmap(path, [(data, subset, src, tgt) for subset in subsets], vocabulary(source),
+                       vocabulary(target), [source.pad(), source.eos(), source.bos()], vocab_map_options)
     return path, stats
 
 
@@ -240,7 +241,8 @@ def export(loaded, evaluator, options: ExportOptions, subset: str) -> Dict:
         final = float_dir
         vmap = None
         if options.vocab_map:
-            vmap, info["vocab_map"] = build_task_vmap(loaded, options, staging)
+            vmap, info["vocab_map"] = build_task_vmap(loaded, staging, options.vocab_map_options,
+                                                      options.vocab_map_subsets)
         if options.quantization not in (None, "float32") or vmap:
             final = os.path.join(staging, options.quantization or "float32-vmap")
             spec = build_spec(loaded.model, loaded.task.source_dictionary, loaded.task.target_dictionary, activation)

@@ -31,7 +31,7 @@ import statistics
 import tempfile
 import time
 from dataclasses import asdict, dataclass
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Collection, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from omegaconf import open_dict
 
@@ -228,25 +228,29 @@ LOADED = 1.5  # a 1-minute load average above this while timing: another CPU-bou
 
 
 def time_shapes(loaded, engine: str, samples, runs: int, shapes: Mapping[str, object], log=print, progress=None,
-                decoder_factory=None) -> Dict:
+                decoder_factory=None, vocab_map: Optional[str] = None, mapped: Collection[str] = ()) -> Dict:
     """Time crude slices of the unpruned model (core.surgery.crude_model, one per CeilingShape) beside the
     unpruned model at equal work, interleaved: each shape's speed-up (seconds paired per round) and FLOP ratio.
-    `decoder_factory(model, target_dictionary, folder)` -> run(samples, forced) replaces the engine (tests)."""
+    The shapes named in `mapped` decode with the vocabulary map `vocab_map` (CTranslate2's vmap.txt; the unpruned
+    model never does), and their translations as decoded, and the unpruned model's, are returned (`natural`).
+    `decoder_factory(model, target_dictionary, folder, vocab_map)` -> run(samples, forced) replaces the engine
+    (tests)."""
     shape_of = ModelShape.of if engine == "fairseq" else ct2_shape
     with tempfile.TemporaryDirectory(prefix="cost-table-") as tmp:
-        def build(model, dictionary, name):
+        def build(model, dictionary, name, vmap=None):
             if decoder_factory:
-                return decoder_factory(model, dictionary, os.path.join(tmp, name))
-            return EngineModel(loaded, engine, model, dictionary, os.path.join(tmp, name)).run
+                return decoder_factory(model, dictionary, os.path.join(tmp, name), vmap)
+            return EngineModel(loaded, engine, model, dictionary, os.path.join(tmp, name), vocab_map=vmap).run
 
         decoders = {"unpruned": build(loaded.model, None, "unpruned")}
         cost_shapes = {}
         for i, (key, shape) in enumerate(shapes.items()):
             model, dictionary = crude_model(loaded.model, loaded.task.target_dictionary, shape)
             cost_shapes[key] = shape_of(model)  # the cost shape only: the model itself is not kept
-            decoders[key] = build(model, dictionary, f"shape{i}")
+            decoders[key] = build(model, dictionary, f"shape{i}", vocab_map if key in mapped else None)
             del model
         natural = decoders["unpruned"](samples, 0)
+        translations = {k: decoders[k](samples, 0)["hypotheses"] for k in mapped}
         length = max(1, round(statistics.mean(len(h) for h in natural["hypotheses"].values())))
         log(f"timing {len(shapes)} shape(s) and the unpruned model in {engine}: {runs} rounds of "
             f"{sum(s['id'].numel() for s in samples)} sentences at equal work ({length} tokens + 1 step)")
@@ -255,7 +259,7 @@ def time_shapes(loaded, engine: str, samples, runs: int, shapes: Mapping[str, ob
     beam, batch = int(loaded.cfg.generation.beam), max(s["id"].numel() for s in samples)
     base = shape_of(loaded.model)
     return {"forced_length": length, "unpruned_seconds": round(statistics.mean(seconds["unpruned"]), 4),
-            "load_average": load_average(),
+            "load_average": load_average(), "natural": {"unpruned": natural["hypotheses"], **translations},
             "speedup": {k: round(paired_speedup(seconds["unpruned"], seconds[k]), 4) for k in shapes},
             "faster": {k: sign_test(seconds["unpruned"], seconds[k]) for k in shapes},
             "flop_ratio": {k: round(flops.flop_ratio(base, cost_shapes[k], src, [length + 1] * len(src), beam, batch),
@@ -263,22 +267,58 @@ def time_shapes(loaded, engine: str, samples, runs: int, shapes: Mapping[str, ob
 
 
 def cost_table(loaded, engine: str, samples, runs: int, levers: Sequence[Lever] = LEVERS, log=print,
-            progress=None, decoder_factory=None) -> Dict:
-    """The cost table: every lever's row timed beside the unpruned model (time_shapes), as JSON."""
+            progress=None, decoder_factory=None, vocab_map: Optional[str] = None) -> Dict:
+    """The cost table: every lever's row timed beside the unpruned model (time_shapes), as JSON; with `vocab_map`
+    (a vmap.txt), a row for the unpruned model decoding with it (MAP_ROW), with what the map changes in its
+    translations of the timing sentences."""
     start = time.perf_counter()
     rows = lever_rows(loaded.model, levers)
     shapes = {f"{lever.name}={value:g}": ceiling_shape(loaded.model, {lever.field: value}) for lever, value in rows}
-    timed = time_shapes(loaded, engine, samples, runs, shapes, log, progress, decoder_factory)
+    if vocab_map:
+        shapes[MAP_ROW] = ceiling_shape(loaded.model, {})  # the whole model, its output layer restricted by the map
+    timed = time_shapes(loaded, engine, samples, runs, shapes, log, progress, decoder_factory, vocab_map,
+                        mapped=[MAP_ROW] if vocab_map else ())
     table_rows = []
-    for (lever, value), key in zip(rows, shapes):
+    for (lever, value), key in zip([*rows, *([(MAP_LEVER, 1.0)] if vocab_map else [])], shapes):
         speed = timed["speedup"][key]
         table_rows.append({"lever": lever.name, "field": lever.field, "value": value, "unit": lever.unit,
                            "removable": lever.removable, "speedup": speed, "time_saved": round(1 - 1 / speed, 4),
                            "sign_test": timed["faster"][key], "flop_ratio": timed["flop_ratio"][key]})
+    if vocab_map:
+        table_rows[-1]["translations"] = map_changes(loaded, samples, timed["natural"]["unpruned"],
+                                                     timed["natural"][MAP_ROW])
     smooth(table_rows)
     return {"rows": table_rows, "forced_length": timed["forced_length"], "unpruned_seconds": timed["unpruned_seconds"],
             "sentences": sum(s["id"].numel() for s in samples), "whole": stack_sizes(loaded.model),
             "seconds": round(time.perf_counter() - start, 1)}
+
+
+# The vocabulary map (compress --vocab-map) as a lever: not a shape but the engine's output layer restricted per
+# batch to the candidates of its source words (compress.vocab_map). Its row is the whole model decoding with the map;
+# a point {MAP: 1} is predicted with it (predict), every other field as it is.
+MAP = "vocab_map"
+MAP_LEVER = Lever("vocabulary map", MAP, "the output layer scores the map's candidates of each batch", True)
+MAP_ROW = "vocabulary map=1"
+
+
+def map_changes(loaded, samples, unpruned: Mapping[int, List[int]], mapped: Mapping[int, List[int]]) -> Dict:
+    """What the map changes in the unpruned model's translations of the timing sentences (as decoded, not forced):
+    how many differ, and BLEU against their references on the model's own tokens (sacreBLEU, no tokenization: a
+    comparison of the two, not a score to report)."""
+    import sacrebleu
+
+    target = loaded.task.target_dictionary
+    ids = sorted(unpruned)
+    pad = {target.pad()}
+    references = {sid: target.string(t, extra_symbols_to_ignore=pad) for s in samples
+                  for sid, t in zip(s["id"].tolist(), s["target"])} if all("target" in s for s in samples) else {}
+    out = {"sentences": len(ids), "differing": sum(unpruned[i] != mapped.get(i) for i in ids)}
+    if references:
+        refs = [[references[i] for i in ids]]
+        for name, hyps in (("bleu_without", unpruned), ("bleu_with", mapped)):
+            out[name] = round(sacrebleu.corpus_bleu([target.string(hyps[i]) for i in ids], refs,
+                                                    tokenize="none").score, 2)
+    return out
 
 
 SIGNIFICANCE = 0.05  # a row saves time only when its slice was faster in significantly more batches than not
@@ -315,8 +355,19 @@ def predict(table: Dict, point: Mapping[str, float]) -> float:
     (linear)."""
     share = 1.0
     for field, value in point.items():
+        if field == MAP:  # on or off: the map's row, or nothing
+            share *= 1 - (map_saved(table) if value else 0.0)
+            continue
         share *= 1 - saved(table, field, value)
     return 1 / max(share, 1e-6)
+
+
+def map_saved(table: Dict) -> float:
+    """The share of time the vocabulary map saves (its smoothed row), or one line when the table has no row for it."""
+    row = next((r for r in table["rows"] if r["field"] == MAP), None)
+    if row is None:
+        raise ValueError("the cost table has no row for the vocabulary map")
+    return row.get("saved", row["time_saved"])
 
 
 def saved(table: Dict, field: str, value: float) -> float:
@@ -340,6 +391,9 @@ def lever_order(table: Dict) -> List[Tuple[str, float]]:
     out = {}
     for r in table["rows"]:
         if r["lever"] in out:
+            continue
+        if r["field"] == MAP:  # on, not half of it
+            out[r["lever"]] = round(1 / (1 - map_saved(table)), 4)
             continue
         half = table["whole"].get(r["field"], 100.0) / 2
         try:

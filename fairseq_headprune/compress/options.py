@@ -112,9 +112,10 @@ class CompressOptions:
                                 help="the unpruned model's N best translations of each --distill-source sentence, "
                                      "each a pair (recover --distill-nbest)")
     vocab_map: bool = option(False, flag="--vocab-map",
-                             help="ct2 engines: ship a vocabulary map (vmap.txt, from the training pairs) the model is "
-                                  "measured, checked and reported with: the output layer scores only the target "
-                                  "words the batch's source words bring in (export-ct2 --vocab-map)")
+                             help="ct2 engines: ship a vocabulary map (vmap.txt, from the training pairs) the "
+                                  "choice times its shapes with and the model is measured, checked and reported "
+                                  "with: the output layer scores only the target words the batch's source words "
+                                  "bring in (export-ct2 --vocab-map)")
     vocab_map_options: VocabMapOptions = nested(VocabMapOptions)
     recover_args: Tuple[str, ...] = option((), flag="--recover-args", metavar="'FAIRSEQ-TRAIN OPTIONS'",
                                            parse=lambda text: recover_args(text),

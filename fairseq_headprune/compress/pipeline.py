@@ -219,8 +219,8 @@ class Run:
         train_tokens = int(TRAIN_DEFAULTS["--max-tokens"])  # a batch as recovery trains on (the probe's rates)
         with max_tokens(loaded, train_tokens):
             calibration, _ = calibration_samples(loaded, "train", 200, train_tokens)
-        self.table_identity = levers.table_identity(loaded, options.engine, timing, self.rounds)
-        rows = len(levers.lever_rows(loaded.model))
+        self.table_identity = cost_table.identity(loaded, options, timing, self.rounds)
+        rows = len(levers.lever_rows(loaded.model)) + bool(options.vocab_map)  # the map's row
         rates = plan.probe(loaded, options, timing, calibration)
         estimate = plan.estimates(loaded, options, rates, rows, self.rounds)
         cached = self._cached_stages(self.table_identity)
@@ -243,7 +243,7 @@ class Run:
         """Each stage in order (its record reused when its identity holds), up to --stop-after; then the outputs."""
         options, loaded, log, todo, timing = self.options, self.loaded, self.log, self.todo, self.timing
         table = self.stage("cost-table", self.table_identity, lambda folder: cost_table.build(
-            loaded, options, timing, self.rounds, self.table_identity, log), todo["cost-table"])
+            folder, loaded, options, timing, self.rounds, self.table_identity, log), todo["cost-table"])
         points = cost_table.reachable(loaded, options, table, log)
         if self.stop_here("cost-table"):
             return None

@@ -147,13 +147,14 @@ def model_activation(loaded) -> str:
 
 
 def write_ct2_model(loaded, model, folder: str, quantization: Optional[str], target_dictionary=None,
-                    pad_to: Optional[Tuple[int, int]] = None) -> str:
+                    pad_to: Optional[Tuple[int, int]] = None, vocab_map: Optional[str] = None) -> str:
     """`model` (loaded's own, or a pruned or cut one with its cut `target_dictionary`) written as a CTranslate2 model
-    into a new folder (quantization None: float32; `pad_to`: engines.ct2_spec.build_spec's); the folder."""
+    into a new folder (quantization None: float32; `pad_to`: engines.ct2_spec.build_spec's; `vocab_map`: a
+    vmap.txt shipped with it); the folder."""
     task = loaded.task
     spec = build_spec(model, task.source_dictionary, target_dictionary or task.target_dictionary,
                       model_activation(loaded), pad_to)
-    write_model(spec, folder, quantization)
+    write_model(spec, folder, quantization, vocab_map)
     return folder
 
 
@@ -170,9 +171,10 @@ def translator(folder: str, compute_type: str, threads: int):
                                   intra_threads=threads)
 
 
-def ct2_translator(loaded, model, folder: str, quantization: Optional[str], target_dictionary=None):
+def ct2_translator(loaded, model, folder: str, quantization: Optional[str], target_dictionary=None,
+                   vocab_map: Optional[str] = None):
     """`model` written as a CTranslate2 model into a new folder (write_ct2_model), and a one-thread translator of it."""
-    write_ct2_model(loaded, model, folder, quantization, target_dictionary)
+    write_ct2_model(loaded, model, folder, quantization, target_dictionary, vocab_map=vocab_map)
     return translator(folder, quantization or "float32", 1)
 
 

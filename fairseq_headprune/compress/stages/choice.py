@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import os
 import shutil
+from dataclasses import asdict
 from typing import Callable, Dict, List, Optional, Tuple
 
 from fairseq_headprune.compress import layers, levers, select
@@ -17,6 +18,7 @@ from fairseq_headprune.compress.choice import (RETIMED_ROUNDS, TIMED_AGAIN, as_t
                                                shape_words)
 from fairseq_headprune.compress.shrink import calibrate, with_fit
 from fairseq_headprune.compress.stages.common import HELDOUT, data_sha, max_tokens
+from fairseq_headprune.compress.stages.cost_table import timing_vocab_map
 from fairseq_headprune.compress.stages.shrink import (calibration_only_options, keep_layers_spec, settings,
                                                       shrink_heads, shrink_options)
 from fairseq_headprune.compress.window_fit import WindowOptions
@@ -79,6 +81,8 @@ def identity(loaded, options, points: List[Dict]) -> Dict:
                 "data": data_sha(loaded, o.calibration_subset)}
     if o.max_bleu_loss is not None:
         identity.update(heldout=o.heldout_sentences, shrink=settings(loaded, options), valid=data_sha(loaded, "valid"))
+    if o.vocab_map:  # the slices are timed with it (absent without: earlier runs' choices still resume)
+        identity["vocab_map"] = asdict(o.vocab_map_options)
     return identity
 
 
@@ -100,7 +104,8 @@ def build(folder: str, loaded, options, points: List[Dict], timing, rounds: int,
         return {**by_bleu(folder, loaded, options, scored, provenance, log),
                 "levers": moved_levers(scored, levers.stack_sizes(loaded.model))}
     scored, layer_order = scored_by_depth(loaded, grads, calibration, points, log)
-    best, confirmed, timed = confirm(loaded, options, timing, rounds, scored, calibration, log)
+    best, confirmed, timed = confirm(loaded, options, timing, rounds, scored, calibration, log,
+                                     vocab_map=timing_vocab_map(loaded, options, folder))
     depths = len({p.get("dec_layers") for p in scored})
     rule = (f"given by --shape {options.shape} (its heads by the Fisher estimate in the kept layers, its "
             "layers by the calibration loss)" if options.shape is not None else
@@ -114,6 +119,8 @@ def build(folder: str, loaded, options, points: List[Dict], timing, rounds: int,
             "the depth's measured/predicted ratio reaches it); of those that measured the target (clearing it "
             "by 3% when any does), the lowest calibration NLL after shrink's closed-form fits (layers removed, "
             "heads masked, FFN units removed, every changed sublayer refit; no window fit)")
+    if options.vocab_map:
+        rule += "; every slice timed with the vocabulary map the model ships (--vocab-map)"
     log(f"choice: {shape_words(best)}, {best['measured_speedup']:.2f}x measured (predicted "
         f"{best['predicted_speedup']:.2f}x): {rule}"
         + ("" if confirmed else "; it measured below the target" if options.shape is not None
@@ -177,7 +184,7 @@ def scored_by_depth(loaded, grads, calibration, points: List[Dict],
 
 
 def confirm(loaded, options, timing, rounds: int, scored: List[Dict], calibration, log: Callable,
-            tries: int = TIMED_AGAIN) -> Tuple[Dict, bool, List[Dict]]:
+            tries: int = TIMED_AGAIN, vocab_map: Optional[str] = None) -> Tuple[Dict, bool, List[Dict]]:
     """The candidates in the choice's order (candidate_order: the Fisher estimate within a depth, a shape that
     removes more than another candidate after it), the first `tries` (and the fastest predicted) timed again as
     crude slices in one interleaved run, each as it is or, when only its FFN variant is predicted to reach the
@@ -185,7 +192,8 @@ def confirm(loaded, options, timing, rounds: int, scored: List[Dict], calibratio
     below it (ffn_variants) and, for depths where every timed shape missed it, the next shapes
     retime_candidates names. Of those that measure the target, the lowest calibration NLL after shrink's
     closed-form fits (reconstructed_nll: comparable across depths, head counts and FFN widths, where the Fisher
-    estimates of different cut models are not); none measuring it, the fastest timed."""
+    estimates of different cut models are not); none measuring it, the fastest timed. With `vocab_map`
+    (--vocab-map), every slice decodes with it, as the model built will."""
     target = options.speedup
     if options.shape is not None:  # the shape given, timed as it is
         batch = list(scored)
@@ -198,7 +206,8 @@ def confirm(loaded, options, timing, rounds: int, scored: List[Dict], calibratio
     timed: List[Dict] = []
     for _ in range(1 + RETIMED_ROUNDS):
         shapes = {label(p): levers.ceiling_shape(loaded.model, p) for p in batch}
-        measured = levers.time_shapes(loaded, options.engine, timing, rounds, shapes, log)
+        measured = levers.time_shapes(loaded, options.engine, timing, rounds, shapes, log, vocab_map=vocab_map,
+                                      mapped=shapes if vocab_map else ())
         for p in batch:
             p["measured_speedup"] = measured["speedup"][label(p)]
             p["timing_load"] = measured["load_average"]

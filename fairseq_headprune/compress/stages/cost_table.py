@@ -3,9 +3,13 @@ interleaved; also cached per model, engine and CPU outside OUT), and the shapes 
 point), refused in one line when none does."""
 from __future__ import annotations
 
+import os
+from dataclasses import asdict
 from typing import Callable, Dict, List, Optional
 
 from fairseq_headprune.compress import levers
+from fairseq_headprune.compress.export import build_task_vmap
+from fairseq_headprune.compress.stages.common import data_sha
 from fairseq_headprune.compress.choice import SHAPE_FIELDS, lever_points, shape_words, shapes_reaching
 from fairseq_headprune.errors import UserError
 
@@ -16,14 +20,42 @@ def cost_cache(options) -> Optional[str]:
     return levers.default_cache() if given is None else (given or None)
 
 
-def build(loaded, options, timing, rounds: int, identity: Dict, log: Callable) -> Dict:
-    """The table: from the cache, or measured (and cached when every row is decided)."""
+def identity(loaded, options, timing, rounds: int) -> Dict:
+    """What the table's numbers depend on (levers.table_identity), and with --vocab-map the map's options and the
+    training pairs it is built from (absent without it: the tables measured before still match)."""
+    identity = levers.table_identity(loaded, options.engine, timing, rounds)
+    if options.vocab_map:
+        identity["vocab_map"] = {**asdict(options.vocab_map_options), "train": data_sha(loaded, "train")}
+    return identity
+
+
+def timing_vocab_map(loaded, options, folder: str) -> Optional[str]:
+    """--vocab-map: the map the export ships (from the training pairs), written in a stage's folder for its
+    timing; None without the option."""
+    if not options.vocab_map:
+        return None
+    os.makedirs(folder, exist_ok=True)
+    path, _ = build_task_vmap(loaded, folder, options.vocab_map_options)
+    return path
+
+
+def build(folder: str, loaded, options, timing, rounds: int, identity: Dict, log: Callable) -> Dict:
+    """The table: from the cache, or measured (and cached when every row is decided); with --vocab-map, a row for
+    the map (levers.MAP_ROW) and what it changes in the unpruned model's translations of the timing sentences."""
     cache = cost_cache(options)
     cached = levers.cached_table(cache, identity)
     if cached:
         log(f"cost table: measured before on this machine ({cache})")
         return {**cached, "from_cache": True}
-    table = levers.cost_table(loaded, options.engine, timing, rounds, log=log)
+    table = levers.cost_table(loaded, options.engine, timing, rounds, log=log,
+                              vocab_map=timing_vocab_map(loaded, options, folder))
+    if options.vocab_map:
+        row = next(r for r in table["rows"] if r["field"] == levers.MAP)
+        changes = row.get("translations", {})
+        log(f"cost table: the vocabulary map {row['speedup']:.2f}x the unpruned model; it changes "
+            f"{changes.get('differing')} of {changes.get('sentences')} of its translations of the timing sentences"
+            + (f" (BLEU on the model's tokens {changes['bleu_without']:.2f} without, {changes['bleu_with']:.2f} "
+               "with)" if "bleu_with" in changes else ""))
     table["identity"] = identity
     if not levers.decided(table):  # never cached: a rerun measures again rather than reuse an undecided table
         log(f"cost table: its rows saw as few as {levers.fewest_paired(table)} paired batches, fewer than "
@@ -38,17 +70,19 @@ def reachable(loaded, options, table: Dict, log: Callable) -> List[Dict]:
     ones, or a refusal in one line."""
     levers.smooth(table["rows"], options.significance)
     points = lever_points(loaded.model)
+    mapped = with_map(options)
     for p in points:
-        p["predicted_speedup"] = round(levers.predict(table, p), 4)
+        p["predicted_speedup"] = round(levers.predict(table, {**p, **mapped}), 4)
     points.sort(key=lambda p: -p["predicted_speedup"])
     order = ", ".join(f"{name} {speed:.2f}x" for name, speed in levers.lever_order(table))
-    log(f"cost table ({options.engine}, equal work): what half of each lever buys alone: {order}")
+    log(f"cost table ({options.engine}, equal work): what half of each lever buys alone (the vocabulary map: on): "
+        f"{order}" + ("; every shape predicted with the vocabulary map (--vocab-map)" if mapped else ""))
     if options.shape is not None:
         given = shape_point(loaded, options)
         point, note = next((dict(p) for p in points if {k: v for k, v in p.items() if k in SHAPE_FIELDS} == given),
                            None), ""
         if point is None:  # an FFN share the table did not measure, or the encoder's depth (no row)
-            point, priced = dict(given), {k: v for k, v in given.items() if k != "enc_layers"}
+            point, priced = dict(given), {**{k: v for k, v in given.items() if k != "enc_layers"}, **mapped}
             if "enc_layers" in given:
                 note = ", the encoder's depth not counted (the cost table has no row for it)"
             try:
@@ -74,6 +108,12 @@ def reachable(loaded, options, table: Dict, log: Callable) -> List[Dict]:
             f"(predicted): fastest {shape_words(points[0])} {points[0]['predicted_speedup']:.2f}x")
         return reach
     return points
+
+
+def with_map(options) -> Dict[str, int]:
+    """The map's flag a point is predicted with: {levers.MAP: 1} under --vocab-map (every shape the run builds
+    ships it), else nothing."""
+    return {levers.MAP: 1} if options.vocab_map else {}
 
 
 def shape_point(loaded, options) -> Dict[str, int]:
