@@ -672,9 +672,14 @@ def test_a_distillation_set_and_a_vocabulary_map_reach_the_recovery_and_the_expo
     exported = json.loads((out / "compress.json").read_text())["stages"]["export"]
     assert exported["check"]["vocab_map"]["always"] == 50
     assert "**Vocabulary map** (`ct2/vmap.txt`" in (out / "MODEL_CARD.md").read_text()
-    assert record["distillation_set"] == {"sources": 40, "pairs": 80, "nbest": 2}  # the card says what it trained on
+    mixed = record["distillation_set"]  # the card says what it trained on, and in which proportion
+    train_pairs = mixed["train_pairs"]
+    assert mixed == {"sources": 40, "pairs": 80, "nbest": 2, "upsample_primary": 1, "train_pairs": train_pairs,
+                     "share": round(80 / (80 + train_pairs), 4)} and train_pairs > 80
     assert (" sentences and 80 pairs of the unpruned model's translations (2 best each) of 40 --distill-source "
-            "sentences, 1 process on CPU") in (out / "MODEL_CARD.md").read_text()
+            "sentences (train's pairs counted 1x an epoch, --upsample-primary: the translations "
+            f"{100 * mixed['share']:.0f}% of an epoch's pairs), 1 process on CPU"
+            ) in (out / "MODEL_CARD.md").read_text()
     assert json.loads((out / "stages" / "export" / "stage.json").read_text())["identity"]["vocab_map"] == {
         "vocab_map_per_source": 100, "vocab_map_frequent": 50}
     # the map is a lever: the cost table times it (its own row, over the pairs every row sees) and the choice's

@@ -344,6 +344,9 @@ def what_ran(recovered: Dict) -> str:
     extra = recovered.get("distillation_set")
     beside = (f" and {extra['pairs']} pairs of the unpruned model's translations ({extra['nbest']} best each) of "
               f"{extra['sources']} --distill-source sentences" if extra else "")
+    if extra and "share" in extra:  # (records before the mix was recorded: the pairs alone)
+        beside += (f" (train's pairs counted {extra['upsample_primary']}x an epoch, --upsample-primary: the "
+                   f"translations {100 * extra['share']:.0f}% of an epoch's pairs)")
     return (f"recovery: {recovered['updates']} updates on {recovered['sentences']} sentences{drawn}{beside}, "
             f"{processes} process{'es' if processes != 1 else ''} on {device}")
 

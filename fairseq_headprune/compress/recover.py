@@ -39,7 +39,7 @@ from fairseq_headprune.fairseq_io.loading import PACKAGE_DIR
 from fairseq_headprune.options import finite_numbers, usage_error
 from fairseq_headprune.records.identity import file_sha256
 from fairseq_headprune.records.log import FolderLock, atomic_output, read_json, write_json_atomic
-from fairseq_headprune.compress.sequence_targets import distillation_set_data, teacher_targets_data
+from fairseq_headprune.compress.sequence_targets import distillation_set_data, language_pair, teacher_targets_data
 from fairseq_headprune.criterions.label_smoothed_cross_entropy_distill import parse_hidden_layers
 from fairseq_headprune.fairseq_io.checkpoint_io import output_lock
 
@@ -565,6 +565,8 @@ def recover(data: str, student: str, options: RecoverOptions, log=print) -> dict
             if "--upsample-primary" not in option_names(options.train_args) and \
                     int(_field(cfg.task, "upsample_primary") or 1) < 1:
                 _set(cfg.task, "upsample_primary", 1)  # fairseq's default (-1) cannot concatenate a second shard
+            distillation_set.update(mix(train_data, options.train_subset, made["pairs"],
+                                        int(_field(cfg.task, "upsample_primary"))))
         work_dir = options.resolved_work_dir()
         created = not os.path.exists(work_dir)
         os.makedirs(work_dir, exist_ok=True)
@@ -575,6 +577,15 @@ def recover(data: str, student: str, options: RecoverOptions, log=print) -> dict
             if created and not trained_checkpoints(work_dir):  # nothing to resume: leave nothing behind
                 shutil.rmtree(work_dir, ignore_errors=True)
             raise
+
+
+def mix(data: str, subset: str, pairs: int, upsample_primary: int) -> Dict[str, object]:
+    """The proportion a distillation set is trained in: fairseq's --upsample-primary (the training subset's own
+    pairs counted that many times an epoch, the set's once) and the set's share of an epoch's pairs."""
+    src, tgt = language_pair(data, subset)
+    primary = len(indexed_dataset.make_dataset(os.path.join(data, f"{subset}.{src}-{tgt}.{tgt}"), impl="mmap"))
+    return {"upsample_primary": upsample_primary, "train_pairs": primary,
+            "share": round(pairs / max(pairs + upsample_primary * primary, 1), 4)}
 
 
 def refuse_output_of_another_run(options: RecoverOptions, student: str) -> None:
