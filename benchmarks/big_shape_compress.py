@@ -114,7 +114,11 @@ def table(record: Dict, wall: float, work: Path) -> str:
         rows.append(f"| {stage} | {estimate / 60:.1f} | {'-' if spent is None else f'{spent / 60:.1f}'} | {ratio} |")
     total_e, total_s = sum(record["estimated_cpu_seconds"].values()), sum(record["cpu_seconds"].values())
     rows.append(f"| all | {total_e / 60:.1f} | {total_s / 60:.1f} | {total_s / total_e:.2f} |")
-    export = json.loads((work / "out" / "stages" / "export" / "stage.json").read_text())["result"]
+    check = json.loads((work / "out" / "stages" / "export" / "stage.json").read_text())["result"]["check"]
+    parity = "; ".join(f"{kind}: {check[kind]['differing']} of {check[kind]['sentences']} sentences differ from "
+                       f"fairseq's beam (BLEU {check[kind]['bleu_ct2']} against {check[kind]['bleu_fairseq']})"
+                       for kind in ("float32", "int8") if kind in check)
+    recover = record["stages"]["recover"]
     return "\n".join([
         "# compress on a transformer-big-shaped model, on one CPU core",
         "",
@@ -125,10 +129,15 @@ def table(record: Dict, wall: float, work: Path) -> str:
         "",
         *rows,
         "",
-        f"Wall time {wall / 60:.1f} min; peak resident memory {record['peak_rss_gib']:.1f} GiB. Chosen: "
-        f"{record['verdict']}",
+        f"Wall time {wall / 60:.1f} min. Peak resident memory: {record['peak_rss_gib']:.1f} GiB (compress), "
+        f"{recover.get('peak_rss_gib', float('nan')):.1f} GiB (the recovery: student, teacher and Adam's state). "
+        f"The recovery: {recover.get('updates')} updates.",
         "",
-        f"Export: {json.dumps(export.get('parity', export), sort_keys=True)[:1500]}",
+        "Export (CTranslate2 against fairseq on the first --check-sentences of valid): " + parity + ".",
+        "",
+        "The verdict, as the card says it (random weights: the BLEU means nothing here):",
+        "",
+        *[f"- {line}" for line in record["verdict"]["lines"]],
     ]) + "\n"
 
 
