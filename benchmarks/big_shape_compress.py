@@ -6,7 +6,7 @@ heads, 6+6, shared embeddings) over a 32k joint vocabulary, with random weights 
 learning rate of 1e-9 writes it as a stock checkpoint); the data is synthetic (100k training pairs of 15-35 tokens
 drawn from a Zipf distribution over the vocabulary, each target the source's tokens mapped through a fixed
 permutation): it measures cost, not BLEU. compress runs with `--budget-updates 50` and options that keep the whole
-run to about an hour on one core (they are printed in the table and recorded in the run's compress.json).
+run to about an hour and a half on one core (the command below; recorded in the run's compress.json).
 
 usage: python benchmarks/big_shape_compress.py [--work work/big-shape] [--results results/big-shape-compress]
 Resumable: the data, the checkpoint and compress's stages are kept under WORK.
