@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import shlex
-from typing import Dict, List, Optional
+from typing import Dict, List, NamedTuple, Optional, Set
 
 from fairseq_headprune.compress import levers
 from fairseq_headprune.compress.choice import shape_words
@@ -30,13 +30,29 @@ def render(record: Dict) -> str:
     return "\n".join(line for line in lines if line is not None)
 
 
+class Facts(NamedTuple):
+    """What the card's sections read from a record, named once."""
+
+    stages: Dict
+    choice: Dict
+    shrunk: Dict
+    measured: Dict
+    reported: Dict
+    chosen: Dict
+    whole: Dict  # the unpruned model's heads per stack and depth (the cost table's)
+    trained: Set[str]  # --teacher-trained-on: reported sets the unpruned model was trained on
+    engine: str
+
+
+def facts(record: Dict) -> Facts:
+    st = record["stages"]
+    return Facts(st, st["choice"], st["shrink"], st["measure"], st["report"], st["choice"]["chosen"],
+                 st["cost-table"]["whole"], set(record.get("teacher_trained_on") or ()), record["engine"])
+
+
 def summary_lines(record: Dict) -> List[Optional[str]]:
     """The title and the summary for the person who deploys the model."""
-    st = record["stages"]
-    choice, shrunk, measured, reported = st["choice"], st["shrink"], st["measure"], st["report"]
-    chosen, whole = choice["chosen"], st["cost-table"]["whole"]
-    trained = set(record.get("teacher_trained_on") or ())
-    engine = record["engine"]
+    st, choice, shrunk, measured, reported, chosen, whole, trained, engine = facts(record)
     return [
         "# Model card: a compressed translation model", "",
         f"Made by `fairseq-headprune compress` from {source_name(record)} for {engine} ({record['target']}).", "",
@@ -58,11 +74,7 @@ def summary_lines(record: Dict) -> List[Optional[str]]:
 
 def result_lines(record: Dict) -> List[Optional[str]]:
     """The result table (unpruned against compressed), how it was measured, and what was removed."""
-    st = record["stages"]
-    choice, shrunk, measured, reported = st["choice"], st["shrink"], st["measure"], st["report"]
-    chosen, whole = choice["chosen"], st["cost-table"]["whole"]
-    trained = set(record.get("teacher_trained_on") or ())
-    engine = record["engine"]
+    st, choice, shrunk, measured, reported, chosen, whole, trained, engine = facts(record)
     return [
         "## Result", "",
         "| | unpruned | compressed |", "|---|---|---|",
