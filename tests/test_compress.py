@@ -791,3 +791,32 @@ def test_a_shape_that_removes_more_than_another_candidate_is_tried_after_it():
     assert removes_more(shallow_fewer, whole_depth) and removes_more(shallow_fewer, shallow)
     points = [cancelled, faster, shallow_fewer, shallow, whole_depth]
     assert candidate_order(points) == [whole_depth, shallow, cancelled, faster, shallow_fewer]
+
+
+def test_slices_are_timed_in_groups_that_fit_in_memory(tiny_data, stock_checkpoint, monkeypatch):
+    """A model whose slices would not fit in memory together is timed in groups (each beside the unpruned model, each
+    slice paired with the unpruned model's seconds of its own group); a small one in a single group, as before."""
+    from fairseq_headprune.fairseq_io.loading import Loaded
+
+    assert levers.memory_groups(["a", "b", "c"], 10, 1000) == [["a", "b", "c"]]
+    assert levers.memory_groups(["a", "b", "c", "d", "e"], 100, 1200) == [["a", "b"], ["c", "d"], ["e"]]
+    assert levers.memory_groups(["a", "b"], 10**9, 10) == [["a"], ["b"]]  # never fewer than one a group
+    assert levers.memory_groups(["a", "b"], 0, None) == [["a", "b"]]
+    assert levers.available_memory() is None or levers.available_memory() > 0
+    model, task = random_model(stock_checkpoint, tiny_data, decoder_layers=3, encoder_layers=1)
+    task.load_dataset("valid")
+    cfg = Namespace(generation=Namespace(beam=2, lenpen=1.0), dataset=Namespace(max_tokens=2000, batch_size=None))
+    loaded = Loaded(cfg, task, model, None, str(stock_checkpoint))
+    samples = [task.dataset("valid").collater([task.dataset("valid")[i] for i in range(j, j + 8)])
+               for j in range(0, 32, 8)]
+    shapes = {f"dec_layers={n}": levers.ceiling_shape(model, {"dec_layers": n}) for n in (2, 1)}
+    alone = levers.time_shapes(loaded, "fairseq", samples, 3, shapes, log=lambda _: None,
+                               decoder_factory=flop_timer(loaded, samples))
+    printed = []
+    monkeypatch.setattr(levers, "available_memory", lambda: int(2.5 * levers.RESIDENT_PER_BYTE_ON_DISK
+                                                                / levers.MEMORY_SHARE * levers.parameter_bytes(model)))
+    grouped = levers.time_shapes(loaded, "fairseq", samples, 3, shapes, log=printed.append,
+                                 decoder_factory=flop_timer(loaded, samples))
+    assert "in 2 groups of at most 1" in printed[0]
+    assert grouped["speedup"] == alone["speedup"] and grouped["faster"] == alone["faster"]  # FLOP-timed: no noise
+    assert grouped["flop_ratio"] == alone["flop_ratio"] and len(grouped["speedup"]) == 2

@@ -27,6 +27,7 @@ import json
 import math
 import os
 import platform
+import shutil
 import statistics
 import tempfile
 import time
@@ -231,10 +232,12 @@ def time_shapes(loaded, engine: str, samples, runs: int, shapes: Mapping[str, ob
                 decoder_factory=None, vocab_map: Optional[str] = None, mapped: Collection[str] = ()) -> Dict:
     """Time crude slices of the unpruned model (core.surgery.crude_model, one per CeilingShape) beside the
     unpruned model at equal work, interleaved: each shape's speed-up (seconds paired per round) and FLOP ratio.
-    The shapes named in `mapped` decode with the vocabulary map `vocab_map` (CTranslate2's vmap.txt; the unpruned
-    model never does), and their translations as decoded, and the unpruned model's, are returned (`natural`).
-    `decoder_factory(model, target_dictionary, folder, vocab_map)` -> run(samples, forced) replaces the engine
-    (tests)."""
+    The slices are timed in groups whose models fit in memory together (memory_groups: one group for a small
+    model), each group interleaved with the unpruned model, each slice paired with the unpruned model's seconds of
+    its own group. The shapes named in `mapped` decode with the vocabulary map `vocab_map` (CTranslate2's vmap.txt;
+    the unpruned model never does), and their translations as decoded, and the unpruned model's, are returned
+    (`natural`). `decoder_factory(model, target_dictionary, folder, vocab_map)` -> run(samples, forced) replaces the
+    engine (tests)."""
     shape_of = ModelShape.of if engine == "fairseq" else ct2_shape
     with tempfile.TemporaryDirectory(prefix="cost-table-") as tmp:
         def build(model, dictionary, name, vmap=None):
@@ -242,28 +245,82 @@ def time_shapes(loaded, engine: str, samples, runs: int, shapes: Mapping[str, ob
                 return decoder_factory(model, dictionary, os.path.join(tmp, name), vmap)
             return EngineModel(loaded, engine, model, dictionary, os.path.join(tmp, name), vocab_map=vmap).run
 
-        decoders = {"unpruned": build(loaded.model, None, "unpruned")}
-        cost_shapes = {}
-        for i, (key, shape) in enumerate(shapes.items()):
-            model, dictionary = crude_model(loaded.model, loaded.task.target_dictionary, shape)
-            cost_shapes[key] = shape_of(model)  # the cost shape only: the model itself is not kept
-            decoders[key] = build(model, dictionary, f"shape{i}", vocab_map if key in mapped else None)
-            del model
-        natural = decoders["unpruned"](samples, 0)
-        translations = {k: decoders[k](samples, 0)["hypotheses"] for k in mapped}
+        unpruned = build(loaded.model, None, "unpruned")
+        natural = unpruned(samples, 0)
         length = max(1, round(statistics.mean(len(h) for h in natural["hypotheses"].values())))
+        model_bytes = folder_bytes(os.path.join(tmp, "unpruned")) or parameter_bytes(loaded.model)  # ct2, fairseq
+        groups = memory_groups(list(shapes), model_bytes, available_memory())
         log(f"timing {len(shapes)} shape(s) and the unpruned model in {engine}: {runs} rounds of "
-            f"{sum(s['id'].numel() for s in samples)} sentences at equal work ({length} tokens + 1 step)")
-        seconds = timed_rounds(decoders, samples, runs, length, progress)
-    src = [int(n) for s in samples for n in s["net_input"]["src_lengths"].tolist()]
-    beam, batch = int(loaded.cfg.generation.beam), max(s["id"].numel() for s in samples)
-    base = shape_of(loaded.model)
+            f"{sum(s['id'].numel() for s in samples)} sentences at equal work ({length} tokens + 1 step)"
+            + (f", in {len(groups)} groups of at most {len(groups[0])} (as many models as fit in memory together)"
+               if len(groups) > 1 else ""))
+        index = {key: i for i, key in enumerate(shapes)}
+        seconds, paired, cost_shapes, translations = {"unpruned": []}, {}, {}, {}
+        for keys in groups:
+            decoders = {"unpruned": unpruned}
+            for key in keys:
+                model, dictionary = crude_model(loaded.model, loaded.task.target_dictionary, shapes[key])
+                cost_shapes[key] = shape_of(model)  # the cost shape only: the model itself is not kept
+                decoders[key] = build(model, dictionary, f"shape{index[key]}", vocab_map if key in mapped else None)
+                del model
+            translations.update({k: decoders[k](samples, 0)["hypotheses"] for k in keys if k in mapped})
+            timed = timed_rounds(decoders, samples, runs, length, progress)
+            seconds["unpruned"] += timed["unpruned"]
+            for key in keys:
+                seconds[key], paired[key] = timed[key], timed["unpruned"]
+                shutil.rmtree(os.path.join(tmp, f"shape{index[key]}"), ignore_errors=True)
+            del decoders, timed  # the group's models freed before the next group's are built
     return {"forced_length": length, "unpruned_seconds": round(statistics.mean(seconds["unpruned"]), 4),
             "load_average": load_average(), "natural": {"unpruned": natural["hypotheses"], **translations},
-            "speedup": {k: round(paired_speedup(seconds["unpruned"], seconds[k]), 4) for k in shapes},
-            "faster": {k: sign_test(seconds["unpruned"], seconds[k]) for k in shapes},
-            "flop_ratio": {k: round(flops.flop_ratio(base, cost_shapes[k], src, [length + 1] * len(src), beam, batch),
-                                    4) for k in shapes}}
+            "speedup": {k: round(paired_speedup(paired[k], seconds[k]), 4) for k in shapes},
+            "faster": {k: sign_test(paired[k], seconds[k]) for k in shapes},
+            "flop_ratio": flop_ratios(loaded, samples, shape_of(loaded.model), cost_shapes, length)}
+
+
+def flop_ratios(loaded, samples, base, cost_shapes: Mapping[str, object], length: int) -> Dict[str, float]:
+    """The unpruned model's decoding FLOPs over each shape's, at the forced length and the samples' batching."""
+    src = [int(n) for s in samples for n in s["net_input"]["src_lengths"].tolist()]
+    beam, batch = int(loaded.cfg.generation.beam), max(s["id"].numel() for s in samples)
+    return {k: round(flops.flop_ratio(base, shape, src, [length + 1] * len(src), beam, batch), 4)
+            for k, shape in cost_shapes.items()}
+
+
+MEMORY_SHARE = 0.5  # of the memory available when the timing starts, for the slices' models
+RESIDENT_PER_BYTE_ON_DISK = 2.0  # a CTranslate2 model in memory against its folder on disk (seen: about 1.6)
+
+
+def memory_groups(keys: List[str], model_bytes: int, available: Optional[int]) -> List[List[str]]:
+    """The shapes in groups whose models fit in memory together (MEMORY_SHARE of `available`, each slice counted as
+    large as the unpruned model's `model_bytes` on disk, RESIDENT_PER_BYTE_ON_DISK times that in memory): all in
+    one group when they fit, or when either size is unknown (0 or None)."""
+    if not keys:
+        return []
+    if not model_bytes or not available:
+        return [keys]
+    per = max(1, int(MEMORY_SHARE * available // (RESIDENT_PER_BYTE_ON_DISK * model_bytes)) - 1)
+    return [keys[i:i + per] for i in range(0, len(keys), per)]
+
+
+def folder_bytes(folder: str) -> int:
+    """The bytes of the files under a folder (0 when there is none: a stand-in engine)."""
+    return sum(os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(folder) for name in names)
+
+
+def parameter_bytes(model) -> int:
+    """The bytes of a torch model's parameters (what fairseq's engine holds of each slice)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def available_memory() -> Optional[int]:
+    """The memory the system can give without swapping (Linux's MemAvailable), in bytes; None where unknown."""
+    try:
+        with open("/proc/meminfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 def cost_table(loaded, engine: str, samples, runs: int, levers: Sequence[Lever] = LEVERS, log=print,
