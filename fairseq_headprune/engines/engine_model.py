@@ -35,6 +35,7 @@ class EngineModel:
             self.translator = ct2_translator(loaded, self.model, folder, QUANTIZATION[engine], target_dictionary,
                                              vocab_map)
             self.decoding = {**self.decoding, **translate_options(folder)}
+        self.model = None  # CTranslate2 decodes its own copy: a slice's torch weights are not held as long as it
 
     def run(self, samples, forced: int = 0) -> Dict:
         if self.translator is not None:
