@@ -75,8 +75,9 @@ def reachable(loaded, options, table: Dict, log: Callable) -> List[Dict]:
         p["predicted_speedup"] = round(levers.predict(table, {**p, **mapped}), 4)
     points.sort(key=lambda p: -p["predicted_speedup"])
     order = ", ".join(f"{name} {speed:.2f}x" for name, speed in levers.lever_order(table))
-    log(f"cost table ({options.engine}, equal work): what half of each lever buys alone (the vocabulary map: on): "
-        f"{order}" + ("; every shape predicted with the vocabulary map (--vocab-map)" if mapped else ""))
+    log(f"cost table ({options.engine}, equal work): what half of each lever buys alone"
+        + (" (the vocabulary map: on)" if mapped else "") + f": {order}"
+        + ("; every shape predicted with the vocabulary map (--vocab-map)" if mapped else ""))
     if options.shape is not None:
         given = shape_point(loaded, options)
         point, note = next((dict(p) for p in points if {k: v for k, v in p.items() if k in SHAPE_FIELDS} == given),
