@@ -127,6 +127,23 @@ def _pre_norm(model):
     return model
 
 
+def test_a_ridge_systems_condition_is_bounded_without_an_svd_where_the_bound_clears_the_guard():
+    """X'X + λI with X'X positive semi-definite: condition <= 1 + trace/λ. Where that clears the guard the bound is
+    taken (an SVD of an 8192-unit FFN's system costs minutes); where it does not, the exact condition decides."""
+    from fairseq_headprune.compress.reconstruct import ridge_condition
+
+    torch.manual_seed(0)
+    X = torch.randn(50, 8, dtype=torch.float64)
+    XtX = X.t() @ X
+    lam = 1e-3 * float(XtX.diagonal().mean())
+    system = XtX + lam * torch.eye(8, dtype=torch.float64)
+    exact, bound = float(torch.linalg.cond(system)), 1 + float(XtX.diagonal().sum()) / lam
+    assert exact <= bound
+    assert ridge_condition(system, float(XtX.diagonal().sum()), lam, 1e12) == bound
+    assert ridge_condition(system, float(XtX.diagonal().sum()), lam, bound / 2) == pytest.approx(exact)
+    assert ridge_condition(system, float(XtX.diagonal().sum()), 0.0, 1e12) == pytest.approx(exact)
+
+
 @pytest.mark.parametrize("method", ["scales", "out-proj"])
 @pytest.mark.parametrize("norm", ["post", "pre"])
 def test_nothing_removed_reconstruction_is_the_identity(tiny, method, norm):

@@ -25,7 +25,7 @@ class SublayerFit:
     tokens: int
     scales: Optional[List[float]] = None
     fallback: Optional[str] = None
-    condition: Optional[float] = None
+    condition: Optional[float] = None  # of the fit's system, or its upper bound (reconstruct.ridge_condition)
     part: str = "output"  # output: out_proj, fc2 or the bias; input: the map folded into the layers reading the
     # input; window: the whole sublayer fitted by Adam (window_fit)
     steps: Optional[int] = None  # window: the Adam step kept (lowest held-out error)
