@@ -144,10 +144,10 @@ def table(record: Dict, wall: float, work: Path) -> str:
     ]) + "\n"
 
 
-def portable(text: str) -> str:
-    """A log as results/ keeps it: the repository's folder left out of every path (the recovery's command names
-    its folders absolutely)."""
-    return text.replace(str(ROOT) + os.sep, "")
+def portable(text: str, work: Path) -> str:
+    """A log as results/ keeps it: the work folder named WORK and the repository's folder left out of every path
+    (the recovery's command names its folders absolutely)."""
+    return text.replace(str(work.resolve()) + os.sep, "WORK/").replace(str(ROOT) + os.sep, "")
 
 
 def write_results(work: Path, results: Path, wall: float) -> None:
@@ -156,7 +156,7 @@ def write_results(work: Path, results: Path, wall: float) -> None:
     write_whole(results / "README.md", table(record, wall, work))
     for source, name in ((work / "dry-run.log", "dry-run.log"), (work / "out" / "MODEL_CARD.md", "MODEL_CARD.md"),
                          (work / "out" / "compress.json", "compress.json")):
-        write_whole(results / name, portable(source.read_text(encoding="utf-8")))
+        write_whole(results / name, portable(source.read_text(encoding="utf-8"), work))
 
 
 def main(argv=None) -> int:
