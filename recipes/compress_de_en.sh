@@ -13,11 +13,12 @@
 # usage: [MULTI30K=DIR] recipes/compress_de_en.sh [WORK] [TARGET]   (work/compress-de-en, "--speedup 1.5").
 # MULTI30K: a folder with Multi30k's train.{de,en}, val.{de,en} and test_2016_flickr.{de,en} (default
 # ../shared/data/multi30k). Resumable: rerun it.
-# Budget: about 50 CPU minutes a target on one core (the first line printed says it from measured rates).
+# Budget: about 50 CPU minutes a target on one core (the first line printed says it from measured rates); the
+# recovery uses OMP_NUM_THREADS threads when set (default 1; every timing runs on one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work=${1:-work/compress-de-en} target=${2:---speedup 1.5}
-export PATH=${VENV:-$PWD/.venv}/bin:$PATH PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} OMP_NUM_THREADS=1 TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1
+export PATH=${VENV:-$PWD/.venv}/bin:$PATH PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1
 recipes/compress_de_en_data.sh "$work"
 model=checkpoints/de-en bin=$work/data-bin
 name=$(echo "$target" | tr -d ' %-' | tr ./ _- | tr := --)
