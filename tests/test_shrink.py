@@ -9,7 +9,7 @@ from conftest import run, run_fairseq
 from fairseq_headprune.compress import select
 from fairseq_headprune.core.heads import Head, HeadLayout
 from fairseq_headprune.core.masking import install_head_masks, row_head_masks, set_head_masks
-from fairseq_headprune.compress.reconstruct import ReconstructionOptions, reconstruct
+from fairseq_headprune.compress.reconstruct import ReconstructionOptions, reconstruct, ridge_condition
 from fairseq_headprune.compress.window_fit import WindowOptions
 from fairseq_headprune.compress.sublayers import capture, token_mask
 from fairseq_headprune.records.identity import file_sha256
@@ -130,8 +130,6 @@ def _pre_norm(model):
 def test_a_ridge_systems_condition_is_bounded_without_an_svd_where_the_bound_clears_the_guard():
     """X'X + λI with X'X positive semi-definite: condition <= 1 + trace/λ. Where that clears the guard the bound is
     taken (an SVD of an 8192-unit FFN's system costs minutes); where it does not, the exact condition decides."""
-    from fairseq_headprune.compress.reconstruct import ridge_condition
-
     torch.manual_seed(0)
     X = torch.randn(50, 8, dtype=torch.float64)
     XtX = X.t() @ X
@@ -139,9 +137,9 @@ def test_a_ridge_systems_condition_is_bounded_without_an_svd_where_the_bound_cle
     system = XtX + lam * torch.eye(8, dtype=torch.float64)
     exact, bound = float(torch.linalg.cond(system)), 1 + float(XtX.diagonal().sum()) / lam
     assert exact <= bound
-    assert ridge_condition(system, float(XtX.diagonal().sum()), lam, 1e12) == bound
-    assert ridge_condition(system, float(XtX.diagonal().sum()), lam, bound / 2) == pytest.approx(exact)
-    assert ridge_condition(system, float(XtX.diagonal().sum()), 0.0, 1e12) == pytest.approx(exact)
+    assert ridge_condition(system, lam, 1e12) == pytest.approx(bound)
+    assert ridge_condition(system, lam, bound / 2) == pytest.approx(exact)
+    assert ridge_condition(XtX, 0.0, 1e12) == pytest.approx(float(torch.linalg.cond(XtX)))
 
 
 @pytest.mark.parametrize("method", ["scales", "out-proj"])

@@ -434,11 +434,12 @@ def _fit_scales(attn, kept, cols, AtA, Atb, YY, error_before, options, fit) -> T
     return True, ""
 
 
-def ridge_condition(system: torch.Tensor, trace: float, lam: float, max_condition: float) -> float:
+def ridge_condition(system: torch.Tensor, lam: float, max_condition: float) -> float:
     """The condition number of a ridge system X'X + λI, or its bound 1 + trace(X'X)/λ when that bound already clears
     max_condition (X'X is positive semi-definite: its largest eigenvalue is at most its trace, its smallest at least
     0), which spares an SVD of the system: minutes on one core for an FFN of 8192 units, where the ridge of
     `--ridge 1e-3` bounds every system of up to 10^9 columns below the guard's 1e12."""
+    trace = float(system.diagonal().sum()) - lam * system.size(0)
     bound = 1.0 + trace / lam if lam > 0 else math.inf
     return bound if bound < max_condition else float(torch.linalg.cond(system))
 
@@ -447,7 +448,7 @@ def _refit_out_proj(attn, cols, Wk, XtX, XtY, YY, error_before, options, fit) ->
     dim = XtX.size(0)
     lam = options.ridge * float(XtX.diagonal().mean())
     system = XtX + lam * torch.eye(dim, dtype=XtX.dtype)
-    cond = ridge_condition(system, float(XtX.diagonal().sum()), lam, options.max_condition)
+    cond = ridge_condition(system, lam, options.max_condition)
     fit.condition = cond
     if not (cond < options.max_condition):
         return False, f"ill-conditioned (condition {cond:.3g})"
