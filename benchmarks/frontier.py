@@ -33,6 +33,10 @@ def main(folders: List[str]) -> int:
                 f"{frontier.TEXT} {frontier.significance(found)}\n\n{frontier.markdown(found, sets)}\n\n"
                 "![frontier](frontier.png)\n\n"
                 f"{frontier.LEGEND}\n")
+        table = frontier.controls_markdown(folder, sets)
+        if table:
+            text += ("\n## Controls\n\nThe unpruned model through a recovery with nothing removed, scored as the runs "
+                     f"are (benchmarks/engine_bleu.py).\n\n{table}\n")
         with atomic_output(os.path.join(folder, "frontier.md")) as f:
             f.write(text)
         plots.compress_frontier(found, sets, frontier.controls(folder), os.path.join(folder, "frontier.png"))

@@ -1,8 +1,8 @@
 """The speed/BLEU frontier of the models `compress` built, read from the runs' compress.json
 alone: nothing is decoded or timed again. One row per run (its shape, recovery epochs, speed over the unpruned model
 at equal work in the run's engine, FLOP ratio, and the BLEU difference to the unpruned model on every reported set
-with its paired-bootstrap p); the control (the unpruned model through the same recovery, control-bleu.json of
-benchmarks/engine_bleu.py) when the folder holds one. Speeds come from different runs and machine loads: read them
+with its paired-bootstrap p); the controls (the unpruned model through the same recovery: every control*-bleu.json
+of benchmarks/engine_bleu.py the folder holds). Speeds come from different runs and machine loads: read them
 to about +-0.1. Shown by `report` and written by benchmarks/frontier.py; the figure is plots.compress_frontier.
 """
 from __future__ import annotations
@@ -10,13 +10,13 @@ from __future__ import annotations
 import glob
 import json
 import os
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.compress.choice import shape_words
 
 RECORD = "compress.json"
-CONTROL = "control-bleu.json"
+CONTROLS = "control*-bleu.json"
 TEXT = ("From each run's compress.json; speeds from different runs and loads (read to about +-0.1); ΔBLEU against "
         "the unpruned model in the same engine, with its p.")
 LEGEND = ("Squares: the decoder's depth cut; marker size: recovery epochs; open markers: the hidden-state term; "
@@ -66,14 +66,46 @@ def significance(found: List[Dict]) -> str:
     return "Significance: " + "; ".join(dict.fromkeys(r["significance"] for r in found)) + "."
 
 
+def control_records(folder: str) -> Dict[str, Dict[str, Dict]]:
+    """{control model: {set: engine_bleu's record}} from every FOLDER/control*-bleu.json ({} without one); a name
+    in two files is refused in one line."""
+    out: Dict[str, Dict[str, Dict]] = {}
+    for path in sorted(glob.glob(os.path.join(folder, CONTROLS))):
+        with open(path, encoding="utf-8") as f:
+            models = json.load(f)["models"]
+        for name, sets in models.items():
+            if name in out:
+                raise UserError(f"{path}: the control {name} is named in another control*-bleu.json too")
+            out[name] = {s: v for s, v in sets.items() if isinstance(v, dict)}
+    return out
+
+
 def controls(folder: str) -> Dict[str, Dict[str, float]]:
-    """{control model: {set: ΔBLEU}} from FOLDER/control-bleu.json, {} without one."""
-    path = os.path.join(folder, CONTROL)
-    if not os.path.exists(path):
-        return {}
-    with open(path, encoding="utf-8") as f:
-        models = json.load(f)["models"]
-    return {name: {s: v["bleu_delta"] for s, v in m.items() if isinstance(v, dict)} for name, m in models.items()}
+    """{control model: {set: ΔBLEU}} from the folder's control*-bleu.json files, {} without one."""
+    return {name: {s: v["bleu_delta"] for s, v in sets.items()} for name, sets in control_records(folder).items()}
+
+
+def controls_markdown(folder: str, sets: List[str]) -> str:
+    """The controls as a table (ΔBLEU with its p where recorded) and each file's note, "" without one."""
+    found = control_records(folder)
+    if not found:
+        return ""
+    head = ["control"] + [f"{s} ΔBLEU (p)" for s in sets]
+
+    def cell(record: Optional[Dict]) -> str:
+        if record is None:
+            return ""
+        p = record.get("p")
+        return f"{record['bleu_delta']:+.2f}" + (f" ({p:.3f})" if p is not None else "")
+
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join([name] + [cell(m.get(s)) for s in sets]) + " |" for name, m in found.items()]
+    for path in sorted(glob.glob(os.path.join(folder, CONTROLS))):
+        with open(path, encoding="utf-8") as f:
+            note = json.load(f).get("note")
+        if note:
+            lines.append(f"\n{os.path.basename(path)}: {note}")
+    return "\n".join(lines)
 
 
 def headers(sets: List[str]) -> List[str]:
