@@ -3,9 +3,10 @@ function: compress.stages.report.scored_pair): for controls (the unpruned model 
 beside a compressed model's record.
 
   python benchmarks/engine_bleu.py DATA --path UNPRUNED.pt --other ctl-e4=CKPT [--other ...] \
-      --subsets test=REFS,val500=REFS --engine ct2-int8 --out OUT.json [fairseq decoding options]
+      --subsets test=REFS,val500=REFS --engine ct2-int8 --out OUT.json [--note TEXT] [fairseq decoding options]
 
-Writes OUT.json: {name: {subset: scored_pair's record}} with the decoding and significance settings.
+Writes OUT.json: {name: {subset: scored_pair's record}} with the decoding and significance settings, the paths as
+given (run it from the project root with relative ones: the file is committed) and --note (what the controls are).
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ def add_args(parser) -> None:
     group.add_argument("--subsets", required=True, metavar="SUBSET=REFERENCES[,...]")
     group.add_argument("--engine", default="ct2-int8")
     group.add_argument("--out", required=True)
+    group.add_argument("--note", default="", help="what the models are, written into OUT.json")
 
 
 def main(argv) -> int:
@@ -40,7 +42,7 @@ def main(argv) -> int:
     cfg, args = parse("engine_bleu", SimpleNamespace(add_args=add_args), argv)
     subsets = [item.split("=", 1) for item in args.subsets.split(",")]
     unpruned = load(cfg)
-    out = {"engine": args.engine, "decoding": decoding_identity(cfg), "unpruned": os.path.abspath(cfg.common_eval.path),
+    out = {"engine": args.engine, "decoding": decoding_identity(cfg), "unpruned": cfg.common_eval.path,
            "significance": f"paired bootstrap of sacreBLEU against the unpruned model in {args.engine} "
                            f"({BOOTSTRAP_SAMPLES} resamples, seed {BOOTSTRAP_SEED}, one-sided)", "models": {}}
     with tempfile.TemporaryDirectory(prefix="engine-bleu-") as tmp:
@@ -50,9 +52,11 @@ def main(argv) -> int:
             other = load_other(unpruned, path)
             models = {"unpruned": base,
                       "compressed": EngineModel(other, args.engine, folder=os.path.join(tmp, f"m{i}"))}
-            out["models"][name] = {"checkpoint": os.path.abspath(path),
+            out["models"][name] = {"checkpoint": path,
                                    **{s: scored_pair(unpruned, models, None, s, r) for s, r in subsets}}
             print(name, {s: out["models"][name][s]["bleu_delta"] for s, _ in subsets}, flush=True)
+    if args.note:
+        out["note"] = args.note
     write_json_atomic(args.out, out)
     return 0
 
