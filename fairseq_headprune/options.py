@@ -25,9 +25,9 @@ def option(default: Any = dataclasses.MISSING, *, flag: str, help: str, choices:
     """A dataclass field with its command-line form: `negate` makes a True default a `--no-...` switch, `parse`
     turns the given text into the field's value (shown: the default as the user would type it; a ValueError it
     raises is the user's one-line error), and fields of one `group` are mutually exclusive on the command line;
-    nargs as argparse's (parse then takes the list). A flag without a leading '-' is a positional argument. A float
-    field takes finite numbers only (`finite_float`). `always`: a rendered command line says it even at its default
-    (report.pipeline.options_argv)."""
+    nargs as argparse's (parse then takes the list; a list option given twice takes both lists). A flag without a
+    leading '-' is a positional argument. A float field takes finite numbers only (`finite_float`). `always`: a
+    rendered command line says it even at its default (report.pipeline.options_argv)."""
     metadata = {"flag": flag, "help": help, "choices": choices, "metavar": metavar, "negate": negate, "parse": parse,
                 "shown": shown, "group": group, "nargs": nargs, "always": always}
     return dataclasses.field(default=default, metadata=metadata)
@@ -137,6 +137,8 @@ def add_arguments(parser, cls, groups: Optional[Dict[str, Any]] = None) -> None:
             continue
         if required:
             kwargs["required"] = True
+        if meta["nargs"] in ("+", "*"):  # given twice, both lists count (argparse's default keeps the last alone)
+            kwargs["action"] = "extend"
         target.add_argument(meta["flag"], default=None, **{k: v for k, v in kwargs.items() if v is not None})
 
 

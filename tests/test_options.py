@@ -10,6 +10,7 @@ from fairseq_headprune.compress.reconstruct import ReconstructionOptions
 from fairseq_headprune.compress.shrink import ShrinkOptions, flat_fields, with_fit
 from fairseq_headprune.compress.window_fit import WindowOptions
 from fairseq_headprune.options import add_arguments, from_arguments, given_flags
+from fairseq_headprune.studies.deploy import DeployOptions
 
 
 def _parse(argv):
@@ -35,6 +36,16 @@ def test_a_command_line_fills_nested_options():
         "--remove": "62.5%", "--types": ("enc-dec", "dec-self"), "--shape": "per-stack", "--window-steps": 1000,
         "--window-lr": 1e-4, "--no-refit-ffn": False, "--refit": "scales", "--no-rearrange": False,
         "--min-heads-per-layer": 0, "--check-sentences": 5}
+
+
+def test_a_list_option_given_twice_keeps_both_lists():
+    """`--compare a=x --compare b=y c=z` compares all three (argparse's default would keep the last list alone)."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, DeployOptions)
+    options = from_arguments(DeployOptions, parser.parse_args(
+        ["--compare", "a=x.pt", "--compare", "b=y.pt", "c=z.pt"]))
+    assert options.compare == ("a=x.pt", "b=y.pt", "c=z.pt")
+    assert from_arguments(DeployOptions, parser.parse_args([])).compare == ()
 
 
 def test_budgets_are_mutually_exclusive_and_choices_checked():
