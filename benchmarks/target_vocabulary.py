@@ -50,7 +50,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("data")
     parser.add_argument("--path", required=True)
-    parser.add_argument("--compare", nargs="*", default=[], metavar="NAME=CKPT")
+    parser.add_argument("--compare", nargs="*", action="extend", default=[], metavar="NAME=CKPT")
     parser.add_argument("--words-from", default="train", help="the subset whose references give the words kept")
     parser.add_argument("--gen-subset", default="valid")
     parser.add_argument("--references", required=True)
