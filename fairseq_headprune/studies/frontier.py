@@ -10,7 +10,7 @@ from __future__ import annotations
 import glob
 import json
 import os
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.compress.choice import shape_words
@@ -66,14 +66,20 @@ def significance(found: List[Dict]) -> str:
     return "Significance: " + "; ".join(dict.fromkeys(r["significance"] for r in found)) + "."
 
 
-def control_records(folder: str) -> Dict[str, Dict[str, Dict]]:
-    """{control model: {set: engine_bleu's record}} from every FOLDER/control*-bleu.json ({} without one); a name
-    in two files is refused in one line."""
-    out: Dict[str, Dict[str, Dict]] = {}
+def control_files(folder: str) -> List[Tuple[str, Dict]]:
+    """(path, content) of every FOLDER/control*-bleu.json of benchmarks/engine_bleu.py, by name."""
+    out = []
     for path in sorted(glob.glob(os.path.join(folder, CONTROLS))):
         with open(path, encoding="utf-8") as f:
-            models = json.load(f)["models"]
-        for name, sets in models.items():
+            out.append((path, json.load(f)))
+    return out
+
+
+def control_records(files: List[Tuple[str, Dict]]) -> Dict[str, Dict[str, Dict]]:
+    """{control model: {set: engine_bleu's record}} of control_files; a name in two files is refused in one line."""
+    out: Dict[str, Dict[str, Dict]] = {}
+    for path, content in files:
+        for name, sets in content["models"].items():
             if name in out:
                 raise UserError(f"{path}: the control {name} is named in another control*-bleu.json too")
             out[name] = {s: v for s, v in sets.items() if isinstance(v, dict)}
@@ -82,12 +88,14 @@ def control_records(folder: str) -> Dict[str, Dict[str, Dict]]:
 
 def controls(folder: str) -> Dict[str, Dict[str, float]]:
     """{control model: {set: ΔBLEU}} from the folder's control*-bleu.json files, {} without one."""
-    return {name: {s: v["bleu_delta"] for s, v in sets.items()} for name, sets in control_records(folder).items()}
+    return {name: {s: v["bleu_delta"] for s, v in sets.items()}
+            for name, sets in control_records(control_files(folder)).items()}
 
 
 def controls_markdown(folder: str, sets: List[str]) -> str:
     """The controls as a table (ΔBLEU with its p where recorded) and each file's note, "" without one."""
-    found = control_records(folder)
+    files = control_files(folder)
+    found = control_records(files)
     if not found:
         return ""
     head = ["control"] + [f"{s} ΔBLEU (p)" for s in sets]
@@ -100,11 +108,7 @@ def controls_markdown(folder: str, sets: List[str]) -> str:
 
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join([name] + [cell(m.get(s)) for s in sets]) + " |" for name, m in found.items()]
-    for path in sorted(glob.glob(os.path.join(folder, CONTROLS))):
-        with open(path, encoding="utf-8") as f:
-            note = json.load(f).get("note")
-        if note:
-            lines.append(f"\n{os.path.basename(path)}: {note}")
+    lines += [f"\n{os.path.basename(path)}: {content['note']}" for path, content in files if content.get("note")]
     return "\n".join(lines)
 
 
