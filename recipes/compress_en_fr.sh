@@ -6,10 +6,13 @@
 # end. Two recovery epochs (an epoch of this slice is 520 updates, ~22 CPU minutes; results/recover-en-fr found the
 # first epoch best on valid).
 #
-# usage: recipes/compress_en_fr.sh [WORK] [TARGET]   (work/compress-en-fr, "--speedup 1.5"). Resumable.
+# usage: [MONO=1] recipes/compress_en_fr.sh [WORK] [TARGET]   (work/compress-en-fr, "--speedup 1.5"). Resumable.
 # TARGET "control": the control instead, the unpruned model through compress's recovery (its defaults, 2 epochs,
 # every epoch kept) on the same data, scored as compress scores (benchmarks/engine_bleu.py) into
 # results/compress-en-fr/control-bleu.json (about 50 CPU minutes).
+# MONO=1: recover beside in-domain English the unpruned model translates (--distill-source WORK/raw/mono.en, 2852
+# sentences no table scores: newstest2013 after its first 1000, detokenised, and MTNT's En-Fr valid set); the run's
+# name ends in -mono, the control's file is control-mono-bleu.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work=${1:-work/compress-en-fr} target=${2:---speedup 1.5}
@@ -23,23 +26,29 @@ for l in en fr; do
   cp "$data/wmt14_en_fr/newstest2014-fren.$l" "$work/raw/test.$l"
   cp "$data/mtnt/test.en-fr.$l" "$work/raw/mtnt.$l"
 done
+[ -f "$work/raw/mono.en" ] || { tail -n +1001 "$data/wmt14_en_fr/newstest2013.tok.en" |
+  sacremoses -l en -j 1 detokenize; cat "$data/mtnt/valid.en-fr.en"; } > "$work/raw/mono.en.part" &&
+  mv "$work/raw/mono.en.part" "$work/raw/mono.en"
+mono=() suffix=
+[ -z "${MONO:-}" ] || mono=(--distill-source "$work/raw/mono.en") suffix=-mono
 for split in train test mtnt valid; do
   [ -f "$bin/$split.en-fr.en.idx" ] || bash data_prep/encode-for-model.sh "$model" en fr "$work/raw/$split" "$bin" \
     "$split" $([ $split = valid ] && echo --tokenized) > "$work/encode-$split.log" 2>&1
 done
 dec=(--beam 5 --batch-size 64 --max-len-a 1.5 --max-len-b 10 --tokenizer moses --bpe subword_nmt --bpe-codes "$model/code")
 if [ "$target" = control ]; then
-  run=$work/control/run && mkdir -p "$work/control"
+  ctl=$work/control$suffix run=$work/control$suffix/run && mkdir -p "$ctl"
   [ -f "$run/checkpoint2.pt" ] || fairseq-headprune recover "$bin" --path "$model/model.pt" --teacher "$model/model.pt" \
-    --out "$work/control/ctl.pt" --force --epochs 2 --work-dir "$run" -s en -t fr >> "$work/control.log" 2>&1
+    --out "$ctl/ctl.pt" --force --epochs 2 --work-dir "$run" -s en -t fr "${mono[@]}" \
+    ${mono:+--tokenizer moses --bpe subword_nmt --bpe-codes "$model/code"} >> "$ctl.log" 2>&1
   python benchmarks/engine_bleu.py "$bin" --path "$model/model.pt" --other "ctl-e1=$run/checkpoint1.pt" \
     --other "ctl-e2=$run/checkpoint2.pt" --subsets "test=$bin/test.raw.fr,mtnt=$bin/mtnt.raw.fr" --engine ct2-int8 \
-    --out results/compress-en-fr/control-bleu.json -s en -t fr "${dec[@]}" 2>&1 | tee -a "$work/control.log"
+    --out "results/compress-en-fr/control$suffix-bleu.json" -s en -t fr "${dec[@]}" 2>&1 | tee -a "$ctl.log"
   exit 0
 fi
-name=$(echo "$target" | tr -d ' %-' | tr ./ _- | tr := --)
+name=$(echo "$target" | tr -d ' %-' | tr ./ _- | tr := --)$suffix
 # shellcheck disable=SC2086
 fairseq-headprune compress "$bin" --path "$model/model.pt" -s en -t fr --out "$work/en-fr-$name" $target --engine ct2-int8 \
   --budget-epochs 2 --gen-subset test --references "$bin/test.raw.fr" --also-report mtnt \
-  --also-references "$bin/mtnt.raw.fr" "${dec[@]}" ${STOP:+--stop-after $STOP} \
+  --also-references "$bin/mtnt.raw.fr" "${dec[@]}" "${mono[@]}" ${STOP:+--stop-after $STOP} \
   2>&1 | tee -a "$work/en-fr-$name.log"
