@@ -26,9 +26,11 @@ for l in en fr; do
   cp "$data/wmt14_en_fr/newstest2014-fren.$l" "$work/raw/test.$l"
   cp "$data/mtnt/test.en-fr.$l" "$work/raw/mtnt.$l"
 done
-[ -f "$work/raw/mono.en" ] || { tail -n +1001 "$data/wmt14_en_fr/newstest2013.tok.en" |
-  sacremoses -l en -j 1 detokenize; cat "$data/mtnt/valid.en-fr.en"; } > "$work/raw/mono.en.part" &&
+if [ ! -f "$work/raw/mono.en" ]; then
+  { tail -n +1001 "$data/wmt14_en_fr/newstest2013.tok.en" | sacremoses -l en -j 1 detokenize
+    cat "$data/mtnt/valid.en-fr.en"; } > "$work/raw/mono.en.part"
   mv "$work/raw/mono.en.part" "$work/raw/mono.en"
+fi
 mono=() suffix=
 [ -z "${MONO:-}" ] || mono=(--distill-source "$work/raw/mono.en") suffix=-mono
 for split in train test mtnt valid; do
