@@ -7,10 +7,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 
 import pytest
 
-from conftest import BIN, run
+from conftest import BIN, ROOT, run
 from test_compress import compress_argv
 
 from fairseq_headprune.compress import levers
@@ -152,9 +153,14 @@ def test_a_recovery_run_elsewhere_continues_to_the_card(tiny_data, stock_checkpo
     command = next(line.strip() for line in printed.splitlines() if line.strip().startswith("fairseq-train "))
     assert f"--save-dir {out}/recovery-run" in command
     assert f"exec {command} \"$@\"" in (out / "recovery-run.sh").read_text()
-    # elsewhere: here, as written, with fairseq-train on the PATH as a user's shell has it
-    run(["bash", out / "recovery-run.sh"],
+    # elsewhere: here, as written, with fairseq-train on the PATH as a user's shell has it, through the script that
+    # timed it on a GPU (results/gpu-recovery-de-en): the whole run, then 2 updates on the CPU with 1 thread and all
+    logs = tmp_path / "speed"
+    run(["bash", ROOT / "benchmarks" / "recovery_speed.sh", out, "2", logs],
         env={"PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"})
+    summary = (logs / "summary.txt").read_text()
+    for line in ("whole recovery, default device", "2 updates, --cpu, 1 thread", "2 updates, --cpu, every core"):
+        assert re.search(rf"^{line} \| [1-9]\d* \| \d+$", summary, re.M), summary
     best = out / "recovery-run" / "checkpoint_best.pt"
     foreign = run(compress_argv(tiny_data, stock_checkpoint, out, cache, "--recovered", stock_checkpoint),
                   check=False)
