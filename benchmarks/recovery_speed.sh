@@ -29,7 +29,7 @@ cpun_wall=$(timed cpu-all-cores all "${short[@]}")
 gpu=$(wps "$logs/whole.log") cpu1=$(wps "$logs/cpu-1-thread.log") cpun=$(wps "$logs/cpu-all-cores.log")
 [[ "$gpu $cpu1 $cpun" != *none* ]] || { echo "$0: a run printed no train line (its logs: $logs)" >&2; exit 1; }
 {
-  echo "device of the whole run: $(grep -oE 'training on [0-9]+ devices? \(GPUs/TPUs\)|device: .*' "$logs/whole.log" | head -n 1)"
+  echo "device of the whole run: $(grep -oE 'training on [0-9]+ devices? \(GPUs/TPUs\)' "$logs/whole.log" | head -n 1)"
   nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | sed 's/^/GPU: /' || true
   echo "CPU: $(nproc) cores"
   echo "run | target tokens/s (fairseq wps) | wall s"

@@ -43,13 +43,13 @@ if [ "$target" = control ]; then
   [ -f "$run/checkpoint2.pt" ] || fairseq-headprune recover "$bin" --path "$model/model.pt" --teacher "$model/model.pt" \
     --out "$ctl/ctl.pt" --force --epochs 2 --work-dir "$run" -s en -t fr "${mono[@]}" \
     ${mono:+--tokenizer moses --bpe subword_nmt --bpe-codes "$model/code"} >> "$ctl.log" 2>&1
-  note="ctl$suffix-e1, ctl$suffix-e2: the unpruned model through compress's recovery (its defaults, 2 epochs, every epoch kept) on
-the same 30k-pair slice${mono:+ beside the same 2852 teacher-translated in-domain English sentences (--distill-source
-mono.en)}, valid the first 1000 newstest2013 sentences (${MONO:+MONO=1 }recipes/compress_en_fr.sh WORK control): a
-control trained as long as the 2-epoch${mono:+ -mono} students"
+  note="ctl$suffix-e1, ctl$suffix-e2: the unpruned model through compress's recovery (its defaults, 2 epochs, every \
+epoch kept) on the same 30k-pair slice${mono:+ beside the same 2852 teacher-translated in-domain English sentences \
+(--distill-source mono.en)}, valid the first 1000 newstest2013 sentences (${MONO:+MONO=1 }recipes/compress_en_fr.sh \
+WORK control): a control trained as long as the 2-epoch${mono:+ -mono} students"
   python benchmarks/engine_bleu.py "$bin" --path "$model/model.pt" --other "ctl$suffix-e1=$run/checkpoint1.pt" \
     --other "ctl$suffix-e2=$run/checkpoint2.pt" --subsets "test=$bin/test.raw.fr,mtnt=$bin/mtnt.raw.fr" --engine ct2-int8 \
-    --out "results/compress-en-fr/control$suffix-bleu.json" --note "${note//$'\n'/ }" -s en -t fr "${dec[@]}" 2>&1 |
+    --out "results/compress-en-fr/control$suffix-bleu.json" --note "$note" -s en -t fr "${dec[@]}" 2>&1 |
     tee -a "$ctl.log"
   exit 0
 fi
