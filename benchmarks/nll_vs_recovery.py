@@ -91,7 +91,7 @@ def main(argv) -> int:
     from fairseq_headprune.compress.stages.choice import nll_after_fits
     from fairseq_headprune.compress.stages.common import max_tokens
     from fairseq_headprune.compress.stages.shrink import calibration_only_options
-    from fairseq_headprune.compress.choice import shape_words
+    from fairseq_headprune.core.shape import shape_words
     from fairseq_headprune.fairseq_io.loading import load, trust_fairseq_checkpoints
     from fairseq_headprune.records.log import atomic_output, write_json_atomic
 
@@ -99,7 +99,7 @@ def main(argv) -> int:
     _quiet_dependencies()
     cfg, args = parse("nll_vs_recovery", SimpleNamespace(add_args=add_args), argv)
     loaded = load(cfg)
-    from fairseq_headprune.compress.shrink import calibrate
+    from fairseq_headprune.prune.shrink import calibrate
 
     options = CompressOptions(out=args.runs, speedup=2.0)  # compress's defaults: its calibration
     with max_tokens(loaded, options.calibration_max_tokens):  # the same sentences and batches

@@ -1,4 +1,4 @@
-"""The cost table of `compress` (fairseq_headprune.compress.levers) on the shapes of released fairseq translation
+"""The cost table of `compress` (fairseq_headprune.prune.levers) on the shapes of released fairseq translation
 models, randomly initialised: which lever buys what at which size, in CTranslate2 int8, one thread, batch 64 and
 batch 1.
 
@@ -45,7 +45,7 @@ SHAPES = {
 
 
 def levers_for_benchmark():
-    from fairseq_headprune.compress.levers import Lever
+    from fairseq_headprune.prune.levers import Lever
 
     return (Lever("encoder heads", "enc_heads", "heads kept in every encoder layer", True, (50.0, 25.0)),
             Lever("decoder heads", "dec_heads", "heads kept in every decoder self- and cross-attention layer", True,
@@ -101,7 +101,7 @@ def random_batches(dictionary, sentences: int, batch: int, seed: int = 1) -> Lis
 
 
 def measure_shape(name: str, runs: int, length: int, batch1_sentences: int, log=print) -> Dict:
-    from fairseq_headprune.compress import levers
+    from fairseq_headprune.prune import levers
     from fairseq_headprune.core import flops
     from fairseq_headprune.core.surgery import crude_model
     from fairseq_headprune.engines import timing
@@ -190,7 +190,7 @@ def main(argv=None) -> int:
         parser.error(f"unknown shape {bad[0]} (known: {', '.join(SHAPES)})")
     import ctranslate2
 
-    from fairseq_headprune.compress.levers import cpu_model
+    from fairseq_headprune.prune.levers import cpu_model
     from fairseq_headprune.records.log import atomic_output, write_json_atomic
 
     torch.set_num_threads(1)

@@ -49,7 +49,7 @@ def main(argv) -> int:
     from fairseq_headprune.engines.ct2_spec import build_spec, vocabulary, write_model
     from fairseq_headprune.engines.engine_model import EngineModel
     from fairseq_headprune.engines.fairseq_engine import check_batches
-    from fairseq_headprune.compress.vocab_map import VocabMapOptions, build_vmap
+    from fairseq_headprune.prune.vocab_map import VocabMapOptions, build_vmap
     from fairseq_headprune.fairseq_io.loading import load, trust_fairseq_checkpoints
     from fairseq_headprune.records.identity import decoding_identity
     from fairseq_headprune.records.log import write_json_atomic

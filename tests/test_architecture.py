@@ -12,8 +12,8 @@ MAX_LOCAL_IMPORTS = 20
 CORE_MAY_IMPORT = ("fairseq_headprune.core", "fairseq_headprune.errors")
 # the package's floors, lowest first (docs/development.md's layout): a module imports from its own floor or below
 FLOORS = (("errors",), ("options", "stats"), ("core",), ("tasks", "models", "criterions"), ("records",),
-          ("fairseq_io",), ("plots",), ("decoding",), ("engines",), ("analysis",), ("studies", "compress"), ("report",),
-          ("cli",))
+          ("fairseq_io",), ("plots",), ("decoding",), ("engines",), ("analysis",), ("prune",), ("studies", "compress"),
+          ("report",), ("cli",))
 
 
 class Import(NamedTuple):
@@ -224,3 +224,39 @@ def test_no_function_longer_than_a_screen():
     """No function of the package (methods and nested ones included) is longer than a screen."""
     long = long_functions(ROOT / PACKAGE, MAX_FUNCTION_LINES)
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines:\n  " + "\n  ".join(long)
+
+
+MAX_MODULE_LINES = 700
+
+
+def test_the_pipeline_and_the_studies_stand_apart():
+    """studies/ and compress/ share a floor but neither imports the other: both call the pruning library (prune/),
+    which imports neither."""
+    def sub(module):
+        return (module.split(".") + [""])[1]
+    crossing = [i for i in imports() if {sub(i.module), sub(i.target)} == {"studies", "compress"}]
+    assert not crossing, "studies <-> compress: " + ", ".join(f"{i.module}:{i.line} -> {i.target}" for i in crossing)
+
+
+def private_imports() -> List[str]:
+    """Every `from package.module import _name` of a private name into another module."""
+    found = []
+    for module, path in package_modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(PACKAGE):
+                found += [f"{module}:{node.lineno} {node.module}.{a.name}" for a in node.names
+                          if a.name.startswith("_") and not a.name.startswith("__")]
+    return found
+
+
+def test_no_private_name_crosses_a_module():
+    """A name that starts with `_` is its module's own: another module that needs it needs it public."""
+    found = private_imports()
+    assert not found, "private names imported across modules:\n  " + "\n  ".join(found)
+
+
+def test_no_module_longer_than_a_concept():
+    """One module per concept: none over MAX_MODULE_LINES lines."""
+    long = [f"{path.relative_to(ROOT)} ({n})" for path in sorted((ROOT / PACKAGE).rglob("*.py"))
+            if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES]
+    assert not long, f"modules over {MAX_MODULE_LINES} lines: " + ", ".join(long)

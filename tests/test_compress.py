@@ -21,7 +21,8 @@ import torch
 from conftest import ENV, run
 from helpers import assert_exported_like_fairseq
 
-from fairseq_headprune.compress import levers, pipeline
+from fairseq_headprune.compress import pipeline
+from fairseq_headprune.prune import levers
 from fairseq_headprune.errors import UserError
 
 
@@ -755,7 +756,7 @@ def test_the_hidden_state_term_takes_the_teacher_layers_the_shrink_reconstructed
 
     from omegaconf import OmegaConf
 
-    from fairseq_headprune.compress import recover
+    from fairseq_headprune.prune import recover
 
     loaded = SimpleNamespace(checkpoint=str(stock_checkpoint),
                              cfg=SimpleNamespace(task=OmegaConf.create({"source_lang": "de", "target_lang": "en"})))

@@ -14,7 +14,7 @@ import pytest
 from conftest import BIN, ROOT, run
 from test_compress import compress_argv
 
-from fairseq_headprune.compress import levers
+from fairseq_headprune.prune import levers
 from fairseq_headprune.errors import UserError
 
 

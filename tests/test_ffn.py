@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import run, run_fairseq
-from fairseq_headprune.compress import ffn
+from fairseq_headprune.prune import ffn
 from fairseq_headprune.core import shape, surgery
 from fairseq_headprune.fairseq_io.pruned_checkpoint import save_pruned_checkpoint
 from fairseq_headprune.core.heads import Head
@@ -69,7 +69,7 @@ def test_prune_ffn_refuses_before_changing_anything(stock, kept, message):
 
 def test_unit_gradients_are_each_sentences_own(stock):
     """One backward pass over a padded batch gives every sentence the mask gradient it has alone."""
-    from fairseq_headprune.compress.select import sentence_nll
+    from fairseq_headprune.prune.select import sentence_nll
 
     model, task = stock
     model = copy.deepcopy(model)
@@ -114,10 +114,10 @@ def test_the_choice_compares_an_ffn_narrowed_shape_after_the_fits_shrink_applies
     Fisher gone, every fc2 refit), not as the bare removal leaves it; with nothing removed, the model's own NLL."""
     from types import SimpleNamespace
 
-    from fairseq_headprune.compress import layers
+    from fairseq_headprune.prune import layers
     from fairseq_headprune.compress.choice import reconstructed_nll
-    from fairseq_headprune.compress.shrink import ShrinkOptions, with_fit
-    from fairseq_headprune.compress.window_fit import WindowOptions
+    from fairseq_headprune.prune.shrink import ShrinkOptions, with_fit
+    from fairseq_headprune.prune.window_fit import WindowOptions
     from fairseq_headprune.core.masking import install_head_masks
 
     model, task = stock

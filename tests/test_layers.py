@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import run_fairseq
-from fairseq_headprune.compress import layers as L
+from fairseq_headprune.prune import layers as L
 from fairseq_headprune.core import shape, surgery
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.core.heads import Head, HeadLayout, parse_head_spec
@@ -210,7 +210,7 @@ def _feature_error(teacher, student, samples):
 
 
 def test_reconstruction_brings_a_shallower_model_towards_the_teacher(stock, tiny_data):
-    from fairseq_headprune.compress.reconstruct import ReconstructionOptions, reconstruct
+    from fairseq_headprune.prune.reconstruct import ReconstructionOptions, reconstruct
     from fairseq_headprune.core.masking import install_head_masks
     from test_shrink import _samples
 

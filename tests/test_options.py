@@ -6,9 +6,9 @@ import argparse
 import pytest
 
 from conftest import run
-from fairseq_headprune.compress.reconstruct import ReconstructionOptions
-from fairseq_headprune.compress.shrink import ShrinkOptions, flat_fields, with_fit
-from fairseq_headprune.compress.window_fit import WindowOptions
+from fairseq_headprune.prune.reconstruct import ReconstructionOptions
+from fairseq_headprune.prune.shrink import ShrinkOptions, flat_fields, with_fit
+from fairseq_headprune.prune.window_fit import WindowOptions
 from fairseq_headprune.options import add_arguments, from_arguments, given_flags
 from fairseq_headprune.studies.deploy import DeployOptions
 

@@ -208,7 +208,7 @@ def test_hidden_weight_reaches_fairseq_train_and_the_record(student, stock_check
 
 
 def test_a_run_folder_written_before_a_setting_existed_matches_its_old_value(tmp_path):
-    from fairseq_headprune.compress.recover import check_identity
+    from fairseq_headprune.prune.recover import check_identity
     from fairseq_headprune.errors import UserError
 
     old = {"distill": "logits", "criterion.distill_weight": 0.9}  # written before --distill-hidden-weight existed
@@ -242,7 +242,7 @@ def test_shrink_then_recover_in_one_call(stock_checkpoint, tiny_data, tmp_path):
 def test_the_epoch_of_a_checkpoint_saved_at_an_epoch_end_is_that_epoch():
     """fairseq's iterator state saved at the end of epoch 1 names epoch 2 with no iterations in it (found in the
     En-Fr control's record: best at 520 updates, "epoch 2", of 520 updates an epoch); a mid-epoch save names its own."""
-    from fairseq_headprune.compress.recover import checkpoint_epoch
+    from fairseq_headprune.prune.recover import checkpoint_epoch
 
     def state(epoch, iterations):
         return {"extra_state": {"train_iterator": {"version": 2, "epoch": epoch, "iterations_in_epoch": iterations}}}

@@ -124,7 +124,7 @@ def test_a_refused_recover_writes_nothing_and_its_correction_runs(student, stock
 
 
 def test_a_run_folder_a_failed_run_left_without_checkpoints_is_taken_over(tmp_path):
-    from fairseq_headprune.compress.recover import check_identity
+    from fairseq_headprune.prune.recover import check_identity
 
     (tmp_path / "recover-run.json").write_text(json.dumps({"distill": "logits", "criterion.distill_weight": 1.5}))
     check_identity(str(tmp_path), {"distill": "logits", "criterion.distill_weight": 0.9})

@@ -6,14 +6,14 @@ import pytest
 import torch
 
 from conftest import run, run_fairseq
-from fairseq_headprune.compress import select
+from fairseq_headprune.prune import select
 from fairseq_headprune.core.heads import Head, HeadLayout
 from fairseq_headprune.core.masking import install_head_masks, row_head_masks, set_head_masks
-from fairseq_headprune.compress.reconstruct import ReconstructionOptions, reconstruct, ridge_condition
-from fairseq_headprune.compress.window_fit import WindowOptions
-from fairseq_headprune.compress.sublayers import capture, token_mask
+from fairseq_headprune.prune.reconstruct import ReconstructionOptions, reconstruct, ridge_condition
+from fairseq_headprune.prune.window_fit import WindowOptions
+from fairseq_headprune.prune.sublayers import capture, token_mask
 from fairseq_headprune.records.identity import file_sha256
-from fairseq_headprune.compress.shrink import (
+from fairseq_headprune.prune.shrink import (
     Budget,
     ShrinkOptions,
     calibration_samples,
@@ -258,8 +258,8 @@ def test_window_fit_lowers_the_held_out_error_and_keeps_removed_heads_removed(ti
 def test_a_window_step_on_some_sentences_of_a_batch_is_those_sentences_of_the_whole_batch(tiny, norm):
     """A step above step_tokens takes some sentences of its batch: their window outputs must be exactly their rows
     of the whole batch's (encoder and decoder self-attention with their masks, encoder-decoder attention)."""
-    from fairseq_headprune.compress.reconstruct import _Student, teacher_targets
-    from fairseq_headprune.compress.window_fit import _difference, _step_batch, record_batches, window_modules
+    from fairseq_headprune.prune.reconstruct import _Student, teacher_targets
+    from fairseq_headprune.prune.window_fit import _difference, _step_batch, record_batches, window_modules
 
     model, task = tiny
     model = _pre_norm(model) if norm == "pre" else model
@@ -378,7 +378,7 @@ def test_pruned_checkpoint_decodes_as_the_in_memory_model(stock_checkpoint, tiny
     from fairseq_headprune import cli
     from fairseq_headprune.cli import shrink as command
     from fairseq_headprune.fairseq_io.loading import load
-    from fairseq_headprune.compress.shrink import shrink, write_checkpoint
+    from fairseq_headprune.prune.shrink import shrink, write_checkpoint
 
     out = tmp_path / "small.pt"
     argv = _cmd(tiny_data, stock_checkpoint, "--remove", "40%", "--refit-inputs", "--out", out)[2:]
@@ -410,7 +410,7 @@ def test_pruned_checkpoint_decodes_as_the_in_memory_model(stock_checkpoint, tiny
 def test_given_heads_are_removed_and_reconstructed_without_a_search(stock_checkpoint, tiny_data, tmp_path):
     from fairseq_headprune import cli
     from fairseq_headprune.cli import shrink as command
-    from fairseq_headprune.compress.shrink import shrink
+    from fairseq_headprune.prune.shrink import shrink
     from fairseq_headprune.core.heads import attention_modules, parse_head_spec
     from fairseq_headprune.fairseq_io.loading import load
 

@@ -7,7 +7,7 @@ import ctranslate2
 from conftest import run
 from helpers import load_stock, sample_batch
 
-from fairseq_headprune.compress.vocab_map import VocabMapOptions, cooccurrence, most_frequent, top_targets, vmap_lines
+from fairseq_headprune.prune.vocab_map import VocabMapOptions, cooccurrence, most_frequent, top_targets, vmap_lines
 
 
 def test_candidates_are_the_most_co_occurring_targets_and_the_most_frequent_ones():

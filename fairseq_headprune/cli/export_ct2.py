@@ -21,7 +21,7 @@ from typing import Optional
 from fairseq_headprune.cli.common import options_from, readable_file
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.options import add_arguments, option
-from fairseq_headprune.compress.export import ExportOptions, export
+from fairseq_headprune.prune.export import ExportOptions, export
 from fairseq_headprune.engines.ct2 import ct2_decoding
 from fairseq_headprune.decoding.evaluate import SubsetEvaluator
 from fairseq_headprune.fairseq_io.loading import load

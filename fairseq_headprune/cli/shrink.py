@@ -23,7 +23,7 @@ from typing import Optional
 from fairseq_headprune.fairseq_io.checkpoint_io import check_pair_paths, record_path_for
 from fairseq_headprune.cli.common import output_checkpoint, results_folder
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.compress.shrink import (
+from fairseq_headprune.prune.shrink import (
     ShrinkOptions,
     flat_fields,
     inert_options,
@@ -34,7 +34,7 @@ from fairseq_headprune.compress.shrink import (
 from fairseq_headprune.options import add_arguments, from_arguments, option
 from fairseq_headprune.studies.shrink_sweep import DEFAULT_METHODS
 from fairseq_headprune.cli.recover import summary
-from fairseq_headprune.compress.recover import (
+from fairseq_headprune.prune.recover import (
     RecoverOptions,
     record_path,
     recover,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from fairseq_headprune.compress.translate import TranslateOptions, run as translate
+from fairseq_headprune.prune.translate import TranslateOptions, run as translate
 from fairseq_headprune.options import add_arguments, from_arguments
 
 USES_FAIRSEQ_OPTIONS = False

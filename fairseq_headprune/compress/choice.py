@@ -15,7 +15,7 @@ import copy
 import math
 from typing import Callable, Dict, List, Optional, Tuple
 
-from fairseq_headprune.compress import layers, levers, select, shrink
+from fairseq_headprune.prune import layers, levers, select, shrink
 from fairseq_headprune.core.heads import Head, HeadLayout, format_head_spec, parse_head_spec
 from fairseq_headprune.core.masking import set_head_masks
 from fairseq_headprune.core.surgery import remove_layers
@@ -232,16 +232,3 @@ def label(point: Dict) -> str:
     heads = heads if "enc_layers" not in point else f"{heads}, encoder {point['enc_layers']} layers"
     heads = heads if "dec_layers" not in point else f"{heads}, decoder {point['dec_layers']} layers"
     return heads if "ffn_percent" not in point else f"{heads}, FFN {point['ffn_percent']:g}%"
-
-
-def shape_words(point: Dict) -> str:
-    """The shape as the verdict and the card say it: "4/2 heads per stack (encoder/decoder)", or with a depth cut
-    "encoder 4 heads per layer, decoder 3 layers x 2 heads"; ", every FFN at 50% of its units" when narrowed."""
-    ffn = f", every FFN at {point['ffn_percent']:g}% of its units" if "ffn_percent" in point else ""
-    if "dec_layers" not in point and "enc_layers" not in point:
-        return f"{point['enc_heads']}/{point['dec_heads']} heads per stack (encoder/decoder){ffn}"
-    enc = (f"{point['enc_layers']} layers x {point['enc_heads']} heads" if "enc_layers" in point else
-           f"{point['enc_heads']} heads per layer")
-    dec = (f"{point['dec_layers']} layers x {point['dec_heads']} heads" if "dec_layers" in point else
-           f"{point['dec_heads']} heads per layer")
-    return f"encoder {enc}, decoder {dec}{ffn}"

@@ -8,8 +8,8 @@ import os
 import shlex
 from typing import Dict, List, NamedTuple, Optional, Set
 
-from fairseq_headprune.compress import levers
-from fairseq_headprune.compress.choice import shape_words
+from fairseq_headprune.prune import levers
+from fairseq_headprune.core.shape import shape_words
 
 
 USE_FAIRSEQ = ("`model.pt` is the pruned fairseq checkpoint: it loads with `fairseq-generate --user-dir "

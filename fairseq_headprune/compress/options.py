@@ -7,10 +7,10 @@ import shlex
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
-from fairseq_headprune.compress import levers
-from fairseq_headprune.compress.recover import DISTILL
-from fairseq_headprune.compress.vocab_map import VocabMapOptions
-from fairseq_headprune.compress.window_fit import WindowOptions
+from fairseq_headprune.prune import levers
+from fairseq_headprune.prune.recover import DISTILL
+from fairseq_headprune.prune.vocab_map import VocabMapOptions
+from fairseq_headprune.prune.window_fit import WindowOptions
 from fairseq_headprune.core.shape import CeilingShape
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.options import nested, non_finite, option

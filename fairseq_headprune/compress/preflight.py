@@ -27,9 +27,9 @@ import torch
 from fairseq import optim
 from fairseq.optim import lr_scheduler
 
-from fairseq_headprune.compress import recover
-from fairseq_headprune.compress.export import foreign_entries
-from fairseq_headprune.compress.sequence_targets import language_pair
+from fairseq_headprune.prune import recover
+from fairseq_headprune.prune.export import foreign_entries
+from fairseq_headprune.prune.sequence_targets import language_pair
 from fairseq_headprune.compress.stages.common import split_subsets, subset_tokens
 from fairseq_headprune.compress.stages.cost_table import shape_point
 from fairseq_headprune.compress.stages.recover import recover_options

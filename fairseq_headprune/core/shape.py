@@ -291,3 +291,16 @@ class CeilingShape:
             if not 1 <= kept <= min(held[stack]):
                 raise UserError(f"{flag} {self.label}: the {stack} keeps 1 to {min(held[stack])} heads per "
                                 f"layer in this model, not {kept}")
+
+
+def shape_words(point: Dict) -> str:
+    """The shape as the verdict and the card say it: "4/2 heads per stack (encoder/decoder)", or with a depth cut
+    "encoder 4 heads per layer, decoder 3 layers x 2 heads"; ", every FFN at 50% of its units" when narrowed."""
+    ffn = f", every FFN at {point['ffn_percent']:g}% of its units" if "ffn_percent" in point else ""
+    if "dec_layers" not in point and "enc_layers" not in point:
+        return f"{point['enc_heads']}/{point['dec_heads']} heads per stack (encoder/decoder){ffn}"
+    enc = (f"{point['enc_layers']} layers x {point['enc_heads']} heads" if "enc_layers" in point else
+           f"{point['enc_heads']} heads per layer")
+    dec = (f"{point['dec_layers']} layers x {point['dec_heads']} heads" if "dec_layers" in point else
+           f"{point['dec_heads']} heads per layer")
+    return f"encoder {enc}, decoder {dec}{ffn}"

@@ -27,7 +27,7 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from fairseq_headprune.compress.shrink import ShrinkOptions, shrink, write_checkpoint
+from fairseq_headprune.prune.shrink import ShrinkOptions, shrink, write_checkpoint
 from fairseq_headprune.core import flops
 from fairseq_headprune.core.heads import attention_modules
 from fairseq_headprune.core.masking import set_head_masks

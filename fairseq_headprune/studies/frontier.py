@@ -13,7 +13,7 @@ import os
 from typing import Dict, List, Optional, Tuple
 
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.compress.choice import shape_words
+from fairseq_headprune.core.shape import shape_words
 
 RECORD = "compress.json"
 CONTROLS = "control*-bleu.json"

@@ -25,11 +25,11 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from fairseq_headprune.compress import select
+from fairseq_headprune.prune import select
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.core.heads import HeadLayout
 from fairseq_headprune.core.masking import set_head_masks
-from fairseq_headprune.compress.shrink import (
+from fairseq_headprune.prune.shrink import (
     Budget,
     Calibration,
     ShrinkOptions,

@@ -11,17 +11,17 @@ import shutil
 from dataclasses import asdict
 from typing import Callable, Dict, List, Optional, Tuple
 
-from fairseq_headprune.compress import layers, levers, select
+from fairseq_headprune.prune import layers, levers, select
 from fairseq_headprune.compress.choice import (RETIMED_ROUNDS, TIMED_AGAIN, as_timed, candidate_order, ffn_variants,
                                                fisher_choice, fisher_frontier, kept_by_depth, label, masked_nll,
-                                               moved_levers, pick_measured, reconstructed_nll, retime_candidates,
-                                               shape_words)
-from fairseq_headprune.compress.shrink import calibrate, with_fit
+                                               moved_levers, pick_measured, reconstructed_nll, retime_candidates)
+from fairseq_headprune.core.shape import shape_words
+from fairseq_headprune.prune.shrink import calibrate, with_fit
 from fairseq_headprune.compress.stages.common import HELDOUT, data_sha, max_tokens
 from fairseq_headprune.compress.stages.cost_table import timing_vocab_map
 from fairseq_headprune.compress.stages.shrink import (calibration_only_options, keep_layers_spec, settings,
                                                       shrink_heads, shrink_options)
-from fairseq_headprune.compress.window_fit import WindowOptions
+from fairseq_headprune.prune.window_fit import WindowOptions
 from fairseq_headprune.core.surgery import remove_layers
 from fairseq_headprune.decoding.evaluate import SubsetEvaluator
 from fairseq_headprune.engines.engine_model import EngineModel

@@ -7,10 +7,11 @@ import os
 from dataclasses import asdict
 from typing import Callable, Dict, List, Optional
 
-from fairseq_headprune.compress import levers
-from fairseq_headprune.compress.export import build_task_vmap
+from fairseq_headprune.prune import levers
+from fairseq_headprune.prune.export import build_task_vmap
 from fairseq_headprune.compress.stages.common import data_sha
-from fairseq_headprune.compress.choice import SHAPE_FIELDS, lever_points, shape_words, shapes_reaching
+from fairseq_headprune.compress.choice import SHAPE_FIELDS, lever_points, shapes_reaching
+from fairseq_headprune.core.shape import shape_words
 from fairseq_headprune.errors import UserError
 
 

@@ -6,7 +6,7 @@ import os
 from dataclasses import asdict
 from typing import Dict
 
-from fairseq_headprune.compress.export import ExportOptions, export
+from fairseq_headprune.prune.export import ExportOptions, export
 from fairseq_headprune.decoding.evaluate import SubsetEvaluator
 from fairseq_headprune.engines.engine_model import QUANTIZATION
 from fairseq_headprune.fairseq_io.loading import load_other

@@ -9,8 +9,9 @@ import tempfile
 from dataclasses import asdict
 from typing import Callable, Dict, List
 
-from fairseq_headprune.compress import levers, model_card, preflight
-from fairseq_headprune.compress.choice import shape_words
+from fairseq_headprune.compress import model_card, preflight
+from fairseq_headprune.prune import levers
+from fairseq_headprune.core.shape import shape_words
 from fairseq_headprune.compress.options import STAGES
 from fairseq_headprune.records.log import atomic_output, write_json_atomic
 

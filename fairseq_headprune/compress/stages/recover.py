@@ -8,8 +8,8 @@ import os
 import shlex
 from typing import Callable, Dict, List, Optional, Tuple
 
-from fairseq_headprune.compress import recover
-from fairseq_headprune.compress.recover import RecoverOptions
+from fairseq_headprune.prune import recover
+from fairseq_headprune.prune.recover import RecoverOptions
 from fairseq_headprune.compress.stages.common import split_subsets, subset_tokens, torch_threads
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.fairseq_io.checkpoint_io import save_state

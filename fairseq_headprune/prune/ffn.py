@@ -14,7 +14,7 @@ from typing import Dict, Iterable, List, Mapping
 
 import torch
 
-from fairseq_headprune.compress.select import sentence_nll
+from fairseq_headprune.prune.select import sentence_nll
 from fairseq_headprune.core.shape import Key, ffn_layers, kept_count
 
 def unit_gradients(model, samples: Iterable[dict], pad: int) -> Dict[Key, torch.Tensor]:

@@ -45,12 +45,12 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 from fairseq_headprune.core.heads import attention_modules
-from fairseq_headprune.compress.sublayers import (ENCODER_OUT, ENCODER_TYPES, FFN_TYPES, Key, StopForward,
-                                                  SublayerFit, _input_consumers, capture, capture_inputs,
+from fairseq_headprune.prune.sublayers import (ENCODER_OUT, ENCODER_TYPES, FFN_TYPES, Key, StopForward,
+                                                  SublayerFit, input_consumers, capture, capture_inputs,
                                                   sublayer_keys, token_mask)
-from fairseq_headprune.compress.window_fit import WindowOptions, fit_window
+from fairseq_headprune.prune.window_fit import WindowOptions, fit_window
 from fairseq_headprune.options import nested, option
-from fairseq_headprune.compress.layers import teacher_key
+from fairseq_headprune.prune.layers import teacher_key
 from fairseq_headprune.core.shape import depths
 
 METHODS = ("none", "scales", "out-proj")
@@ -316,7 +316,7 @@ def _fit_input(runner: _Student, key: Key, targets: List[torch.Tensor], pad: int
         fit.fallback = "input map: the fit does not lower the error"
     else:
         M, c = A[:d], A[d]  # u ~ x @ M + c
-        for linear in _input_consumers(runner.model, key):
+        for linear in input_consumers(runner.model, key):
             W = linear.weight.detach().double()
             if linear.bias is not None:
                 linear.bias.data.copy_((linear.bias.detach().double() + W @ c).to(linear.bias.dtype))

@@ -32,14 +32,14 @@ import numpy as np
 import torch
 from fairseq.data import data_utils, indexed_dataset
 
-from fairseq_headprune.compress.shrink import random_ids
+from fairseq_headprune.prune.shrink import random_ids
 from fairseq_headprune.fairseq_io.checkpoint_io import record_path_for, save_state, write_checkpoint_pair
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.fairseq_io.loading import PACKAGE_DIR
 from fairseq_headprune.options import finite_numbers, usage_error
 from fairseq_headprune.records.identity import file_sha256
 from fairseq_headprune.records.log import FolderLock, atomic_output, read_json, write_json_atomic
-from fairseq_headprune.compress.sequence_targets import distillation_set_data, language_pair, teacher_targets_data
+from fairseq_headprune.prune.sequence_targets import distillation_set_data, language_pair, teacher_targets_data
 from fairseq_headprune.criterions.label_smoothed_cross_entropy_distill import parse_hidden_layers
 from fairseq_headprune.fairseq_io.checkpoint_io import output_lock
 

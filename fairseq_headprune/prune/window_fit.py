@@ -28,7 +28,7 @@ import torch
 
 from fairseq_headprune.core.heads import attention_modules
 from fairseq_headprune.options import option
-from fairseq_headprune.compress.sublayers import Key, StopForward, SublayerFit, capture, token_mask
+from fairseq_headprune.prune.sublayers import Key, StopForward, SublayerFit, capture, token_mask
 
 
 @dataclass

@@ -22,7 +22,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
-from fairseq_headprune.compress.select import sentence_nll
+from fairseq_headprune.prune.select import sentence_nll
 from fairseq_headprune.core.shape import Key, depths, even_layers
 from fairseq_headprune.core.surgery import remove_layers
 from fairseq_headprune.errors import UserError

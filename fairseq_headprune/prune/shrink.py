@@ -22,15 +22,15 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from fairseq_headprune.core import flops as flop_model
-from fairseq_headprune.compress import ffn, layers, select
+from fairseq_headprune.prune import ffn, layers, select
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.decoding.evaluate import decoder_start
 from fairseq_headprune.core.heads import ATTENTION_TYPES, Head, HeadLayout, format_head_spec, parse_head_spec
 from fairseq_headprune.core.masking import head_gates, set_head_masks
-from fairseq_headprune.compress.reconstruct import METHODS, ReconstructionOptions, reconstruct
-from fairseq_headprune.compress.window_fit import WindowOptions
+from fairseq_headprune.prune.reconstruct import METHODS, ReconstructionOptions, reconstruct
+from fairseq_headprune.prune.window_fit import WindowOptions
 from fairseq_headprune.options import nested, option
-from fairseq_headprune.compress.sublayers import SublayerFit
+from fairseq_headprune.prune.sublayers import SublayerFit
 from fairseq_headprune.core.shape import depths
 from fairseq_headprune.core.shape import ModelShape, ffn_widths, kept_heads
 from fairseq_headprune.core.surgery import prune_ffn, prune_model, remove_layers

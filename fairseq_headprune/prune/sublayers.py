@@ -9,7 +9,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
-from fairseq_headprune.compress.select import keys_in_order
+from fairseq_headprune.prune.select import keys_in_order
 from fairseq_headprune.core.heads import attention_modules
 
 Key = Tuple[str, int]
@@ -124,7 +124,7 @@ def _input_reader(model, key: Key):
     layer, module, _linear, _norm, is_attention = _parts(model, key)
     return module if is_attention else layer.fc1
 
-def _input_consumers(model, key: Key) -> List[torch.nn.Linear]:
+def input_consumers(model, key: Key) -> List[torch.nn.Linear]:
     """The linear layers that read the sublayer's input stream (the encoder output's: every k_proj and v_proj of
     the encoder-decoder attention)."""
     if key[0] == ENCODER_OUT:

@@ -16,7 +16,7 @@ import ctranslate2
 from fairseq.data import encoders
 from omegaconf import OmegaConf
 
-from fairseq_headprune.compress import deployable
+from fairseq_headprune.prune import deployable
 from fairseq_headprune.engines.ct2 import max_length
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.options import option

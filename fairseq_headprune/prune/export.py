@@ -27,8 +27,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import sacrebleu
 import torch
 
-from fairseq_headprune.compress import deployable
-from fairseq_headprune.compress.vocab_map import VocabMapOptions, build_vmap
+from fairseq_headprune.prune import deployable
+from fairseq_headprune.prune.vocab_map import VocabMapOptions, build_vmap
 from fairseq_headprune.engines.ct2 import (VMAP_FILE, ct2_decoding, ct2_hypotheses, environment_threads, max_length,
                                            source_prefix, target_prefix, translate_options, translator)
 from fairseq_headprune.engines.ct2_spec import build_spec, stack_heads, vocabulary, write_model
