@@ -27,7 +27,7 @@ def option(default: Any = dataclasses.MISSING, *, flag: str, help: str, choices:
     raises is the user's one-line error), and fields of one `group` are mutually exclusive on the command line;
     nargs as argparse's (parse then takes the list; a list option given twice takes both lists). A flag without a
     leading '-' is a positional argument. A float field takes finite numbers only (`finite_float`). `always`: a
-    rendered command line says it even at its default (report.pipeline.options_argv)."""
+    rendered command line says it even at its default (report.parts.options_argv)."""
     metadata = {"flag": flag, "help": help, "choices": choices, "metavar": metavar, "negate": negate, "parse": parse,
                 "shown": shown, "group": group, "nargs": nargs, "always": always}
     return dataclasses.field(default=default, metadata=metadata)

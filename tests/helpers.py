@@ -85,7 +85,7 @@ INT8_AGREEMENT = 50.0
 
 
 def assert_exported_like_fairseq(check: dict, quantization: str = "int8") -> None:
-    """An export check (compress.export.export's record): float32 hypotheses equal to fairseq's, the quantized
+    """An export check (prune.export.export's record): float32 hypotheses equal to fairseq's, the quantized
     model's agreeing with them at least INT8_AGREEMENT."""
     assert check["float32"]["differing"] == 0, check["float32"]
     assert check[quantization]["agreement"] >= INT8_AGREEMENT, check[quantization]

@@ -238,15 +238,36 @@ def test_the_pipeline_and_the_studies_stand_apart():
     assert not crossing, "studies <-> compress: " + ", ".join(f"{i.module}:{i.line} -> {i.target}" for i in crossing)
 
 
-def private_imports() -> List[str]:
-    """Every `from package.module import _name` of a private name into another module."""
-    found = []
-    for module, path in package_modules().items():
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(PACKAGE):
-                found += [f"{module}:{node.lineno} {node.module}.{a.name}" for a in node.names
-                          if a.name.startswith("_") and not a.name.startswith("__")]
+def is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def private_uses(module: str, source: str, modules) -> List[str]:
+    """The private names one module takes from another: `from package.module import _name`, and `alias._name`
+    where alias is a package module it imported."""
+    tree = ast.parse(source)
+    found, aliases = [], set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(PACKAGE):
+            found += [f"{module}:{node.lineno} {node.module}.{a.name}" for a in node.names if is_private(a.name)]
+            aliases |= {a.asname or a.name for a in node.names if f"{node.module}.{a.name}" in modules}
+        elif isinstance(node, ast.Import):
+            aliases |= {a.asname for a in node.names if a.asname and a.name in modules}
+    found += [f"{module}:{node.lineno} {node.value.id}.{node.attr}" for node in ast.walk(tree)
+              if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
+              and is_private(node.attr)]
     return found
+
+
+def private_imports() -> List[str]:
+    """Every private name a package module takes from another."""
+    modules = package_modules()
+    return [use for module, path in modules.items() for use in private_uses(module, path.read_text(), modules)]
+
+
+def test_the_private_name_reader_sees_both_forms():
+    source = "from fairseq_headprune.core import heads\nfrom fairseq_headprune.core.heads import _x\nheads._y(1)\n"
+    assert private_uses("m", source, package_modules()) == ["m:2 fairseq_headprune.core.heads._x", "m:3 heads._y"]
 
 
 def test_no_private_name_crosses_a_module():

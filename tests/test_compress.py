@@ -756,7 +756,7 @@ def test_the_hidden_state_term_takes_the_teacher_layers_the_shrink_reconstructed
 
     from omegaconf import OmegaConf
 
-    from fairseq_headprune.prune import recover
+    from fairseq_headprune.prune import recovery_config
 
     loaded = SimpleNamespace(checkpoint=str(stock_checkpoint),
                              cfg=SimpleNamespace(task=OmegaConf.create({"source_lang": "de", "target_lang": "en"})))
@@ -765,7 +765,7 @@ def test_the_hidden_state_term_takes_the_teacher_layers_the_shrink_reconstructed
     cut = {"kept": {"dec": [1, 3]}, "teacher_outputs": {"dec": [2, 3]}}
     options = run_._recover_options("m.pt", None, cut)
     assert (options.distill_hidden_weight, options.distill_hidden_layers) == (0.2, "2,3")
-    argv = recover.training_argv(str(tiny_data), stock_checkpoint, options, "translation", "transformer")
+    argv = recovery_config.training_argv(str(tiny_data), stock_checkpoint, options, "translation", "transformer")
     assert argv[argv.index("--distill-hidden-weight") + 1] == "0.2"
     assert argv[argv.index("--distill-hidden-layers") + 1] == "2,3"
     assert run_._recover_options("m.pt", None, None).distill_hidden_layers == ""  # one to one

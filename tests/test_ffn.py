@@ -1,4 +1,4 @@
-"""FFN hidden units as units of pruning (compress.ffn, core.surgery): exact removal, per-sentence mask gradients,
+"""FFN hidden units as units of pruning (prune.ffn, core.surgery): exact removal, per-sentence mask gradients,
 checkpoints that fairseq and CTranslate2 run, and `shrink --ffn-keep` end to end."""
 import copy
 import json
@@ -116,7 +116,7 @@ def test_the_choice_compares_an_ffn_narrowed_shape_after_the_fits_shrink_applies
 
     from fairseq_headprune.prune import layers
     from fairseq_headprune.compress.choice import reconstructed_nll
-    from fairseq_headprune.prune.shrink import ShrinkOptions, with_fit
+    from fairseq_headprune.prune.shrink_options import ShrinkOptions, with_fit
     from fairseq_headprune.prune.window_fit import WindowOptions
     from fairseq_headprune.core.masking import install_head_masks
 

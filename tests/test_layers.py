@@ -1,4 +1,4 @@
-"""Whole layers as units of pruning (compress.layers; their removal in core.surgery): exact removal, checkpoints,
+"""Whole layers as units of pruning (prune.layers; their removal in core.surgery): exact removal, checkpoints,
 selection, the teacher map."""
 import copy
 import json

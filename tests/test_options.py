@@ -7,7 +7,7 @@ import pytest
 
 from conftest import run
 from fairseq_headprune.prune.reconstruct import ReconstructionOptions
-from fairseq_headprune.prune.shrink import ShrinkOptions, flat_fields, with_fit
+from fairseq_headprune.prune.shrink_options import ShrinkOptions, flat_fields, with_fit
 from fairseq_headprune.prune.window_fit import WindowOptions
 from fairseq_headprune.options import add_arguments, from_arguments, given_flags
 from fairseq_headprune.studies.deploy import DeployOptions

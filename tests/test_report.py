@@ -16,7 +16,7 @@ from conftest import BIN, ENV, ROOT, run, run_fairseq
 from fairseq_headprune.report import claims as cl
 from fairseq_headprune.cli.report import fairseq_argv
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.report.pipeline import set_option
+from fairseq_headprune.report.parts import set_option
 from fairseq_headprune.records.log import read_json
 from fairseq_headprune.records.rows import best_per_layer
 from fairseq_headprune.studies import frontier
@@ -523,7 +523,8 @@ def test_browser_and_pil_checks_see_broken_headers_and_bodies(tmp_path):
 def test_prune_progress_counts_only_the_whole_model_curves(tmp_path):
     """pruning.jsonl also holds the per-type curves (and rows merged from elsewhere): the prune part's progress
     counts the rows of its own orders over all types."""
-    from fairseq_headprune.report.pipeline import Part, ReportOptions, Ticker, expected_rows
+    from fairseq_headprune.report.pipeline import Ticker, expected_rows
+    from fairseq_headprune.report.parts import Part, ReportOptions
     from fairseq_headprune.core.heads import HeadLayout
 
     layout = HeadLayout({(t, layer): tuple(range(1, 5)) for t in ("enc-self", "enc-dec", "dec-self")
@@ -556,7 +557,7 @@ def test_run_only_options_neither_rerun_a_part_nor_change_its_printed_command(sl
                                                                               tmp_path):
     """--workers changes how fast a part runs, not what it computes: a report run again with another number of
     workers reuses the finished parts, and prints the command lines that made their files, as they ran."""
-    from fairseq_headprune.report.pipeline import command_identity
+    from fairseq_headprune.report.parts import command_identity
 
     assert command_identity("fairseq-headprune ablate d --workers 2 --mode single") == \
         "fairseq-headprune ablate d --mode single"

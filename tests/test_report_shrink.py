@@ -6,7 +6,7 @@ from dataclasses import replace
 import pytest
 
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.report.pipeline import options_argv
+from fairseq_headprune.report.parts import options_argv
 from fairseq_headprune.studies import shrink_sweep as sweep
 
 HEADER = {"checkpoint_sha256": "abc", "data_fingerprint": "d1", "subset": "test",
@@ -51,7 +51,7 @@ def test_bad_study_options_are_refused(field, value):
 
 def test_the_default_sweep_shows_the_shrink_commands_default_pipeline():
     """The shrink command's defaults are the method `full+out-proj+ffn+min1`: the sweep's last default method."""
-    from fairseq_headprune.prune.shrink import ShrinkOptions, with_fit
+    from fairseq_headprune.prune.shrink_options import ShrinkOptions, with_fit
 
     default = ShrinkOptions()
     method = sweep.method_options(sweep.DEFAULT_METHODS[-1], default)

@@ -13,14 +13,8 @@ from fairseq_headprune.prune.reconstruct import ReconstructionOptions, reconstru
 from fairseq_headprune.prune.window_fit import WindowOptions
 from fairseq_headprune.prune.sublayers import capture, token_mask
 from fairseq_headprune.records.identity import file_sha256
-from fairseq_headprune.prune.shrink import (
-    Budget,
-    ShrinkOptions,
-    calibration_samples,
-    heads_to_remove,
-    parse_budget,
-    select_heads,
-)
+from fairseq_headprune.prune.shrink import calibration_samples, select_heads
+from fairseq_headprune.prune.shrink_options import Budget, ShrinkOptions, heads_to_remove, parse_budget
 from helpers import beam_hypotheses, load_stock, sample_batch
 
 

@@ -20,7 +20,8 @@ from typing import List, Optional
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.options import add_arguments, from_arguments, one_line_errors, option
 from fairseq_headprune.cli.common import output_checkpoint, readable_file
-from fairseq_headprune.prune.recover import DISTILL, RecoverOptions, record_path, recover
+from fairseq_headprune.prune.recover import record_path, recover
+from fairseq_headprune.prune.recovery_config import DISTILL, RecoverOptions
 from fairseq_headprune.fairseq_io.checkpoint_io import check_pair_paths
 
 USES_FAIRSEQ_OPTIONS = False

@@ -7,13 +7,13 @@ from typing import List, Sequence
 from fairseq_headprune.cli.common import ResultsDir, options_from, results_folder
 from fairseq_headprune.fairseq_io.loading import PACKAGE_DIR
 from fairseq_headprune.options import add_arguments
-from fairseq_headprune.report import pipeline
+from fairseq_headprune.report import parts, pipeline
 
 
 def add_args(parser) -> None:
     g = parser.add_argument_group("report")
     add_arguments(g, ResultsDir)
-    add_arguments(g, pipeline.ReportOptions)  # the report's own options, declared on ReportOptions
+    add_arguments(g, parts.ReportOptions)  # the report's own options, declared on ReportOptions
 
 
 def own_options() -> dict:
@@ -42,7 +42,7 @@ def fairseq_argv(argv: Sequence[str]) -> List[str]:
 
 
 def run(cfg, args) -> None:
-    options = options_from(pipeline.ReportOptions, args, subset=cfg.dataset.gen_subset)
+    options = options_from(parts.ReportOptions, args, subset=cfg.dataset.gen_subset)
     with results_folder(args.results_dir):
         outputs = pipeline.run(cfg, options, fairseq_argv(args.command_argv), args.results_dir)
     for out in outputs:

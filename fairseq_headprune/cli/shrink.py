@@ -4,7 +4,7 @@
   fairseq-headprune shrink DATA --path CKPT --heads @closed-heads.json --out OUT.pt   (a selection made elsewhere)
   fairseq-headprune shrink DATA --path CKPT --sweep 10,20,...,80 --gen-subset test --references REF --results-dir DIR
 
-The options of the pruning itself are declared on compress.shrink.ShrinkOptions (with its nested reconstruction and
+The options of the pruning itself are declared on prune.shrink_options.ShrinkOptions (with its nested reconstruction and
 window-fit options) and parsed from there; this module adds only what the command does with the result.
 
 The first form writes OUT.pt (physically pruned, loads with `fairseq-generate --user-dir fairseq_headprune`) and
@@ -23,24 +23,13 @@ from typing import Optional
 from fairseq_headprune.fairseq_io.checkpoint_io import check_pair_paths, record_path_for
 from fairseq_headprune.cli.common import output_checkpoint, results_folder
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.prune.shrink import (
-    ShrinkOptions,
-    flat_fields,
-    inert_options,
-    parse_ffn_keep,
-    shrink,
-    write_checkpoint,
-)
+from fairseq_headprune.prune.shrink import shrink, write_checkpoint
+from fairseq_headprune.prune.shrink_options import ShrinkOptions, flat_fields, inert_options, parse_ffn_keep
 from fairseq_headprune.options import add_arguments, from_arguments, option
 from fairseq_headprune.studies.shrink_sweep import DEFAULT_METHODS
 from fairseq_headprune.cli.recover import summary
-from fairseq_headprune.prune.recover import (
-    RecoverOptions,
-    record_path,
-    recover,
-    refuse_output_of_another_run,
-    reusable_student,
-)
+from fairseq_headprune.prune.recover import record_path, recover, refuse_output_of_another_run, reusable_student
+from fairseq_headprune.prune.recovery_config import RecoverOptions
 from fairseq_headprune.fairseq_io.loading import load
 from fairseq_headprune.studies import shrink_sweep as sweep
 
@@ -128,7 +117,7 @@ def run(cfg, args) -> None:
 
 
 def _reusable(cfg, options, shrunk: str, json_path: str, recover_options) -> bool:
-    """Whether OUT.shrunk.pt is what this shrink would write again (compress.recover.reusable_student); an OUT
+    """Whether OUT.shrunk.pt is what this shrink would write again (prune.recover.reusable_student); an OUT
     another run wrote is refused first, before minutes of shrinking."""
     import json
 

@@ -16,6 +16,7 @@ import math
 from typing import Callable, Dict, List, Optional, Tuple
 
 from fairseq_headprune.prune import layers, levers, select, shrink
+from fairseq_headprune.prune.shrink_options import Budget
 from fairseq_headprune.core.heads import Head, HeadLayout, format_head_spec, parse_head_spec
 from fairseq_headprune.core.masking import set_head_masks
 from fairseq_headprune.core.surgery import remove_layers
@@ -113,11 +114,11 @@ def fisher_choice(model, grads, points: List[Dict]) -> List[Dict]:
     import torch
 
     layout = HeadLayout.of(model)
-    orders = {k: select._layer_removal_order(g) for k, g in grads.items()}
+    orders = {k: select.layer_removal_order(g) for k, g in grads.items()}
     out = []
     for point in points:
         kept = {"encoder": point["enc_heads"], "decoder": point["dec_heads"]}
-        columns = [(k, i) for k in grads for i in orders[k][:len(layout.heads[k]) - kept[select._stack_of(k)]]]
+        columns = [(k, i) for k in grads for i in orders[k][:len(layout.heads[k]) - kept[select.stack_of(k)]]]
         estimate = float((torch.stack([grads[k][:, i] for k, i in columns], 1).sum(1) ** 2).sum()) if columns else 0.
         heads = sorted(Head(k[0], k[1], layout.heads[k][i]) for k, i in columns)
         out.append({**point, "fisher_estimate": estimate, "heads_removed": len(heads),
@@ -144,7 +145,7 @@ def reconstructed_nll(model, point: Dict, calibration, options, pad: int) -> flo
     kept = point.get("layers_kept")
     cut = remove_layers(copy.deepcopy(model), kept) if kept else model
     selection = shrink.Selection(parse_head_spec(point["heads"]) if point["heads"] else [], "the choice's", False,
-                                 shrink.Budget("remove", 0.0, False))
+                                 Budget("remove", 0.0, False))
     student = shrink.build_student(cut, selection, calibration, options, pad, teacher=model if kept else None,
                                    kept_layers=kept).student
     return round(layers.calibration_loss(student, calibration.samples, pad), 6)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Optional, Tuple
 
 from fairseq_headprune.prune import levers
-from fairseq_headprune.prune.recover import DISTILL
+from fairseq_headprune.prune.recovery_config import DISTILL
 from fairseq_headprune.prune.vocab_map import VocabMapOptions
 from fairseq_headprune.prune.window_fit import WindowOptions
 from fairseq_headprune.core.shape import CeilingShape
@@ -220,7 +220,7 @@ class CompressOptions:
             raise UserError(f"--distill-nbest must be between 1 and 5 (the teacher's beam), not {self.distill_nbest}")
         if self.vocab_map and self.engine == "fairseq":
             raise UserError("--vocab-map is CTranslate2's (use_vmap): --engine fairseq cannot apply it")
-        self.vocab_map_options.check()
+        self.vocab_map_options.check(self.vocab_map)
 
     def _check_sets(self) -> None:
         """The reported sets against the ones a choice or training reads, --stop-after, the references."""

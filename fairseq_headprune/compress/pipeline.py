@@ -50,7 +50,7 @@ from typing import Callable, Dict, List, Optional
 from fairseq_headprune.compress import preflight
 from fairseq_headprune.prune import levers
 from fairseq_headprune.compress.options import STAGES, CompressOptions
-from fairseq_headprune.prune.recover import TRAIN_DEFAULTS, RecoverOptions
+from fairseq_headprune.prune.recovery_config import TRAIN_DEFAULTS, RecoverOptions
 from fairseq_headprune.prune.shrink import calibration_samples
 from fairseq_headprune.compress.stages import (choice, cost_table, export, measure, outputs, plan, recover, report,
                                                shrink)

@@ -10,7 +10,7 @@ With w = 1 and a student identical to its teacher the loss is exactly zero.
 `--distill-hidden-weight β` adds β · Σ_t mean over decoder layers and channels of (h_student - h_teacher)², the
 output of every decoder layer pulled towards the teacher's (the layer distillation of CoFi, Xia et al. 2022, which
 found it to matter for structured pruning). A head-pruned student has the teacher's layers and widths, so the
-states compare one to one, with no learned projection. A student with fewer decoder layers (compress.layers) names
+states compare one to one, with no learned projection. A student with fewer decoder layers (prune.layers) names
 the teacher layer each of its layers is compared with: `--distill-hidden-layers 3,4,6` (1-indexed, one per student
 layer; `shrink --keep-layers` records the map its reconstruction used as `layers.teacher_outputs`).
 

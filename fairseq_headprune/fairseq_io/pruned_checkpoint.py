@@ -41,7 +41,7 @@ def pruned_model_cfg(model_cfg, kept_json: str, kept_ffn: str = ""):
 
 def _names_within(weights: Mapping, layers: Mapping[str, int]) -> set:
     """The source's parameter names, but those of encoder/decoder layers at or beyond the model's depth (a model
-    with whole layers removed, compress.layers, holds the first n layers' names)."""
+    with whole layers removed, prune.layers, holds the first n layers' names)."""
     def kept(name: str) -> bool:
         parts = name.split(".")
         if len(parts) > 2 and parts[0] in ("encoder", "decoder") and parts[1] == "layers" and parts[2].isdigit():

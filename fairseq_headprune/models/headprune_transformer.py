@@ -5,7 +5,7 @@ masks on them); these names exist to train with masks from the start and for the
 `--kept-heads` (JSON {TYPE: {LAYER: [original head ids]}}, layers not listed keep all heads) gives the model a
 physically pruned shape when it is built, before fairseq loads weights: it is how checkpoints written by
 `fairseq_io.pruned_checkpoint.save_pruned_checkpoint` reload; `--kept-ffn` (JSON {"enc"|"dec": {LAYER: UNITS}})
-does the same for FFNs narrowed by `shrink --ffn-keep` (compress.ffn, core.surgery)."""
+does the same for FFNs narrowed by `shrink --ffn-keep` (prune.ffn, core.surgery)."""
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerModel
 from fairseq.models.transformer.transformer_legacy import (

@@ -6,7 +6,7 @@ core.surgery's (prune_ffn); each layer keeps its own number of units, which a ch
 Importance is Kwon et al. (2022)'s mask Fisher: for a mask m_i on unit i's activation a_i, the loss gradient of
 sentence s is ∂L_s/∂m_i = Σ_t a_t,i · ∂L/∂a_t,i over its tokens (one backward pass gives every sentence's: the
 sentences of a batch do not interact), and F_i = Σ_s (∂L_s/∂m_i)². Each FFN keeps its highest-Fisher units; the
-reconstruction then refits fc2 on the units kept (compress.reconstruct), which is Kwon's mask tuning.
+reconstruction then refits fc2 on the units kept (prune.reconstruct), which is Kwon's mask tuning.
 """
 from __future__ import annotations
 

@@ -351,7 +351,7 @@ def cost_table(loaded, engine: str, samples, runs: int, levers: Sequence[Lever] 
 
 
 # The vocabulary map (compress --vocab-map) as a lever: not a shape but the engine's output layer restricted per
-# batch to the candidates of its source words (compress.vocab_map). Its row is the whole model decoding with the map;
+# batch to the candidates of its source words (prune.vocab_map). Its row is the whole model decoding with the map;
 # a point {MAP: 1} is predicted with it (predict), every other field as it is.
 MAP = "vocab_map"
 MAP_LEVER = Lever("vocabulary map", MAP, "the output layer scores the map's candidates of each batch", True)

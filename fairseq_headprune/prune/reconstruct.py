@@ -170,7 +170,7 @@ def reconstruct(teacher, student, samples: Sequence[dict], pad: int, options: Re
     """Reconstruct `student` (masked; weights changed in place) towards `teacher` on the calibration samples.
 
     Sublayers with a removed head are fitted (all sublayers with refit_unpruned); returns one SublayerFit each.
-    With `kept_layers` ({stack: the teacher's layers the student kept}, compress.layers), the student has fewer
+    With `kept_layers` ({stack: the teacher's layers the student kept}, prune.layers), the student has fewer
     layers: each sublayer's target is its teacher sublayer's (layers.teacher_key), and every sublayer from the
     first one whose target moved (or lost heads) upwards is fitted."""
     if options.method not in METHODS:

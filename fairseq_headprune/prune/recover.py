@@ -25,7 +25,7 @@ import resource
 import shutil
 import socket
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import Dict, List, Optional
 
 import numpy as np
@@ -35,331 +35,20 @@ from fairseq.data import data_utils, indexed_dataset
 from fairseq_headprune.prune.shrink import random_ids
 from fairseq_headprune.fairseq_io.checkpoint_io import record_path_for, save_state, write_checkpoint_pair
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.fairseq_io.loading import PACKAGE_DIR
 from fairseq_headprune.options import finite_numbers, usage_error
 from fairseq_headprune.records.identity import file_sha256
 from fairseq_headprune.records.log import FolderLock, atomic_output, read_json, write_json_atomic
 from fairseq_headprune.prune.sequence_targets import distillation_set_data, language_pair, teacher_targets_data
-from fairseq_headprune.criterions.label_smoothed_cross_entropy_distill import parse_hidden_layers
 from fairseq_headprune.fairseq_io.checkpoint_io import output_lock
-
-DISTILL = ("logits", "sequences", "both", "none")
-CRITERION = "label_smoothed_cross_entropy_distill"
-# model options a user may change for the fine-tuning; every other option of the architecture is the student's
-TUNABLE_MODEL_OPTIONS = ("dropout", "attention_dropout", "activation_dropout")
-# options recover sets itself; given on the command line they are refused, never silently replaced
-OWN_OPTIONS = ("--arch", "-a", "--save-dir", "--finetune-from-model", "--restore-file", "--criterion",
-               "--teacher-path", "--max-epoch", "--max-update", "--reset-optimizer", "--reset-lr-scheduler",
-               "--reset-meters", "--reset-dataloader", "--user-dir", "--train-subset",
-               "--distill-weight", "--distill-temperature", "--distill-hidden-weight", "--distill-hidden-layers")
-# fairseq-train options recover uses unless the user gives them: the De-En recipe's cool-down, the lr at which the
-# bundled model converged (recipes/de_en_train_args.sh), chosen for the reasons in results/recover-de-en/README.md
-TRAIN_DEFAULTS = {
-    "--optimizer": "adam", "--adam-betas": "(0.9, 0.98)", "--clip-norm": "0.0", "--weight-decay": "0.0001",
-    "--lr": "1e-4", "--lr-scheduler": "fixed", "--warmup-updates": "0", "--max-tokens": "2048",
-    "--label-smoothing": "0.1", "--seed": "1", "--num-workers": "0", "--log-format": "simple",
-    "--log-interval": "50", "--patience": "2", "--keep-last-epochs": "-1",
-    "--dropout": "0.1",  # the student's own (0.3 for the bundled model) lost 0.4 BLEU on val: see results/recover-de-en
-}
-
-
-@dataclass
-class RecoverOptions:
-    """What `fairseq-headprune recover` does; every field has the command's default."""
-
-    teacher: str = ""
-    out: str = ""
-    distill: str = "logits"
-    distill_weight: float = 0.9
-    distill_temperature: float = 2.0
-    distill_hidden_weight: float = 0.0  # β of the decoder layers' squared distance to the teacher's (off)
-    distill_hidden_layers: str = ""  # "3,4,6": the teacher layer of each student decoder layer (fewer layers)
-    epochs: Optional[int] = None  # default 2 when neither epochs nor updates is given
-    updates: Optional[int] = None
-    train_subset: str = "train"
-    valid_subset: str = "valid"
-    work_dir: Optional[str] = None  # fairseq's --save-dir (default: OUT without .pt + ".recover")
-    sequence_beam: int = 5
-    sequence_max_len_a: float = 1.2
-    sequence_max_len_b: int = 10
-    distill_source: List[str] = field(default_factory=list)  # raw source text the teacher translates (train1)
-    distill_nbest: int = 1  # the teacher's n best translations of each, each a pair (data diversification)
-    train_args: List[str] = field(default_factory=list)  # fairseq-train options as given, passed through
-    force: bool = False  # replace an existing OUT (written by another run)
-    command: str = "recover"  # the command running it (`shrink --recover-epochs`): its refusals name its options
-
-    def elsewhere(self) -> str:
-        """How a refused user writes elsewhere, in the options of the command that runs the recovery."""
-        return "another --work-dir" if self.command == "recover" else "another --out (its run folder is OUT.recover)"
-
-    def check(self) -> None:
-        """Every setting that can be refused before anything is read or written."""
-        if self.distill not in DISTILL:
-            raise UserError(f"--distill must be one of {', '.join(DISTILL)}, not {self.distill}")
-        if self.distill != "none" and not self.teacher:
-            raise UserError(f"--distill {self.distill} needs --teacher UNPRUNED.pt")
-        if not 0.0 <= self.distill_weight <= 1.0:
-            raise UserError(f"--distill-weight must be in [0, 1], not {self.distill_weight}")
-        if not self.distill_temperature > 0:
-            raise UserError(f"--distill-temperature must be > 0, not {self.distill_temperature}")
-        if self.distill_hidden_weight < 0:
-            raise UserError(f"--distill-hidden-weight must be >= 0, not {self.distill_hidden_weight}")
-        if self.sequence_beam < 1:
-            raise UserError(f"--sequence-beam must be at least 1, not {self.sequence_beam}")
-        if self.distill_source and not self.teacher:
-            raise UserError("--distill-source is translated by the teacher: give --teacher UNPRUNED.pt")
-        for path in self.distill_source:
-            if not os.path.isfile(path):
-                raise UserError(f"--distill-source: no such file: {path}")
-        if not 1 <= self.distill_nbest <= self.sequence_beam:
-            raise UserError(f"--distill-nbest must be between 1 and --sequence-beam ({self.sequence_beam}), "
-                            f"not {self.distill_nbest}")
-        self.budget_args()
-
-    def budget_args(self) -> List[str]:
-        """fairseq-train's budget: --max-epoch, --max-update, or both (it stops at whichever comes first)."""
-        if self.updates is not None:
-            if self.updates < 1:
-                raise UserError(f"--updates must be at least 1, not {self.updates}")
-            if self.epochs is None:
-                return ["--max-update", str(self.updates), "--max-epoch", "0"]
-        epochs = 2 if self.epochs is None else self.epochs
-        if epochs < 1:
-            raise UserError(f"--epochs must be at least 1, not {epochs}")
-        return ["--max-epoch", str(epochs)] + ([] if self.updates is None else ["--max-update", str(self.updates)])
-
-    def resolved_work_dir(self) -> str:
-        return self.work_dir or os.path.splitext(self.out)[0] + ".recover"
-
-
-# --------------------------------------------------------------------------------------------- pure functions
-
-
-def option_names(argv: List[str]) -> List[str]:
-    """The option names in a fairseq argument list (`--lr 1e-4`, `--lr=1e-4` -> `--lr`)."""
-    return [a.split("=", 1)[0] for a in argv if a.startswith("-") and not _is_number(a)]
-
-
-def _is_number(token: str) -> bool:
-    try:
-        float(token)
-        return True
-    except ValueError:
-        return False
-
-
-def model_option_names(arch: str) -> Dict[str, str]:
-    """Command-line name -> dest of every option the architecture's model class adds (its shape and dropouts)."""
-    from fairseq.models import ARCH_MODEL_REGISTRY
-
-    parser = argparse.ArgumentParser(add_help=False)
-    ARCH_MODEL_REGISTRY[arch].add_args(parser)
-    return {s: a.dest for a in parser._actions for s in a.option_strings}
-
-
-def refuse_foreign_options(train_args: List[str], arch: str) -> None:
-    """One line for an option recover sets itself or one that would change the student's architecture."""
-    names = option_names(train_args)
-    own = [n for n in names if n in OWN_OPTIONS]
-    if own:
-        raise UserError(f"{own[0]} is set by recover itself (see fairseq-headprune recover --help)")
-    model = model_option_names(arch)
-    shape = [n for n in names if n in model and model[n] not in TUNABLE_MODEL_OPTIONS]
-    if shape:
-        raise UserError(f"{shape[0]}: the student's architecture is read from its checkpoint and cannot change "
-                        f"(only {', '.join('--' + o.replace('_', '-') for o in TUNABLE_MODEL_OPTIONS)} can)")
-
-
-def saved_config_args(section, add_args, skip=()) -> List[str]:
-    """A saved config section (the student's model or task) as command-line options of the parser `add_args`
-    builds: every option whose saved value is set, so that a bare fairseq-train builds the very model the
-    checkpoint holds (its pruned heads, its shape) under its task's settings."""
-    values = as_mapping(section)
-    parser = argparse.ArgumentParser(add_help=False)
-    add_args(parser)
-    out: List[str] = []
-    for action in parser._actions:
-        longs = [o for o in action.option_strings if o.startswith("--")]
-        if not longs or action.dest in skip or values.get(action.dest) is None:
-            continue
-        value, flag = values[action.dest], longs[0]
-        if isinstance(action, argparse._StoreTrueAction):
-            out += [flag] if value else []
-        elif isinstance(action, argparse._StoreFalseAction):
-            out += [] if value else [flag]
-        elif isinstance(value, (list, tuple)):
-            out += [flag, *map(str, value)] if action.nargs in ("+", "*") else [flag, ",".join(map(str, value))]
-        else:
-            out += [flag, str(value)]
-    return out
-
-
-def student_args(student: str, arch: str, task_name: str) -> List[str]:
-    """The student checkpoint's model and task options for a fairseq-train command run on its own (recover passes
-    them as configs instead): its architecture's options but the tunable dropouts, and its task's but the data
-    and the subsets."""
-    from fairseq.models import ARCH_MODEL_REGISTRY
-    from fairseq.tasks import TASK_REGISTRY
-
-    cfg = _saved_cfg(_load_state(student), student)
-    out = saved_config_args(cfg["model"], ARCH_MODEL_REGISTRY[arch].add_args, set(TUNABLE_MODEL_OPTIONS) | {"arch"})
-    task = TASK_REGISTRY.get(task_name)
-    if task is not None and saved_task_name(cfg) == task_name:
-        out += saved_config_args(cfg.get("task"), task.add_args, {"data", "train_subset", "valid_subset"})
-    return out
-
-
-def training_argv(data: str, student: str, options: RecoverOptions, saved_task: str, arch: str,
-                  saved: List[str] = ()) -> List[str]:
-    """fairseq-train's argument list for this recovery: defaults, then the user's options, then recover's own
-    (`saved`: the student's model and task options, student_args, for a command run on its own)."""
-    given = set(option_names(options.train_args))
-    argv = [data, "--user-dir", PACKAGE_DIR, "--arch", arch]
-    if "--task" not in given:
-        argv += ["--task", saved_task]
-    argv += list(saved)
-    for name, value in TRAIN_DEFAULTS.items():
-        if name not in given:
-            argv += [name, value]
-    argv += list(options.train_args)
-    argv += ["--save-dir", options.resolved_work_dir(), "--finetune-from-model", os.path.abspath(student),
-             "--train-subset", options.train_subset, "--valid-subset", options.valid_subset]
-    argv += options.budget_args()
-    if options.distill == "none" or options.distill == "sequences":
-        argv += ["--criterion", "label_smoothed_cross_entropy"]
-    else:
-        argv += ["--criterion", CRITERION, "--teacher-path", os.path.abspath(options.teacher),
-                 "--distill-weight", str(options.distill_weight),
-                 "--distill-temperature", str(options.distill_temperature),
-                 "--distill-hidden-weight", str(options.distill_hidden_weight)]
-        if options.distill_hidden_layers:
-            argv += ["--distill-hidden-layers", options.distill_hidden_layers]
-    return argv
-
-
-def source_encoders(cfg):
-    """The tokenizer and BPE fairseq builds from these options (fairseq-interactive's), and their description
-    (with the BPE's codes or model by content): how raw source text becomes the model's tokens."""
-    from fairseq.data import encoders
-
-    described = []
-    for kind in ("tokenizer", "bpe"):
-        section = cfg.get(kind) if hasattr(cfg, "get") else None
-        name = _field(section, "_name") if section is not None else None
-        if name:
-            files = [f"{k}={file_sha256(v, 16)}" for k, v in sorted(as_mapping(section).items())
-                     if isinstance(v, str) and k != "_name" and os.path.isfile(v)]
-            described.append(" ".join([f"{kind}={name}"] + files))
-    return encoders.build_tokenizer(cfg.tokenizer), encoders.build_bpe(cfg.bpe), "; ".join(described) or "none"
-
-
-def _field(cfg, name):
-    return cfg.get(name) if hasattr(cfg, "get") else getattr(cfg, name, None)
-
-
-def as_mapping(section) -> dict:
-    """A saved config section as a plain dict: fairseq keeps legacy tasks and models (multilingual, mBART) as
-    argparse Namespaces, hydra ones as dicts or DictConfigs."""
-    from omegaconf import OmegaConf
-
-    if section is None:
-        return {}
-    if isinstance(section, argparse.Namespace):
-        return dict(vars(section))
-    if OmegaConf.is_config(section):
-        return OmegaConf.to_container(section, resolve=True) or {}
-    return dict(section)
-
-
-def saved_task_name(student_cfg) -> str:
-    """The task the student was trained under (a legacy Namespace names it in `task` when `_name` is absent)."""
-    task = as_mapping(student_cfg.get("task"))
-    return task.get("_name") or task.get("task") or "translation"
-
-
-def refuse_teacher_decoding(distill: str, task_name: str) -> None:
-    """`sequences` and `both` decode the teacher under the translation task: another task's language tokens would
-    be dropped."""
-    if distill in ("sequences", "both") and task_name not in ("translation", "translation_headprune"):
-        raise UserError(f"--distill {distill} decodes the teacher under the translation task, which would drop "
-                        f"{task_name}'s language tokens: use --distill logits or none")
-
-
-def _set(section, key, value) -> None:
-    if isinstance(section, argparse.Namespace):
-        setattr(section, key, value)
-    else:
-        section[key] = value
-
-
-def same_shape_except_heads(student_model_cfg, teacher_model_cfg) -> Optional[str]:
-    """None when the student is the teacher's network with (possibly) fewer heads and fewer layers (compress.layers:
-    the logits distillation compares outputs only); else what differs."""
-    for name in ("encoder_layers", "decoder_layers"):
-        a, b = _field(student_model_cfg, name), _field(teacher_model_cfg, name)
-        if a is None or b is None or a > b:
-            return f"{name.replace('_', '-')} is {a} in the student and {b} in the teacher"
-    for name in ("encoder_embed_dim", "decoder_embed_dim",
-                 "encoder_ffn_embed_dim", "decoder_ffn_embed_dim", "encoder_normalize_before",
-                 "decoder_normalize_before", "share_all_embeddings", "share_decoder_input_output_embed"):
-        a, b = _field(student_model_cfg, name), _field(teacher_model_cfg, name)
-        if a != b:
-            return f"{name.replace('_', '-')} is {a} in the student and {b} in the teacher"
-    return None
-
-
-def check_hidden_layers(options: RecoverOptions, student_layers: int, teacher_layers: int) -> None:
-    """The hidden-state term compares each student decoder layer with one teacher layer: one to one at equal depth,
-    else through --distill-hidden-layers (one teacher layer per student layer, 1..teacher_layers)."""
-    layers = parse_hidden_layers(options.distill_hidden_layers)
-    if layers is not None and options.distill_hidden_weight <= 0:
-        raise UserError("--distill-hidden-layers maps the hidden-state term, which --distill-hidden-weight 0 turns off")
-    if options.distill_hidden_weight <= 0:
-        return
-    if layers is None:
-        if student_layers != teacher_layers:
-            raise UserError(f"--distill-hidden-weight compares decoder layers one to one: the student has "
-                            f"{student_layers} and the teacher {teacher_layers} (give --distill-hidden-layers, or "
-                            f"leave the term out: the logits distillation works at any depth)")
-        return
-    if len(layers) != student_layers or max(layers) > teacher_layers:
-        raise UserError(f"--distill-hidden-layers {options.distill_hidden_layers}: one teacher layer "
-                        f"(1..{teacher_layers}) for each of the student's {student_layers} decoder layers")
-
-
-def vocabulary_sizes(weights: Dict[str, torch.Tensor]) -> Dict[str, int]:
-    """Rows of the source embedding, the target embedding and the output projection of a state dict."""
-    names = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "decoder.output_projection.weight")
-    return {n.split(".")[0] + "." + n.split(".")[1]: int(weights[n].shape[0]) for n in names if n in weights}
-
-
-def data_fingerprint(data: str, subsets: List[str]) -> Dict[str, str]:
-    """Hashes of the data folder's dictionaries and of every file of the given subsets (their sentences)."""
-    out = {}
-    for folder in data.split(os.pathsep):
-        for path in sorted(glob.glob(os.path.join(folder, "*"))):
-            name = os.path.basename(path)
-            if os.path.isfile(path) and (name.startswith("dict") or any(name.startswith(s + ".") for s in subsets)):
-                out[name] = file_sha256(path, 16)
-    return out
+from fairseq_headprune.prune.recovery_config import (TUNABLE_MODEL_OPTIONS, RecoverOptions, as_mapping,
+                                                      check_hidden_layers, config_field, data_fingerprint, load_state,
+                                                      option_names, refuse_foreign_options, refuse_teacher_decoding,
+                                                      same_shape_except_heads, saved_cfg, saved_task_name,
+                                                      set_config_field, source_encoders, training_argv,
+                                                      vocabulary_sizes)
 
 
 # --------------------------------------------------------------------------------------------- the run
-
-
-def _load_state(path: str) -> dict:
-    try:
-        return torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as e:
-        first = str(e).splitlines()[0] if str(e) else ""
-        raise UserError(f"cannot load checkpoint {path}: {type(e).__name__}: {first}") from None
-
-
-def _saved_cfg(state: dict, path: str):
-    cfg = state.get("cfg")
-    if cfg is None or cfg.get("model") is None:
-        raise UserError(f"{path} has no fairseq config (cfg): not a fairseq 0.10+ checkpoint")
-    return cfg
 
 
 def repair_last_checkpoint(work_dir: str) -> Optional[str]:
@@ -413,7 +102,7 @@ def run_identity(data: str, student: str, options: RecoverOptions, cfg) -> dict:
     for group, keys in IDENTITY_FIELDS.items():
         values = as_mapping(cfg.get(group))
         if group == "task" and isinstance(cfg.get(group), argparse.Namespace):  # a legacy task holds every option
-            own = legacy_task_options(_field(cfg.task, "_name") or _field(cfg.task, "task"))
+            own = legacy_task_options(config_field(cfg.task, "_name") or config_field(cfg.task, "task"))
             values = {k: v for k, v in values.items() if k in own}
         for key, value in values.items():
             if (keys is None or key in keys) and key not in UNSTABLE_KEYS and _jsonable(value):
@@ -510,12 +199,12 @@ def fairseq_train_cfg(argv: List[str], student_cfg, options: RecoverOptions):
     saved_task = as_mapping(student_cfg.get("task"))
     with open_dict(cfg), omegaconf_no_object_check():  # a legacy model config is a Namespace, as fairseq keeps it
         cfg.model = model
-        if saved_task_name(student_cfg) == _field(cfg.task, "_name"):
+        if saved_task_name(student_cfg) == config_field(cfg.task, "_name"):
             for key, value in saved_task.items():
                 if key in ("_name", "task", "data", "train_subset", "valid_subset") or key not in cfg.task:
                     continue
                 if "--" + key.replace("_", "-") not in given:
-                    _set(cfg.task, key, value)
+                    set_config_field(cfg.task, key, value)
     return cfg
 
 
@@ -525,17 +214,17 @@ def recover(data: str, student: str, options: RecoverOptions, log=print) -> dict
     identity a corrected rerun would trip on); OUT is locked for the whole run, so two runs cannot both write it."""
     start = time.perf_counter()
     options.check()
-    student_state = _load_state(student)
-    student_cfg = _saved_cfg(student_state, student)
-    arch = _field(student_cfg["model"], "arch") or _field(student_cfg["model"], "_name")
+    student_state = load_state(student)
+    student_cfg = saved_cfg(student_state, student)
+    arch = config_field(student_cfg["model"], "arch") or config_field(student_cfg["model"], "_name")
     refuse_foreign_options(options.train_args, arch)
     if options.teacher:
-        teacher_state = _load_state(options.teacher)
-        teacher_model_cfg = _saved_cfg(teacher_state, options.teacher)["model"]
+        teacher_state = load_state(options.teacher)
+        teacher_model_cfg = saved_cfg(teacher_state, options.teacher)["model"]
         differs = same_shape_except_heads(student_cfg["model"], teacher_model_cfg)
         if differs:
             raise UserError(f"the student is not a pruned model of the teacher's network: {differs}")
-        depths = [_field(cfg, "decoder_layers") for cfg in (student_cfg["model"], teacher_model_cfg)]
+        depths = [config_field(cfg, "decoder_layers") for cfg in (student_cfg["model"], teacher_model_cfg)]
         check_hidden_layers(options, *depths)
         a, b = vocabulary_sizes(student_state["model"]), vocabulary_sizes(teacher_state["model"])
         if a != b:
@@ -563,10 +252,11 @@ def recover(data: str, student: str, options: RecoverOptions, log=print) -> dict
             cfg = fairseq_train_cfg(training_argv(train_data, student, options, task_name, arch), student_cfg,
                                     options)
             if "--upsample-primary" not in option_names(options.train_args) and \
-                    int(_field(cfg.task, "upsample_primary") or 1) < 1:
-                _set(cfg.task, "upsample_primary", 1)  # fairseq's default (-1) cannot concatenate a second shard
+                    int(config_field(cfg.task, "upsample_primary") or 1) < 1:
+                # fairseq's default (-1) cannot concatenate a second shard
+                set_config_field(cfg.task, "upsample_primary", 1)
             distillation_set.update(mix(train_data, options.train_subset, made["pairs"],
-                                        int(_field(cfg.task, "upsample_primary"))))
+                                        int(config_field(cfg.task, "upsample_primary"))))
         work_dir = options.resolved_work_dir()
         created = not os.path.exists(work_dir)
         os.makedirs(work_dir, exist_ok=True)
@@ -636,9 +326,13 @@ def preflight(cfg, data: str, student_weights: Dict[str, torch.Tensor], options:
     from fairseq import tasks
 
     common = cfg.common
-    if (_field(common, "fp16") or _field(common, "memory_efficient_fp16")) and (
-            _field(common, "cpu") or not torch.cuda.is_available()):
+    if (config_field(common, "fp16") or config_field(common, "memory_efficient_fp16")) and (
+            config_field(common, "cpu") or not torch.cuda.is_available()):
         raise UserError("--fp16 trains on a GPU: none is available here (leave --fp16 out on CPU)")
+    processes, cores = cpu_processes(cfg), os.cpu_count() or 1
+    if processes > cores:
+        raise UserError(f"--distributed-world-size {processes} trains in {processes} CPU processes and this machine "
+                        f"has {cores} cores")
     try:  # as fairseq-train sets them up first (a UserError of this package's tasks passes unchanged)
         task = tasks.setup_task(cfg.task)
         model = task.build_model(cfg.model)
@@ -650,10 +344,10 @@ def preflight(cfg, data: str, student_weights: Dict[str, torch.Tensor], options:
     if differs:
         raise UserError(f"the dictionaries of {data} do not fit the student: {differs[0]} has {built.get(differs[0])} "
                         f"rows from DATA's dictionary but {saved[differs[0]]} in the checkpoint")
-    max_tokens = _field(cfg.dataset, "max_tokens")
+    max_tokens = config_field(cfg.dataset, "max_tokens")
     if max_tokens:
-        positions = min(int(_field(cfg.model, "max_source_positions") or 1024),
-                        int(_field(cfg.model, "max_target_positions") or 1024))
+        positions = min(int(config_field(cfg.model, "max_source_positions") or 1024),
+                        int(config_field(cfg.model, "max_target_positions") or 1024))
         for subset in (options.train_subset, options.valid_subset):
             longest = longest_sentence(data, subset, positions)
             if longest > max_tokens:
@@ -841,7 +535,7 @@ def write_recovered(best: str, student: str, options: RecoverOptions, data: str,
     state.pop("last_optimizer_state", None)
     if isinstance(state.get("extra_state"), dict):
         state["extra_state"] = {k: v for k, v in state["extra_state"].items() if k in ("val_loss", "best")}
-    dtypes = {t.dtype for t in _load_state(student)["model"].values() if torch.is_tensor(t) and t.is_floating_point()}
+    dtypes = {t.dtype for t in load_state(student)["model"].values() if torch.is_tensor(t) and t.is_floating_point()}
     if dtypes == {torch.float16}:  # stored as the student was (fairseq trains in fp32)
         state["model"] = {k: v.half() if v.is_floating_point() else v for k, v in state["model"].items()}
     last = os.path.join(work_dir, "checkpoint_last.pt")

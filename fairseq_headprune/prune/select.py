@@ -233,15 +233,15 @@ def per_stack_shapes(head_ids: Mapping[Key, Sequence[int]], types: Iterable[str]
     return shapes
 
 
-def _stack_of(key: Key) -> str:
+def stack_of(key: Key) -> str:
     return next(stack for stack, stack_types in STACKS.items() if key[0] in stack_types)
 
 
 def removed_count(head_ids: Mapping[Key, Sequence[int]], shape: Mapping[str, int]) -> int:
-    return sum(len(ids) - shape[_stack_of(k)] for k, ids in head_ids.items())
+    return sum(len(ids) - shape[stack_of(k)] for k, ids in head_ids.items())
 
 
-def _layer_removal_order(g: torch.Tensor) -> List[int]:
+def layer_removal_order(g: torch.Tensor) -> List[int]:
     """A layer's heads in the order the greedy fill on the layer's Fisher block removes them."""
     F = layer_fisher(g)
     v = torch.zeros(F.shape[0], dtype=F.dtype)
@@ -265,10 +265,10 @@ def fill_per_stack(grads: Mapping[Key, torch.Tensor], head_ids: Mapping[Key, Seq
     with the lowest Fisher estimate of the loss increase Σ_x (Σ_removed g_x,h)² (full, or summed per layer with
     block) wins. Returns the heads and the shape; ValueError when no shape meets the budget."""
     shapes = per_stack_shapes(head_ids, types, min_kept)
-    orders = {k: _layer_removal_order(g) for k, g in grads.items()}
+    orders = {k: layer_removal_order(g) for k, g in grads.items()}
 
     def removed_by(shape):
-        return [(k, i) for k in grads for i in orders[k][:len(head_ids[k]) - shape[_stack_of(k)]]]
+        return [(k, i) for k in grads for i in orders[k][:len(head_ids[k]) - shape[stack_of(k)]]]
 
     def objective(columns) -> float:
         if not columns:

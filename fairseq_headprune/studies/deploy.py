@@ -27,7 +27,8 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from fairseq_headprune.prune.shrink import ShrinkOptions, shrink, write_checkpoint
+from fairseq_headprune.prune.shrink import shrink, write_checkpoint
+from fairseq_headprune.prune.shrink_options import ShrinkOptions
 from fairseq_headprune.core import flops
 from fairseq_headprune.core.heads import attention_modules
 from fairseq_headprune.core.masking import set_head_masks

@@ -18,7 +18,7 @@ from fairseq_headprune.records.log import read_json, read_log
 
 
 def parse_type_list(text: str) -> List[str]:
-    """`--types enc-dec,dec-self` as a list, in the order given (compress.shrink.parse_type_set: the set, in the
+    """`--types enc-dec,dec-self` as a list, in the order given (prune.shrink_options.parse_type_set: the set, in the
     model's order); an unknown type is one line."""
     types = [t.strip() for t in text.split(",") if t.strip()]
     bad = [t for t in types if t not in ATTENTION_TYPES]

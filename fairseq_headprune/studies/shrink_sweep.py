@@ -6,7 +6,7 @@ Methods are written as a base order and steps joined by '+':
   fisher+rearrange             + in-layer rearrangement
   fisher+rearrange+scales      + one least-squares scale per kept head (Kwon's mask tuning)
   fisher+rearrange+out-proj    + ridge refit of each pruned sublayer's out-projection instead
-  block, full                  greedy fill on the block-diagonal or the full empirical Fisher (compress.select)
+  block, full                  greedy fill on the block-diagonal or the full empirical Fisher (prune.select)
 Extra steps for the measurements of NOTES.md: `mildP` (a teacher with P% of the removed heads masked), `all` (also
 refit sublayers that lost no head), `nobias` (no bias refit of emptied sublayers), `ffn` (also refit every FFN's
 fc2 towards the same targets), `in` (also map every drifted sublayer input back onto the teacher's, folded into
@@ -29,19 +29,10 @@ from fairseq_headprune.prune import select
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.core.heads import HeadLayout
 from fairseq_headprune.core.masking import set_head_masks
-from fairseq_headprune.prune.shrink import (
-    Budget,
-    Calibration,
-    ShrinkOptions,
-    build_student,
-    calibrate,
-    flat_fields,
-    parse_type_set,
-    search_with_reconstruction,
-    select_heads,
-    validate,
-    with_fit,
-)
+from fairseq_headprune.prune.shrink import (Calibration, build_student, calibrate, search_with_reconstruction,
+                                            select_heads)
+from fairseq_headprune.prune.shrink_options import (Budget, ShrinkOptions, flat_fields, parse_type_set, validate,
+                                                    with_fit)
 from fairseq_headprune.decoding.evaluate import SubsetEvaluator
 from fairseq_headprune.records.identity import canonical_fingerprint, run_identity
 from fairseq_headprune.records.log import ResultsLog, atomic_output, read_log

@@ -16,7 +16,8 @@ from fairseq_headprune.compress.choice import (RETIMED_ROUNDS, TIMED_AGAIN, as_t
                                                fisher_choice, fisher_frontier, kept_by_depth, label, masked_nll,
                                                moved_levers, pick_measured, reconstructed_nll, retime_candidates)
 from fairseq_headprune.core.shape import shape_words
-from fairseq_headprune.prune.shrink import calibrate, with_fit
+from fairseq_headprune.prune.shrink import calibrate
+from fairseq_headprune.prune.shrink_options import with_fit
 from fairseq_headprune.compress.stages.common import HELDOUT, data_sha, max_tokens
 from fairseq_headprune.compress.stages.cost_table import timing_vocab_map
 from fairseq_headprune.compress.stages.shrink import (calibration_only_options, keep_layers_spec, settings,

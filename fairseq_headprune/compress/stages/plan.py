@@ -11,7 +11,7 @@ from typing import Dict, List, Optional
 
 from fairseq_headprune.compress.choice import per_stack_points
 from fairseq_headprune.compress.options import STAGES
-from fairseq_headprune.prune.recover import TRAIN_DEFAULTS
+from fairseq_headprune.prune.recovery_config import TRAIN_DEFAULTS
 from fairseq_headprune.compress.stages.common import subset_tokens
 from fairseq_headprune.core.heads import attention_modules
 from fairseq_headprune.engines.engine_model import EngineModel

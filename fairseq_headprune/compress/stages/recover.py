@@ -8,8 +8,8 @@ import os
 import shlex
 from typing import Callable, Dict, List, Optional, Tuple
 
-from fairseq_headprune.prune import recover
-from fairseq_headprune.prune.recover import RecoverOptions
+from fairseq_headprune.prune import recover, recovery_config
+from fairseq_headprune.prune.recovery_config import RecoverOptions
 from fairseq_headprune.compress.stages.common import split_subsets, subset_tokens, torch_threads
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.fairseq_io.checkpoint_io import save_state
@@ -83,7 +83,7 @@ def recovery_set(loaded, options, choice: Optional[Dict], stages_root: str, log:
                  "seed": o.sample_seed}
     if not prepare:
         return folder, described
-    identity = {"data": recover.data_fingerprint(base, [train_subset]), "sentences": o.recover_sentences,
+    identity = {"data": recovery_config.data_fingerprint(base, [train_subset]), "sentences": o.recover_sentences,
                 "seed": o.sample_seed, "subset": train_subset}
     held = read_json(os.path.join(folder, "sample.json"))
     if not held or held.get("identity") != identity:
@@ -124,14 +124,14 @@ def recovery_command(loaded, options, data: str, folder: str, student: str, laye
     model_cfg = loaded.saved_cfg.model
     arch = (model_cfg.get("arch") if hasattr(model_cfg, "get") else getattr(model_cfg, "arch", None)) \
         or "transformer"
-    task = recover.saved_task_name(loaded.saved_cfg)
+    task = recovery_config.saved_task_name(loaded.saved_cfg)
     if os.path.exists(student):  # the student's own model and task options (its pruned heads, its shape)
-        student_cfg = recover._saved_cfg(recover._load_state(student), student)
-        arch = recover._field(student_cfg["model"], "arch") or arch
-        saved = recover.student_args(student, arch, task)
+        student_cfg = recovery_config.saved_cfg(recovery_config.load_state(student), student)
+        arch = recovery_config.config_field(student_cfg["model"], "arch") or arch
+        saved = recovery_config.student_args(student, arch, task)
     else:  # --dry-run: the student does not exist yet
         saved = []
-    argv = recover.training_argv(os.path.abspath(data), student, settings, task, arch, saved)
+    argv = recovery_config.training_argv(os.path.abspath(data), student, settings, task, arch, saved)
     return "fairseq-train " + shlex.join(argv) + ("" if saved else "  (and the student's model options, read "
                                                   "from its checkpoint once the shrink wrote it)")
 

@@ -8,7 +8,8 @@ import shutil
 from typing import Callable, Dict, Optional
 
 from fairseq_headprune.prune.reconstruct import ReconstructionOptions
-from fairseq_headprune.prune.shrink import ShrinkOptions, shrink, write_checkpoint
+from fairseq_headprune.prune.shrink import shrink, write_checkpoint
+from fairseq_headprune.prune.shrink_options import ShrinkOptions
 from fairseq_headprune.compress.stages.common import data_sha, max_tokens
 from fairseq_headprune.prune.window_fit import WindowOptions
 from fairseq_headprune.core.masking import set_head_masks
