@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import math
+import os
 import shutil
 import subprocess
 import sys
@@ -136,7 +137,26 @@ def test_every_input_a_later_stage_reads_is_refused_before_the_first_stage(tiny_
     junk.write_text("not a codes file\n")
     gpus = torch.cuda.device_count()
     world = max(2, gpus + 1)
+    not_a_checkpoint = tmp_path / "notes.pt"
+    not_a_checkpoint.write_text("not a checkpoint\n")
+    no_model = tmp_path / "no-model.pt"
+    torch.save({"weights": {}}, no_model)
+    empty, noise, nul = tmp_path / "empty.de", tmp_path / "noise.de", tmp_path / "nul.de"
+    empty.write_text("")
+    noise.write_bytes(bytes(range(128, 256)) * 8)
+    nul.write_text("\0" * 200 + "ein Satz\n")
+    cores = os.cpu_count() or 1
     cases = [
+        (("--recover-args", "--lr 1e-4;"), "fairseq-train options: '1e-4;' is not a number or a list of numbers"),
+        *([] if gpus else [(("--recover-args", f"--distributed-world-size {cores + 1}"),
+                            f"--distributed-world-size {cores + 1} trains in {cores + 1} CPU processes and this "
+                            f"machine has {cores} cores")]),
+        (("--recovered", not_a_checkpoint), f"--recovered {not_a_checkpoint} is not a checkpoint torch can load"),
+        (("--recovered", no_model), f"--recovered {no_model} is not a fairseq checkpoint"),
+        (("--distill-source", empty), f"--distill-source {empty} is empty"),
+        (("--distill-source", noise), f"--distill-source {noise} is not UTF-8 text"),
+        (("--distill-source", nul), f"--distill-source {nul} is not text: 96% of its first characters"),
+        (("--shape", "8/0x2"), "--shape 8/0x2: the decoder keeps 1 to 3 layers, not 0"),
         (("--references", short), f"--references {short} has 3 lines but subset 'test' has"),
         (("--references", full, "--also-report", "second", "--also-references", short),
          f"--also-references {short} has 3 lines but subset 'second' has"),
@@ -162,6 +182,11 @@ def test_every_input_a_later_stage_reads_is_refused_before_the_first_stage(tiny_
         line = _one_line(_compress(data, stock_checkpoint, out, tmp_path / "cache", *extra, target=target))
         assert message in line, (extra, line)
         assert not out.exists() and not (tmp_path / "cache").exists(), (extra, "work began")
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "nowhere")
+    line = _one_line(_compress(data, stock_checkpoint, dangling, tmp_path / "cache"))
+    assert f"--out {dangling} is a link to {tmp_path / 'nowhere'}, which does not exist" in line
+    assert not (tmp_path / "nowhere").exists() and not (tmp_path / "cache").exists()
 
 
 def test_options_of_a_library_caller_are_finite():

@@ -105,6 +105,9 @@ def _quiet_dependencies() -> None:
     logging.getLogger("hydra").setLevel(logging.WARNING)
 
 
+INTERRUPTED = 130  # the shell's code for a process ended by SIGINT
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
@@ -122,14 +125,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     module = importlib.import_module(COMMANDS[command][0])
     try:
         cfg, args = parse(command, module, rest)
-        module.run(cfg, args)
+        code = module.run(cfg, args)  # a command with more outcomes than success returns its exit code
+    except KeyboardInterrupt:
+        print(f"fairseq-headprune {command}: interrupted: every file already written is whole; the same command "
+              "resumes where its results are resumable", file=sys.stderr)
+        return INTERRUPTED
     except Exception as e:  # noqa: BLE001 - fairseq's failures on the user's input are one line too
         message = fairseq_errors.user_message(e)
         if message is None:
             raise
         print(f"fairseq-headprune {command}: error: {message}", file=sys.stderr)
         return 2
-    return 0
+    return code if isinstance(code, int) else 0
 
 
 if __name__ == "__main__":

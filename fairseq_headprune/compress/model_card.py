@@ -27,7 +27,24 @@ def render(record: Dict) -> str:
     """The card: a summary for the person who deploys the model first, then how it was made and measured."""
     lines = (summary_lines(record) + result_lines(record) + method_lines(record) + cost_table_lines(record)
              + use_lines(record))
-    return "\n".join(line for line in lines if line is not None)
+    card = "\n".join(line for line in lines if line is not None)
+    return against_input(card, record) if record.get("input_model") else card
+
+
+def against_input(card: str, record: Dict) -> str:
+    """The card of a model compressed from a pruned one: "the input model" (with its shape) wherever the card says
+    "unpruned", and the model it was made from, with the command that measures against that one."""
+    described = record["input_model"]
+    source = described.get("made_from")
+    origin = (f" It was made from `{source}` (as the record beside it names it): every figure here is against the "
+              f"input model; to measure this model against that one, run `fairseq-headprune deploy DATA --path "
+              f"{source} --results-dir DIR --shrink-percent 0 --compare compressed=model.pt --candidate compressed`."
+              if source else
+              " No record beside it names the model it was made from: every figure here is against the input model.")
+    note = f"The input model is itself pruned ({described['shape']}).{origin}"
+    title, _, rest = card.partition("\n\n")
+    made, _, rest = rest.partition("\n\n")
+    return "\n\n".join((title, made, note, rest.replace("unpruned", "input")))
 
 
 class Facts(NamedTuple):

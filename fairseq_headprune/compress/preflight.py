@@ -12,10 +12,14 @@ written) instead of failing after the cost table, the choice, the shrink or the 
   engine         a CTranslate2 --engine for a task and model it can express.
   recover_arguments  --recover-args and compress's own fairseq-train options as recover would refuse them.
   subsets        every subset a stage reads loads.
+  recovered_checkpoint  --recovered: a fairseq checkpoint of the input model's vocabulary (of the shrink's shape
+                 when the shrink is in OUT).
+  distillation_sources  --distill-source: UTF-8 text files, not empty.
   check          all of them but output_folder, on the loaded model, in that order.
 """
 from __future__ import annotations
 
+import codecs
 import contextlib
 import io
 import os
@@ -27,7 +31,7 @@ import torch
 from fairseq import optim
 from fairseq.optim import lr_scheduler
 
-from fairseq_headprune.prune import recover
+from fairseq_headprune.prune import recover, recovery_config
 from fairseq_headprune.prune.export import foreign_entries
 from fairseq_headprune.prune.sequence_targets import language_pair
 from fairseq_headprune.compress.stages.common import split_subsets, subset_tokens
@@ -104,6 +108,8 @@ def output_folder(out: str, inputs: Sequence[str] = ()) -> None:
         if given and _inside(given, out):
             raise UserError(f"--out {out} is or holds an input of this run ({given}): compress writes model.pt and "
                             "MODEL_CARD.md there; name another folder")
+    if os.path.islink(out) and not os.path.exists(out):
+        raise UserError(f"--out {out} is a link to {os.readlink(out)}, which does not exist; name a folder")
     if os.path.exists(out) and not os.path.isdir(out):
         raise UserError(f"--out {out} is a file; name a folder")
     if os.path.isdir(out):
@@ -173,7 +179,7 @@ def text_processing(loaded) -> None:
 
 def owned_options(train_args: Sequence[str]) -> None:
     """An option of --recover-args that compress's recovery sets itself: refused, naming compress's own option."""
-    for name in recover.option_names(list(train_args)):
+    for name in recovery_config.option_names(list(train_args)):
         if name in SET_BY_COMPRESS:
             raise UserError(f"--recover-args: {name} is set by compress itself: {SET_BY_COMPRESS[name]}")
 
@@ -216,8 +222,8 @@ def recovery(loaded, options) -> None:
     model_cfg = loaded.saved_cfg.model
     arch = (model_cfg.get("arch") if hasattr(model_cfg, "get") else getattr(model_cfg, "arch", None)) or "transformer"
     settings = recover_options(loaded, options, os.path.join(options.out, "model.pt"), None)
-    argv = recover.training_argv(loaded.cfg.task.data, loaded.checkpoint, settings,
-                                 recover.saved_task_name(loaded.saved_cfg), arch)  # the task recover trains under
+    argv = recovery_config.training_argv(loaded.cfg.task.data, loaded.checkpoint, settings,  # under the saved task
+                                         recovery_config.saved_task_name(loaded.saved_cfg), arch)
     cfg = recover.fairseq_train_cfg(argv, loaded.saved_cfg, settings)
     devices(cfg)
     optimizer_and_schedule(cfg)
@@ -248,20 +254,79 @@ def recover_arguments(loaded, options) -> None:
     instead = {"--max-update": "--budget-updates N", "--max-epoch": "--budget-epochs N",
                "--train-subset": "--train-subset to compress itself", "--valid-subset":
                "--valid-subset to compress itself"}
-    for name in recover.option_names(list(options.recover_args)):
+    for name in recovery_config.option_names(list(options.recover_args)):
         if name in instead:
             raise UserError(f"--recover-args: {name} is the recovery's budget or data, which compress sets: give "
                             f"{instead[name]}")
-    recover.refuse_foreign_options(train_options + list(options.recover_args), arch or "transformer")
+    recovery_config.refuse_foreign_options(train_options + list(options.recover_args), arch or "transformer")
     if "--disable-validation" in train_options + list(options.recover_args):
         raise UserError("--disable-validation: the recovery early-stops on valid and keeps its best checkpoint")
     settings = recover_options(loaded, options, os.path.join(options.out, "model.pt"), None)
-    argv = recover.training_argv(loaded.cfg.task.data, loaded.checkpoint, settings,
-                                 loaded.cfg.task._name, arch or "transformer")
+    argv = recovery_config.training_argv(loaded.cfg.task.data, loaded.checkpoint, settings,
+                                         loaded.cfg.task._name, arch or "transformer")
     recover.fairseq_train_cfg(argv, loaded.saved_cfg, settings)
     if settings.distill in ("sequences", "both"):  # what recover would refuse after the choice and the shrink
-        recover.refuse_teacher_decoding(settings.distill, recover.saved_task_name(loaded.saved_cfg))
+        recovery_config.refuse_teacher_decoding(settings.distill, recovery_config.saved_task_name(loaded.saved_cfg))
         language_pair(loaded.cfg.task.data, settings.train_subset)
+
+
+def recovered_checkpoint(loaded, options) -> None:
+    """--recovered: a fairseq checkpoint with the input model's vocabulary, and, where this run's shrink is already
+    in OUT, a student of it (every parameter's name and shape); the recover stage checks the rest when it adopts it."""
+    path = options.recovered
+    if not path:
+        return
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # noqa: BLE001 - any unreadable file is the user's to fix
+        raise UserError(f"--recovered {path} is not a checkpoint torch can load ({type(e).__name__})") from None
+    weights = state.get("model") if isinstance(state, dict) else None
+    if not isinstance(weights, dict) or state.get("cfg") is None:
+        raise UserError(f"--recovered {path} is not a fairseq checkpoint (it holds no model weights and cfg)")
+    wanted = recovery_config.vocabulary_sizes(loaded.model.state_dict())
+    held = recovery_config.vocabulary_sizes(weights)
+    for name in (n for n in wanted if held.get(n) != wanted[n]):
+        raise UserError(f"--recovered {path} is not a student of --path: its {name} has {held.get(name)} rows, the "
+                        f"input model's {wanted[name]}")
+    shrunk = os.path.join(options.out, "stages", "shrink", "model.pt")
+    if os.path.isfile(shrunk):
+        student = torch.load(shrunk, map_location="cpu", weights_only=False)["model"]
+        differs = recovery_config.first_shape_difference(weights, student)
+        if differs:
+            raise UserError(f"--recovered {path} is not a student of this run's shrink ({shrunk}): {differs} differs")
+
+
+TEXT_SAMPLE = 1 << 20  # bytes of a text file read to judge it
+MIN_PRINTABLE = 0.98  # share of printable characters (line breaks and tabs count) below which a file is not text
+
+
+def text_problem(path: str) -> Optional[str]:
+    """Why a file is not UTF-8 text (None when it is), judged on its first TEXT_SAMPLE bytes: empty, undecodable,
+    or holding too few printable characters."""
+    with open(path, "rb") as f:
+        head = f.read(TEXT_SAMPLE)
+        complete = not f.read(1)
+    if not head.strip():
+        return "is empty"
+    try:
+        text = codecs.getincrementaldecoder("utf-8")().decode(head, final=complete)
+    except UnicodeDecodeError as e:
+        return f"is not UTF-8 text ({e.reason} at byte {e.start})"
+    printable = sum(1 for c in text if c.isprintable() or c in "\n\r\t")
+    if printable < MIN_PRINTABLE * len(text):
+        return f"is not text: {1 - printable / len(text):.0%} of its first characters are not printable"
+    return None
+
+
+def distillation_sources(options) -> None:
+    """--distill-source: files of UTF-8 text, one sentence a line (read by the recover stage, after the shrink)."""
+    for path in options.distill_source:
+        try:
+            problem = text_problem(path)
+        except OSError as e:
+            raise UserError(f"--distill-source: cannot read {path}: {e.strerror}") from None
+        if problem:
+            raise UserError(f"--distill-source {path} {problem}")
 
 
 def subsets(loaded, options) -> None:
@@ -279,5 +344,7 @@ def check(loaded, options) -> None:
     text_processing(loaded)
     recover_arguments(loaded, options)
     subsets(loaded, options)
+    recovered_checkpoint(loaded, options)
+    distillation_sources(options)
     if options.shape is not None:
         shape_point(loaded, options)

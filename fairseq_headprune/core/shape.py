@@ -273,8 +273,8 @@ class CeilingShape:
     @property
     def label(self) -> str:
         levers = [f"{k} {p:g}%" for k, p in (("ffn", self.ffn_percent), ("vocab", self.vocab_percent)) if p < 100]
-        enc = f"{self.enc_layers}x{self.enc_heads}" if self.enc_layers else f"{self.enc_heads}"
-        dec = f"{self.dec_layers}x{self.dec_heads}" if self.dec_layers else f"{self.dec_heads}"
+        enc = f"{self.enc_layers}x{self.enc_heads}" if self.enc_layers is not None else f"{self.enc_heads}"
+        dec = f"{self.dec_layers}x{self.dec_heads}" if self.dec_layers is not None else f"{self.dec_heads}"
         return f"{enc}/{dec}" + (f" ({', '.join(levers)})" if levers else "")
 
     def check(self, model, flag: str = "--ceilings") -> None:

@@ -181,6 +181,9 @@ def fairseq_train_cfg(argv: List[str], student_cfg, options: RecoverOptions):
         args = fairseq_options.parse_args_and_arch(parser, input_args=argv)
     except ValueError as e:  # fairseq's own checks of option combinations
         raise UserError(f"fairseq-train options: {str(e).splitlines()[0]}") from None
+    except SyntaxError as e:  # fairseq reads list and float options (--lr, --adam-betas) as Python literals
+        raise UserError(f"fairseq-train options: {(e.text or '').strip()!r} is not a number or a list of "
+                        "numbers") from None
     try:
         cfg = convert_namespace_to_omegaconf(args)
     except Exception as e:  # hydra's composition errors (a tokenizer that needs the language pair, ...)

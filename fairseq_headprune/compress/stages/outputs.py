@@ -9,7 +9,7 @@ import tempfile
 from dataclasses import asdict
 from typing import Callable, Dict, List
 
-from fairseq_headprune.compress import model_card, preflight
+from fairseq_headprune.compress import input_model, model_card, preflight
 from fairseq_headprune.prune import levers
 from fairseq_headprune.core.shape import shape_words
 from fairseq_headprune.compress.options import STAGES
@@ -29,7 +29,8 @@ def write(loaded, options, results: Dict[str, Dict], points: List[Dict], rates: 
               "cpu_seconds": {name: results[name].get("cpu_seconds") for name in STAGES
                               if name in results},
               "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
-              "teacher_trained_on": list(o.teacher_trained_on)}
+              "teacher_trained_on": list(o.teacher_trained_on),
+              "input_model": input_model.describe(loaded.checkpoint, loaded.saved_cfg.model, loaded.model)}
     record["verdict"] = verdict(record)
     preflight.output_folder(o.out)  # a file of the user's put there while the run went on stays untouched
     # paths as OUT/..., DATA/... or file names: the record and the card travel without this machine's folders
@@ -107,7 +108,7 @@ def verdict(record: Dict) -> Dict:
         lines.append(f"target BLEU loss at most {bound:g} on held-out data: {'met' if out['met'] else 'missed'} "
                      f"({held['loss']:.2f} on valid's held-out split after recovery, "
                      f"{held['loss_before_recovery']:.2f} before; {loss:.2f} on {reported['subset']})")
-    out["lines"] = lines
+    out["lines"] = [line.replace("unpruned", "input") for line in lines] if record.get("input_model") else lines
     out["lever_order"] = levers.lever_order(table)
     return out
 
