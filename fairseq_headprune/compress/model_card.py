@@ -10,6 +10,7 @@ from typing import Dict, List, NamedTuple, Optional, Set
 
 from fairseq_headprune.prune import levers
 from fairseq_headprune.core.shape import shape_words
+from fairseq_headprune.engines.timing import interval_words, target_verdict
 
 
 USE_FAIRSEQ = ("`model.pt` is the pruned fairseq checkpoint: it loads with `fairseq-generate --user-dir "
@@ -76,7 +77,7 @@ def summary_lines(record: Dict) -> List[Optional[str]]:
         "## Summary", "",
         f"- **Removed**: {summary_removed(chosen, whole, shrunk)}",
         f"- **Speed** against the unpruned model in {engine}, one thread, at equal work: "
-        f"{measured['speedup_equal_work']:.2f}x in batches of up to {measured.get('largest_batch', '?')} sentences; "
+        f"{speed_words(measured)} in batches of up to {measured.get('largest_batch', '?')} sentences; "
         + latency_words(measured),
         f"- **BLEU** ({engine}, sacreBLEU): " + "; ".join(bleu_words(r) for r in held_out(reported, trained)),
         *(["- **On the unpruned model's own training data** (not a held-out result: the unpruned model has seen "
@@ -105,7 +106,7 @@ def result_lines(record: Dict) -> List[Optional[str]]:
         *[f"| BLEU, {set_name(a, trained)} ({a['sentences']} sentences, {engine}) | {a['bleu_unpruned']:.2f} | "
           f"{a['bleu_compressed']:.2f} (p {a['p']:.3f}) |" for a in all_sets(reported)],
         f"| speed at equal work ({measured['subset']}, {measured['sentences']} sentences) | 1.00x | "
-        f"{measured['speedup_equal_work']:.2f}x |",
+        f"{speed_words(measured)} |",
         f"| speed as decoded | 1.00x ({measured['sentences_per_s']['unpruned']:.1f} sentences/s) | "
         f"{measured['speedup_as_decoded']:.2f}x ({measured['sentences_per_s']['compressed']:.1f} sentences/s) |",
         latency_row(measured),
@@ -226,12 +227,19 @@ def summary_removed(chosen: Dict, whole: Dict, shrunk: Dict) -> str:
             f"{shrunk['heads_total']} heads, {removed:.0f}% of the parameters.")
 
 
+def speed_words(measured: Dict, key: str = "speedup_equal_work") -> str:
+    """The speed with its 95% interval and what it rests on (a record made before intervals: the median alone)."""
+    interval = measured.get(f"{key}_interval")
+    return interval_words(interval) if interval else f"{measured[key]:.2f}x"
+
+
 def latency_words(measured: Dict) -> str:
     lat = measured.get("latency_batch1")
     if not lat:
         return ("latency at batch 1 (one sentence at a time): not measured by this run (its record predates the "
                 "measurement).")
-    return (f"latency at batch 1 (one sentence at a time) {lat['speedup']:.2f}x: {lat['ms']['compressed']:.1f} ms "
+    speed = interval_words(lat["interval"]) if lat.get("interval") else f"{lat['speedup']:.2f}x"
+    return (f"latency at batch 1 (one sentence at a time) {speed}: {lat['ms']['compressed']:.1f} ms "
             f"a sentence against {lat['ms']['unpruned']:.1f} ms (median of {lat['sentences']} sentences).")
 
 
@@ -270,8 +278,12 @@ def target_words(record: Dict, trained: set) -> str:
     bleu = (f"BLEU significantly lower (p < 0.05) on {', '.join(r['subset'] for r in drops)}" if drops else
             "BLEU not significantly lower on any held-out set (p >= 0.05)")
     if o.get("speedup") is not None:
-        met = "met" if speed >= o["speedup"] else f"missed by {o['speedup'] - speed:.2f}x"
-        return f"--speedup {o['speedup']:g}: speed {met} ({speed:.2f}x); {bleu} (no BLEU bound was set)."
+        interval = measured.get("speedup_equal_work_interval")
+        met = (target_verdict(interval, o["speedup"]) if interval else
+               "met" if speed >= o["speedup"] else "missed")
+        if met == "missed":
+            met = f"missed by {o['speedup'] - speed:.2f}x"
+        return f"--speedup {o['speedup']:g}: speed {met} ({speed_words(measured)}); {bleu} (no BLEU bound was set)."
     held = reported["heldout"]
     met = "met" if held["loss"] <= o["max_bleu_loss"] else "missed"
     return (f"--max-bleu-loss {o['max_bleu_loss']:g}: {met} ({held['loss']:.2f} BLEU lost on valid's held-out "

@@ -13,6 +13,8 @@ import random
 import statistics
 from typing import Callable, Dict, Hashable, List, Mapping, Optional, Sequence
 
+import numpy as np
+
 Decoder = Callable[[Sequence], Dict]
 Round = Dict[Hashable, List[Dict]]  # each decoder's results in one round, one per call
 
@@ -102,6 +104,42 @@ def paired_speedup(base: Sequence[float], other: Sequence[float]) -> float:
     seconds each took on the same batch one right after the other (a burst of load from another process moves a
     few ratios, not the median)."""
     return statistics.median(b / o for b, o in zip(base, other))
+
+
+INTERVAL_LEVEL, INTERVAL_RESAMPLES = 0.95, 2000
+
+
+def speedup_interval(base: Sequence[float], other: Sequence[float], batches: int,
+                     level: float = INTERVAL_LEVEL, resamples: int = INTERVAL_RESAMPLES, seed: int = 1) -> Dict:
+    """paired_speedup with its percentile bootstrap interval. The seconds are round-major (every batch of round 1,
+    then of round 2, as timed_rounds returns them); the bootstrap draws batches with replacement, each with the
+    ratios of all its rounds (a batch's rounds share its sentences, so they are not independent draws), and takes
+    the median of each draw. What it rests on: the batches and the rounds."""
+    ratios = np.asarray([b / o for b, o in zip(base, other)], dtype=float)
+    rounds = len(ratios) // batches if batches else 0
+    if not rounds or rounds * batches != len(ratios):
+        raise ValueError(f"{len(ratios)} paired times are not {batches} batches in whole rounds")
+    by_batch = ratios.reshape(rounds, batches).T  # one row per batch: its ratio in every round
+    draws = np.random.default_rng(seed).integers(0, batches, size=(resamples, batches))
+    medians = np.median(by_batch[draws].reshape(resamples, -1), axis=1)
+    tail = (1 - level) / 2
+    low, high = np.quantile(medians, [tail, 1 - tail])
+    return {"median": round(float(np.median(ratios)), 3), "low": round(float(low), 3),
+            "high": round(float(high), 3), "level": level, "batches": batches, "rounds": rounds}
+
+
+def target_verdict(interval: Dict, target: float) -> str:
+    """A speed target against a measured interval: "met" (its lower end clears the target), "met at the median,
+    not at the lower bound", or "missed"."""
+    if interval["low"] >= target:
+        return "met"
+    return "met at the median, not at the lower bound" if interval["median"] >= target else "missed"
+
+
+def interval_words(interval: Dict) -> str:
+    """"1.26x (95% interval 1.20-1.31x; 16 batches x 3 rounds)"."""
+    return (f"{interval['median']:.2f}x ({interval['level']:.0%} interval {interval['low']:.2f}-"
+            f"{interval['high']:.2f}x; {interval['batches']} batches x {interval['rounds']} rounds)")
 
 
 def sign_test(base: Sequence[float], other: Sequence[float]) -> Dict:

@@ -9,7 +9,7 @@ from typing import Dict
 from fairseq_headprune.compress.stages.common import engine_model
 from fairseq_headprune.core import flops
 from fairseq_headprune.core.shape import ModelShape
-from fairseq_headprune.engines.timing import load_average, paired_speedup, timed_rounds
+from fairseq_headprune.engines.timing import load_average, paired_speedup, speedup_interval, timed_rounds
 from fairseq_headprune.engines.ct2 import ct2_shape
 from fairseq_headprune.fairseq_io.loading import load_other, load_subset
 
@@ -44,12 +44,17 @@ def build(loaded, options, recovered: Dict, exported: Dict, timing, rounds: int)
             "speedup_equal_work": round(paired_speedup(forced["unpruned"], forced["compressed"]), 3),
             "speedup_as_decoded": round(paired_speedup(as_decoded["unpruned"], as_decoded["compressed"]),
                                         3),
+            "speedup_equal_work_interval": speedup_interval(forced["unpruned"], forced["compressed"], len(timing)),
+            "speedup_as_decoded_interval": speedup_interval(as_decoded["unpruned"], as_decoded["compressed"],
+                                                            len(timing)),
             "speedup_equal_work_total": round(sum(forced["unpruned"]) / sum(forced["compressed"]), 3),
             "sentences_per_s": {k: round(n * rounds / sum(v), 1) for k, v in as_decoded.items()},
             "latency_batch1": {"sentences": len(singles), "forced_length": length,
                                "ms": {k: round(1000 * statistics.median(v), 2) for k, v in latency.items()},
                                "speedup": round(paired_speedup(latency["unpruned"],
-                                                                      latency["compressed"]), 3)},
+                                                                      latency["compressed"]), 3),
+                               "interval": speedup_interval(latency["unpruned"], latency["compressed"],
+                                                            len(singles))},
             "flop_ratio": round(flops.flop_ratio(shape_of(loaded.model), shape_of(pruned.model), src,
                                                  [length + 1] * len(src), beam, batch), 4)}
 

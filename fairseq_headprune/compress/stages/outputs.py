@@ -12,6 +12,7 @@ from typing import Callable, Dict, List
 from fairseq_headprune.compress import input_model, model_card, preflight
 from fairseq_headprune.prune import levers
 from fairseq_headprune.core.shape import shape_words
+from fairseq_headprune.engines.timing import interval_words, target_verdict
 from fairseq_headprune.compress.options import STAGES
 from fairseq_headprune.records.log import atomic_output, write_json_atomic
 
@@ -75,7 +76,9 @@ def verdict(record: Dict) -> Dict:
     measured, reported, table = stages["measure"], stages["report"], stages["cost-table"]
     chosen = stages["choice"]["chosen"]
     speed, loss = measured["speedup_equal_work"], -reported["bleu_delta"]
-    lines = [f"compressed model: {shape_words(chosen)}, {speed:.2f}x the unpruned model "
+    interval = measured.get("speedup_equal_work_interval")
+    lines = [f"compressed model: {shape_words(chosen)}, {interval_words(interval) if interval else f'{speed:.2f}x'} "
+             "the unpruned model "
              f"in {record['engine']} at equal work ({measured['speedup_as_decoded']:.2f}x as decoded; FLOP ratio "
              f"{measured['flop_ratio']:.2f}); BLEU on {reported['subset']} {reported['bleu_compressed']:.2f} against "
              f"{reported['bleu_unpruned']:.2f} ({reported['bleu_delta']:+.2f}, p {reported['p']:.3f})"]
@@ -89,12 +92,14 @@ def verdict(record: Dict) -> Dict:
     out = {"speedup": speed, "bleu_loss": round(loss, 2)}
     target = record["options"]["speedup"]
     if target is not None:
-        met = speed >= target
-        out["met"] = met
+        said = target_verdict(interval, target) if interval else "met" if speed >= target else "missed"
+        met = said != "missed"
+        out["met"], out["speed_verdict"] = met, said
         bleu = (f"; BLEU {reported['bleu_delta']:+.2f} on {reported['subset']} (p {reported['p']:.3f}; "
                 f"{'significant' if reported['p'] < 0.05 else 'not significant'} at 0.05; no BLEU bound was set)")
         if met:
-            lines.append(f"target {target:g}x: speed met ({speed:.2f}x){bleu}")
+            lines.append(f"target {target:g}x: speed {said} "
+                         f"({interval_words(interval) if interval else f'{speed:.2f}x'}){bleu}")
         else:
             faster = [p for p in record["reachable_shapes"] if p["predicted_speedup"] > chosen["predicted_speedup"]]
             hint = (f"; the cost table predicts {shape_words(faster[-1])} at {faster[-1]['predicted_speedup']:.2f}x"
