@@ -153,7 +153,7 @@ def reconstructed_nll(model, point: Dict, calibration, options, pad: int) -> flo
 
 def with_ffn(point: Dict) -> Dict:
     """The point's variant with every FFN narrowed to the FFN lever's share, priced by its own slice once timed."""
-    return {**{k: v for k, v in point.items() if k not in ("measured_speedup", "timing_load")},
+    return {**{k: v for k, v in point.items() if k not in ("measured_speedup", "measured_interval", "timing_load")},
             "ffn_percent": float(levers.FFN.values(100)[-1]),
             "predicted_speedup": point.get("ffn_predicted_speedup", point["predicted_speedup"])}
 

@@ -134,7 +134,7 @@ def method_lines(record: Dict) -> List[Optional[str]]:
         "## How each choice was made, and on which data", "",
         f"- The shape: {plain(choice['chosen_by'])}. Predicted {chosen['predicted_speedup']:.2f}x by the cost table "
         "below"
-        + (f", {chosen['measured_speedup']:.2f}x when the unpruned model cut to it (without refitting) was timed "
+        + (f", {timed_words(chosen)} when the unpruned model cut to it (without refitting) was timed "
            "again." if "measured_speedup" in chosen else "."),
         f"- The heads: how much the loss rises when each head is masked, from per-sentence gradients on "
         f"{choice['calibration']['sentences']} sentences of '{choice['calibration']['subset']}' (the sentence ids' "
@@ -231,6 +231,12 @@ def speed_words(measured: Dict, key: str = "speedup_equal_work") -> str:
     """The speed with its 95% interval and what it rests on (a record made before intervals: the median alone)."""
     interval = measured.get(f"{key}_interval")
     return interval_words(interval) if interval else f"{measured[key]:.2f}x"
+
+
+def timed_words(point: Dict) -> str:
+    """A choice point's timed speed, with its interval where the record has one."""
+    interval = point.get("measured_interval")
+    return interval_words(interval) if interval else f"{point['measured_speedup']:.2f}x"
 
 
 def latency_words(measured: Dict) -> str:

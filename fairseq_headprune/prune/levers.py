@@ -43,7 +43,8 @@ from fairseq_headprune.core.surgery import crude_model
 from fairseq_headprune.engines.ct2 import ct2_shape
 from fairseq_headprune.engines.engine_model import EngineModel
 from fairseq_headprune.engines.fairseq_engine import check_batches
-from fairseq_headprune.engines.timing import load_average, paired_speedup, sign_test, timed_rounds
+from fairseq_headprune.engines.timing import (load_average, paired_speedup, sign_test, speedup_interval,
+                                              timed_rounds)
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.records.identity import decoding_identity, file_sha256
 from fairseq_headprune.records.log import read_json, write_json_atomic
@@ -273,6 +274,7 @@ def time_shapes(loaded, engine: str, samples, runs: int, shapes: Mapping[str, ob
     return {"forced_length": length, "unpruned_seconds": round(statistics.mean(seconds["unpruned"]), 4),
             "load_average": load_average(), "natural": {"unpruned": natural["hypotheses"], **translations},
             "speedup": {k: round(paired_speedup(paired[k], seconds[k]), 4) for k in shapes},
+            "interval": {k: speedup_interval(paired[k], seconds[k], len(samples)) for k in shapes},
             "faster": {k: sign_test(paired[k], seconds[k]) for k in shapes},
             "flop_ratio": flop_ratios(loaded, samples, shape_of(loaded.model), cost_shapes, length)}
 
@@ -340,7 +342,8 @@ def cost_table(loaded, engine: str, samples, runs: int, levers: Sequence[Lever] 
         speed = timed["speedup"][key]
         table_rows.append({"lever": lever.name, "field": lever.field, "value": value, "unit": lever.unit,
                            "removable": lever.removable, "speedup": speed, "time_saved": round(1 - 1 / speed, 4),
-                           "sign_test": timed["faster"][key], "flop_ratio": timed["flop_ratio"][key]})
+                           "sign_test": timed["faster"][key], "interval": timed["interval"][key],
+                           "flop_ratio": timed["flop_ratio"][key]})
     if vocab_map:
         table_rows[-1]["translations"] = map_changes(loaded, samples, timed["natural"]["unpruned"],
                                                      timed["natural"][MAP_ROW])

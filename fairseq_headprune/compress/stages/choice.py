@@ -211,6 +211,7 @@ def confirm(loaded, options, timing, rounds: int, scored: List[Dict], calibratio
                                       mapped=shapes if vocab_map else ())
         for p in batch:
             p["measured_speedup"] = measured["speedup"][label(p)]
+            p["measured_interval"] = measured["interval"][label(p)]
             p["timing_load"] = measured["load_average"]
         if (measured["load_average"] or 0.0) > levers.LOADED:
             log(f"choice: timed under a 1-minute load average of {measured['load_average']:.1f} (another "
