@@ -45,6 +45,13 @@ def test_deploy_on_a_tiny_model(tiny_data, stock_checkpoint, tmp_path):
     for engine in deploy.ENGINES:  # equal work: the same tokens for every model when forced
         assert len({rows[(m, engine)]["tokens_forced-batch"] for m in ("unpruned", "shrink-ps50", "ps")}) == 1
     assert rows[("ps", "ct2-int8")]["flop_ratio"] > 1.0
+    # every speed ratio with its 95% interval over the rounds, in the table too
+    interval = rows[("ps", "ct2-int8")]["x_unpruned_same_engine_forced-batch_interval"]
+    assert interval["low"] <= rows[("ps", "ct2-int8")]["x_unpruned_same_engine_forced-batch"] <= interval["high"]
+    assert interval["rounds"] == table["meta"]["runs"] and "95% Student-t interval" in (out / "deploy.md").read_text()
+    judged = next(m for m in table["targets"]["per_stack_int8"]["models"] if m["model"] == "ps")
+    assert judged["x_unpruned_int8_interval"] == interval and judged["speed_verdict"] in (
+        "met", "met at the median, not at the lower bound", "missed")
     # every difference to the unpruned fairseq model carries its paired-bootstrap p, the settings printed
     assert rows[("unpruned", "fairseq")]["p_vs_unpruned_fairseq"] is None
     assert all(0 <= r["p_vs_unpruned_fairseq"] <= 1 for k, r in rows.items() if k != ("unpruned", "fairseq"))

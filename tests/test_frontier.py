@@ -8,13 +8,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def record(chosen, epochs, speed, test, also, shape=None, hidden=None, distill=None, vocab_map=None, latency=None,
-           distillation_set=None):
+           distillation_set=None, interval=None):
     recover = {"budget_epochs": epochs, "distill_hidden": {"weight": hidden} if hidden else None}
     if distillation_set:
         recover["distillation_set"] = distillation_set
     measure = {"speedup_equal_work": speed, "flop_ratio": speed * 0.9}
     if latency:
         measure["latency_batch1"] = {"speedup": latency}
+    if interval:
+        measure["speedup_equal_work_interval"] = {"ratio": speed, "low": interval[0], "high": interval[1]}
     return {"options": {"shape": shape, "vocab_map": vocab_map}, "stages": {
         "choice": {"chosen": chosen},
         "recover": {**recover, "distill": distill} if distill else recover,  # (records before --distill: none)
@@ -29,7 +31,7 @@ def test_frontier_tables_every_run_by_speed_with_its_sets(tmp_path):
             "slow": record({"enc_heads": 8, "dec_heads": 7}, 4, 1.07, (0.13, 0.313), (0.24, 0.338), shape="8/7"),
             "seq": record({"enc_heads": 8, "dec_heads": 3, "dec_layers": 4}, 8, 2.02, (-0.5, 0.1), (-0.2, 0.3),
                           shape="8/4x3", distill="both", vocab_map=True, latency=2.5,
-                          distillation_set={"sources": 10, "pairs": 20, "nbest": 2})}
+                          distillation_set={"sources": 10, "pairs": 20, "nbest": 2}, interval=(1.95, 2.11))}
     for name, rec in runs.items():
         (tmp_path / name).mkdir()
         (tmp_path / name / "compress.json").write_text(json.dumps(rec))
@@ -38,13 +40,14 @@ def test_frontier_tables_every_run_by_speed_with_its_sets(tmp_path):
     assert proc.returncode == 0, proc.stderr
     text = (tmp_path / "frontier.md").read_text()
     rows = [line for line in text.splitlines() if line.startswith("| slow") or line.startswith("| fast")]
-    assert rows[0].startswith("| slow | 8/7 heads per stack (encoder/decoder) (given by --shape) | 4 | 1.07x | 0.96 | "
-                              "not measured |")
+    assert rows[0].startswith("| slow | 8/7 heads per stack (encoder/decoder) (given by --shape) | 4 | 1.07x (no "
+                              "interval recorded) | 0.96 | not measured |")
     assert rows[0].endswith("| +0.13 (0.313) | +0.24 (0.338) |")
-    assert "decoder 4 layers x 3 heads (hidden-state term β 0.2) | 8 | 2.05x | 1.84 | not measured | -0.73 (0.025) | " \
+    assert "decoder 4 layers x 3 heads (hidden-state term β 0.2) | 8 | 2.05x (no interval recorded) | 1.84 | " \
+        "not measured | -0.73 (0.025) | " \
         "-0.28 (0.288)" in rows[1]
     assert "| seq | encoder 8 heads per layer, decoder 4 layers x 3 heads (given by --shape) (--distill both) " \
-        "(vocabulary map) (+20 pairs of --distill-source text) | 8 | 2.02x | 1.82 | 2.50x |" in text
+        "(vocabulary map) (+20 pairs of --distill-source text) | 8 | 2.02x (1.95-2.11) | 1.82 | 2.50x |" in text
     assert (tmp_path / "frontier.png").stat().st_size > 1000
     empty = tmp_path / "none"
     empty.mkdir()

@@ -28,10 +28,10 @@ def test_the_interval_holds_the_median_and_what_it_rests_on():
     other = [b / 2 * (1 + 0.1 * (rng.random() - 0.5)) for b in base]
     interval = speedup_interval(base, other, 12)
     ratios = [b / o for b, o in zip(base, other)]
-    assert min(ratios) <= interval["low"] <= interval["median"] <= interval["high"] <= max(ratios)
+    assert min(ratios) <= interval["low"] <= interval["ratio"] <= interval["high"] <= max(ratios)
     assert interval["low"] < interval["high"] and 1.9 < interval["low"] and interval["high"] < 2.1
     assert (interval["batches"], interval["rounds"], interval["level"]) == (12, 5, 0.95)
-    assert speedup_interval(base, [b / 2 for b in base], 12) == {**interval, "median": 2.0, "low": 2.0, "high": 2.0}
+    assert speedup_interval(base, [b / 2 for b in base], 12) == {**interval, "ratio": 2.0, "low": 2.0, "high": 2.0}
     with pytest.raises(ValueError):
         speedup_interval(base, other, 7)  # 60 times are not whole rounds of 7 batches
 
@@ -45,7 +45,7 @@ def test_a_batch_keeps_its_rounds_together():
 
 
 def test_a_target_is_met_at_the_lower_bound():
-    interval = {"median": 1.55, "low": 1.48, "high": 1.61}
+    interval = {"ratio": 1.55, "low": 1.48, "high": 1.61}
     assert target_verdict(interval, 1.45) == "met"
     assert target_verdict(interval, 1.5) == "met at the median, not at the lower bound"
     assert target_verdict(interval, 1.6) == "missed"
@@ -63,7 +63,7 @@ def test_the_same_models_timed_twice_in_one_run_agree_within_their_intervals(tin
         readings = [timed_rounds(decoders, batches, 3, 10) for _ in range(2)]
     first, second = (speedup_interval(r["a"], r["b"], len(batches)) for r in readings)
     for interval in (first, second):
-        assert interval["low"] <= 1.0 <= interval["high"] or abs(interval["median"] - 1) < 0.05, interval
+        assert interval["low"] <= 1.0 <= interval["high"] or abs(interval["ratio"] - 1) < 0.05, interval
     assert first["low"] <= second["high"] and second["low"] <= first["high"], (first, second)
 
 
@@ -71,7 +71,7 @@ def test_the_card_and_the_verdict_carry_the_interval():
     record = json.loads(RECORDED.read_text())
     measured = record["stages"]["measure"]
     target = record["options"]["speedup"]
-    measured["speedup_equal_work_interval"] = {"median": target + 0.02, "low": target - 0.03,
+    measured["speedup_equal_work_interval"] = {"ratio": target + 0.02, "low": target - 0.03,
                                                "high": target + 0.07, "level": 0.95, "batches": 16, "rounds": 3}
     card = model_card.render(record)
     assert f"{target + 0.02:.2f}x (95% interval {target - 0.03:.2f}-{target + 0.07:.2f}x; 16 batches x 3 rounds)" \

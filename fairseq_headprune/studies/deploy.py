@@ -39,7 +39,7 @@ from fairseq_headprune.engines import timing
 from fairseq_headprune.engines.ct2 import check_task, ct2_decoding, ct2_run, ct2_shape, ct2_translator
 from fairseq_headprune.engines.ct2_spec import stack_heads
 from fairseq_headprune.engines.fairseq_engine import fairseq_run
-from fairseq_headprune.engines.timing import paired_ratio
+from fairseq_headprune.engines.timing import paired_ratio, rounds_interval, target_verdict
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.fairseq_io.loading import load_other
 from fairseq_headprune.options import option
@@ -312,6 +312,7 @@ def speed_columns(measured: Dict, base: Contender, c: Contender, e: str) -> Dict
         row[f"sentences_per_s_{key}"] = round(statistics.mean(n / s for s in cell[key]), 1)
         row[f"x_unpruned_fairseq_{key}"] = round(paired_ratio(seconds[(base.name, "fairseq")][key], cell[key]), 3)
         row[f"x_unpruned_same_engine_{key}"] = round(paired_ratio(seconds[(base.name, e)][key], cell[key]), 3)
+        row[f"x_unpruned_same_engine_{key}_interval"] = rounds_interval(seconds[(base.name, e)][key], cell[key])
         row[f"tokens_{key}"] = sum(len(h) for h in hyps[(c.name, e, mode, bs)].values())
     return row
 
@@ -353,6 +354,8 @@ def ceiling_row(c: Ceiling, base: Contender, measured: Dict, lengths: Dict) -> D
         key = f"forced-{bs}"
         row[f"x_unpruned_same_engine_{key}"] = round(
             paired_ratio(seconds[(base.name, c.engine)][key], seconds[(c.name, c.engine)][key]), 3)
+        row[f"x_unpruned_same_engine_{key}_interval"] = rounds_interval(seconds[(base.name, c.engine)][key],
+                                                                        seconds[(c.name, c.engine)][key])
         row[f"tokens_{key}"] = sum(len(h) for h in hyps[(c.name, c.engine, "forced", bs)].values())
     return row
 
@@ -411,7 +414,10 @@ def targets(rows: List[Dict], candidate: Optional[str] = None) -> Dict:
     per_model = []
     for r in (r for r in rows if r["engine"] == "ct2-int8" and r["shape"] == "per-stack"):
         speed = r["x_unpruned_same_engine_forced-batch"]
-        per_model.append({"model": r["model"], "x_unpruned_int8": speed, "bleu": r["bleu"],
+        interval = r.get("x_unpruned_same_engine_forced-batch_interval")
+        per_model.append({"model": r["model"], "x_unpruned_int8": speed, "x_unpruned_int8_interval": interval,
+                          "speed_verdict": target_verdict(interval, SPEEDUP_TARGET) if interval else None,
+                          "bleu": r["bleu"],
                           "bleu_loss": round(unpruned_fairseq["bleu"] - r["bleu"], 2),
                           "p": r.get("p_vs_unpruned_fairseq"),
                           "x_unpruned_fairseq": r["x_unpruned_fairseq_forced-batch"],
@@ -444,7 +450,7 @@ def description(meta: Dict) -> str:
     return (f"BLEU: sacreBLEU on detokenised output of '{meta['subset']}' ({meta['sentences_batched']} sentences), "
             f"beam {meta['beam']}, as decoded. Speed: one thread, CTranslate2 {meta['ctranslate2']}, {meta['runs']} "
             f"rounds interleaved {meta.get('interleaved', 'model by model')}, as a ratio of seconds within each round "
-            "(averaged): absolute sentences/s depend on "
+            "(averaged; in brackets its 95% Student-t interval over the rounds): absolute sentences/s depend on "
             f"the machine's load, the ratios much less. Batched: fairseq's batches ({batching}; the largest holds "
             f"{meta['largest_batch']} sentences), the same for every engine. *as decoded*: each model's own "
             f"translations; *equal work*: every hypothesis forced to {meta['forced_length']} tokens + 1 step. "
@@ -456,8 +462,14 @@ def cells(table: Dict) -> List[List[str]]:
     return [[r["model"], r["shape"], str(r["heads_kept"]), "/".join(map(str, r["ct2_heads_per_stack"])), r["engine"],
              f"{r['bleu']:.2f}", f"{r['bleu_delta']:+.2f}", _p(r.get("p_vs_unpruned_fairseq")),
              f"{r['sentences_per_s_natural-batch']:.1f}",
-             f"{r['x_unpruned_fairseq_natural-batch']:.2f}", f"{r['x_unpruned_same_engine_forced-batch']:.2f}",
-             f"{r['x_unpruned_same_engine_forced-1']:.2f}", f"{r['flop_ratio']:.2f}"] for r in table["rows"]]
+             f"{r['x_unpruned_fairseq_natural-batch']:.2f}", with_interval(r, "x_unpruned_same_engine_forced-batch"),
+             with_interval(r, "x_unpruned_same_engine_forced-1"), f"{r['flop_ratio']:.2f}"] for r in table["rows"]]
+
+
+def with_interval(row: Dict, key: str) -> str:
+    """A ratio with its 95% interval over the rounds, "1.55 (1.44-1.66)" (a table written before intervals: alone)."""
+    interval = row.get(f"{key}_interval")
+    return f"{row[key]:.2f}" + (f" ({interval['low']:.2f}-{interval['high']:.2f})" if interval else "")
 
 
 def _p(value: Optional[float]) -> str:

@@ -17,8 +17,9 @@ from fairseq_headprune.core.shape import shape_words
 
 RECORD = "compress.json"
 CONTROLS = "control*-bleu.json"
-TEXT = ("From each run's compress.json; speeds from different runs and loads (read to about +-0.1); ΔBLEU against "
-        "the unpruned model in the same engine, with its p.")
+TEXT = ("From each run's compress.json; speeds from different runs and loads, each with the 95% interval of its own "
+        "timing (batches resampled with their rounds; runs recorded before intervals: read them to about +-0.1); "
+        "ΔBLEU against the unpruned model in the same engine, with its p.")
 LEGEND = ("Squares: the decoder's depth cut; marker size: recovery epochs; open markers: the hidden-state term; "
           "orange: a recovery signal other than the KL on the references (--distill); gray "
           "dashes at 1.0x: the control (the unpruned model through the same recovery), where there is one; dashed "
@@ -38,6 +39,7 @@ def row(name: str, record: Dict) -> Dict:
             "vocab_map": bool(record["options"].get("vocab_map")),
             "distillation_set": stages["recover"].get("distillation_set"),
             "speed": stages["measure"]["speedup_equal_work"], "flops": stages["measure"]["flop_ratio"],
+            "speed_interval": stages["measure"].get("speedup_equal_work_interval"),  # (records before it: none)
             "latency": (stages["measure"].get("latency_batch1") or {}).get("speedup"),  # (records before it: none)
             "sets": {s: (r["bleu_delta"], r["p"]) for s, r in sets.items()},
             "significance": report.get("significance", "not recorded")}
@@ -113,7 +115,8 @@ def controls_markdown(folder: str, sets: List[str]) -> str:
 
 
 def headers(sets: List[str]) -> List[str]:
-    return (["run", "shape", "recovery epochs", "speed (equal work)", "FLOP ratio", "batch-1 latency speed-up"]
+    return (["run", "shape", "recovery epochs", "speed (equal work, 95% interval)", "FLOP ratio",
+             "batch-1 latency speed-up"]
             + [f"{s} ΔBLEU (p)" for s in sets])
 
 
@@ -127,9 +130,17 @@ def cells(found: List[Dict], sets: List[str]) -> List[List[str]]:
         extra += (f" (+{r['distillation_set']['pairs']} pairs of --distill-source text)" if r["distillation_set"]
                   else "")
         latency = f"{r['latency']:.2f}x" if r["latency"] else "not measured"
-        out.append([r["run"], r["shape"] + extra, str(r["epochs"]), f"{r['speed']:.2f}x", f"{r['flops']:.2f}", latency]
+        out.append([r["run"], r["shape"] + extra, str(r["epochs"]), speed_cell(r), f"{r['flops']:.2f}", latency]
                    + [f"{r['sets'][s][0]:+.2f} ({r['sets'][s][1]:.3f})" if s in r["sets"] else "" for s in sets])
     return out
+
+
+def speed_cell(r: Dict) -> str:
+    """The speed with its 95% interval (a run recorded before the measure stage kept one: the median alone)."""
+    interval = r.get("speed_interval")
+    if not interval:
+        return f"{r['speed']:.2f}x (no interval recorded)"
+    return f"{r['speed']:.2f}x ({interval['low']:.2f}-{interval['high']:.2f})"
 
 
 def markdown(found: List[Dict], sets: List[str]) -> str:
