@@ -88,7 +88,7 @@ class BleuBootstrap:
                 np.random.set_state(state)
         return self._resample_ids
 
-    def _resample_sums(self, stats: np.ndarray) -> np.ndarray:
+    def resample_sums(self, stats: np.ndarray) -> np.ndarray:
         """(samples, columns) int64: each resample's summed statistics, as compare-mt's np.sum(stats[ids], 0)."""
         if self._counts is None:
             n = len(self.refs)
@@ -112,7 +112,7 @@ class BleuBootstrap:
     def _baseline_resamples(self) -> Tuple[np.ndarray, np.ndarray]:
         """The baseline's summed statistics and BLEU in every resample, computed once."""
         if self._baseline_bleu is None:
-            self._baseline_sums = self._resample_sums(self.baseline_stats)
+            self._baseline_sums = self.resample_sums(self.baseline_stats)
             self._baseline_bleu = bleu_from_sums(self._baseline_sums, self.order)
         return self._baseline_sums, self._baseline_bleu
 
@@ -122,7 +122,7 @@ class BleuBootstrap:
         with full-size resamples (sample_ratio 1); half-size ones widen it by about sqrt(2)."""
         if not 0 < level < 1:
             raise ValueError(f"level must be in (0, 1): {level}")
-        score = bleu_from_sums(self._resample_sums(self.system_stats(system)), self.order)
+        score = bleu_from_sums(self.resample_sums(self.system_stats(system)), self.order)
         diff = score - self._baseline_resamples()[1]
         low, high = np.percentile(diff, [50 * (1 - level), 50 * (1 + level)])
         return float(low), float(high)
@@ -131,7 +131,7 @@ class BleuBootstrap:
         """The test on a system's sentence statistics (rows as `baseline_stats`)."""
         base_sums, base = self._baseline_resamples()
         base = base.copy()
-        sums = self._resample_sums(stats)
+        sums = self.resample_sums(stats)
         score = bleu_from_sums(sums, self.order)
         same = (sums == base_sums).all(axis=1)  # equal statistics: an exact tie whatever the arithmetic
         for i in np.flatnonzero(~same & (np.abs(score - base) <= _NEAR_TIE)):
@@ -139,6 +139,47 @@ class BleuBootstrap:
         # compare-mt's counts: left = baseline, right = system, ties count for neither
         baseline_wins = int(np.count_nonzero(~same & (base > score))) / float(self.samples)
         system_wins = int(np.count_nonzero(~same & (base < score))) / float(self.samples)
+        return BootstrapResult(1.0 - max(baseline_wins, system_wins), baseline_wins, system_wins)
+
+
+class ChrfBootstrap:
+    """Paired bootstrap of corpus chrF (sacreBLEU's CHRF, its defaults: chrF2, character 6-grams) against a fixed
+    baseline, on the very resamples a BleuBootstrap drew: the same sentences in every resample, the same one-sided
+    p in the observed direction. A resample's chrF is sacreBLEU's own score of its summed sentence statistics (as
+    sacrebleu.significance resamples any metric)."""
+
+    def __init__(self, bleu: BleuBootstrap, references: Sequence[str]):
+        from sacrebleu.metrics import CHRF
+
+        self.metric, self.bleu = CHRF(), bleu
+        self.references = list(references)
+        self.baseline_score = self.score(bleu.baseline)  # (sacreBLEU's signature needs one corpus_score first)
+        self.baseline_stats = self.stats(bleu.baseline)
+        self._baseline_scores = self.resample_scores(self.baseline_stats)
+
+    def stats(self, system: Sequence[str]) -> np.ndarray:
+        """(sentences, statistics) int64: sacreBLEU's chrF statistics of each sentence."""
+        if len(system) != len(self.references):
+            raise ValueError(f"{len(system)} hypotheses for {len(self.references)} references")
+        return np.array(self.metric._extract_corpus_statistics(list(system), [self.references]), dtype=np.int64)
+
+    def score(self, system: Sequence[str]) -> float:
+        """Corpus chrF of a system: sacreBLEU's corpus_score."""
+        return float(self.metric.corpus_score(list(system), [self.references]).score)
+
+    def signature(self) -> str:
+        """sacreBLEU's signature of the chrF settings ("nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:...")."""
+        return str(self.metric.get_signature())
+
+    def resample_scores(self, stats: np.ndarray) -> np.ndarray:
+        sums = self.bleu.resample_sums(stats)
+        return np.array([self.metric._compute_score_from_stats(list(row)).score for row in sums])
+
+    def test(self, system: Sequence[str]) -> BootstrapResult:
+        """The one-sided paired test of system against the baseline, as BleuBootstrap.test does for BLEU."""
+        score, base = self.resample_scores(self.stats(system)), self._baseline_scores
+        baseline_wins = int(np.count_nonzero(base > score)) / float(self.bleu.samples)
+        system_wins = int(np.count_nonzero(base < score)) / float(self.bleu.samples)
         return BootstrapResult(1.0 - max(baseline_wins, system_wins), baseline_wins, system_wins)
 
 

@@ -88,3 +88,17 @@ def test_render_card_tool_rewrites_a_record_of_absolute_paths(tmp_path):
     assert "against DATA/test.raw.en" in card and json.loads(written)["teacher_trained_on"] == ["traintail"]
     assert "traintail (the unpruned model's training data: not a held-out result)" in "".join(
         json.loads(written)["verdict"]["lines"])
+
+
+def test_chrf_and_the_bleu_interval_stand_beside_bleu():
+    record = _record()
+    report = record["stages"]["report"]
+    for r in (report, *report["also"]):
+        r.update({"bleu_delta_interval": [-0.9, 0.1], "chrf_unpruned": 60.0, "chrf_compressed": 59.5,
+                  "chrf_delta": -0.5, "chrf_p": 0.04})
+    report["chrf_signature"] = "nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:2.6.0"
+    card = model_card.render(record)
+    summary = card.split("## Summary")[1].split("## Result")[0]
+    assert "95% interval -0.90 to +0.10, p " in summary and "; chrF 59.50 against 60.00 (-0.50, p 0.040)" in summary
+    assert f"| chrF, {report['subset']} | 60.00 | 59.50 (p 0.040) |" in card
+    assert "chrF: sacreBLEU (nrefs:1|case:mixed|eff:yes|nc:6" in card and "inconclusive" in card

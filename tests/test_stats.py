@@ -225,7 +225,7 @@ def test_bleu_per_resample_is_sacrebleus_and_near_ties_are_decided_exactly(monke
     from fairseq_headprune.stats import bleu_from_sums
 
     boot = BleuBootstrap(REFS, GOOD, samples=100, sample_ratio=0.1)  # 6 sentences: zero matches at some orders
-    sums = np.concatenate([boot._resample_sums(boot.system_stats(s)) for s in (GOOD, BAD, SHORT, [""] * len(REFS))])
+    sums = np.concatenate([boot.resample_sums(boot.system_stats(s)) for s in (GOOD, BAD, SHORT, [""] * len(REFS))])
     exact = [boot._exact_bleu(row) for row in sums]
     assert np.allclose(bleu_from_sums(sums), exact, rtol=0, atol=1e-11)
     whole = boot.system_stats(GOOD_2).sum(0)
@@ -245,3 +245,22 @@ def test_sentences_translated_as_the_baseline_reuse_its_statistics():
         assert np.array_equal(boot.system_stats(system), boot._stats(system, range(len(REFS))))
     with pytest.raises(ValueError):
         boot.test(GOOD_2[:-1])
+
+
+def test_chrf_bootstrap_scores_as_sacrebleu_on_the_bleu_resamples():
+    """chrF beside BLEU: sacreBLEU's corpus chrF, its one-sided paired p on the very resamples of the BLEU test."""
+    from fairseq_headprune.stats import ChrfBootstrap
+
+    bleu = BleuBootstrap(REFS, GOOD, samples=300, seed=4)
+    chrf = ChrfBootstrap(bleu, REFS)
+    assert chrf.score(BAD) == pytest.approx(sacrebleu.corpus_chrf(BAD, [REFS]).score)
+    assert chrf.baseline_score == pytest.approx(sacrebleu.corpus_chrf(GOOD, [REFS]).score)
+    assert chrf.test(GOOD).p_value == 1.0  # the baseline itself: every resample a tie
+    worse = chrf.test(BAD)
+    assert worse.p_value == 0.0 and worse.baseline_wins == 1.0  # far worse in every resample
+    # the resamples are the BLEU test's: a resample's chrF is sacreBLEU's score of its summed sentences
+    ids = bleu.resample_ids[7]
+    picked = [BAD[i] for i in ids]
+    assert chrf.resample_scores(chrf.stats(BAD))[7] == pytest.approx(
+        sacrebleu.corpus_chrf(picked, [[REFS[i] for i in ids]]).score)
+    assert chrf.signature().startswith("nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:")

@@ -17,11 +17,13 @@ USE_FAIRSEQ = ("`model.pt` is the pruned fairseq checkpoint: it loads with `fair
                "fairseq_headprune`.")
 GLOSSARY = ("*Equal work*: both models forced to write the same number of tokens for every sentence, so that the "
             "ratio is the model's speed alone, not a shorter output. *As decoded*: each model's own translations. "
-            "*p*: the chance of a BLEU drop at least this large if the compressed model were as good (paired "
-            "bootstrap); below 0.05 the drop is significant. *FLOP ratio*: the unpruned model's arithmetic over this "
-            "model's. *Cost table*: what removing each part alone buys, timed on this machine. *Fisher estimate*: the "
-            "loss increase a removal is predicted to cause, from squared gradients. *Calibration sentences*: "
-            "training sentences the choices are made on; *NLL*: the loss on them.")
+            "*p*: the chance of a BLEU (or chrF) drop at least this large if the compressed model were as good "
+            "(paired bootstrap); below 0.05 the drop is significant. *95% interval*: where the difference would fall "
+            "on 95% of redraws of the set; a set too small for the loss you care about gives a wide one, and 'not "
+            "significant' then means inconclusive, not 'no loss'. *FLOP ratio*: the unpruned model's arithmetic over "
+            "this model's. *Cost table*: what removing each part alone buys, timed on this machine. *Fisher "
+            "estimate*: the loss increase a removal is predicted to cause, from squared gradients. *Calibration "
+            "sentences*: training sentences the choices are made on; *NLL*: the loss on them.")
 
 
 def render(record: Dict) -> str:
@@ -105,6 +107,8 @@ def result_lines(record: Dict) -> List[Optional[str]]:
         f"| parameters | {shrunk['params_before']:,} | {shrunk['params_after']:,} |",
         *[f"| BLEU, {set_name(a, trained)} ({a['sentences']} sentences, {engine}) | {a['bleu_unpruned']:.2f} | "
           f"{a['bleu_compressed']:.2f} (p {a['p']:.3f}) |" for a in all_sets(reported)],
+        *[f"| chrF, {set_name(a, trained)} | {a['chrf_unpruned']:.2f} | {a['chrf_compressed']:.2f} "
+          f"(p {a['chrf_p']:.3f}) |" for a in all_sets(reported) if "chrf_p" in a],
         f"| speed at equal work ({measured['subset']}, {measured['sentences']} sentences) | 1.00x | "
         f"{speed_words(measured)} |",
         f"| speed as decoded | 1.00x ({measured['sentences_per_s']['unpruned']:.1f} sentences/s) | "
@@ -115,7 +119,9 @@ def result_lines(record: Dict) -> List[Optional[str]]:
         "engine, the median of the per-batch ratios (the ratio of total seconds at equal work: "
         f"{measured.get('speedup_equal_work_total', float('nan')):.2f}x); equal work forces every hypothesis to "
         f"{measured['forced_length']} tokens + 1 step (the unpruned model's mean). BLEU: sacreBLEU "
-        f"({reported['signature']}) against {reported['references']}; {reported['significance']}. The machine's "
+        f"({reported['signature']}) against {reported['references']}; {reported['significance']}"
+        + (f"; chrF: sacreBLEU ({reported['chrf_signature']}), its p on the same resamples"
+           if "chrf_signature" in reported else "") + ". The machine's "
         "load moves sentences/s; the ratios much less" + load_words(measured, chosen) + ".", "",
         "## What was removed", "",
         removed_line(chosen, {**whole, "enc_layers": encoder_depth(choice)} if "enc_layers" in chosen else whole),
@@ -270,8 +276,14 @@ def set_name(r: Dict, trained: set) -> str:
 
 
 def bleu_words(r: Dict) -> str:
+    """A set's BLEU against the unpruned model's, the difference with its 95% interval and p; chrF beside it (a
+    record made before either: without it)."""
+    interval = r.get("bleu_delta_interval")
+    spread = f", 95% interval {interval[0]:+.2f} to {interval[1]:+.2f}" if interval else ""
+    chrf = (f"; chrF {r['chrf_compressed']:.2f} against {r['chrf_unpruned']:.2f} ({r['chrf_delta']:+.2f}, "
+            f"p {r['chrf_p']:.3f})" if "chrf_p" in r else "")
     return (f"{r['subset']} {r['bleu_compressed']:.2f} against {r['bleu_unpruned']:.2f} "
-            f"({r['bleu_compressed'] - r['bleu_unpruned']:+.2f}, p {r['p']:.3f})")
+            f"({r['bleu_compressed'] - r['bleu_unpruned']:+.2f}{spread}, p {r['p']:.3f}){chrf}")
 
 
 def target_words(record: Dict, trained: set) -> str:

@@ -70,6 +70,14 @@ def replace_folder(source: str, out: str) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def chrf_words(scored: Dict) -> str:
+    """"; chrF 59.50 against 60.00 (-0.50, p 0.040)" for a set the report stage scored with chrF too."""
+    if "chrf_p" not in scored:
+        return ""
+    return (f"; chrF {scored['chrf_compressed']:.2f} against {scored['chrf_unpruned']:.2f} "
+            f"({scored['chrf_delta']:+.2f}, p {scored['chrf_p']:.3f})")
+
+
 def verdict(record: Dict) -> Dict:
     """Met or missed, by how much, and what the cost table says would reach a missed target."""
     stages = record["stages"]
@@ -81,14 +89,15 @@ def verdict(record: Dict) -> Dict:
              "the unpruned model "
              f"in {record['engine']} at equal work ({measured['speedup_as_decoded']:.2f}x as decoded; FLOP ratio "
              f"{measured['flop_ratio']:.2f}); BLEU on {reported['subset']} {reported['bleu_compressed']:.2f} against "
-             f"{reported['bleu_unpruned']:.2f} ({reported['bleu_delta']:+.2f}, p {reported['p']:.3f})"]
+             f"{reported['bleu_unpruned']:.2f} ({reported['bleu_delta']:+.2f}, p {reported['p']:.3f})"
+             + chrf_words(reported)]
     trained = set(record.get("teacher_trained_on") or ())
     for also in reported.get("also") or []:
         where = ("the unpruned model's training data: not a held-out result" if also["subset"] in trained else
                  "no choice or training of this run read it")
         lines.append(f"BLEU on {also['subset']} ({where}): "
                      f"{also['bleu_compressed']:.2f} against {also['bleu_unpruned']:.2f} ({also['bleu_delta']:+.2f}, "
-                     f"p {also['p']:.3f})")
+                     f"p {also['p']:.3f})" + chrf_words(also))
     out = {"speedup": speed, "bleu_loss": round(loss, 2)}
     target = record["options"]["speedup"]
     if target is not None:

@@ -1,6 +1,6 @@
 """The report stage: --gen-subset and each --also-report set decoded once by both models in the engine (the only
-reads of them): BLEU, the difference and its paired-bootstrap p; with --max-bleu-loss, the held-out split after
-recovery. No choice reads it."""
+reads of them): BLEU and chrF, each difference with its paired-bootstrap p (BLEU's with its 95% interval too); with
+--max-bleu-loss, the held-out split after recovery. No choice reads it."""
 from __future__ import annotations
 
 import os
@@ -12,7 +12,7 @@ from fairseq_headprune.compress.stages.common import also_sets, engine_model, re
 from fairseq_headprune.decoding.evaluate import SubsetEvaluator
 from fairseq_headprune.fairseq_io.loading import load_other, load_subset
 from fairseq_headprune.records.identity import decoding_identity
-from fairseq_headprune.stats import BleuBootstrap
+from fairseq_headprune.stats import BleuBootstrap, ChrfBootstrap
 
 BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED = 1000, 1
 
@@ -77,10 +77,17 @@ def scored_pair(loaded, models: Dict, folder: Optional[str], subset: str, refere
             with open(os.path.join(folder, f"{name}.{subset}.txt"), "w", encoding="utf-8") as f:
                 f.write("\n".join(texts[name]) + "\n")
     bleu = {k: round(float(evaluator.bleu(v).score), 2) for k, v in texts.items()}
-    p = BleuBootstrap(evaluator.references, texts["unpruned"], BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED).test(
-        texts["compressed"]).p_value
+    bootstrap = BleuBootstrap(evaluator.references, texts["unpruned"], BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED)
+    p = bootstrap.test(texts["compressed"]).p_value
+    low, high = bootstrap.difference_interval(texts["compressed"])
+    chrf = ChrfBootstrap(bootstrap, evaluator.references)
+    chrf_scores = {k: round(chrf.score(v), 2) for k, v in texts.items()}
     return {"subset": subset, "sentences": evaluator.size, "references": evaluator.reference_source,
             "bleu_unpruned": bleu["unpruned"], "bleu_compressed": bleu["compressed"],
             "bleu_delta": round(bleu["compressed"] - bleu["unpruned"], 2), "p": round(float(p), 4),
-            "signature": evaluator.bleu_signature()}
+            "bleu_delta_interval": [round(low, 2), round(high, 2)],
+            "chrf_unpruned": chrf_scores["unpruned"], "chrf_compressed": chrf_scores["compressed"],
+            "chrf_delta": round(chrf_scores["compressed"] - chrf_scores["unpruned"], 2),
+            "chrf_p": round(float(chrf.test(texts["compressed"]).p_value), 4),
+            "signature": evaluator.bleu_signature(), "chrf_signature": chrf.signature()}
 
