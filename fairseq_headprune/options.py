@@ -21,15 +21,16 @@ from fairseq_headprune.errors import UserError
 def option(default: Any = dataclasses.MISSING, *, flag: str, help: str, choices: Optional[Sequence[str]] = None,
            metavar: Optional[str] = None, negate: bool = False, parse: Optional[Callable[[str], Any]] = None,
            shown: Optional[str] = None, group: Optional[str] = None, nargs: Optional[str] = None,
-           always: bool = False):
+           always: bool = False, section: Optional[str] = None):
     """A dataclass field with its command-line form: `negate` makes a True default a `--no-...` switch, `parse`
     turns the given text into the field's value (shown: the default as the user would type it; a ValueError it
     raises is the user's one-line error), and fields of one `group` are mutually exclusive on the command line;
     nargs as argparse's (parse then takes the list; a list option given twice takes both lists). A flag without a
     leading '-' is a positional argument. A float field takes finite numbers only (`finite_float`). `always`: a
-    rendered command line says it even at its default (report.parts.options_argv)."""
+    rendered command line says it even at its default (report.parts.options_argv). `section`: the heading the
+    command's --help lists it under (cli.help)."""
     metadata = {"flag": flag, "help": help, "choices": choices, "metavar": metavar, "negate": negate, "parse": parse,
-                "shown": shown, "group": group, "nargs": nargs, "always": always}
+                "shown": shown, "group": group, "nargs": nargs, "always": always, "section": section}
     return dataclasses.field(default=default, metadata=metadata)
 
 
@@ -79,9 +80,10 @@ def one_line_errors(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
-def nested(cls):
-    """A field holding another options dataclass, whose own fields become arguments of the same parser."""
-    return dataclasses.field(default_factory=cls, metadata={"nested": True})
+def nested(cls, section: Optional[str] = None):
+    """A field holding another options dataclass, whose own fields become arguments of the same parser (listed
+    under `section` in --help, unless a field names its own)."""
+    return dataclasses.field(default_factory=cls, metadata={"nested": True, "section": section})
 
 
 def _fields(cls):
@@ -105,13 +107,14 @@ def _dest(flag: str) -> str:
     return flag.lstrip("-").replace("-", "_")
 
 
-def add_arguments(parser, cls, groups: Optional[Dict[str, Any]] = None) -> None:
-    """Every `option` field of cls (and of its nested dataclasses) as an argument of parser (or an argument group)."""
+def add_arguments(parser, cls, groups: Optional[Dict[str, Any]] = None, section: Optional[str] = None) -> None:
+    """Every `option` field of cls (and of its nested dataclasses) as an argument of parser (or an argument group),
+    each argparse action carrying its --help `section`."""
     groups = {} if groups is None else groups
     for f, hint in _fields(cls):
         meta = f.metadata
         if meta.get("nested"):
-            add_arguments(parser, hint, groups)
+            add_arguments(parser, hint, groups, meta.get("section") or section)
             continue
         if not _is_option(meta):
             continue
@@ -122,7 +125,8 @@ def add_arguments(parser, cls, groups: Optional[Dict[str, Any]] = None) -> None:
             target = groups[meta["group"]]
         text = meta["help"].replace("%", "%%")  # argparse formats help with %
         if meta["negate"] or hint is bool:  # a switch: --no-X turns a True default off, --X a False one on
-            target.add_argument(meta["flag"], action="store_true", help=text)
+            action = target.add_argument(meta["flag"], action="store_true", help=text)
+            action.section = meta["section"] or section
             continue
         default = meta["shown"] if meta["shown"] is not None else (
             None if f.default is dataclasses.MISSING else f.default)
@@ -133,13 +137,15 @@ def add_arguments(parser, cls, groups: Optional[Dict[str, Any]] = None) -> None:
         if default not in (None, (), ""):
             kwargs["help"] = f"{text} (default {str(default).replace('%', '%%')})"
         if not meta["flag"].startswith("-"):  # a positional argument: required unless nargs says otherwise
-            target.add_argument(meta["flag"], **{k: v for k, v in kwargs.items() if v is not None})
+            action = target.add_argument(meta["flag"], **{k: v for k, v in kwargs.items() if v is not None})
+            action.section = meta["section"] or section
             continue
         if required:
             kwargs["required"] = True
         if meta["nargs"] in ("+", "*"):  # given twice, both lists count (argparse's default keeps the last alone)
             kwargs["action"] = "extend"
-        target.add_argument(meta["flag"], default=None, **{k: v for k, v in kwargs.items() if v is not None})
+        action = target.add_argument(meta["flag"], default=None, **{k: v for k, v in kwargs.items() if v is not None})
+        action.section = meta["section"] or section
 
 
 def from_arguments(cls, args, **overrides):

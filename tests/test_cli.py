@@ -171,3 +171,44 @@ def test_fairseq_train_finds_registered_architecture_task_and_criterion(tiny_dat
                        "--max-tokens", "1500", "--max-update", "2", "--save-dir", tmp_path / "crit", "--no-save",
                        "--disable-validation", "--log-format", "simple", "--log-interval", "1"])
     assert "num_updates=2" in out.stdout + out.stderr or "done training" in (out.stdout + out.stderr)
+
+
+def exit_code(argv) -> int:
+    """cli.main's exit code (argparse's own help, for the commands without fairseq's options, exits itself)."""
+    try:
+        return cli.main(argv)
+    except SystemExit as e:
+        return e.code
+
+
+@pytest.mark.parametrize("command", [c for c in cli.COMMANDS])
+def test_help_shows_the_commands_own_options_first_in_80_lines(command, capsys):
+    """`COMMAND --help`: its own options first, under their sections, in at most 80 lines; fairseq's in one line
+    that says how to see them; `--help-fairseq` lists them without the ones the command refuses."""
+    assert exit_code([command, "--help"]) == 0
+    text = capsys.readouterr().out
+    lines = text.splitlines()
+    assert len(lines) <= 80 and lines[0].startswith(f"usage: fairseq-headprune {command}"), text
+    if not cli.wants_help(__import__(cli.COMMANDS[command][0], fromlist=["_"]), ["--help"]):
+        return  # a command without fairseq's options prints argparse's own, short help
+    assert lines[-1] == f"fairseq-headprune {command} --help-fairseq lists every fairseq option this command applies."
+    own = text.index("fairseq-generate's options")
+    assert "--fp16" not in text and "--log-format" not in text and "--beam BEAM" in text[own:]
+    assert cli.main([command, "--help-fairseq"]) == 0
+    full = capsys.readouterr().out
+    assert "--log-format" in full and "--beam BEAM" in full  # applied (inert, decoding) options listed
+    assert "--fp16\n" not in full and "--sampling\n" not in full and "--prefix-size" not in full  # refused ones not
+
+
+def test_compress_help_groups_its_options_and_leaves_out_what_it_refuses(capsys):
+    assert cli.main(["compress", "--help"]) == 0
+    text = capsys.readouterr().out
+    for section in ("target:", "recovery:", "reported sets:", "calibration and refit:", "timing and checks:",
+                    "vocabulary map:", "the run:"):
+        assert f"\n{section}\n" in text, section
+    assert text.index("  --speedup SPEEDUP") < text.index("  --budget-epochs") < text.index("  --beam BEAM")
+    assert cli.main(["compress", "--help-fairseq"]) == 0
+    assert "--disable-validation" not in capsys.readouterr().out
+    assert cli.main(["shrink", "--help"]) == 0
+    shrink = capsys.readouterr().out
+    assert "\nreconstruction:\n" in shrink and "\nwindow fit:\n" in shrink

@@ -132,6 +132,10 @@ def test_bad_input_is_one_line_and_exit_code_2(stock_checkpoint, tiny_data, tmp_
         (stock_checkpoint, tmp_path / "a", ["--unkpen", "1"], "--unkpen 1.0"),
         (tmp_path / "tanh.pt", tmp_path / "a", [], "cannot express this model: activation tanh"),
         (stock_checkpoint, tmp_path / "a", ["--check-sentences", "0"], "at least 1"),
+        (stock_checkpoint, tmp_path / "a", ["--vocab-map-frequent", "3"], "--vocab-map-frequent is an option of the "
+                                                                          "vocabulary map: it needs --vocab-map"),
+        (stock_checkpoint, tmp_path / "a", ["--vocab-map", "--vocab-map-max-loss", "-1"],
+         "--vocab-map-max-loss must be at least 0"),
     ]
     for ckpt, out, extra, message in cases:
         proc = _export(tiny_data, ckpt, out, *extra, check=False)

@@ -17,6 +17,7 @@ import sys
 import warnings
 from typing import List, Optional
 
+from fairseq_headprune.cli import help as help_text
 from fairseq_headprune.fairseq_io import fairseq_errors
 from fairseq_headprune.fairseq_io import fairseq_options
 from fairseq_headprune.errors import UserError
@@ -49,7 +50,8 @@ COMMANDS = {
 def usage() -> str:
     lines = ["usage: fairseq-headprune COMMAND DATA --path CHECKPOINT [options]", "", "commands:"]
     lines += [f"  {name:<10} {help_}" for name, (_, help_) in COMMANDS.items()]
-    lines += ["", "fairseq-headprune COMMAND --help lists a command's options (fairseq-generate's and its own)."]
+    lines += ["", "fairseq-headprune COMMAND --help lists a command's own options and the fairseq-generate options "
+              f"most used; COMMAND {help_text.FAIRSEQ_HELP} every fairseq option it applies."]
     return "\n".join(lines)
 
 
@@ -65,6 +67,30 @@ def parser_for(command: str, module) -> argparse.ArgumentParser:
         parser.prog = f"fairseq-headprune {command}"
     module.add_args(parser)
     return one_line_errors(parser)  # a usage error is one line, not fairseq's option list
+
+
+def print_help(command: str, module, argv: List[str]) -> None:
+    """--help: the command's own options and the fairseq options most used; --help-fairseq: every fairseq option
+    it applies (under --task's options, translation_headprune's by default)."""
+    from fairseq.tasks import TASK_REGISTRY  # the task's options (DATA, -s, -t) join the parser as fairseq adds them
+
+    own = argparse.ArgumentParser(add_help=False)
+    module.add_args(own)
+    parser = parser_for(command, module)
+    task = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--task"), "translation_headprune")
+    TASK_REGISTRY[task if task in TASK_REGISTRY else "translation_headprune"].add_args(parser)
+    fairseq = help_text.fairseq_actions(parser, {a.dest for a in own._actions},
+                                        getattr(module, "REFUSED_FAIRSEQ_OPTIONS", ()))
+    if help_text.FAIRSEQ_HELP in argv:
+        print(help_text.fairseq_help(command, parser, fairseq))
+    else:
+        print(help_text.short_help(command, COMMANDS[command][1], own, help_text.common_fairseq(fairseq)))
+
+
+def wants_help(module, argv: List[str]) -> bool:
+    """Help asked of a command that takes fairseq's options (the others print argparse's own, which is short)."""
+    takes_fairseq = getattr(module, "USES_FAIRSEQ_OPTIONS", True) and not hasattr(module, "parse_argv")
+    return takes_fairseq and any(a in ("-h", "--help", help_text.FAIRSEQ_HELP) for a in argv)
 
 
 def parse(command: str, module, argv: List[str]):
@@ -123,6 +149,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     trust_fairseq_checkpoints()
     _quiet_dependencies()
     module = importlib.import_module(COMMANDS[command][0])
+    if wants_help(module, rest):
+        print_help(command, module, rest)
+        return 0
     try:
         cfg, args = parse(command, module, rest)
         code = module.run(cfg, args)  # a command with more outcomes than success returns its exit code

@@ -24,6 +24,10 @@ from fairseq_headprune.fairseq_io.fairseq_options import INERT, RULES
 from fairseq_headprune.fairseq_io.loading import PACKAGE_DIR, load
 
 
+# fairseq options compress refuses though fairseq-generate takes them (preflight.recover_arguments says why)
+REFUSED_FAIRSEQ_OPTIONS = ("--disable-validation",)
+
+
 def add_args(parser) -> None:
     add_arguments(parser.add_argument_group("compress"), CompressOptions)  # declared once, on CompressOptions
 

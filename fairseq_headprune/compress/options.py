@@ -9,7 +9,7 @@ from typing import Optional, Tuple
 
 from fairseq_headprune.prune import levers
 from fairseq_headprune.prune.recovery_config import DISTILL
-from fairseq_headprune.prune.vocab_map import VocabMapOptions
+from fairseq_headprune.prune.vocab_map import VocabMapBound, VocabMapOptions
 from fairseq_headprune.prune.window_fit import WindowOptions
 from fairseq_headprune.core.shape import CeilingShape
 from fairseq_headprune.errors import UserError
@@ -25,114 +25,124 @@ BUDGET_UPDATES, RECOVER_SENTENCES = 1200, 100_000
 class CompressOptions:
     """What `fairseq-headprune compress` does; every field has the command's default."""
 
-    out: str = option(flag="--out", metavar="DIR", help="the folder of the model, its card and its stages")
-    speedup: Optional[float] = option(None, flag="--speedup",
+    out: str = option(flag="--out", section="target",
+                      metavar="DIR", help="the folder of the model, its card and its stages")
+    speedup: Optional[float] = option(None, flag="--speedup", section="target",
                                       help="at least this many times the unpruned model's speed in --engine, at "
                                            "equal work")
-    max_bleu_loss: Optional[float] = option(None, flag="--max-bleu-loss",
+    max_bleu_loss: Optional[float] = option(None, flag="--max-bleu-loss", section="target",
                                             help="instead: the fastest model that loses at most this much BLEU on a "
                                                  "held-out split of valid")
-    shape: Optional[str] = option(None, flag="--shape", metavar="[L x]ENC/[L x]DEC[:ffn=P%]",
+    shape: Optional[str] = option(None, flag="--shape", section="target", metavar="[L x]ENC/[L x]DEC[:ffn=P%]",
                                   help="build this shape instead of choosing one (heads kept per layer of each "
                                        "stack, each stack's layers and the share of every FFN's units "
                                        "optionally: 8/3, 6x8/3x3, 4x8/3, 8/3:ffn=75%%, as deploy --ceilings); which "
                                        "heads, layers and units go is chosen as for the choice's own and shrink's")
-    engine: str = option("ct2-int8", flag="--engine", help=f"where the model runs: {', '.join(levers.ENGINES)}")
-    budget_epochs: int = option(4, flag="--budget-epochs",
+    engine: str = option("ct2-int8", flag="--engine", section="target",
+                         help=f"where the model runs: {', '.join(levers.ENGINES)}")
+    budget_epochs: int = option(4, flag="--budget-epochs", section="recovery",
                                 help="recovery epochs at most over the recovery set (early stopping on valid; a "
                                      "rerun with more extends; 0: no recovery)")
-    budget_updates: int = option(BUDGET_UPDATES, flag="--budget-updates",
+    budget_updates: int = option(BUDGET_UPDATES, flag="--budget-updates", section="recovery",
                                  help="recovery updates at most (fairseq-train's --max-update: the recovery stops at "
                                       "whichever of the two budgets comes first; a rerun with more extends). With "
                                       "--recover-sentences, the defaults hold a corpus of millions of pairs to the "
                                       "budget of a few epochs of a small corpus")
-    recover_sentences: int = option(RECOVER_SENTENCES, flag="--recover-sentences",
+    recover_sentences: int = option(RECOVER_SENTENCES, flag="--recover-sentences", section="recovery",
                                     help="the recovery's training set: a random sample of this many pairs of train "
                                          "(seeded by --sample-seed, recorded; all of train when it holds fewer)")
-    sample_seed: int = option(1, flag="--sample-seed",
+    sample_seed: int = option(1, flag="--sample-seed", section="recovery",
                               help="seed of the random samples of train: the calibration sentences and the "
                                    "recovery set")
     gen_subset: str = "test"  # fairseq's --gen-subset: decoded once, at the end, to report
-    references: Optional[str] = option(None, flag="--references",
+    references: Optional[str] = option(None, flag="--references", section="reported sets",
                                        help="raw references of --gen-subset for BLEU (default: the binarised targets)")
-    also_report: Tuple[str, ...] = option((), flag="--also-report", metavar="SUBSET[,SUBSET...]",
+    also_report: Tuple[str, ...] = option((), flag="--also-report", section="reported sets",
+                                          metavar="SUBSET[,SUBSET...]",
                                           parse=lambda text: comma_list(text),
                                           help="more sets decoded once, at the end, beside --gen-subset (a second "
                                                "test set): no choice or training of the run reads them")
-    also_references: Tuple[str, ...] = option((), flag="--also-references", metavar="FILE[,FILE...]",
+    also_references: Tuple[str, ...] = option((), flag="--also-references", section="reported sets",
+                                              metavar="FILE[,FILE...]",
                                               parse=lambda text: comma_list(text),
                                               help="their raw references, in the same order (default: the "
                                                    "binarised targets)")
-    teacher_trained_on: Tuple[str, ...] = option((), flag="--teacher-trained-on", metavar="SUBSET[,SUBSET...]",
+    teacher_trained_on: Tuple[str, ...] = option((), flag="--teacher-trained-on", section="reported sets",
+                                                 metavar="SUBSET[,SUBSET...]",
                                                  parse=lambda text: comma_list(text),
                                                  help="--also-report sets the unpruned model was trained on: the "
                                                       "card labels them as its training data, apart from the "
                                                       "held-out results")
-    calibration_subset: str = option("train", flag="--calibration-subset",
+    calibration_subset: str = option("train", flag="--calibration-subset", section="calibration and refit",
                                      help="sentences the heads are chosen and the model reconstructed on (never "
                                           "--gen-subset)")
-    calibration_sentences: int = option(1000, flag="--calibration-sentences",
+    calibration_sentences: int = option(1000, flag="--calibration-sentences", section="calibration and refit",
                                         help="how many of them, drawn at random over the subset (--sample-seed)")
-    calibration_max_tokens: int = option(1000, flag="--calibration-max-tokens", help="tokens per calibration batch")
-    window_steps: int = option(1000, flag="--window-steps",
+    calibration_max_tokens: int = option(1000, flag="--calibration-max-tokens", section="calibration and refit",
+                                         help="tokens per calibration batch")
+    window_steps: int = option(1000, flag="--window-steps", section="calibration and refit",
                                help="Adam steps of each pruned attention sublayer's window fit (shrink --window-steps)")
-    window_lr: float = option(WindowOptions.lr, flag="--window-lr", help="their learning rate (shrink --window-lr)")
-    timing_subset: str = option("valid", flag="--timing-subset", help="sentences the speeds are measured on")
-    timing_sentences: int = option(300, flag="--timing-sentences", help="how many of them")
-    runs: int = option(3, flag="--runs",
+    window_lr: float = option(WindowOptions.lr, flag="--window-lr", section="calibration and refit",
+                              help="their learning rate (shrink --window-lr)")
+    timing_subset: str = option("valid", flag="--timing-subset", section="timing and checks",
+                                help="sentences the speeds are measured on")
+    timing_sentences: int = option(300, flag="--timing-sentences", section="timing and checks", help="how many of them")
+    runs: int = option(3, flag="--runs", section="timing and checks",
                        help="interleaved timing rounds, at least (more when the timing batches are too few for every "
                             "sign test to see 10 paired batches)")
-    latency_sentences: int = option(50, flag="--latency-sentences",
+    latency_sentences: int = option(50, flag="--latency-sentences", section="timing and checks",
                                     help="sentences of --timing-subset decoded one at a time, for the latency at "
                                          "batch 1")
-    heldout_sentences: int = option(500, flag="--heldout-sentences",
+    heldout_sentences: int = option(500, flag="--heldout-sentences", section="timing and checks",
                                     help="--max-bleu-loss: the first N sentences of valid choose; the rest early-stop "
                                          "the recovery")
-    check_sentences: int = option(100, flag="--check-sentences",
+    check_sentences: int = option(100, flag="--check-sentences", section="timing and checks",
                                   help="sentences of the pruned-model and export checks")
-    significance: float = option(levers.SIGNIFICANCE, flag="--significance",
+    significance: float = option(levers.SIGNIFICANCE, flag="--significance", section="timing and checks",
                                  help="a cost-table row's time saving counts when its slice was faster in "
                                       "significantly more batches than not: sign test p below this (1: every "
                                       "measured saving counts)")
-    distill: str = option("logits", flag="--distill", metavar="logits|sequences|both|none",
+    distill: str = option("logits", flag="--distill", section="recovery", metavar="logits|sequences|both|none",
                           help="the recovery's signal (recover --distill): the teacher's token distributions on "
                                "the references; its beam translations of train as targets (Kim & Rush 2016, "
                                "decoded once and cached); both (the distributions on those translations); none")
-    distill_hidden_weight: float = option(0.0, flag="--distill-hidden-weight",
+    distill_hidden_weight: float = option(0.0, flag="--distill-hidden-weight", section="recovery",
                                           help="β of the recovery's hidden-state term: each kept decoder layer's "
                                                "output pulled towards the teacher layer the shrink reconstructed it "
                                                "towards (recover --distill-hidden-weight; 0: off)")
-    distill_source: Tuple[str, ...] = option((), flag="--distill-source", metavar="FILE", nargs="+",
+    distill_source: Tuple[str, ...] = option((), flag="--distill-source", section="recovery", metavar="FILE", nargs="+",
                                              parse=tuple,
                                              help="raw source text the unpruned model translates once (with the "
                                                   "model's --tokenizer and --bpe), trained on beside train: a "
                                                   "distillation set beyond the parallel data (recover "
                                                   "--distill-source)")
-    distill_nbest: int = option(1, flag="--distill-nbest", metavar="N",
+    distill_nbest: int = option(1, flag="--distill-nbest", section="recovery", metavar="N",
                                 help="the unpruned model's N best translations of each --distill-source sentence, "
                                      "each a pair (recover --distill-nbest)")
-    vocab_map: bool = option(False, flag="--vocab-map",
+    vocab_map: bool = option(False, flag="--vocab-map", section="vocabulary map",
                              help="ct2 engines: ship a vocabulary map (vmap.txt, from the training pairs) the "
                                   "choice times its shapes with and the model is measured, checked and reported "
                                   "with: the output layer scores only the target words the batch's source words "
                                   "bring in (export-ct2 --vocab-map)")
-    vocab_map_options: VocabMapOptions = nested(VocabMapOptions)
-    recover_args: Tuple[str, ...] = option((), flag="--recover-args", metavar="'FAIRSEQ-TRAIN OPTIONS'",
+    vocab_map_options: VocabMapOptions = nested(VocabMapOptions, section="vocabulary map")
+    vocab_map_bound: VocabMapBound = nested(VocabMapBound, section="vocabulary map")  # export-ct2's, the same
+    recover_args: Tuple[str, ...] = option((), flag="--recover-args", section="recovery",
+                                           metavar="'FAIRSEQ-TRAIN OPTIONS'",
                                            parse=lambda text: recover_args(text),
                                            help="fairseq-train options of the recovery, as one argument: "
                                                 "--recover-args='--lr 3e-4' (device and distributed options too)")
-    cost_cache: Optional[str] = option(None, flag="--cost-cache",
+    cost_cache: Optional[str] = option(None, flag="--cost-cache", section="the run",
                                        help="folder of cost tables measured before (per model, engine, CPU; default "
                                             "~/.cache/fairseq-headprune/cost-tables); '' for none")
-    stop_after: Optional[str] = option(None, flag="--stop-after", choices=STAGES,
+    stop_after: Optional[str] = option(None, flag="--stop-after", section="the run", choices=STAGES,
                                        help="stop after this stage (the same command without it goes on); after "
                                             "shrink it prints the recovery's fairseq-train command, to run elsewhere "
                                             "(a GPU, a cluster) and continue with --recovered")
-    recovered: Optional[str] = option(None, flag="--recovered", metavar="CKPT",
+    recovered: Optional[str] = option(None, flag="--recovered", section="recovery", metavar="CKPT",
                                       help="a recovery run elsewhere (the checkpoint_best.pt of the fairseq-train "
                                            "command --stop-after shrink printed): checked to be a student of this "
                                            "run's shrink, then exported, measured and reported")
-    dry_run: bool = option(False, flag="--dry-run",
+    dry_run: bool = option(False, flag="--dry-run", section="the run",
                            help="print the plan (the stages, the data each reads, the estimate of each, the "
                                 "recovery's fairseq-train command) and exit, writing nothing")
     train_options: Tuple[str, ...] = ()  # fairseq-train options given to compress itself (cli.compress): to recovery
@@ -221,6 +231,7 @@ class CompressOptions:
         if self.vocab_map and self.engine == "fairseq":
             raise UserError("--vocab-map is CTranslate2's (use_vmap): --engine fairseq cannot apply it")
         self.vocab_map_options.check(self.vocab_map)
+        self.vocab_map_bound.check(self.vocab_map)
 
     def _check_sets(self) -> None:
         """The reported sets against the ones a choice or training reads, --stop-after, the references."""

@@ -55,9 +55,10 @@ def check_tokenization(tokenizer: Optional[Dict], bpe: Optional[Dict]) -> None:
 
 
 def settings(cfg, decoding: Dict, source_prefix: List[str], target_prefix: List[str], strip: List[str],
-             max_positions: int) -> Dict:
+             max_positions: int, max_source_positions: int) -> Dict:
     """translate.json's content from fairseq's configuration (`cfg.tokenizer`, `cfg.bpe`, `cfg.generation`) and what
-    the task adds (language tokens); the subword model's file is named by its name in the folder."""
+    the task adds (language tokens); the subword model's file is named by its name in the folder. `max_positions`:
+    the decoder's, `max_source_positions`: the encoder's (a longer source is truncated to it, EOS included)."""
     tokenizer, bpe = _section(cfg.tokenizer), _section(cfg.bpe)
     check_tokenization(tokenizer, bpe)
     files = {}
@@ -71,7 +72,7 @@ def settings(cfg, decoding: Dict, source_prefix: List[str], target_prefix: List[
     return {"format": FORMAT, "tokenizer": tokenizer, "bpe": bpe, "source_prefix": list(source_prefix),
             "target_prefix": list(target_prefix), "strip": sorted(set(strip)),
             "decoding": {**decoding, "max_len_a": float(generation.max_len_a), "max_len_b": int(generation.max_len_b),
-                         "max_positions": int(max_positions)},
+                         "max_positions": int(max_positions), "max_source_positions": int(max_source_positions)},
             "files": files}
 
 
@@ -97,6 +98,13 @@ def model_folder(path: str) -> str:
         raise UserError(f"{path} has no {SETTINGS}: export it again with this version (export-ct2 or compress) to "
                         "carry its tokenizer")
     raise UserError(f"{path} is not a deployable model folder (no {SETTINGS} and model.bin in it or in its ct2/)")
+
+
+def source_positions(content: Dict) -> int:
+    """The most source tokens (EOS included) a folder's model reads: the encoder's positions (folders written before
+    they were recorded: the decoder's, which fairseq gives the same by default)."""
+    decoding = content["decoding"]
+    return int(decoding.get("max_source_positions") or decoding["max_positions"])
 
 
 def read(folder: str) -> Dict:
@@ -187,10 +195,15 @@ def snippet(content: Dict) -> str:
              f"source_prefix, target_prefix = {content.get('source_prefix') or []!r}, {prefix!r}",
              f"strip = set({content.get('strip') or []!r})",
              f"a, b, positions = {decoding['max_len_a']!r}, {decoding['max_len_b']!r}, {decoding['max_positions']!r}",
+             f"source_positions = {source_positions(content)!r}",
              "for line in sys.stdin:",
              "    line = line.strip()  # as fairseq-interactive reads a line",
+             "    if not line:",
+             "        print()",
+             "        continue",
              *[f"    {x}" for x in encode],
-             "    tokens = source_prefix + pieces.split()",
+             "    tokens = (source_prefix + pieces.split())[:source_positions - 1]  # the encoder's positions, EOS "
+             "included",
              "    cap = min(int(a * (len(tokens) + 1) + b), positions - 1)  # fairseq's max-len-a/b",
              "    result = translator.translate_batch([tokens], max_decoding_length=cap, "
              + ", ".join(f"{k}={v!r}" for k, v in options.items())

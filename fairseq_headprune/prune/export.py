@@ -10,9 +10,10 @@ model computes what the pruned one does but costs what its largest layer per sta
 per-stack` gives shapes with nothing to pad.
 
 Before anything is written the exported model translates a slice with CTranslate2 and fairseq alike: float32
-token ids are compared one by one, and with quantization the BLEU of both is given. Under the multilingual task the
-target language token fairseq forces first is CTranslate2's target prefix (target_prefix); mBART's task, which ends
-hypotheses on the language token, is refused.
+token ids are compared one by one, and with quantization the BLEU of both is given; a vocabulary map that costs
+more BLEU on that slice than --vocab-map-max-loss is refused (prune.vocab_map.VocabMapBound). Under the multilingual
+task the target language token fairseq forces first is CTranslate2's target prefix (target_prefix); mBART's task,
+which ends hypotheses on the language token, is refused.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ import sacrebleu
 import torch
 
 from fairseq_headprune.prune import deployable
-from fairseq_headprune.prune.vocab_map import VocabMapOptions, build_vmap
+from fairseq_headprune.prune.vocab_map import VocabMapBound, VocabMapOptions, build_vmap
 from fairseq_headprune.engines.ct2 import (VMAP_FILE, ct2_decoding, ct2_hypotheses, environment_threads, max_length,
                                            source_prefix, target_prefix, translate_options, translator)
 from fairseq_headprune.engines.ct2_spec import build_spec, stack_heads, vocabulary, write_model
@@ -61,11 +62,13 @@ class ExportOptions:
                              help="write a vocabulary map (vmap.txt, translated with use_vmap) built from DATA's "
                                   "train pairs: the output layer scores only the target words the batch's source "
                                   "words bring in")
-    vocab_map_options: VocabMapOptions = nested(VocabMapOptions)
+    vocab_map_options: VocabMapOptions = nested(VocabMapOptions, section="vocabulary map")
+    vocab_map_bound: VocabMapBound = nested(VocabMapBound, section="vocabulary map")
     vocab_map_subsets: Tuple[str, ...] = ("train",)  # the subsets of DATA whose pairs the map is built from
 
     def check(self) -> None:
-        self.vocab_map_options.check()
+        self.vocab_map_options.check(self.vocab_map)
+        self.vocab_map_bound.check(self.vocab_map)
         if self.quantization is not None and self.quantization not in QUANTIZATIONS:
             raise UserError(f"--quantization {self.quantization} is not one CTranslate2 knows: "
                             f"{', '.join(QUANTIZATIONS)}")
@@ -135,7 +138,9 @@ def deployable_settings(loaded, generator) -> Dict:
     stripped = [task.target_dictionary[i] for i in sorted(getattr(generator, "symbols_to_strip_from_output", None)
                                                           or ())]
     return deployable.settings(loaded.cfg, ct2_decoding(loaded.cfg.generation), source_prefix(task), prefix,
-                               stripped + prefix, loaded.model.decoder.max_positions())
+                               stripped + prefix, loaded.model.decoder.max_positions(),
+                               loaded.model.encoder.max_positions())
+
 
 def length_cause(loaded, samples, reference: Dict[int, List[int]], other: Dict[int, List[int]]) -> str:
     """Why hypotheses differ when a binding length limit explains it: at beam > 1 fairseq and CTranslate2 end a
@@ -256,6 +261,7 @@ def export(loaded, evaluator, options: ExportOptions, subset: str) -> Dict:
                 change = compare(evaluator, plain, mapped)
                 info["vocab_map"].update(sentences=change["sentences"], differing=change["differing"],
                                          bleu_without=change["bleu_fairseq"], bleu_with=change["bleu_ct2"])
+                options.vocab_map_bound.judge(info["vocab_map"], subset)  # before anything is written
         info["deployable"] = [deployable.SETTINGS, deployable.GUIDE, *settings["files"]]
         deployable.write(final, settings)  # the tokenizer's files and settings beside the model
         check_output_folder(options.out, options.force, options.inputs)  # as checked before the work began

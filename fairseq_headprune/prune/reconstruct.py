@@ -74,7 +74,7 @@ class ReconstructionOptions:
     refit_inputs: bool = option(False, flag="--refit-inputs",
                                 help="also map every drifted sublayer input back onto the unpruned model's, folded "
                                      "into q/k/v and fc1 (beyond Kwon)")
-    window: WindowOptions = nested(WindowOptions)
+    window: WindowOptions = nested(WindowOptions, section="window fit")
 
 
 @torch.no_grad()

@@ -86,7 +86,7 @@ class ShrinkOptions:
                              help="every FFN keeps this share of its hidden units, those of the highest mask "
                                   "Fisher on the calibration data (Kwon et al. 2022), chosen after the heads and "
                                   "layers and refit (fc2) towards the unpruned model's FFN output")
-    reconstruction: ReconstructionOptions = nested(ReconstructionOptions)
+    reconstruction: ReconstructionOptions = nested(ReconstructionOptions, section="reconstruction")
 
 
 def parse_ffn_keep(text: str) -> float:

@@ -7,22 +7,32 @@ tokens, which every batch may use (CTranslate2's line with an empty source), and
 target tokens, besides those, that co-occur with it most often (ranked without the frequent ones, which would
 otherwise fill every source token's list).
 CTranslate2 adds its unknown, start and end tokens itself. The format is CTranslate2's (`vocabulary_map.cc`): one
-line per source token, `SOURCE<TAB>TARGET TARGET ...`.
+line per source token, `SOURCE<TAB>TARGET TARGET ...`. CTranslate2 reads any file without complaint (a line without
+a tab replaces the always-allowed line, an unknown word becomes <unk>), so a folder's map is checked against its
+vocabularies before it is used (check_vmap).
+
+A map is judged on the export's check slice: one that costs more BLEU there than VocabMapBound allows is refused.
 """
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Sequence, Tuple
+from typing import Dict, Iterable, List, Sequence, Set, Tuple
 
 import numpy as np
 from fairseq.data import indexed_dataset
 from scipy import sparse
 
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.options import option
+from fairseq_headprune.options import given_flags, non_finite, option
 from fairseq_headprune.records.log import atomic_output
 
+
+def unused_map_options(enabled: bool, flags: Dict) -> None:
+    """Refuse, in one line, an option of the vocabulary map given without --vocab-map (it would be ignored)."""
+    if flags and not enabled:
+        raise UserError(f"{next(iter(flags))} is an option of the vocabulary map: it needs --vocab-map")
 
 
 @dataclass
@@ -35,11 +45,43 @@ class VocabMapOptions:
     vocab_map_frequent: int = option(500, flag="--vocab-map-frequent", metavar="N",
                                      help="the N most frequent target tokens, candidates of every batch")
 
-    def check(self) -> None:
+    def check(self, enabled: bool) -> None:
+        """The sizes; `enabled`: whether --vocab-map was given (without it, a size set is refused)."""
+        unused_map_options(enabled, given_flags(VocabMapOptions, self))
         if self.vocab_map_per_source < 1:
             raise UserError(f"--vocab-map-per-source must be at least 1, not {self.vocab_map_per_source}")
         if self.vocab_map_frequent < 0:
             raise UserError(f"--vocab-map-frequent must be at least 0, not {self.vocab_map_frequent}")
+
+
+@dataclass
+class VocabMapBound:
+    """How much BLEU a map may cost on the export's check slice before it is refused (nothing written)."""
+
+    vocab_map_max_loss: float = option(1.0, flag="--vocab-map-max-loss", metavar="BLEU",
+                                       help="refuse the map, writing nothing, when it costs the check slice more "
+                                            "BLEU points than this")
+    force_vocab_map: bool = option(False, flag="--force-vocab-map",
+                                   help="write the map whatever it costs on the check slice (its cost is still "
+                                        "printed)")
+
+    def check(self, enabled: bool) -> None:
+        """The bound; `enabled`: whether --vocab-map was given (without it, these options are refused)."""
+        unused_map_options(enabled, given_flags(VocabMapBound, self))
+        non_finite(self)
+        if self.vocab_map_max_loss < 0:
+            raise UserError(f"--vocab-map-max-loss must be at least 0 BLEU, not {self.vocab_map_max_loss:g}")
+
+    def judge(self, change: Dict, subset: str) -> None:
+        """Refuse in one line a map whose check (`change`: sentences, differing, bleu_without, bleu_with on the
+        check slice of `subset`) loses more than the bound, unless forced."""
+        loss = round(change["bleu_without"] - change["bleu_with"], 2)
+        if loss <= self.vocab_map_max_loss or self.force_vocab_map:
+            return
+        raise UserError(f"--vocab-map: the map costs {loss:.2f} BLEU on the {change['sentences']} check sentences of "
+                        f"'{subset}' ({change['bleu_without']:.2f} -> {change['bleu_with']:.2f}, "
+                        f"{change['differing']} hypotheses change), more than --vocab-map-max-loss "
+                        f"{self.vocab_map_max_loss:g}: nothing written (--force-vocab-map writes it anyway)")
 
 
 def incidence(rows: Iterable[Sequence[int]], size: int, binary: bool) -> sparse.csr_matrix:
@@ -133,7 +175,7 @@ def build_vmap(path: str, pairs: Sequence[Tuple[str, str, str, str]], source_sym
                target_symbols: Sequence[str], skip_source: Sequence[int], options: VocabMapOptions) -> Dict:
     """Write the map of the sentence pairs of every (data, subset, src, tgt) in `pairs` to `path` (symbols: the
     CTranslate2 vocabularies, ids as fairseq's dictionaries); what it holds."""
-    options.check()
+    options.check(enabled=True)
     sources, targets = [], []
     for data, subset, src, tgt in pairs:
         s, t = binarised_pairs(data, subset, src, tgt)
@@ -143,3 +185,50 @@ def build_vmap(path: str, pairs: Sequence[Tuple[str, str, str, str]], source_sym
     write_vmap(path, lines)
     return {"sentence_pairs": len(sources), "source_tokens": len(lines) - 1,
             "always": options.vocab_map_frequent, "per_source": options.vocab_map_per_source}
+
+
+# --------------------------------------------------------------------------------------------- a folder's map
+
+
+def folder_vocabulary(folder: str, side: str) -> List[str]:
+    """The `side` (source or target) vocabulary of a CTranslate2 model folder: its own file or the shared one
+    (.json since CTranslate2 3.0, one token a line before)."""
+    for name in (f"{side}_vocabulary", "shared_vocabulary"):
+        path = os.path.join(folder, name + ".json")
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as f:
+                return json.load(f)
+        path = os.path.join(folder, name + ".txt")
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as f:
+                return f.read().rstrip("\n").split("\n")
+    raise UserError(f"{folder} holds no {side} vocabulary ({side}_vocabulary.json or shared_vocabulary.json)")
+
+
+def map_line_problem(line: str, source: Set[str], target: Set[str]) -> str:
+    """What is wrong with one line of a vocabulary map (SOURCE<TAB>TARGET TARGET ...), "" when nothing is."""
+    if line.count("\t") != 1:
+        return "not SOURCE<TAB>TARGETS (CTranslate2 would read it as the always-allowed line)"
+    key, targets = line.split("\t")
+    unknown = [t for t in key.split(" ") if t and t not in source]
+    if unknown:
+        return f"source word {unknown[0]!r} is not in the model's source vocabulary"
+    unknown = [t for t in (targets.split(" ") if targets else []) if t not in target]
+    if unknown:
+        return f"target word {unknown[0]!r} is not in the model's target vocabulary"
+    return ""
+
+
+def check_vmap(folder: str, path: str) -> None:
+    """Refuse in one line a vocabulary map that does not fit the folder's model: bytes that are not UTF-8, a line
+    without its tab, a word outside the model's vocabularies (CTranslate2 would read it as <unk> silently)."""
+    source, target = set(folder_vocabulary(folder, "source")), set(folder_vocabulary(folder, "target"))
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8").rstrip("\n")
+            except UnicodeDecodeError:
+                raise UserError(f"{path} does not fit this model: line {number} is not UTF-8") from None
+            problem = map_line_problem(line, source, target)
+            if problem:
+                raise UserError(f"{path} does not fit this model: line {number}: {problem}")

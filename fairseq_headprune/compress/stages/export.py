@@ -31,6 +31,7 @@ def build(folder: str, loaded, options, recovered: Dict) -> Dict:
     info = export(pruned, evaluator, ExportOptions(out=out, quantization=QUANTIZATION[options.engine],
                                                    check_sentences=options.check_sentences,
                                                    vocab_map=options.vocab_map,
-                                                   vocab_map_options=options.vocab_map_options),
+                                                   vocab_map_options=options.vocab_map_options,
+                                                   vocab_map_bound=options.vocab_map_bound),
                   options.timing_subset)
     return {"engine": options.engine, "ct2": out, "check": info}
