@@ -4,7 +4,10 @@ compress.stages (a function of what it reads, returning its result dict).
 
 Stages, each cached under OUT/stages/NAME/ by its identity (what it computes from, by content and value, and the
 digest of the stage before it), so a rerun after kill -9 resumes at the first stage not finished, a changed option
-reruns the stage it alters and every stage after it (never a mix), and a larger --budget-epochs extends recovery:
+reruns the stage it alters and every stage after it (never a mix), and a larger --budget-epochs extends recovery.
+A record names the files inside OUT relative to it (the user's own files absolute), so OUT resumes from any
+directory and wherever it is moved or copied. The first line's estimate counts exactly the stages this command
+will run. In order:
 
   cost-table  what each lever buys in the engine (compress.levers: crude shapes at equal work, interleaved; also
               cached per model, engine and CPU outside OUT), and which shapes (per-stack heads at every decoder
@@ -39,48 +42,66 @@ Then OUT/model.pt, OUT/ct2/, OUT/MODEL_CARD.md and OUT/compress.json, each writt
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
 import shutil
 import threading
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 from fairseq_headprune.compress import preflight
 from fairseq_headprune.prune import levers
 from fairseq_headprune.compress.options import STAGES, CompressOptions
 from fairseq_headprune.prune.recovery_config import TRAIN_DEFAULTS, RecoverOptions
 from fairseq_headprune.prune.shrink import calibration_samples
-from fairseq_headprune.compress.stages import (choice, cost_table, export, measure, outputs, plan, recover, report,
-                                               shrink)
+from fairseq_headprune.compress.stages import (choice, cost_table, elsewhere, export, measure, outputs, plan,
+                                               recover, report, shrink)
 from fairseq_headprune.compress.stages.common import max_tokens
 from fairseq_headprune.core.masking import set_head_masks
 from fairseq_headprune.errors import UserError
+from fairseq_headprune.fairseq_io.loading import load_subset
 from fairseq_headprune.records.identity import file_sha256
 from fairseq_headprune.records.log import FolderLock, read_json, write_json_atomic
+from fairseq_headprune.records.run_folder import relative_paths, resolved_paths
 
 
 # --------------------------------------------------------------------------------------------- stages on disk
+
+
+RELATIVE = "run_folder_paths"  # a stage record's pointers to the paths in its result that are relative to OUT
 
 
 def digest(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def as_stored(obj) -> Dict:
+    """An identity as its record stores it (tuples as lists, other values as their text)."""
+    return json.loads(json.dumps(obj, default=str))
+
+
 class StageStore:
     """OUT/stages/NAME/: a stage is done when its stage.json (identity and result, written atomically after
     everything else) holds this run's identity. Anything else found there is removed before the stage runs, except
-    a resumable stage's own work (resume.json equal to this run's resume key)."""
+    a resumable stage's own work (resume.json equal to this run's resume key). A result's paths inside OUT are
+    stored relative to it (listed under RELATIVE) and resolved against OUT as it is now: the folder moves whole."""
 
     def __init__(self, out: str):
-        self.root = os.path.join(out, "stages")
+        self.out = os.path.abspath(out)
+        self.root = os.path.join(self.out, "stages")
 
     def folder(self, name: str) -> str:
         return os.path.join(self.root, name)
 
     def record(self, name: str) -> Optional[Dict]:
+        """The stage's record as stored (its digest is what the stage after it follows)."""
         return read_json(os.path.join(self.folder(name), "stage.json"))
+
+    def result(self, record: Dict) -> Dict:
+        """A record's result, its run-folder paths resolved against OUT where it is now."""
+        return resolved_paths(record["result"], self.out, record.get(RELATIVE, []))
 
     def done(self, name: str, identity: Dict) -> Optional[Dict]:
         record = self.record(name)
@@ -99,7 +120,9 @@ class StageStore:
         return folder
 
     def finish(self, name: str, identity: Dict, result: Dict) -> Dict:
-        record = {"identity": identity, "result": result}
+        """The record written (its paths inside OUT relative to it) and returned as stored."""
+        stored, pointers = relative_paths(result, self.out)
+        record = {"identity": identity, "result": stored, **({RELATIVE: pointers} if pointers else {})}
         write_json_atomic(os.path.join(self.folder(name), "stage.json"), record)
         return record
 
@@ -162,7 +185,7 @@ class Run:
 
     def stage(self, name: str, identity: Dict, build: Callable[[str], Dict], estimate: float = 0.0,
               resume_key: Optional[Dict] = None) -> Dict:
-        identity = json.loads(json.dumps({"after": self.previous, **identity}, default=str))  # as stored
+        identity = as_stored({"after": self.previous, **identity})
         record = self.store.done(name, identity)
         if record is None:
             folder = self.store.begin(name, resume_key)
@@ -178,8 +201,8 @@ class Run:
         else:
             self.log(f"{name}: cached ({self.store.folder(name)})")
         self.previous = digest(record)
-        self.results[name] = record["result"]
-        return record["result"]
+        self.results[name] = self.store.result(record)
+        return self.results[name]
 
     def stop_here(self, name: str) -> bool:
         if self.options.stop_after == name:
@@ -224,16 +247,13 @@ class Run:
         rows = len(levers.lever_rows(loaded.model)) + bool(options.vocab_map)  # the map's row
         rates = plan.probe(loaded, options, timing, calibration)
         estimate = plan.estimates(loaded, options, rates, rows, self.rounds)
-        cached = self._cached_stages(self.table_identity)
+        cached, done_epochs = self._cached_stages()
         todo = {name: (0.0 if name in cached else s) for name, s in estimate.items()}
-        done_epochs = self._recovered_epochs(cached)
         if done_epochs and options.budget_epochs:  # an extension trains the epochs not yet trained
             todo["recover"] *= max(options.budget_epochs - done_epochs, 0) / options.budget_epochs
-        self.log(f"compress ({options.target}, {options.engine}): this run will cost about "
-                 f"{sum(todo.values()) / 60:.1f} CPU minutes on this machine ("
-                 + ", ".join(f"{n} {'cached' if n in cached else f'{s / 60:.1f}'}" for n, s in todo.items())
-                 + f"; from rates measured just now in CPU time: {rates['engine_sent_s']:.0f} sentences/s in "
-                 f"{options.engine}, {rates['train_tok_s']:.0f} training tokens/s)")
+        self.log(plan.estimate_line(options, todo, cached, rates))
+        if options.budget_epochs and not options.recovered and "recover" not in cached and not options.dry_run:
+            self.log(self._memory_line())
         self.rates, self.plan, self.todo = rates, estimate, todo
         if self.rounds > options.runs:
             self.log(f"timing: {len(timing)} batches of '{options.timing_subset}', so {self.rounds} interleaved rounds "
@@ -252,24 +272,24 @@ class Run:
             folder, loaded, options, points, timing, self.rounds, log), todo["choice"])
         if self.stop_here("choice"):
             return None
-        shrunk = self.stage("shrink", {"options": shrink.identity(loaded, options, chosen)},
+        shrunk = self.stage("shrink", self._identity("shrink", self.results),
                             lambda folder: shrink.build(folder, loaded, options, chosen, log), todo["shrink"])
         if options.stop_after == "shrink" and options.budget_epochs:
-            self._write_recovery_script(shrunk)
+            self._write_recovery_folder(shrunk)
         if self.stop_here("shrink"):
             return None
         recovered = self._recover_stage(shrunk)
         if self.stop_here("recover"):
             return None
-        exported = self.stage("export", export.identity(options),
+        exported = self.stage("export", self._identity("export", self.results),
                               lambda folder: export.build(folder, loaded, options, recovered), todo["export"])
         if self.stop_here("export"):
             return None
-        self.stage("measure", measure.identity(options, self.table_identity), lambda folder: measure.build(
+        self.stage("measure", self._identity("measure", self.results), lambda folder: measure.build(
             loaded, options, recovered, exported, timing, self.rounds), todo["measure"])
         if self.stop_here("measure"):
             return None
-        self.stage("report", report.identity(loaded, options), lambda folder: report.build(
+        self.stage("report", self._identity("report", self.results), lambda folder: report.build(
             folder, loaded, options, recovered, exported, chosen), todo["report"])
         if self.stop_here("report"):
             return None
@@ -278,57 +298,89 @@ class Run:
     def _plan_lines(self, cached: set) -> List[str]:
         """--dry-run: every stage with the data it reads and its estimate, then the recovery's command."""
         o = self.options
-        data, sample = self._recovery_set(prepare=False)
+        data, sample = self._recovery_set(None, prepare=False)
         command = self._recovery_command(data) if o.budget_epochs and not o.recovered else None
-        return plan.plan_lines(o, self.timing, self.rounds, self.todo, cached, sample, command)
+        return plan.plan_lines(o, self.timing, self.rounds, self.todo, cached, sample, command,
+                               len(load_subset(self.loaded, o.calibration_subset)), self._memory_line())
 
-    def _recovered_epochs(self, cached: set) -> int:
-        """Epochs a recovery of this run's shrink already trained (its record, of another budget)."""
-        record = self.store.record("recover")
-        if "shrink" not in cached or "recover" in cached or not record:
-            return 0
-        shrunk = self.store.record("shrink")
-        if record["identity"].get("after") != digest(shrunk):
-            return 0
-        return int(record["result"].get("budget_epochs") or 0)
+    def _memory_line(self) -> str:
+        parameters = sum(p.numel() for p in self.loaded.model.parameters())
+        return plan.memory_line(parameters, plan.recovery_processes(self.options), levers.available_memory())
 
-    def _cached_stages(self, table_identity: Dict) -> set:
-        """The stages a rerun will find done: the cost table by its identity (here or in the cache); each later one
-        when its record follows the record before it (an option changed since may still rerun it)."""
-        cached = set()
-        record = self.store.done("cost-table", {"after": "", **table_identity})
-        if record is None and not levers.cached_table(cost_table.cost_cache(self.options), table_identity):
-            return cached
-        cached.add("cost-table")
+    def _identity(self, name: str, results: Dict[str, Dict]) -> Dict:
+        """A stage's identity from the results of the stages before it: as the run gives it, and as the plan
+        computes it from the records held (the choice's points found quietly, on a copy of the cost table)."""
+        o, loaded = self.options, self.loaded
+        if name == "cost-table":
+            return self.table_identity
+        if name == "choice":
+            table = copy.deepcopy(results["cost-table"])  # reachable smooths the table's rows in place
+            return choice.identity(loaded, o, cost_table.reachable(loaded, o, table, lambda line: None))
+        if name == "shrink":
+            return {"options": shrink.identity(loaded, o, results["choice"])}
+        if name == "recover":
+            return self._recover_identity(results)
+        if name == "export":
+            return export.identity(o)
+        if name == "measure":
+            return measure.identity(o, self.table_identity)
+        return report.identity(loaded, o)
+
+    def _cached_stages(self) -> Tuple[set, int]:
+        """The stages this run will find done: the cost table by its identity (here or in the cache); each later
+        one by the identity the run will give it, computed from the records before it (a changed option makes its
+        stage and every later one run). And the epochs a recovery of this run's shrink holds under another
+        budget (an extension trains the rest)."""
+        record = self.store.done("cost-table", as_stored({"after": "", **self.table_identity}))
+        if record is None:
+            return {"cost-table"} if levers.cached_table(cost_table.cost_cache(self.options),
+                                                         self.table_identity) else set(), 0
+        cached, results = {"cost-table"}, {"cost-table": self.store.result(record)}
         for name in STAGES[1:]:
+            try:
+                identity = as_stored({"after": digest(record), **self._identity(name, results)})
+            except UserError:  # refused when the stage runs, in its turn
+                return cached, 0
+            record = self.store.done(name, identity)
             if record is None:
-                break
-            following = self.store.record(name)
-            if not following or following["identity"].get("after") != digest(record):
-                break
-            if name == "recover" and (following["identity"].get("budget_epochs") != self.options.budget_epochs
-                                      or following["identity"].get("budget_updates") != self.options.budget_updates):
-                break
+                return cached, self._held_epochs(name, identity)
             cached.add(name)
-            record = following
-        return cached
+            results[name] = self.store.result(record)
+        return cached, 0
+
+    def _held_epochs(self, name: str, identity: Dict) -> int:
+        """Epochs the recover stage's record trained for this very recovery (the same shrink and key), under
+        another budget."""
+        held = self.store.record("recover") if name == "recover" and "run" in identity else None
+        if not held or any(held["identity"].get(k) != identity[k] for k in ("after", "run")):
+            return 0
+        return int(held["result"].get("budget_epochs") or 0)
 
     # -- the recovery (its stage reads the store: a recovery of a larger budget held there is refused)
+
+    def _recover_identity(self, results: Dict[str, Dict]) -> Dict:
+        """The recover stage's identity: --recovered's file by content, else the recovery's key and budget."""
+        o = self.options
+        if o.recovered:
+            return {"recovered": file_sha256(o.recovered)}
+        _, sample = self._recovery_set(results.get("choice"), prepare=False)
+        key = recover.recover_key(self.loaded, o, results["shrink"]["checkpoint_sha256"], sample)
+        return {"run": key, "budget_epochs": o.budget_epochs, "budget_updates": o.budget_updates}
 
     def _recover_stage(self, shrunk: Dict) -> Dict:
         """The recover stage: the recovery run here (resumable: its own work kept while its key holds), or
         --recovered's adopted."""
         o = self.options
+        identity = self._recover_identity(self.results)
         if o.recovered:
             inside = os.path.realpath(self.store.folder("recover")) + os.sep
             if os.path.realpath(o.recovered).startswith(inside):
                 raise UserError(f"--recovered {o.recovered} is inside the recover stage's own folder, which the stage "
                                 "replaces: move it out first")
-            return self.stage("recover", {"recovered": file_sha256(o.recovered)},
-                              lambda folder: recover.adopt(folder, o, shrunk, self._recovery_set(prepare=False)[1]),
-                              0.0)
-        data, sample = self._recovery_set(prepare=o.budget_epochs > 0)
-        key = recover.recover_key(self.loaded, o, shrunk["checkpoint_sha256"], sample)
+            sample = self._recovery_set(self.results.get("choice"), prepare=False)[1]
+            return self.stage("recover", identity, lambda folder: elsewhere.adopt(folder, o, shrunk, sample), 0.0)
+        data, sample = self._recovery_set(self.results.get("choice"), prepare=o.budget_epochs > 0)
+        key = identity["run"]
         record = self.store.record("recover")
         if record and record["identity"].get("run") == key:
             for name, flag in (("budget_epochs", "--budget-epochs"), ("budget_updates", "--budget-updates")):
@@ -336,15 +388,14 @@ class Run:
                 if held is not None and held > getattr(o, name):
                     raise UserError(f"{self.store.folder('recover')} holds a recovery of {flag} {held}: give {flag} "
                                     f"{held} or more, or another --out")
-        return self.stage("recover", {"run": key, "budget_epochs": o.budget_epochs,
-                                      "budget_updates": o.budget_updates},
+        return self.stage("recover", identity,
                           lambda folder: recover.build(folder, self.loaded, o, shrunk, data, sample, self.threads,
                                                         self.log), self.todo["recover"],
                           resume_key=key)
 
-    def _recovery_set(self, prepare: bool = True):
-        return recover.recovery_set(self.loaded, self.options, self.results.get("choice"), self.store.root, self.log,
-                                    prepare)
+    def _recovery_set(self, chosen: Optional[Dict], prepare: bool = True):
+        """The recovery's data folder and sample (`chosen`: the choice's result, whose valid split it reads)."""
+        return recover.recovery_set(self.loaded, self.options, chosen, self.store.root, self.log, prepare)
 
     def _recover_options(self, out: str, work_dir: Optional[str], layers: Optional[Dict] = None) -> RecoverOptions:
         return recover.recover_options(self.loaded, self.options, out, work_dir, layers)
@@ -353,12 +404,12 @@ class Run:
         return recover.recovery_command(self.loaded, self.options, data, self.store.folder("recover"),
                                         os.path.join(self.store.folder("shrink"), "model.pt"))
 
-    def _write_recovery_script(self, shrunk: Dict) -> None:
-        """--stop-after shrink: the recovery's command written to OUT/recovery-run.sh and printed."""
-        data, _ = self._recovery_set()
-        recover.write_recovery_script(self.loaded, self.options, data, self.store.folder("recover"),
-                                      os.path.join(self.store.folder("shrink"), "model.pt"), shrunk.get("layers"),
-                                      self.log)
+    def _write_recovery_folder(self, shrunk: Dict) -> None:
+        """--stop-after shrink: OUT/recovery-run/, the recovery's script with every file it reads, to run here or
+        on another machine."""
+        data, sample = self._recovery_set(self.results.get("choice"))
+        key = recover.recover_key(self.loaded, self.options, shrunk["checkpoint_sha256"], sample)
+        elsewhere.write_folder(self.loaded, self.options, data, shrunk, key, self.log)
 
 
 def run(loaded, options: CompressOptions, log: Callable = print, progress: bool = True) -> Optional[Dict]:

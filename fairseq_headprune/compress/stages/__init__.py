@@ -6,7 +6,8 @@ identity, what its cached record is recognised by). compress.pipeline.Run orders
   cost_table  what each lever buys in the engine, and the shapes that reach the target
   choice      the shape and its heads (--speedup: timed again; --max-bleu-loss: bisection on held-out BLEU)
   shrink      the shape removed and the model reconstructed; the one place compress builds shrink's options
-  recover     the distillation on fairseq-train, or a recovery run elsewhere adopted; the recovery's command
+  recover     the distillation on fairseq-train; the recovery set; the recovery's command
+  elsewhere   the recovery run elsewhere: OUT/recovery-run/ (its script and every file it reads), --recovered adopted
   export      the CTranslate2 model, checked against fairseq
   measure     speed over the unpruned model in the same engine; the FLOP ratio
   report      the reported sets decoded once by both models: BLEU and paired-bootstrap p

@@ -1,5 +1,6 @@
 """The plan before any stage: rates measured on this machine now (probe) and each stage's estimate in CPU seconds
-from them; --dry-run's lines (each stage, the data it reads, its estimate)."""
+from them; the first line (what this command will cost: the stages it runs, those cached at 0); --dry-run's lines
+(each stage, the data it reads, its estimate)."""
 from __future__ import annotations
 
 import math
@@ -138,13 +139,71 @@ def updates_per_epoch(target_tokens: float, options) -> float:
 
 
 
-def plan_lines(options, timing, rounds: int, estimate: Dict[str, float], cached: set, sample: Dict,
-               command: Optional[str]) -> List[str]:
-    """--dry-run: every stage with the data it reads and its estimate, then the recovery's fairseq-train
-    command."""
+def running(options) -> List[str]:
+    """The stages this command goes through (cached or not): every one, or those up to --stop-after."""
+    return list(STAGES[:STAGES.index(options.stop_after) + 1]) if options.stop_after else list(STAGES)
+
+
+def estimate_line(options, todo: Dict[str, float], cached: set, rates: Dict[str, float]) -> str:
+    """The first line: the CPU minutes of the stages this command will run (`todo`: each stage's estimate, 0 for
+    one cached), each stage's; those after --stop-after named apart, not counted."""
+    ran = running(options)
+    later = [n for n in STAGES if n not in ran]
+
+    def figures(names: List[str]) -> str:
+        return ", ".join(f"{n} {'cached' if n in cached else f'{todo[n] / 60:.1f}'}" for n in names)
+
+    return (f"compress ({options.target}, {options.engine}): this run will cost about "
+            f"{sum(todo[n] for n in ran) / 60:.1f} CPU minutes on this machine ({figures(ran)}"
+            + (f"; not run (--stop-after {options.stop_after}): {figures(later)}" if later else "")
+            + f"; from rates measured just now in CPU time: {rates['engine_sent_s']:.0f} sentences/s in "
+            f"{options.engine}, {rates['train_tok_s']:.0f} training tokens/s)")
+
+
+BYTES_TRAINED, BYTES_TEACHER = 16, 4  # per parameter in fp32: weights, gradients and Adam's two moments; weights
+
+
+def recovery_processes(options) -> int:
+    """The processes the recovery trains in: --distributed-world-size of --recover-args or compress's own fairseq
+    options (1 without)."""
+    tokens = [t for arg in (*options.train_options, *options.recover_args) for t in arg.split("=", 1)]
+    for flag, value in zip(tokens, tokens[1:]):
+        if flag == "--distributed-world-size" and value.isdigit():
+            return max(1, int(value))
+    return 1
+
+
+def size_words(size: float) -> str:
+    """Bytes as GiB, or MiB below one GiB."""
+    return f"{size / 2**30:.1f} GiB" if size >= 2**30 else f"{size / 2**20:.0f} MiB"
+
+
+def memory_line(parameters: int, processes: int, available: Optional[int]) -> str:
+    """The recovery's memory: per process at most the student (the unpruned model's size, the upper bound) with
+    its gradients and Adam's moments, and the teacher, against what the machine has available now."""
+    per = parameters * (BYTES_TRAINED + BYTES_TEACHER)
+    have = f", against {size_words(available)} available now" if available else ""
+    warn = ("; more than is available: fewer processes (--distributed-world-size) or a larger machine"
+            if available and per * processes > available else "")
+    return (f"recovery memory: at most {size_words(per)} a process (student with gradients and Adam's moments, "
+            f"teacher; activations besides) x {processes} process(es){have}{warn}")
+
+
+def calibration_words(options, size: int) -> str:
+    """The calibration sentences as they are drawn: a sample of the subset, or all of it when it holds fewer."""
     o = options
-    calibration = (f"{o.calibration_sentences} sentences of '{o.calibration_subset}' drawn at random (seed "
-                   f"{o.sample_seed})")
+    if size <= o.calibration_sentences:
+        return f"all {size} sentences of '{o.calibration_subset}' (it holds no more than --calibration-sentences)"
+    return f"{o.calibration_sentences} of the {size} sentences of '{o.calibration_subset}' drawn at random (seed " \
+           f"{o.sample_seed})"
+
+
+def plan_lines(options, timing, rounds: int, estimate: Dict[str, float], cached: set, sample: Dict,
+               command: Optional[str], calibration_size: int, memory: str) -> List[str]:
+    """--dry-run: every stage with the data it reads and its estimate, the recovery's memory, then its
+    fairseq-train command."""
+    o = options
+    calibration = calibration_words(o, calibration_size)
     recovery = (f"{sample['sentences']} of the {sample['of']} pairs of '{sample['subset']}'"
                 + (f" drawn at random (seed {o.sample_seed})" if sample["sampled"] else "")
                 + (f", beside the unpruned model's translations ({o.distill_nbest} best each) of "
@@ -160,14 +219,16 @@ def plan_lines(options, timing, rounds: int, estimate: Dict[str, float], cached:
              "measure": f"the cost table's batches of '{o.timing_subset}'",
              "report": ", ".join(f"'{s}'" for s in (o.gen_subset, *o.also_report))}
     lines = [f"plan (--dry-run: nothing was written): {o.out}"]
+    ran = running(o)
     for name in STAGES:
         if o.recovered and name == "recover":
             what = f"--recovered {o.recovered} (a recovery run elsewhere)"
         else:
             what = reads[name]
-        lines.append(f"  {name:<10} {'cached' if name in cached else f'{estimate[name] / 60:.1f} CPU min'}: "
-                     f"{what}")
+        cost = "cached" if name in cached else f"{estimate[name] / 60:.1f} CPU min"
+        lines.append(f"  {name:<10} {cost if name in ran else f'not run (--stop-after; {cost})'}: {what}")
     if o.budget_epochs and not o.recovered:
+        lines.append(memory)
         lines.append("the recovery's command (run by the recover stage; or elsewhere after --stop-after shrink):")
         lines.append("  " + command)
     return lines

@@ -1,7 +1,7 @@
 """The recover stage: fairseq-train (compress.recover.recover) distils the unpruned model into the shrunk one, early
-stopping on valid, resumable from its own checkpoints; or a recovery run elsewhere (--recovered) adopted once it is
-checked to be a student of this run's shrink. Also the recovery set (a seeded sample of train) and the recovery's
-fairseq-train command, for --dry-run and --stop-after shrink."""
+stopping on valid, resumable from its own checkpoints (a recovery run elsewhere: compress.stages.elsewhere). Also
+the recovery set (a seeded sample of train) and the recovery's fairseq-train arguments and command, for --dry-run
+and --stop-after shrink."""
 from __future__ import annotations
 
 import os
@@ -11,10 +11,8 @@ from typing import Callable, Dict, List, Optional, Tuple
 from fairseq_headprune.prune import recover, recovery_config
 from fairseq_headprune.prune.recovery_config import RecoverOptions
 from fairseq_headprune.compress.stages.common import split_subsets, subset_tokens, torch_threads
-from fairseq_headprune.errors import UserError
-from fairseq_headprune.fairseq_io.checkpoint_io import save_state
 from fairseq_headprune.records.identity import file_sha256
-from fairseq_headprune.records.log import atomic_output, read_json, write_json_atomic
+from fairseq_headprune.records.log import read_json, write_json_atomic
 
 
 def task_language_args(task_cfg) -> List[str]:
@@ -86,12 +84,18 @@ def recovery_set(loaded, options, choice: Optional[Dict], stages_root: str, log:
     identity = {"data": recovery_config.data_fingerprint(base, [train_subset]), "sentences": o.recover_sentences,
                 "seed": o.sample_seed, "subset": train_subset}
     held = read_json(os.path.join(folder, "sample.json"))
-    if not held or held.get("identity") != identity:
+    if not held or held.get("identity") != identity or not links_hold(folder):
         drawn = recover.sample_subset(base, train_subset, o.recover_sentences, o.sample_seed, folder)
         write_json_atomic(os.path.join(folder, "sample.json"), {"identity": identity, "drawn": drawn})
         log(f"recovery set: {o.recover_sentences} of the {total} pairs of '{train_subset}', drawn at random "
             f"(seed {o.sample_seed}) into {folder}")
     return folder, described
+
+
+def links_hold(folder: str) -> bool:
+    """Every file of a drawn folder is there (its links to the files it did not sample lead somewhere: a folder
+    moved with the run folder links into the old place)."""
+    return all(os.path.exists(os.path.join(folder, name)) for name in os.listdir(folder))
 
 
 def recover_options(loaded, options, out: str, work_dir: Optional[str],
@@ -114,43 +118,28 @@ def recover_options(loaded, options, out: str, work_dir: Optional[str],
                           + train_options + list(options.recover_args))
 
 
-def recovery_command(loaded, options, data: str, folder: str, student: str, layers: Optional[Dict] = None,
-                     elsewhere: bool = False) -> str:
-    """The recovery's fairseq-train command, as the recover stage runs it (from OUT/stages/shrink's student into
-    OUT/stages/recover/run); `elsewhere`: into OUT/recovery-run instead, to run on GPUs or a cluster (torchrun,
-    Slurm) and hand back with --recovered (the recover stage's folder is its own)."""
-    work_dir = os.path.join(options.out, "recovery-run") if elsewhere else os.path.join(folder, "run")
-    settings = recover_options(loaded, options, os.path.join(folder, "model.pt"), work_dir, layers)
+def recovery_argv(loaded, options, data: str, student: str, settings: RecoverOptions) -> Tuple[List[str], bool]:
+    """The recovery's fairseq-train arguments (`settings`: recover_options'), and whether they hold the student's
+    own model and task options (its pruned heads, its shape: read from its checkpoint once the shrink wrote it)."""
     model_cfg = loaded.saved_cfg.model
     arch = (model_cfg.get("arch") if hasattr(model_cfg, "get") else getattr(model_cfg, "arch", None)) \
         or "transformer"
     task = recovery_config.saved_task_name(loaded.saved_cfg)
-    if os.path.exists(student):  # the student's own model and task options (its pruned heads, its shape)
+    saved = []
+    if os.path.exists(student):  # (--dry-run: the student does not exist yet)
         student_cfg = recovery_config.saved_cfg(recovery_config.load_state(student), student)
         arch = recovery_config.config_field(student_cfg["model"], "arch") or arch
         saved = recovery_config.student_args(student, arch, task)
-    else:  # --dry-run: the student does not exist yet
-        saved = []
-    argv = recovery_config.training_argv(os.path.abspath(data), student, settings, task, arch, saved)
-    return "fairseq-train " + shlex.join(argv) + ("" if saved else "  (and the student's model options, read "
+    return recovery_config.training_argv(os.path.abspath(data), student, settings, task, arch, saved), bool(saved)
+
+
+def recovery_command(loaded, options, data: str, folder: str, student: str, layers: Optional[Dict] = None) -> str:
+    """The recovery's fairseq-train command, as the recover stage runs it (from OUT/stages/shrink's student into
+    OUT/stages/recover/run)."""
+    settings = recover_options(loaded, options, os.path.join(folder, "model.pt"), os.path.join(folder, "run"), layers)
+    argv, complete = recovery_argv(loaded, options, data, student, settings)
+    return "fairseq-train " + shlex.join(argv) + ("" if complete else "  (and the student's model options, read "
                                                   "from its checkpoint once the shrink wrote it)")
-
-
-def write_recovery_script(loaded, options, data: str, folder: str, student: str, layers: Optional[Dict],
-                          log: Callable) -> None:
-    """--stop-after shrink: the recovery's fairseq-train command printed and written to OUT/recovery-run.sh
-    (options given to the script are added to it: --distributed-world-size N, ...), to run here or elsewhere;
-    --recovered then takes its best checkpoint."""
-    command = recovery_command(loaded, options, data, folder, student, layers, elsewhere=True)
-    script = os.path.join(options.out, "recovery-run.sh")
-    with atomic_output(script) as f:
-        f.write("#!/bin/sh\n# the recovery of compress, as its recover stage would run it; \"$@\": more "
-                "fairseq-train options\n" + f"exec {command} \"$@\"\n")
-    os.chmod(script, 0o755)
-    best = os.path.join(options.out, "recovery-run", "checkpoint_best.pt")
-    log(f"the recovery, to run here or elsewhere (GPUs: --distributed-world-size N; a cluster: its "
-        f"fairseq-train under torchrun or srun), written to {script}:\n  {command}\nthen the same compress "
-        f"command with --recovered {best} goes on from its result")
 
 
 def build(folder: str, loaded, options, shrunk: Dict, data: str, sample: Dict, threads: int,
@@ -177,40 +166,3 @@ def build(folder: str, loaded, options, shrunk: Dict, data: str, sample: Dict, t
             "distill_hidden": {"weight": settings.distill_hidden_weight,
                                "teacher_layers": settings.distill_hidden_layers or "one to one"}
             if settings.distill_hidden_weight else None}
-
-
-def adopt(folder: str, options, shrunk: Dict, sample: Dict) -> Dict:
-    """--recovered CKPT: a recovery that ran elsewhere, checked to be a student of this run's shrink (every
-    parameter's name and shape, and, where the file it was fine-tuned from is here, that file), written as
-    the recovered model (weights and config, no optimizer state)."""
-    import torch
-
-    path = options.recovered
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as e:  # noqa: BLE001 - any unreadable file is the user's to fix
-        raise UserError(f"--recovered: cannot load {path}: {type(e).__name__}") from None
-    student = torch.load(shrunk["checkpoint"], map_location="cpu", weights_only=False)["model"]
-    weights = state.get("model") or {}
-    shapes = {k: tuple(v.shape) for k, v in weights.items() if torch.is_tensor(v)}
-    wanted = {k: tuple(v.shape) for k, v in student.items() if torch.is_tensor(v)}
-    differs = sorted(set(shapes) ^ set(wanted)) or sorted(k for k in wanted if shapes[k] != wanted[k])
-    if differs:
-        raise UserError(f"--recovered {path} is not a student of this run's shrink ({shrunk['checkpoint']}): "
-                        f"{differs[0]} differs")
-    cfg = state.get("cfg") or {}
-    source = ((cfg.get("checkpoint") or {}).get("finetune_from_model")) if hasattr(cfg, "get") else None
-    if source and os.path.isfile(source) and file_sha256(source) != shrunk["checkpoint_sha256"]:
-        raise UserError(f"--recovered {path} was fine-tuned from {source}, not from this run's shrink")
-    state.pop("last_optimizer_state", None)
-    out = os.path.join(folder, "model.pt")
-    save_state(state, out + ".tmp")
-    os.replace(out + ".tmp", out)
-    trained = (state.get("optimizer_history") or [{}])[-1]
-    distributed = (cfg.get("distributed_training") or {}) if hasattr(cfg, "get") else {}
-    return {"checkpoint": out, "checkpoint_sha256": file_sha256(out), "budget_epochs": options.budget_epochs,
-            "recovered": True, "elsewhere": os.path.abspath(path), "updates": trained.get("num_updates"),
-            "updates_at_best": trained.get("num_updates"), "sentences": sample["sentences"], "sample": sample,
-            "processes": int(distributed.get("distributed_world_size") or 1),
-            "device": "elsewhere", "epochs": [], "best_checkpoint": os.path.basename(path),
-            "distill": options.distill, "distill_hidden": None}
