@@ -157,6 +157,11 @@ def test_every_input_a_later_stage_reads_is_refused_before_the_first_stage(tiny_
         (("--distill-source", noise), f"--distill-source {noise} is not UTF-8 text"),
         (("--distill-source", nul), f"--distill-source {nul} is not text: 96% of its first characters"),
         (("--shape", "8/0x2"), "--shape 8/0x2: the decoder keeps 1 to 3 layers, not 0"),
+        (("--shape", "8/2", "--recovered", stock_checkpoint),  # the unpruned model: not of the shape
+         f"--recovered {stock_checkpoint} is not of --shape 8/2: decoder layer 1's self_attn holds 4 heads, the "
+         "shape 2"),
+        (("--shape", "8/2x4", "--recovered", stock_checkpoint),
+         f"--recovered {stock_checkpoint} is not of --shape 8/2x4: its decoder has 3 layers, the shape 2"),
         (("--references", short), f"--references {short} has 3 lines but subset 'test' has"),
         (("--references", full, "--also-report", "second", "--also-references", short),
          f"--also-references {short} has 3 lines but subset 'second' has"),

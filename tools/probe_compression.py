@@ -17,6 +17,7 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -262,8 +263,6 @@ def _compress_refused(p: Probe, out: Path, *extra, names: str, path: Path = None
 
 @case("compress --out = the folder of --path (the user's model.pt and MODEL_CARD.md)")
 def _compress_path_folder(p: Probe) -> str:
-    import shutil
-
     folder = p.folder("users-model")
     shutil.copyfile(p.checkpoint, folder / "model.pt")
     (folder / "MODEL_CARD.md").write_text("my card")
@@ -303,7 +302,35 @@ COMPRESS_REFUSALS = {
     "--recover-args='--max-update 5'": (lambda p: ["--recover-args", "--max-update 5"], "use --budget-updates"),
     "--stop-after bogus": (lambda p: ["--stop-after", "bogus"], "invalid choice: 'bogus'"),
     "a misspelt option": (lambda p: ["--stop-afte", "report"], "did you mean --stop-after?"),
+    "--recovered naming a file that is not a checkpoint": (lambda p: ["--recovered", _text_file(p, "notes.pt", "x")],
+                                                           "is not a checkpoint torch can load"),
+    "--distill-source naming an empty file": (lambda p: ["--distill-source", _text_file(p, "empty.de", "")],
+                                              "is empty"),
+    "--distill-source naming random bytes": (lambda p: ["--distill-source", _random_bytes(p)], "is not UTF-8 text"),
+    "--recover-args='--lr 1e-4;' (a SyntaxError in fairseq)": (lambda p: ["--recover-args", "--lr 1e-4;"],
+                                                               "'1e-4;' is not a number"),
+    "--shape 8/0x2 (quoted as typed)": (lambda p: ["--shape", "8/0x2"], "--shape 8/0x2: the decoder keeps 1 to"),
+    "--out a dangling link": (lambda p: ["--out", _dangling(p)], "which does not exist"),
 }
+
+
+def _text_file(p: Probe, name: str, text: str) -> Path:
+    path = p.work / name
+    path.write_text(text)
+    return path
+
+
+def _random_bytes(p: Probe) -> Path:
+    path = p.work / "random.de"
+    path.write_bytes(bytes(range(128, 256)) * 16)
+    return path
+
+
+def _dangling(p: Probe) -> Path:
+    path = p.work / f"dangling-{p.n}"
+    if not path.is_symlink():
+        path.symlink_to(p.work / "nowhere")
+    return path
 
 
 def _short_references(p: Probe) -> Path:
@@ -318,15 +345,58 @@ def _beyond_gpus() -> int:
     return max(2, torch.cuda.device_count() + 1)
 
 
-if torch.cuda.device_count():  # without a GPU a world size is CPU processes (gloo): a run, not a refusal
+if torch.cuda.device_count():  # without a GPU a world size is CPU processes (gloo): refused beyond the cores
     COMPRESS_REFUSALS["--recover-args='--distributed-world-size N' beyond the GPUs"] = (
         lambda p: ["--recover-args", f"--distributed-world-size {_beyond_gpus()}"], "GPUs and this machine has")
+else:
+    COMPRESS_REFUSALS["--recover-args='--distributed-world-size N' beyond the cores (no GPU)"] = (
+        lambda p: ["--recover-args", f"--distributed-world-size {(os.cpu_count() or 1) + 1}"],
+        "CPU processes and this machine has")
 
 
 for _name, (_extra, _names) in COMPRESS_REFUSALS.items():
     case(f"compress {_name}")(lambda p, name=_name, extra=_extra, names=_names: _compress_refused(
         p, p.work / f"compress-{p.n}-new", *extra(p), names=names,
         target=("--max-bleu-loss", "nan") if name == "--max-bleu-loss nan" else ("--speedup", "1.2")))
+
+
+@case("compress interrupted by Ctrl-C in a later stage")
+def _compress_interrupted(p: Probe) -> str:
+    import signal
+
+    out = p.folder("interrupted") / "out"
+    argv = ["compress", p.data, "--path", p.checkpoint, "--out", out, "--speedup", "1.2", *COMPRESS,
+            "--cost-cache", p.work / "cost-cache-interrupted"]
+    command = Path(sys.executable).parent / "fairseq-headprune"
+    proc = subprocess.Popen([str(command), *map(str, argv)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    for line in proc.stdout:
+        if line.startswith(("cost-table: done", "cost-table: cached")):
+            break
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=300)
+    last = (stderr.strip().splitlines() or [""])[-1]
+    expect(proc.returncode == 130 and "Traceback" not in stderr, f"exit {proc.returncode}: {last}")
+    expect("interrupted" in last, f"not one line: {last}")
+    again = p.cli(*argv)
+    expect(again.returncode == 0 and "cost-table: cached" in again.stdout, "the same command did not resume")
+    return "held: one line, exit 130, the same command resumed"
+
+
+@case("compress of a model compressed before is 'the input model' in its card, never unpruned")
+def _compress_compressed(p: Probe) -> str:
+    folder = p.folder("compressed-input")
+    first = p.cli("compress", p.data, "--path", p.checkpoint, "--out", folder / "first", "--speedup", "1.2",
+                  *COMPRESS, "--cost-cache", p.work / "cost-cache-input")
+    expect(first.returncode == 0, f"exit {first.returncode}: {first.stderr.strip().splitlines()[-1:]}")
+    second = p.cli("compress", p.data, "--path", folder / "first" / "model.pt", "--out", folder / "second",
+                   "--speedup", "1.2", *COMPRESS, "--cost-cache", p.work / "cost-cache-input",
+                   "--max-len-b", "60")  # (a tiny model with fewer heads loops to a short limit: no export check)
+    expect(second.returncode == 0, f"exit {second.returncode}: {second.stderr.strip().splitlines()[-1:]}")
+    card = (folder / "second" / "MODEL_CARD.md").read_text()
+    expect("unpruned" not in card, "the card calls the input model unpruned")
+    expect("The input model is itself pruned" in card and "It was made from" in card, "the card does not say so")
+    return "held: the input model named with its shape and the model it was made from"
 
 
 @case("a second compress of one --out")
@@ -345,7 +415,122 @@ def _compress_two_writers(p: Probe) -> str:
         holder.wait()
 
 
-# ---------------------------------------------------------------- 6. every family (--families)
+# ---------------------------------------------------------------- 6. translate and the vocabulary map
+
+TIGHT_MAP = ["--vocab-map", "--vocab-map-per-source", "1", "--vocab-map-frequent", "0"]
+
+
+def _deployable(p: Probe, name: str) -> Path:
+    """The tiny model exported with its Moses and subword-nmt settings, greedy, 4 tokens a hypothesis at most."""
+    out = p.folder(name) / "model"
+    proc = p.cli("export-ct2", p.data, "--path", p.checkpoint, "--out", out, "--gen-subset", "test",
+                 "--check-sentences", "8", "--tokenizer", "moses", "--moses-no-escape", "-s", "de", "-t", "en",
+                 "--bpe", "subword_nmt", "--bpe-codes", p.data / "code", "--beam", "1", "--max-len-b", "4",
+                 "--max-tokens", "800")
+    expect(proc.returncode == 0, f"export failed: {proc.stderr.strip().splitlines()[-1:]}")
+    return out
+
+
+@case("vocab-map: export-ct2 --vocab-map-per-source without --vocab-map (accepted and ignored)")
+def _map_option_alone(p: Probe) -> str:
+    out = p.folder("map-alone") / "ct2"
+    line = p.refused("export-ct2", p.data, "--path", p.checkpoint, "--out", out, "--gen-subset", "test",
+                     "--vocab-map-per-source", "5", names="needs --vocab-map")
+    expect(not out.exists(), "wrote a model")
+    return line
+
+
+@case("vocab-map: compress --vocab-map-frequent without --vocab-map (accepted and ignored)")
+def _compress_map_option_alone(p: Probe) -> str:
+    return _compress_refused(p, p.work / f"compress-{p.n}-map", "--vocab-map-frequent", "3",
+                             names="needs --vocab-map")
+
+
+@case("vocab-map: export-ct2 with a map that costs more BLEU than --vocab-map-max-loss")
+def _map_too_costly(p: Probe) -> str:
+    out = p.folder("map-costly") / "ct2"
+    line = p.refused("export-ct2", p.data, "--path", p.checkpoint, "--out", out, "--gen-subset", "test", "--beam",
+                     "1", "--max-len-b", "20", "--max-tokens", "800", "--check-sentences", "24", *TIGHT_MAP,
+                     "--vocab-map-max-loss", "0", names="--vocab-map-max-loss 0")
+    expect(not out.exists() and not list(out.parent.glob(".ct2-export-*")), "wrote a model or left its staging")
+    return line
+
+
+@case("translate: a folder whose vmap.txt is random bytes (CTranslate2 reads it silently)")
+def _translate_random_map(p: Probe) -> str:
+    folder = _deployable(p, "random-map")
+    (folder / "vmap.txt").write_bytes(bytes(range(256)) * 4)
+    return p.refused("translate", folder, names="vmap.txt does not fit this model")
+
+
+@case("translate: a 2,000-word line, bytes that are not UTF-8 and empty lines among 300")
+def _translate_bad_lines(p: Probe) -> str:
+    folder = _deployable(p, "bad-lines")
+    lines = [b"ein Hund l\xc3\xa4uft ."] * 300
+    lines[9], lines[99], lines[199], lines[298] = b"", " ".join(["Hund"] * 2000).encode(), b"ein \xff Hund", b" "
+    proc = subprocess.run([str(conftest.BIN / "fairseq-headprune"), "translate", str(folder)],
+                          input=b"\n".join(lines) + b"\n", capture_output=True, env=conftest.ENV)
+    out = proc.stdout.split(b"\n")
+    warned = [w.split(":")[2].strip() for w in proc.stderr.decode().splitlines() if ": warning: line " in w]
+    expect(proc.returncode == 3, f"exit {proc.returncode}, not 3: {proc.stderr.decode()[-200:]}")
+    expect(len(out) == 301 and out[-1] == b"", f"{len(out) - 1} lines out of 300")
+    expect(warned == ["line 100", "line 200"], f"warnings {warned}")
+    expect(out[9] == out[298] == b"" and all(out[i] for i in (99, 199)), "an empty line not answered empty")
+    return "held: 300 lines in, 300 out, lines 100 and 200 named, exit code 3"
+
+
+# ---------------------------------------------------------------- run folder: moved, its recovery folder
+
+def _in_folder(folder: Path, call: Callable):
+    """`call()` with `folder` as the working directory."""
+    before = os.getcwd()
+    os.chdir(folder)
+    try:
+        return call()
+    finally:
+        os.chdir(before)
+
+
+def _compress_stopped(p: Probe, out, cwd: Path, *extra):
+    return _in_folder(cwd, lambda: p.cli("compress", p.data, "--path", p.checkpoint, "--out", out, "--speedup", "1.2",
+                                         *COMPRESS, "--cost-cache", p.work / "cost-cache-run-folder", *extra))
+
+
+@case("compress run folder moved, resumed with --out at its new place from another directory")
+def _compress_moved(p: Probe) -> str:
+    folder = p.folder("run-folder-moved")
+    for name in ("first", "second"):
+        (folder / name).mkdir()
+    first = _compress_stopped(p, "out", folder / "first", "--stop-after", "shrink")
+    expect(first.returncode == 0, f"exit {first.returncode}: {first.stderr.strip().splitlines()[-1:]}")
+    (folder / "first" / "out").rename(folder / "moved")
+    again = _compress_stopped(p, folder / "moved", folder / "second", "--stop-after", "shrink")
+    expect(again.returncode == 0, f"exit {again.returncode}: {again.stderr.strip().splitlines()[-1:]}")
+    cached = [n for n in ("cost-table", "choice", "shrink") if f"{n}: cached" in again.stdout]
+    expect(len(cached) == 3, f"only {cached} cached at the new place")
+    expect(str(folder / "first") not in (folder / "moved" / "recovery-run" / "recovery-run.sh").read_text(),
+           "the recovery script names the folder where the run started")
+    return "held: cost-table, choice and shrink cached at the new place, its recovery script rewritten there"
+
+
+@case("compress --recovered from a recovery folder of an earlier shrink (run folder)")
+def _compress_stale_recovery(p: Probe) -> str:
+    folder = p.folder("run-folder-stale")
+    first = _compress_stopped(p, folder / "out", folder, "--stop-after", "shrink")
+    expect(first.returncode == 0, f"exit {first.returncode}: {first.stderr.strip().splitlines()[-1:]}")
+    place = folder / "out" / "recovery-run"
+    shutil.copyfile(place / "student.pt", place / "checkpoint_best.pt")  # a student of this shrink's shape
+    inputs = json.loads((place / "inputs.json").read_text())
+    (place / "inputs.json").write_text(json.dumps({**inputs, "student_sha256": "0" * 64}))
+    proc = _compress_stopped(p, folder / "out", folder, "--recovered", place / "checkpoint_best.pt")
+    last = (proc.stderr.strip().splitlines() or [""])[-1]  # after the stages' progress bars: the refusal
+    expect(proc.returncode == 2 and "Traceback" not in proc.stderr, f"exit {proc.returncode}: {last}")
+    expect("inputs.json names another student" in last, f"does not name inputs.json: {last}")
+    expect(not (folder / "out" / "compress.json").exists(), "the outputs were written")
+    return "refused: " + last.split("error: ", 1)[1][:110]
+
+
+# ---------------------------------------------------------------- 7. every family (--families)
 
 def _family(name: str):
     import families as fam

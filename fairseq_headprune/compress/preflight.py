@@ -294,6 +294,35 @@ def recovered_checkpoint(loaded, options) -> None:
         differs = recovery_config.first_shape_difference(weights, student)
         if differs:
             raise UserError(f"--recovered {path} is not a student of this run's shrink ({shrunk}): {differs} differs")
+    elif options.shape is not None:
+        differs = shape_difference(weights, shape_point(loaded, options), loaded.model)
+        if differs:
+            raise UserError(f"--recovered {path} is not of --shape {options.shape}: {differs}")
+
+
+def stack_heads(weights: Dict[str, torch.Tensor], stack: str, attention: str, head_dim: int) -> Dict[int, int]:
+    """{layer: heads} of one attention of a stack in a state dict (its query projection's rows over head_dim)."""
+    prefix, suffix = f"{stack}.layers.", f".{attention}.q_proj.weight"
+    return {int(name[len(prefix):-len(suffix)]): int(w.shape[0]) // head_dim for name, w in weights.items()
+            if name.startswith(prefix) and name.endswith(suffix)}
+
+
+def shape_difference(weights: Dict[str, torch.Tensor], point: Dict[str, int], model) -> Optional[str]:
+    """What of a state dict differs from a shape point (--shape): the decoder's depth or a layer's heads (the FFN
+    share is not read: shrink rounds it per layer); None when it has the shape."""
+    head_dim = {"encoder": int(model.encoder.layers[0].self_attn.head_dim),
+                "decoder": int(model.decoder.layers[0].self_attn.head_dim)}
+    for stack, layers in (("encoder", model.encoder.layers), ("decoder", model.decoder.layers)):
+        held = len(stack_heads(weights, stack, "self_attn", head_dim[stack]))
+        depth = point.get(f"{stack[:3]}_layers", len(layers))
+        if held != depth:
+            return f"its {stack} has {held} layers, the shape {depth}"
+    for stack, attn, heads in (("encoder", "self_attn", point["enc_heads"]), ("decoder", "self_attn",
+                               point["dec_heads"]), ("decoder", "encoder_attn", point["dec_heads"])):
+        for layer, held in sorted(stack_heads(weights, stack, attn, head_dim[stack]).items()):
+            if held != heads:
+                return f"{stack} layer {layer + 1}'s {attn} holds {held} heads, the shape {heads}"
+    return None
 
 
 TEXT_SAMPLE = 1 << 20  # bytes of a text file read to judge it

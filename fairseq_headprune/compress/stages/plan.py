@@ -71,7 +71,7 @@ def probe(loaded, options, timing, calibration) -> Dict[str, float]:
     rates["forward_tok_s"] = tokens / cpu_seconds(forward)
     rates["train_tok_s"] = tokens / cpu_seconds(train_step)
     attn = next(iter(attention_modules(model).values()))
-    x = torch.randn(25, 40, attn.embed_dim)  # one window-fit step: at most 1000 tokens
+    x = torch.randn(25, 40, attn.q_proj.in_features)  # one window-fit step of 1000 tokens, at the model's width
 
     def window_step():
         y, _ = attn(query=x, key=x, value=x, need_weights=False)
