@@ -78,9 +78,9 @@ def summary_lines(record: Dict) -> List[Optional[str]]:
         f"Made by `fairseq-headprune compress` from {source_name(record)} for {engine} ({record['target']}).", "",
         "## Summary", "",
         f"- **Removed**: {summary_removed(chosen, whole, shrunk)}",
-        f"- **Speed** against the unpruned model in {engine}, one thread, at equal work: "
-        f"{speed_words(measured)} in batches of up to {measured.get('largest_batch', '?')} sentences; "
-        + latency_words(measured),
+        f"- **Speed** against the unpruned model in {engine}, {threads_words(measured)}, at equal work: "
+        f"{speed_words(measured)} {batch_words(measured)}; " + latency_words(measured),
+        deployment_words(measured),
         f"- **BLEU** ({engine}, sacreBLEU): " + "; ".join(bleu_words(r) for r in held_out(reported, trained)),
         *(["- **On the unpruned model's own training data** (not a held-out result: the unpruned model has seen "
            "these sentences, so its score there is inflated): "
@@ -115,8 +115,8 @@ def result_lines(record: Dict) -> List[Optional[str]]:
         f"{measured['speedup_as_decoded']:.2f}x ({measured['sentences_per_s']['compressed']:.1f} sentences/s) |",
         latency_row(measured),
         f"| decoding FLOPs, unpruned over this model's | 1.00 | {measured['flop_ratio']:.2f} |", "",
-        f"Speed: one thread, {measured['runs']} rounds interleaved batch by batch with the unpruned model in the same "
-        "engine, the median of the per-batch ratios (the ratio of total seconds at equal work: "
+        f"Speed: {threads_words(measured)}, {measured['runs']} rounds interleaved batch by batch with the unpruned "
+        "model in the same engine, the median of the per-batch ratios (the ratio of total seconds at equal work: "
         f"{measured.get('speedup_equal_work_total', float('nan')):.2f}x); equal work forces every hypothesis to "
         f"{measured['forced_length']} tokens + 1 step (the unpruned model's mean). BLEU: sacreBLEU "
         f"({reported['signature']}) against {reported['references']}; {reported['significance']}"
@@ -245,7 +245,39 @@ def timed_words(point: Dict) -> str:
     return interval_words(interval) if interval else f"{point['measured_speedup']:.2f}x"
 
 
+def threads_words(measured: Dict) -> str:
+    threads = (measured.get("deployment") or {}).get("threads", 1)
+    return "one thread" if threads == 1 else f"{threads} threads"
+
+
+def batch_words(measured: Dict) -> str:
+    """The batches the target was timed at: the deployment's (--deploy-batch) or the timing's."""
+    batch = (measured.get("deployment") or {}).get("batch")
+    if batch == 1:
+        return "one sentence at a time (--deploy-batch 1)"
+    if batch:
+        return f"in batches of {batch} sentences (--deploy-batch {batch})"
+    return f"in batches of up to {measured.get('largest_batch', '?')} sentences"
+
+
+def deployment_words(measured: Dict) -> Optional[str]:
+    """Where it was measured and what the served models hold (records made before it: nothing)."""
+    where = measured.get("deployment")
+    if not where:
+        return None
+    memory = where.get("memory")
+    held = (f"; served, the CTranslate2 model holds {memory['compressed'] / 2**20:.0f} MiB resident against the "
+            f"unpruned model's {memory['unpruned'] / 2**20:.0f} MiB" if memory else "")
+    engine = f"CTranslate2 {where['ctranslate2']}" if "ctranslate2" in where else f"torch {where['torch']}"
+    return (f"- **Measured on** {where['cpu']} ({where['instruction_set']}), {engine}, "
+            f"{threads_words(measured)}{held}.")
+
+
 def latency_words(measured: Dict) -> str:
+    if "batch64" in measured:  # served at batch 1: the other figure is batched
+        other = measured["batch64"]
+        return (f"at batches of {other['batch']} sentences {interval_words(other['interval'])}: "
+                f"{other['ms']['compressed']:.1f} ms a batch against {other['ms']['unpruned']:.1f} ms.")
     lat = measured.get("latency_batch1")
     if not lat:
         return ("latency at batch 1 (one sentence at a time): not measured by this run (its record predates the "
@@ -256,6 +288,10 @@ def latency_words(measured: Dict) -> str:
 
 
 def latency_row(measured: Dict) -> str:
+    if "batch64" in measured:
+        other = measured["batch64"]
+        return (f"| speed at batches of {other['batch']}, equal work ({other['sentences']} sentences) | 1.00x | "
+                f"{other['speedup']:.2f}x |")
     lat = measured.get("latency_batch1")
     if not lat:
         return "| latency at batch 1, equal work | not measured | not measured |"

@@ -40,6 +40,12 @@ class CompressOptions:
                                        "heads, layers and units go is chosen as for the choice's own and shrink's")
     engine: str = option("ct2-int8", flag="--engine", section="target",
                          help=f"where the model runs: {', '.join(levers.ENGINES)}")
+    deploy_batch: Optional[int] = option(None, flag="--deploy-batch", section="target", metavar="N",
+                                         help="the batch the model is served at (1: one sentence at a time, "
+                                              "interactive use): the cost table, the choice and the target time "
+                                              "batches of N sentences (default: up to --batch-size, else 16)")
+    deploy_threads: int = option(1, flag="--deploy-threads", section="target", metavar="T",
+                                 help="the threads the served model decodes on: every timing uses T")
     budget_epochs: int = option(4, flag="--budget-epochs", section="recovery",
                                 help="recovery epochs at most over the recovery set (early stopping on valid; a "
                                      "rerun with more extends; 0: no recovery)")
@@ -177,6 +183,11 @@ class CompressOptions:
         """--engine, the counts, --significance and the window fit's settings."""
         if self.engine not in levers.ENGINES:
             raise UserError(f"--engine must be one of {', '.join(levers.ENGINES)}, not {self.engine!r}")
+        if self.deploy_batch is not None and self.deploy_batch < 1:
+            raise UserError(f"--deploy-batch must be at least 1 sentence, not {self.deploy_batch}")
+        if self.deploy_threads < 1 or self.deploy_threads > (os.cpu_count() or 1):
+            raise UserError(f"--deploy-threads must be between 1 and this machine's {os.cpu_count() or 1} cores, "
+                            f"not {self.deploy_threads}")
         for name in ("calibration_sentences", "calibration_max_tokens", "timing_sentences", "runs",
                      "check_sentences", "heldout_sentences", "latency_sentences", "budget_updates",
                      "recover_sentences"):

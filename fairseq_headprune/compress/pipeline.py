@@ -237,7 +237,8 @@ class Run:
         """The timing batches, the rates measured now and each stage's estimate (what is left of it), logged; returns
         the stages a rerun finds done."""
         options, loaded = self.options, self.loaded
-        timing = self.timing = levers.timing_batches(loaded, options.timing_subset, options.timing_sentences)
+        timing = self.timing = levers.timing_batches(loaded, options.timing_subset, options.timing_sentences,
+                                                     options.deploy_batch)
         self.rounds = levers.timing_rounds(len(timing), options.runs)
 
         train_tokens = int(TRAIN_DEFAULTS["--max-tokens"])  # a batch as recovery trains on (the probe's rates)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import subprocess
+import sys
 import time
 from dataclasses import replace
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -163,6 +165,44 @@ def environment_threads() -> int:
     return int(os.environ.get("OMP_NUM_THREADS", "1") or 1)
 
 
+RESIDENT_PROBE = """
+import os, sys
+import ctranslate2
+def resident():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+before = resident()
+translator = ctranslate2.Translator(sys.argv[1], device="cpu", compute_type=sys.argv[2], intra_threads=int(sys.argv[3]))
+translator.translate_batch([["."]], max_decoding_length=2)
+print(resident() - before)
+"""
+
+
+def resident_bytes(folder: str, compute_type: str, threads: int) -> Optional[int]:
+    """The memory a CTranslate2 model holds once loaded and run (resident set after a one-sentence translation,
+    less the process's before loading it), in a process of its own; None where /proc is not there."""
+    if not os.path.exists("/proc/self/statm"):
+        return None
+    proc = subprocess.run([sys.executable, "-c", RESIDENT_PROBE, folder, compute_type, str(threads)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"measuring the resident size of {folder}: {proc.stderr.strip().splitlines()[-1:]}")
+    return int(proc.stdout.split()[-1])
+
+
+def instruction_set() -> str:
+    """The widest vector instruction set the CPU offers, as CTranslate2's CPU kernels dispatch on it."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return "unknown"
+    for flag, name in (("avx512f", "AVX-512"), ("avx2", "AVX2"), ("avx", "AVX"), ("sse4_1", "SSE4.1")):
+        if flag in flags:
+            return name
+    return "unknown"
+
+
 def translator(folder: str, compute_type: str, threads: int):
     """A CPU translator of a CTranslate2 model folder: one batch at a time, `threads` threads within it."""
     import ctranslate2  # optional heavy dependency: CTranslate2
@@ -172,10 +212,11 @@ def translator(folder: str, compute_type: str, threads: int):
 
 
 def ct2_translator(loaded, model, folder: str, quantization: Optional[str], target_dictionary=None,
-                   vocab_map: Optional[str] = None):
-    """`model` written as a CTranslate2 model into a new folder (write_ct2_model), and a one-thread translator of it."""
+                   vocab_map: Optional[str] = None, threads: int = 1):
+    """`model` written as a CTranslate2 model into a new folder (write_ct2_model), and a translator of it on
+    `threads` threads."""
     write_ct2_model(loaded, model, folder, quantization, target_dictionary, vocab_map=vocab_map)
-    return translator(folder, quantization or "float32", 1)
+    return translator(folder, quantization or "float32", threads)
 
 
 # --------------------------------------------------------------------------------------------- translating batches

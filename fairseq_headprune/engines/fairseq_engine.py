@@ -2,6 +2,7 @@
 batches decoded once by fairseq's beam search, timed (as decoded, or every hypothesis forced to one length)."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from typing import Dict, List
@@ -11,6 +12,17 @@ import torch
 
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.fairseq_io.loading import load_subset
+
+
+@contextlib.contextmanager
+def torch_threads(n: int):
+    """torch's intra-op threads set to n for the block, restored after."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
 
 
 def check_batches(loaded, subset: str, n: int):

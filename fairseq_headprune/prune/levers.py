@@ -124,14 +124,15 @@ def ceiling_shape(model, point: Mapping[str, float]):
 # --------------------------------------------------------------------------------------------- timing batches
 
 
-def timing_batches(loaded, subset: str, n: int):
-    """The first n sentences of a subset batched for timing: at most the user's --batch-size sentences per batch, or
-    TIMING_BATCH when none is given (fairseq-generate's default --max-tokens would hold 300 sentences in one batch,
-    leaving every sign test a single pair per round), within the user's --max-tokens when given."""
+def timing_batches(loaded, subset: str, n: int, batch: Optional[int] = None):
+    """The first n sentences of a subset batched for timing: `batch` sentences per batch (the deployment's) when
+    given, else at most the user's --batch-size, or TIMING_BATCH when none is given (fairseq-generate's default
+    --max-tokens would hold 300 sentences in one batch, leaving every sign test a single pair per round), within the
+    user's --max-tokens when given."""
     dataset = loaded.cfg.dataset
     given = dataset.batch_size
     with open_dict(loaded.cfg):
-        dataset.batch_size = given or TIMING_BATCH
+        dataset.batch_size = batch or given or TIMING_BATCH
     try:
         return check_batches(loaded, subset, n)
     finally:
@@ -170,15 +171,17 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def table_identity(loaded, engine: str, samples, runs: int, levers: Sequence[Lever] = LEVERS) -> Dict:
+def table_identity(loaded, engine: str, samples, runs: int, levers: Sequence[Lever] = LEVERS,
+                   threads: int = 1) -> Dict:
     """What a cost table's numbers depend on: the model by content, the engine and its version, the CPU, the timing
     sentences and their batching, the decoding options, the levers and values measured."""
     import torch
 
     sentences = sorted(sid for s in samples for sid in s["id"].tolist())
     tokens = hashlib.sha256(json.dumps([s["net_input"]["src_tokens"].tolist() for s in samples]).encode())
-    identity = {"model_sha256": file_sha256(loaded.checkpoint), "engine": engine, "cpu": cpu_model(), "threads": 1,
-                "sentences": len(sentences), "batches": len(samples), "sources_sha256": tokens.hexdigest()[:16],
+    identity = {"model_sha256": file_sha256(loaded.checkpoint), "engine": engine, "cpu": cpu_model(),
+                "threads": threads, "sentences": len(sentences), "batches": len(samples),
+                "sources_sha256": tokens.hexdigest()[:16],
                 "generation": generation_identity(loaded.cfg),
                 "runs": runs, "levers": [asdict(lv) for lv in levers], "torch": torch.__version__,
                 "estimator": "median of per-batch paired ratios, equal work; sign test p < 0.05"}
@@ -230,7 +233,8 @@ LOADED = 1.5  # a 1-minute load average above this while timing: another CPU-bou
 
 
 def time_shapes(loaded, engine: str, samples, runs: int, shapes: Mapping[str, object], log=print, progress=None,
-                decoder_factory=None, vocab_map: Optional[str] = None, mapped: Collection[str] = ()) -> Dict:
+                decoder_factory=None, vocab_map: Optional[str] = None, mapped: Collection[str] = (),
+                threads: int = 1) -> Dict:
     """Time crude slices of the unpruned model (core.surgery.crude_model, one per CeilingShape) beside the
     unpruned model at equal work, interleaved: each shape's speed-up (seconds paired per round) and FLOP ratio.
     The slices are timed in groups whose models fit in memory together (memory_groups: one group for a small
@@ -244,7 +248,8 @@ def time_shapes(loaded, engine: str, samples, runs: int, shapes: Mapping[str, ob
         def build(model, dictionary, name, vmap=None):
             if decoder_factory:
                 return decoder_factory(model, dictionary, os.path.join(tmp, name), vmap)
-            return EngineModel(loaded, engine, model, dictionary, os.path.join(tmp, name), vocab_map=vmap).run
+            return EngineModel(loaded, engine, model, dictionary, os.path.join(tmp, name), vocab_map=vmap,
+                               threads=threads).run
 
         unpruned = build(loaded.model, None, "unpruned")
         natural = unpruned(samples, 0)
@@ -326,7 +331,7 @@ def available_memory() -> Optional[int]:
 
 
 def cost_table(loaded, engine: str, samples, runs: int, levers: Sequence[Lever] = LEVERS, log=print,
-            progress=None, decoder_factory=None, vocab_map: Optional[str] = None) -> Dict:
+               progress=None, decoder_factory=None, vocab_map: Optional[str] = None, threads: int = 1) -> Dict:
     """The cost table: every lever's row timed beside the unpruned model (time_shapes), as JSON; with `vocab_map`
     (a vmap.txt), a row for the unpruned model decoding with it (MAP_ROW), with what the map changes in its
     translations of the timing sentences."""
@@ -336,7 +341,7 @@ def cost_table(loaded, engine: str, samples, runs: int, levers: Sequence[Lever] 
     if vocab_map:
         shapes[MAP_ROW] = ceiling_shape(loaded.model, {})  # the whole model, its output layer restricted by the map
     timed = time_shapes(loaded, engine, samples, runs, shapes, log, progress, decoder_factory, vocab_map,
-                        mapped=[MAP_ROW] if vocab_map else ())
+                        mapped=[MAP_ROW] if vocab_map else (), threads=threads)
     table_rows = []
     for (lever, value), key in zip([*rows, *([(MAP_LEVER, 1.0)] if vocab_map else [])], shapes):
         speed = timed["speedup"][key]

@@ -208,7 +208,7 @@ def confirm(loaded, options, timing, rounds: int, scored: List[Dict], calibratio
     for _ in range(1 + RETIMED_ROUNDS):
         shapes = {label(p): levers.ceiling_shape(loaded.model, p) for p in batch}
         measured = levers.time_shapes(loaded, options.engine, timing, rounds, shapes, log, vocab_map=vocab_map,
-                                      mapped=shapes if vocab_map else ())
+                                      mapped=shapes if vocab_map else (), threads=options.deploy_threads)
         for p in batch:
             p["measured_speedup"] = measured["speedup"][label(p)]
             p["measured_interval"] = measured["interval"][label(p)]

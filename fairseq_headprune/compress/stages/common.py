@@ -28,19 +28,6 @@ def max_tokens(loaded, value: Optional[int]):
             loaded.cfg.dataset.max_tokens = saved
 
 
-@contextlib.contextmanager
-def torch_threads(n: int):
-    """torch's intra-op threads set to n for the block, restored after."""
-    import torch
-
-    saved = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(saved)
-
-
 def subset_tokens(loaded, subset: str, n: Optional[int] = None) -> Tuple[int, int]:
     """(sentences, target tokens) of the first n sentences of a subset (all when n is None)."""
     dataset = load_subset(loaded, subset)
@@ -83,8 +70,9 @@ def also_sets(options) -> List[Tuple[str, Optional[str]]]:
     return list(zip(options.also_report, options.also_references or [None] * len(options.also_report)))
 
 
-def engine_model(loaded, engine: str, exported: Optional[Dict], tmp: str, name: str) -> EngineModel:
-    """A model as `engine` runs it: the exported CTranslate2 folder when there is one, else built under tmp/name."""
+def engine_model(loaded, engine: str, exported: Optional[Dict], tmp: str, name: str, threads: int = 1) -> EngineModel:
+    """A model as `engine` runs it on `threads` threads: the exported CTranslate2 folder when there is one, else
+    built under tmp/name."""
     if exported and exported.get("ct2"):
-        return EngineModel(loaded, engine, ct2_folder=exported["ct2"])
-    return EngineModel(loaded, engine, folder=os.path.join(tmp, name))
+        return EngineModel(loaded, engine, ct2_folder=exported["ct2"], threads=threads)
+    return EngineModel(loaded, engine, folder=os.path.join(tmp, name), threads=threads)

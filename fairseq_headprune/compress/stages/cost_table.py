@@ -24,7 +24,7 @@ def cost_cache(options) -> Optional[str]:
 def identity(loaded, options, timing, rounds: int) -> Dict:
     """What the table's numbers depend on (levers.table_identity), and with --vocab-map the map's options and the
     training pairs it is built from (absent without it: the tables measured before still match)."""
-    identity = levers.table_identity(loaded, options.engine, timing, rounds)
+    identity = levers.table_identity(loaded, options.engine, timing, rounds, threads=options.deploy_threads)
     if options.vocab_map:
         identity["vocab_map"] = {**asdict(options.vocab_map_options), "train": data_sha(loaded, "train")}
     return identity
@@ -49,7 +49,7 @@ def build(folder: str, loaded, options, timing, rounds: int, identity: Dict, log
         log(f"cost table: measured before on this machine ({cache})")
         return {**cached, "from_cache": True}
     table = levers.cost_table(loaded, options.engine, timing, rounds, log=log,
-                              vocab_map=timing_vocab_map(loaded, options, folder))
+                              vocab_map=timing_vocab_map(loaded, options, folder), threads=options.deploy_threads)
     if options.vocab_map:
         row = next(r for r in table["rows"] if r["field"] == levers.MAP)
         changes = row.get("translations", {})

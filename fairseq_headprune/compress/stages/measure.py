@@ -2,45 +2,62 @@
 equal work and as decoded, interleaved in the same rounds; the latency at batch 1; the FLOP ratio."""
 from __future__ import annotations
 
+import os
 import statistics
 import tempfile
-from typing import Dict
+from typing import Dict, Optional
+
+import torch
 
 from fairseq_headprune.compress.stages.common import engine_model
 from fairseq_headprune.core import flops
 from fairseq_headprune.core.shape import ModelShape
 from fairseq_headprune.engines.timing import load_average, paired_speedup, speedup_interval, timed_rounds
-from fairseq_headprune.engines.ct2 import ct2_shape
+from fairseq_headprune.engines.ct2 import ct2_shape, instruction_set, resident_bytes
+from fairseq_headprune.engines.engine_model import COMPUTE_TYPE
+from fairseq_headprune.prune.levers import cpu_model, timing_batches
 from fairseq_headprune.fairseq_io.loading import load_other, load_subset
 
 
 def identity(options, timing_identity: Dict) -> Dict:
     """What the measure reads besides the models: the cost table's timing batches, the engine."""
-    return {"timing": timing_identity, "engine": options.engine, "latency_sentences": options.latency_sentences}
+    key = {"timing": timing_identity, "engine": options.engine, "latency_sentences": options.latency_sentences}
+    if options.deploy_batch is not None or options.deploy_threads != 1:  # (absent by default: earlier runs resume)
+        key["deployment"] = {"batch": options.deploy_batch, "threads": options.deploy_threads}
+    return key
+
+
+OTHER_BATCH = 64  # the batch a deployment at batch 1 is also timed at
 
 
 def build(loaded, options, recovered: Dict, exported: Dict, timing, rounds: int) -> Dict:
-    """Both models timed in the same rounds: equal work (forced to the unpruned model's mean length), as
-    decoded, and one sentence at a time."""
+    """Both models timed in the same rounds, at the deployment's batches and threads: equal work (forced to the
+    unpruned model's mean length) and as decoded; then at the other batch (one sentence at a time, or OTHER_BATCH
+    for a deployment at batch 1); the machine and each model's memory as served."""
     o = options
     pruned = load_other(loaded, recovered["checkpoint"])
     with tempfile.TemporaryDirectory(prefix="compress-measure-") as tmp:
-        models = {"unpruned": engine_model(loaded, o.engine, None, tmp, "unpruned"),
-                  "compressed": engine_model(pruned, o.engine, exported, tmp, "compressed")}
+        models = {"unpruned": engine_model(loaded, o.engine, None, tmp, "unpruned", o.deploy_threads),
+                  "compressed": engine_model(pruned, o.engine, exported, tmp, "compressed", o.deploy_threads)}
         natural = models["unpruned"].run(timing)
         length = max(1, round(statistics.mean(len(h) for h in natural["hypotheses"].values())))
         decoders = {k: m.run for k, m in models.items()}
         forced = timed_rounds(decoders, timing, rounds, length)
         as_decoded = timed_rounds(decoders, timing, rounds, 0)
-        singles = single_sentences(loaded, options.timing_subset, options.latency_sentences)
-        latency = timed_rounds(decoders, singles, options.runs, length)
+        other = other_batches(loaded, options)
+        at_other = timed_rounds(decoders, other, options.runs, length)
         load = load_average()
+        memory = served_memory(options, {"unpruned": os.path.join(tmp, "unpruned"),
+                                         "compressed": (exported or {}).get("ct2")})
     src = [int(n) for s in timing for n in s["net_input"]["src_lengths"].tolist()]
     beam, batch = int(loaded.cfg.generation.beam), max(s["id"].numel() for s in timing)
     shape_of = ModelShape.of if options.engine == "fairseq" else ct2_shape
     n = sum(s["id"].numel() for s in timing)
+    other_key = "batch64" if o.deploy_batch == 1 else "latency_batch1"
     return {"subset": options.timing_subset, "sentences": n, "runs": rounds, "batches": len(timing),
             "forced_length": length, "largest_batch": batch, "load_average": load,
+            "deployment": {"batch": o.deploy_batch, "threads": o.deploy_threads, "memory": memory,
+                           **environment(options.engine)},
             "speedup_equal_work": round(paired_speedup(forced["unpruned"], forced["compressed"]), 3),
             "speedup_as_decoded": round(paired_speedup(as_decoded["unpruned"], as_decoded["compressed"]),
                                         3),
@@ -49,14 +66,42 @@ def build(loaded, options, recovered: Dict, exported: Dict, timing, rounds: int)
                                                             len(timing)),
             "speedup_equal_work_total": round(sum(forced["unpruned"]) / sum(forced["compressed"]), 3),
             "sentences_per_s": {k: round(n * rounds / sum(v), 1) for k, v in as_decoded.items()},
-            "latency_batch1": {"sentences": len(singles), "forced_length": length,
-                               "ms": {k: round(1000 * statistics.median(v), 2) for k, v in latency.items()},
-                               "speedup": round(paired_speedup(latency["unpruned"],
-                                                                      latency["compressed"]), 3),
-                               "interval": speedup_interval(latency["unpruned"], latency["compressed"],
-                                                            len(singles))},
+            other_key: {"sentences": sum(s["id"].numel() for s in other), "forced_length": length,
+                        "batch": OTHER_BATCH if o.deploy_batch == 1 else 1,
+                        "ms": {k: round(1000 * statistics.median(v), 2) for k, v in at_other.items()},
+                        "speedup": round(paired_speedup(at_other["unpruned"], at_other["compressed"]), 3),
+                        "interval": speedup_interval(at_other["unpruned"], at_other["compressed"], len(other))},
             "flop_ratio": round(flops.flop_ratio(shape_of(loaded.model), shape_of(pruned.model), src,
                                                  [length + 1] * len(src), beam, batch), 4)}
+
+
+def other_batches(loaded, options):
+    """The batches of the other deployment: OTHER_BATCH sentences each when the model is served at batch 1, else
+    the first --latency-sentences one at a time."""
+    if options.deploy_batch == 1:
+        return timing_batches(loaded, options.timing_subset, options.timing_sentences, OTHER_BATCH)
+    return single_sentences(loaded, options.timing_subset, options.latency_sentences)
+
+
+def environment(engine: str) -> Dict:
+    """The machine and engine a measurement was made on: the CPU, its vector instruction set, CTranslate2's version
+    (torch's for --engine fairseq)."""
+    info = {"cpu": cpu_model(), "instruction_set": instruction_set(), "torch": torch.__version__}
+    if engine != "fairseq":
+        import ctranslate2  # optional heavy dependency: CTranslate2
+
+        info["ctranslate2"] = ctranslate2.__version__
+    return info
+
+
+def served_memory(options, folders: Dict[str, Optional[str]]) -> Optional[Dict[str, int]]:
+    """Each CTranslate2 model's resident bytes once loaded and run in a process of its own (None for --engine
+    fairseq, or where it cannot be read)."""
+    if options.engine == "fairseq" or not all(folders.values()):
+        return None
+    sizes = {k: resident_bytes(folder, COMPUTE_TYPE[options.engine], options.deploy_threads)
+             for k, folder in folders.items()}
+    return sizes if all(v is not None for v in sizes.values()) else None
 
 
 def single_sentences(loaded, subset: str, n: int):

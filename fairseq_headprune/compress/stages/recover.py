@@ -10,7 +10,8 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from fairseq_headprune.prune import recover, recovery_config
 from fairseq_headprune.prune.recovery_config import RecoverOptions
-from fairseq_headprune.compress.stages.common import split_subsets, subset_tokens, torch_threads
+from fairseq_headprune.compress.stages.common import split_subsets, subset_tokens
+from fairseq_headprune.engines.fairseq_engine import torch_threads
 from fairseq_headprune.records.identity import file_sha256
 from fairseq_headprune.records.log import read_json, write_json_atomic
 
