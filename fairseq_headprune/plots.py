@@ -331,7 +331,7 @@ def compress_frontier(found: Sequence[Dict], sets: Sequence[str], controls: Dict
             if s not in r["sets"]:
                 continue
             marker = "s" if "layers" in r["shape"] else "o"
-            color = "C0" if r.get("distill", "logits") == "logits" else "C1"
+            color = "C1" if r.get("other_signal") else "C0"
             ax.scatter(r["speed"], r["sets"][s][0], marker=marker, s=20 + 8 * r["epochs"],
                        facecolors="none" if r["hidden"] else color, edgecolors=color)
             ax.annotate(f"{r['run']} ({r['epochs']} ep.)", (r["speed"], r["sets"][s][0]), fontsize=6,

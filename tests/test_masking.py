@@ -8,6 +8,7 @@ from fairseq_headprune.core.heads import Head, HeadLayout, attention_modules
 from fairseq_headprune.core.masking import (
     HeadMaskedMultiheadAttention,
     current_masked_heads,
+    head_masks,
     install_head_masks,
     row_head_masks,
     set_head_masks,
@@ -113,3 +114,17 @@ def test_row_masks_give_each_row_its_own_mask(stock):
         alone = teacher_forced_logits(zero_head_columns(model, *head), batch)
         torch.testing.assert_close(together[row], alone[row], atol=1e-5, rtol=0)
     assert all(attn.row_head_mask is None for attn in attention_modules(masked).values())
+
+
+def test_head_masks_restore_what_the_model_held(stock):
+    """A block's masks are its own: the masks set before it are back after it, however it ends."""
+    model, _ = stock
+    before = [Head("enc-self", 1, 1), Head("dec-self", 3, 2)]
+    masked = masked_copy(model, before)
+    with head_masks(masked, CASES):
+        assert set(current_masked_heads(masked)) == set(CASES)
+    assert current_masked_heads(masked) == before
+    with pytest.raises(RuntimeError), head_masks(masked, []):
+        assert current_masked_heads(masked) == []
+        raise RuntimeError("a failure inside the block")
+    assert current_masked_heads(masked) == before

@@ -18,7 +18,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 from fairseq_headprune.prune import layers, levers, select, shrink
 from fairseq_headprune.prune.shrink_options import Budget
 from fairseq_headprune.core.heads import Head, HeadLayout, format_head_spec, parse_head_spec
-from fairseq_headprune.core.masking import set_head_masks
+from fairseq_headprune.core.masking import head_masks
 from fairseq_headprune.core.surgery import remove_layers
 
 
@@ -127,13 +127,10 @@ def fisher_choice(model, grads, points: List[Dict]) -> List[Dict]:
 
 
 def masked_nll(model, heads: str, samples, pad: int) -> float:
-    """The calibration NLL of the model with these heads masked (a head spec; "" for none), the masks cleared
+    """The calibration NLL of the model with these heads masked (a head spec; "" for none), its masks as they were
     after."""
-    set_head_masks(model, parse_head_spec(heads) if heads else [])
-    try:
+    with head_masks(model, parse_head_spec(heads) if heads else []):
         return round(layers.calibration_loss(model, samples, pad), 6)
-    finally:
-        set_head_masks(model, [])
 
 
 def reconstructed_nll(model, point: Dict, calibration, options, pad: int) -> float:

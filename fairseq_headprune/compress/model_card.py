@@ -11,6 +11,7 @@ from typing import Dict, List, NamedTuple, Optional, Set
 from fairseq_headprune.prune import levers
 from fairseq_headprune.core.shape import shape_words
 from fairseq_headprune.engines.timing import interval_words, target_verdict
+from fairseq_headprune.prune.recovery_config import DEFAULT_DISTILL
 
 
 USE_FAIRSEQ = ("`model.pt` is the pruned fairseq checkpoint: it loads with `fairseq-generate --user-dir "
@@ -416,7 +417,7 @@ def recover_line(recovered: Dict) -> str:
     signal = {"logits": "distillation from the unpruned model",  # records before --distill: logits
               "sequences": "the unpruned model's beam translations of it as targets (sequence-level distillation)",
               "both": "distillation from the unpruned model on its own beam translations of it (`--distill both`)",
-              "none": "the references alone (no distillation)"}[recovered.get("distill") or "logits"]
+              "none": "the references alone (no distillation)"}[recovered.get("distill") or DEFAULT_DISTILL]
     if recovered.get("elsewhere"):
         return (f"- The {what_ran(recovered)}, run elsewhere ({recovered['elsewhere']}, a student of this "
                 "run's shrink), from the fairseq-train command `--stop-after shrink` printed.")

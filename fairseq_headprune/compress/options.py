@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Optional, Tuple
 
 from fairseq_headprune.prune import levers
-from fairseq_headprune.prune.recovery_config import DISTILL
+from fairseq_headprune.prune.recovery_config import DEFAULT_DISTILL, DISTILL
 from fairseq_headprune.prune.vocab_map import VocabMapBound, VocabMapOptions
 from fairseq_headprune.prune.window_fit import WindowOptions
 from fairseq_headprune.core.shape import CeilingShape
@@ -81,13 +81,16 @@ class CompressOptions:
                                                       "held-out results")
     calibration_subset: str = option("train", flag="--calibration-subset", section="calibration and refit",
                                      help="sentences the heads are chosen and the model reconstructed on (never "
-                                          "--gen-subset)")
+                                          "--gen-subset; shrink's default is valid, compress keeps valid held out "
+                                          "for the recovery's early stopping)")
     calibration_sentences: int = option(1000, flag="--calibration-sentences", section="calibration and refit",
                                         help="how many of them, drawn at random over the subset (--sample-seed)")
     calibration_max_tokens: int = option(1000, flag="--calibration-max-tokens", section="calibration and refit",
                                          help="tokens per calibration batch")
     window_steps: int = option(1000, flag="--window-steps", section="calibration and refit",
-                               help="Adam steps of each pruned attention sublayer's window fit (shrink --window-steps)")
+                               help="Adam steps of each pruned attention sublayer's window fit (shrink "
+                                    "--window-steps, 0 there: a plain shrink stays fast; here it is 1000, chosen on "
+                                    "val, results/recover-de-en)")
     window_lr: float = option(WindowOptions.lr, flag="--window-lr", section="calibration and refit",
                               help="their learning rate (shrink --window-lr)")
     timing_subset: str = option("valid", flag="--timing-subset", section="timing and checks",
@@ -108,7 +111,7 @@ class CompressOptions:
                                  help="a cost-table row's time saving counts when its slice was faster in "
                                       "significantly more batches than not: sign test p below this (1: every "
                                       "measured saving counts)")
-    distill: str = option("logits", flag="--distill", section="recovery", metavar="logits|sequences|both|none",
+    distill: str = option(DEFAULT_DISTILL, flag="--distill", section="recovery", metavar="logits|sequences|both|none",
                           help="the recovery's signal (recover --distill): the teacher's token distributions on "
                                "the references; its beam translations of train as targets (Kim & Rush 2016, "
                                "decoded once and cached); both (the distributions on those translations); none")
@@ -207,7 +210,7 @@ class CompressOptions:
         """The recovery's signal and budget against each other, and --recovered."""
         if self.distill not in DISTILL:
             raise UserError(f"--distill must be one of {', '.join(DISTILL)}, not {self.distill}")
-        if self.budget_epochs == 0 and self.distill != "logits":
+        if self.budget_epochs == 0 and self.distill != DEFAULT_DISTILL:
             raise UserError(f"--distill {self.distill}: --budget-epochs 0 runs no recovery")
         if self.distill_hidden_weight and self.distill in ("sequences", "none"):
             raise UserError(f"--distill-hidden-weight: --distill {self.distill} compares no states with the teacher "

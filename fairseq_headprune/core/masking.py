@@ -188,6 +188,17 @@ def current_masked_heads(model) -> list:
 
 
 @contextlib.contextmanager
+def head_masks(model, masked: Iterable[Head]) -> Iterator[None]:
+    """The given heads masked (set_head_masks) for the block; the masks the model held before restored after."""
+    before = current_masked_heads(model)
+    set_head_masks(model, masked)
+    try:
+        yield
+    finally:
+        set_head_masks(model, before)
+
+
+@contextlib.contextmanager
 def row_head_masks(
     model, batch_size: int, requires_grad: bool = False
 ) -> Iterator[Dict[Tuple[str, int], torch.Tensor]]:

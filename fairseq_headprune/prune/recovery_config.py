@@ -13,12 +13,14 @@ from typing import Dict, List, Optional
 import torch
 
 from fairseq_headprune.errors import UserError
+from fairseq_headprune.options import given_flags, option
 from fairseq_headprune.fairseq_io.loading import PACKAGE_DIR
 from fairseq_headprune.records.identity import file_sha256
 from fairseq_headprune.criterions.label_smoothed_cross_entropy_distill import parse_hidden_layers
 
 
 DISTILL = ("logits", "sequences", "both", "none")
+DEFAULT_DISTILL = "logits"
 
 
 CRITERION = "label_smoothed_cross_entropy_distill"
@@ -48,27 +50,47 @@ TRAIN_DEFAULTS = {
 
 @dataclass
 class RecoverOptions:
-    """What `fairseq-headprune recover` does; every field has the command's default."""
+    """What `fairseq-headprune recover` does: each field a command-line option of `recover` with its one default
+    (compress and shrink --recover-epochs build it from their own options)."""
 
-    teacher: str = ""
-    out: str = ""
-    distill: str = "logits"
-    distill_weight: float = 0.9
-    distill_temperature: float = 2.0
-    distill_hidden_weight: float = 0.0  # β of the decoder layers' squared distance to the teacher's (off)
-    distill_hidden_layers: str = ""  # "3,4,6": the teacher layer of each student decoder layer (fewer layers)
-    epochs: Optional[int] = None  # default 2 when neither epochs nor updates is given
-    updates: Optional[int] = None
-    train_subset: str = "train"
-    valid_subset: str = "valid"
-    work_dir: Optional[str] = None  # fairseq's --save-dir (default: OUT without .pt + ".recover")
-    sequence_beam: int = 5
-    sequence_max_len_a: float = 1.2
+    teacher: str = option("", flag="--teacher", metavar="UNPRUNED.pt",
+                          help="the frozen teacher (needed unless --distill none)")
+    out: str = option("", flag="--out", metavar="OUT.pt", help="the recovered checkpoint to write")
+    distill: str = option(DEFAULT_DISTILL, flag="--distill", choices=DISTILL,
+                          help="logits: KL to the teacher's tokens + label-smoothed loss; sequences: the teacher's "
+                               "beam translations as targets; both; none: plain fine-tuning")
+    distill_weight: float = option(0.9, flag="--distill-weight",
+                                   help="weight w of the KL (1 - w: the label-smoothed loss on the targets)")
+    distill_temperature: float = option(2.0, flag="--distill-temperature", help="softmax temperature T")
+    distill_hidden_weight: float = option(0.0, flag="--distill-hidden-weight",
+                                          help="weight β of the squared distance of every decoder layer's output to "
+                                               "the teacher's (layer distillation, CoFi); 0: off")
+    distill_hidden_layers: str = option("", flag="--distill-hidden-layers", metavar="T1,T2,...", shown="one to one",
+                                        help="the teacher decoder layer (1-indexed) each student layer is compared "
+                                             "with, for a student with fewer layers (shrink --keep-layers records "
+                                             "its map as layers.teacher_outputs)")
+    epochs: Optional[int] = option(None, flag="--epochs", group="budget", shown="2",
+                                   help="epochs of the training subset (2 when neither this nor --updates is given)")
+    updates: Optional[int] = option(None, flag="--updates", group="budget", help="updates instead of epochs")
+    train_subset: str = option("train", flag="--train-subset", help="the subset trained on")
+    valid_subset: str = option("valid", flag="--valid-subset", help="validation loss for early stopping (--patience)")
+    work_dir: Optional[str] = option(None, flag="--work-dir", shown="OUT.recover/",
+                                     help="fairseq's checkpoints of this run")
+    sequence_beam: int = option(5, flag="--sequence-beam",
+                                help="beam of the teacher's translations (--distill sequences or both, "
+                                     "--distill-source)")
+    sequence_max_len_a: float = 1.2  # the teacher's length cap on its own translations: a x source + b
     sequence_max_len_b: int = 10
-    distill_source: List[str] = field(default_factory=list)  # raw source text the teacher translates (train1)
-    distill_nbest: int = 1  # the teacher's n best translations of each, each a pair (data diversification)
+    distill_source: List[str] = option((), flag="--distill-source", nargs="+", metavar="FILE", parse=list,
+                                       help="raw source text (one sentence a line) the teacher translates once, with "
+                                            "the model's --tokenizer and --bpe, added to the training subset as its "
+                                            "next shard (train1): a distillation set beyond the parallel data; "
+                                            "cached beside DATA")
+    distill_nbest: int = option(1, flag="--distill-nbest", metavar="N",
+                                help="the teacher's N best translations of each --distill-source sentence, each a "
+                                     "pair (at most --sequence-beam)")
+    force: bool = option(False, flag="--force", help="replace an existing OUT.pt")
     train_args: List[str] = field(default_factory=list)  # fairseq-train options as given, passed through
-    force: bool = False  # replace an existing OUT (written by another run)
     command: str = "recover"  # the command running it (`shrink --recover-epochs`): its refusals name its options
 
     def elsewhere(self) -> str:
@@ -79,6 +101,7 @@ class RecoverOptions:
         """Every setting that can be refused before anything is read or written."""
         if self.distill not in DISTILL:
             raise UserError(f"--distill must be one of {', '.join(DISTILL)}, not {self.distill}")
+        self.check_unused()
         if self.distill != "none" and not self.teacher:
             raise UserError(f"--distill {self.distill} needs --teacher UNPRUNED.pt")
         if not 0.0 <= self.distill_weight <= 1.0:
@@ -98,6 +121,21 @@ class RecoverOptions:
             raise UserError(f"--distill-nbest must be between 1 and --sequence-beam ({self.sequence_beam}), "
                             f"not {self.distill_nbest}")
         self.budget_args()
+
+    def check_unused(self) -> None:
+        """An option set away from its default that the chosen signal does not read: refused, never ignored."""
+        given = given_flags(RecoverOptions, self)
+        teacher_terms = [f for f in ("--distill-weight", "--distill-temperature", "--distill-hidden-weight",
+                                     "--distill-hidden-layers") if f in given]
+        if teacher_terms and self.distill in ("none", "sequences"):  # no teacher in the loss
+            raise UserError(f"{teacher_terms[0]} weighs a distance to the teacher's forward pass, which --distill "
+                            f"{self.distill} does not use")
+        if "--sequence-beam" in given and self.distill not in ("sequences", "both") and not self.distill_source:
+            raise UserError(f"--sequence-beam sets the beam of the teacher's translations, which --distill "
+                            f"{self.distill} does not use (without --distill-source)")
+        if "--distill-nbest" in given and not self.distill_source:
+            raise UserError("--distill-nbest sets how many translations of each --distill-source sentence are kept: "
+                            "give --distill-source")
 
     def budget_args(self) -> List[str]:
         """fairseq-train's budget: --max-epoch, --max-update, or both (it stops at whichever comes first)."""

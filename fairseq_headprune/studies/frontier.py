@@ -14,6 +14,7 @@ from typing import Dict, List, Optional, Tuple
 
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.core.shape import shape_words
+from fairseq_headprune.prune.recovery_config import DEFAULT_DISTILL
 
 RECORD = "compress.json"
 CONTROLS = "control*-bleu.json"
@@ -35,7 +36,8 @@ def row(name: str, record: Dict) -> Dict:
             "teacher_sha256": (stages.get("cost-table", {}).get("identity") or {}).get("model_sha256"),
             "epochs": stages["recover"].get("budget_epochs", 0), "given": bool(record["options"].get("shape")),
             "hidden": (stages["recover"].get("distill_hidden") or {}).get("weight"),
-            "distill": stages["recover"].get("distill") or "logits",  # (records before --distill: logits)
+            "distill": stages["recover"].get("distill") or DEFAULT_DISTILL,  # (records before --distill: none)
+            "other_signal": (stages["recover"].get("distill") or DEFAULT_DISTILL) != DEFAULT_DISTILL,
             "vocab_map": bool(record["options"].get("vocab_map")),
             "distillation_set": stages["recover"].get("distillation_set"),
             "speed": stages["measure"]["speedup_equal_work"], "flops": stages["measure"]["flop_ratio"],
@@ -125,7 +127,7 @@ def cells(found: List[Dict], sets: List[str]) -> List[List[str]]:
     for r in found:
         extra = " (given by --shape)" if r["given"] else ""
         extra += f" (hidden-state term β {r['hidden']:g})" if r["hidden"] else ""
-        extra += f" (--distill {r['distill']})" if r["distill"] != "logits" else ""
+        extra += f" (--distill {r['distill']})" if r["other_signal"] else ""
         extra += " (vocabulary map)" if r["vocab_map"] else ""
         extra += (f" (+{r['distillation_set']['pairs']} pairs of --distill-source text)" if r["distillation_set"]
                   else "")

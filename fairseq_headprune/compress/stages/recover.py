@@ -9,7 +9,7 @@ import shlex
 from typing import Callable, Dict, List, Optional, Tuple
 
 from fairseq_headprune.prune import recover, recovery_config
-from fairseq_headprune.prune.recovery_config import RecoverOptions
+from fairseq_headprune.prune.recovery_config import DEFAULT_DISTILL, RecoverOptions
 from fairseq_headprune.compress.stages.common import split_subsets, subset_tokens
 from fairseq_headprune.engines.fairseq_engine import torch_threads
 from fairseq_headprune.records.identity import file_sha256
@@ -54,7 +54,7 @@ def recover_key(loaded, options, shrunk_sha: str, sample: Dict) -> Dict:
            "recover_args": list(o.recover_args)}
     if o.distill_hidden_weight:  # (absent when off: the records of runs before the option still resume)
         key["distill_hidden_weight"] = o.distill_hidden_weight
-    if o.distill != "logits":  # (likewise)
+    if o.distill != DEFAULT_DISTILL:  # (likewise)
         key["distill"] = o.distill
     if o.distill_source:  # (likewise)
         key["distill_source"] = [file_sha256(p) for p in o.distill_source]
