@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import shlex
-from typing import Dict, List, NamedTuple, Optional, Set
+from typing import Dict, List, NamedTuple, Optional, Set, Tuple
 
 from fairseq_headprune.prune import levers
 from fairseq_headprune.core.shape import shape_words
@@ -339,10 +339,18 @@ def target_words(record: Dict, trained: set) -> str:
         if met == "missed":
             met = f"missed by {o['speedup'] - speed:.2f}x"
         return f"--speedup {o['speedup']:g}: speed {met} ({speed_words(measured)}); {bleu} (no BLEU bound was set)."
-    held = reported["heldout"]
-    met = "met" if held["loss"] <= o["max_bleu_loss"] else "missed"
-    return (f"--max-bleu-loss {o['max_bleu_loss']:g}: {met} ({held['loss']:.2f} BLEU lost on valid's held-out "
+    held, (flag, metric, bound) = reported["heldout"], quality_target(o)
+    met = "met" if held["loss"] <= bound else "missed"
+    return (f"{flag} {bound:g}: {met} ({held['loss']:.2f} {metric} lost on valid's held-out "
             f"split after recovery); {bleu}; speed {speed:.2f}x (no speed bound was set).")
+
+
+def quality_target(options: Dict) -> Tuple[str, str, float]:
+    """(flag, metric, bound) of a record's quality target: --max-bleu-loss, or --max-chrf-loss (records made
+    before it hold no such field)."""
+    if options.get("max_chrf_loss") is not None:
+        return "--max-chrf-loss", "chrF", options["max_chrf_loss"]
+    return "--max-bleu-loss", "BLEU", options["max_bleu_loss"]
 
 
 def current_levers(table: Dict) -> Dict:

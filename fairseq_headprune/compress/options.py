@@ -33,6 +33,8 @@ class CompressOptions:
     max_bleu_loss: Optional[float] = option(None, flag="--max-bleu-loss", section="target",
                                             help="instead: the fastest model that loses at most this much BLEU on a "
                                                  "held-out split of valid")
+    max_chrf_loss: Optional[float] = option(None, flag="--max-chrf-loss", section="target",
+                                            help="instead: the same bound in chrF points (sacreBLEU's chrF)")
     shape: Optional[str] = option(None, flag="--shape", section="target", metavar="[L x]ENC/[L x]DEC[:ffn=P%]",
                                   help="build this shape instead of choosing one (heads kept per layer of each "
                                        "stack, each stack's layers and the share of every FFN's units "
@@ -169,17 +171,17 @@ class CompressOptions:
 
     def _check_target(self) -> None:
         """The target (--speedup or --max-bleu-loss) and --shape."""
-        if (self.speedup is None) == (self.max_bleu_loss is None):
-            raise UserError("give exactly one target: --speedup X (times the unpruned model's speed) or "
-                            "--max-bleu-loss X (BLEU points on held-out data)")
+        if [self.speedup, self.max_bleu_loss, self.max_chrf_loss].count(None) != 2:
+            raise UserError("give exactly one target: --speedup X (times the unpruned model's speed), "
+                            "--max-bleu-loss X or --max-chrf-loss X (BLEU or chrF points on held-out data)")
         if self.speedup is not None and not self.speedup > 1:
             raise UserError(f"--speedup must be above 1, not {self.speedup:g}")
-        if self.max_bleu_loss is not None and self.max_bleu_loss < 0:
-            raise UserError(f"--max-bleu-loss must be at least 0, not {self.max_bleu_loss:g}")
+        if self.quality_bound() is not None and self.quality_bound()[1] < 0:
+            raise UserError(f"{self.target.split()[0]} must be at least 0, not {self.quality_bound()[1]:g}")
         if self.shape is not None:
-            if self.max_bleu_loss is not None:
-                raise UserError("--shape gives the shape --max-bleu-loss would choose by BLEU: give --speedup X (the "
-                                "speed it is judged against) with it")
+            if self.quality_bound() is not None:
+                raise UserError(f"--shape gives the shape {self.target.split()[0]} would choose: give --speedup X "
+                                "(the speed it is judged against) with it")
             self.given_shape()
 
     def _check_counts(self) -> None:
@@ -295,8 +297,18 @@ class CompressOptions:
 
     @property
     def target(self) -> str:
-        return (f"--speedup {self.speedup:g}" if self.speedup is not None
-                else f"--max-bleu-loss {self.max_bleu_loss:g}")
+        if self.speedup is not None:
+            return f"--speedup {self.speedup:g}"
+        metric, bound = self.quality_bound()
+        return f"--max-{metric.lower()}-loss {bound:g}"
+
+    def quality_bound(self) -> Optional[Tuple[str, float]]:
+        """("BLEU", X) for --max-bleu-loss X, ("chrF", X) for --max-chrf-loss X; None for --speedup."""
+        if self.max_bleu_loss is not None:
+            return "BLEU", self.max_bleu_loss
+        if self.max_chrf_loss is not None:
+            return "chrF", self.max_chrf_loss
+        return None
 
 
 

@@ -11,6 +11,8 @@ import shutil
 from dataclasses import asdict
 from typing import Callable, Dict, List, Optional, Tuple
 
+import sacrebleu
+
 from fairseq_headprune.prune import layers, levers, select
 from fairseq_headprune.compress.choice import (RETIMED_ROUNDS, TIMED_AGAIN, as_timed, candidate_order, ffn_variants,
                                                fisher_choice, fisher_frontier, kept_by_depth, label, masked_nll,
@@ -80,7 +82,7 @@ def identity(loaded, options, points: List[Dict]) -> Dict:
     identity = {"target": o.target, "points": points, "calibration": [o.calibration_subset,
                 o.calibration_sentences, o.calibration_max_tokens, {"seed": o.sample_seed}],
                 "data": data_sha(loaded, o.calibration_subset)}
-    if o.max_bleu_loss is not None:
+    if o.quality_bound() is not None:
         identity.update(heldout=o.heldout_sentences, shrink=settings(loaded, options), valid=data_sha(loaded, "valid"))
     if o.vocab_map:  # the slices are timed with it (absent without: earlier runs' choices still resume)
         identity["vocab_map"] = asdict(o.vocab_map_options)
@@ -102,7 +104,7 @@ def build(folder: str, loaded, options, points: List[Dict], timing, rounds: int,
     if options.speedup is None:  # the Fisher frontier compares heads only: depth and FFN points left out
         scored = fisher_choice(loaded.model, grads, [p for p in points
                                                      if "dec_layers" not in p and "ffn_percent" not in p])
-        return {**by_bleu(folder, loaded, options, scored, provenance, log),
+        return {**by_quality(folder, loaded, options, scored, provenance, log),
                 "levers": moved_levers(scored, levers.stack_sizes(loaded.model))}
     scored, layer_order = scored_by_depth(loaded, grads, calibration, points, log)
     best, confirmed, timed = confirm(loaded, options, timing, rounds, scored, calibration, log,
@@ -244,16 +246,18 @@ def nll_after_fits(loaded, options, point: Dict, calibration, pad: int) -> float
     return reconstructed_nll(loaded.model, point, calibration, fits, pad)
 
 
-def by_bleu(folder: str, loaded, options, scored: List[Dict], provenance: Dict, log: Callable) -> Dict:
+def by_quality(folder: str, loaded, options, scored: List[Dict], provenance: Dict, log: Callable) -> Dict:
     """The fastest shape on the (speed, Fisher estimate) frontier whose shrunk model (before recovery) loses at
-    most --max-bleu-loss BLEU on the held-out split of valid, in the engine: a bisection along the frontier
-    (the loss falls as the shapes get slower), each probe a shrink with the full recipe and one decode."""
+    most --max-bleu-loss BLEU (or --max-chrf-loss chrF) on the held-out split of valid, in the engine: a bisection
+    along the frontier (the loss falls as the shapes get slower), each probe a shrink with the full recipe and one
+    decode."""
     o = options
+    metric, bound = o.quality_bound()
     data, split = split_valid(loaded, os.path.join(folder, "data"), o.heldout_sentences)
     log(f"choice: valid split in two: sentences {split['heldout'][0]}-{split['heldout'][1] - 1} choose "
         f"(subset '{HELDOUT}'), {split['valid'][0]}-{split['valid'][1] - 1} early-stop the recovery")
     frontier = fisher_frontier(scored)
-    base = heldout_bleu(loaded, options.engine, data, loaded.checkpoint, os.path.join(folder, "unpruned"))
+    base = heldout_score(loaded, options.engine, data, loaded.checkpoint, os.path.join(folder, "unpruned"), metric)
     probes: Dict[str, Dict] = {}
 
     def loss(i: int) -> float:
@@ -263,40 +267,42 @@ def by_bleu(folder: str, loaded, options, scored: List[Dict], provenance: Dict, 
             cand = os.path.join(folder, "candidates", name)
             os.makedirs(cand, exist_ok=True)
             shrunk = shrink_heads(cand, loaded, options, point["heads"])
-            bleu = heldout_bleu(loaded, options.engine, data, shrunk["checkpoint"], os.path.join(cand, "decode"))
-            probes[name] = {**point, "heldout_bleu": bleu, "heldout_loss": round(base - bleu, 2),
+            score = heldout_score(loaded, options.engine, data, shrunk["checkpoint"], os.path.join(cand, "decode"),
+                                  metric)
+            probes[name] = {**point, "heldout_score": score, "heldout_loss": round(base - score, 2),
                             "shrunk": shrunk}
             log(f"choice: {label(point)} (predicted {point['predicted_speedup']:.2f}x) loses "
-                f"{base - bleu:.2f} BLEU on '{HELDOUT}' before recovery")
+                f"{base - score:.2f} {metric} on '{HELDOUT}' before recovery")
         return probes[name]["heldout_loss"]
 
     lo, hi = 0, len(frontier) - 1  # the first (fastest) index within the bound; the loss falls with the index
-    if loss(hi) > o.max_bleu_loss:
-        raise UserError(f"--max-bleu-loss {o.max_bleu_loss:g}: even the mildest shape, {label(frontier[hi])}, "
-                        f"loses {probes[label(frontier[hi]).replace('/', '-')]['heldout_loss']:.2f} BLEU on the "
+    if loss(hi) > bound:
+        raise UserError(f"{o.target}: even the mildest shape, {label(frontier[hi])}, "
+                        f"loses {probes[label(frontier[hi]).replace('/', '-')]['heldout_loss']:.2f} {metric} on the "
                         "held-out split before recovery; give a larger bound, or --speedup")
     while lo < hi:
         mid = (lo + hi) // 2
-        if loss(mid) <= o.max_bleu_loss:
+        if loss(mid) <= bound:
             hi = mid
         else:
             lo = mid + 1
     best = probes[label(frontier[lo]).replace("/", "-")]
     log(f"choice: {shape_words(best)}, predicted "
         f"{best['predicted_speedup']:.2f}x, "
-        f"the fastest of {len(frontier)} frontier shapes within {o.max_bleu_loss:g} BLEU on '{HELDOUT}' "
+        f"the fastest of {len(frontier)} frontier shapes within {bound:g} {metric} on '{HELDOUT}' "
         f"({len(probes)} shrunk and decoded)")
     return {"chosen": best, "candidates": scored, "frontier": frontier, "probes": list(probes.values()),
-            "heldout_bleu_unpruned": base, "split": split, "data": data,
+            "heldout_unpruned": base, "metric": metric, "split": split, "data": data,
             "chosen_by": f"the fastest shape of the frontier (predicted speed against the Fisher estimate) whose "
-                         f"shrunk model, before recovery, loses at most {o.max_bleu_loss:g} BLEU in {o.engine} on "
+                         f"shrunk model, before recovery, loses at most {bound:g} {metric} in {o.engine} on "
                          f"valid sentences {split['heldout'][0]}-{split['heldout'][1] - 1} (held out of the "
                          "recovery's early stopping)",
             "calibration": provenance}
 
 
-def heldout_bleu(loaded, engine: str, data: str, checkpoint: str, folder: str) -> float:
-    """BLEU of a checkpoint on the held-out split, decoded in the engine (references: the binarised targets)."""
+def heldout_score(loaded, engine: str, data: str, checkpoint: str, folder: str, metric: str = "BLEU") -> float:
+    """BLEU (or chrF: `metric`) of a checkpoint on the held-out split, decoded in the engine (references: the
+    binarised targets)."""
     import torch
 
     cfg = copy.deepcopy(loaded.cfg)
@@ -309,4 +315,6 @@ def heldout_bleu(loaded, engine: str, data: str, checkpoint: str, folder: str) -
     texts = [evaluator.hypothesis_text({"tokens": torch.tensor(hyps[i], dtype=torch.long)})
              for i in range(evaluator.size)]
     shutil.rmtree(os.path.join(folder, "model"), ignore_errors=True)
+    if metric == "chrF":
+        return round(float(sacrebleu.corpus_chrf(texts, [evaluator.references]).score), 2)
     return round(float(evaluator.bleu(texts).score), 2)

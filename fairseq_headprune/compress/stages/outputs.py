@@ -117,9 +117,9 @@ def verdict(record: Dict) -> Dict:
             lines.append(f"target {target:g}x: speed missed by {target - speed:.2f}x (predicted "
                          f"{chosen['predicted_speedup']:.2f}x{hint if rerun else ''}{rerun}){bleu}")
     else:
-        bound, held = record["options"]["max_bleu_loss"], reported["heldout"]
+        (_, metric, bound), held = model_card.quality_target(record["options"]), reported["heldout"]
         out["met"] = held["loss"] <= bound
-        lines.append(f"target BLEU loss at most {bound:g} on held-out data: {'met' if out['met'] else 'missed'} "
+        lines.append(f"target {metric} loss at most {bound:g} on held-out data: {'met' if out['met'] else 'missed'} "
                      f"({held['loss']:.2f} on valid's held-out split after recovery, "
                      f"{held['loss_before_recovery']:.2f} before; {loss:.2f} on {reported['subset']})")
     out["lines"] = [line.replace("unpruned", "input") for line in lines] if record.get("input_model") else lines

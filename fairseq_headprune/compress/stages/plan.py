@@ -107,7 +107,7 @@ def estimates(loaded, options, rates: Dict[str, float], rows: int,
             out["choice"] += 3 * 3 * calib_tok / rates["forward_tok_s"]  # shrink's closed-form fits
     shrink = (options.window_steps * sublayers * rates["window_step_s"] + 3 * calib_tok / rates["forward_tok_s"]
               + 2 * min(options.check_sentences, calib_n) / rates["fairseq_sent_s"])
-    if options.max_bleu_loss is not None:  # shrinks and held-out decodes: a bisection over the frontier, whose
+    if options.quality_bound() is not None:  # shrinks and held-out decodes: a bisection over the frontier, whose
         held = min(options.heldout_sentences, valid_n)  # ~20 shapes took 5 probes on the bundled models
         probes = math.ceil(math.log2(max(2, len(per_stack_points(loaded.model)) // 3)))
         out["choice"] += probes * (shrink + held / rates["fairseq_sent_s"]) + held / rates["fairseq_sent_s"]
@@ -213,7 +213,7 @@ def plan_lines(options, timing, rounds: int, estimate: Dict[str, float], cached:
     reads = {"cost-table": f"{sum(s['id'].numel() for s in timing)} sentences of '{o.timing_subset}' in "
                            f"{len(timing)} batches, {rounds} interleaved rounds",
              "choice": calibration + (f"; the first {o.heldout_sentences} of 'valid' (held out)"
-                                      if o.max_bleu_loss is not None else ""),
+                                      if o.quality_bound() is not None else ""),
              "shrink": calibration, "recover": recovery,
              "export": f"{o.check_sentences} sentences of '{o.timing_subset}'",
              "measure": f"the cost table's batches of '{o.timing_subset}'",

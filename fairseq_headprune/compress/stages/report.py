@@ -7,7 +7,7 @@ import os
 import tempfile
 from typing import Dict, Optional
 
-from fairseq_headprune.compress.stages.choice import heldout_bleu
+from fairseq_headprune.compress.stages.choice import heldout_score
 from fairseq_headprune.compress.stages.common import also_sets, engine_model, references_sha
 from fairseq_headprune.decoding.evaluate import SubsetEvaluator
 from fairseq_headprune.fairseq_io.loading import load_other, load_subset
@@ -35,11 +35,12 @@ def build(folder: str, loaded, options, recovered: Dict, exported: Dict, choice:
         also = [{**scored_pair(loaded, models, folder, subset, references),
                  "overlap": overlap(loaded, options, subset)} for subset, references in also_sets(options)]
     heldout = None
-    if choice.get("data"):  # --max-bleu-loss: the held-out split the choice read, after recovery
-        after = heldout_bleu(loaded, o.engine, choice["data"], recovered["checkpoint"],
-                             os.path.join(folder, "heldout"))
-        heldout = {"bleu_unpruned": choice["heldout_bleu_unpruned"], "bleu_compressed": after,
-                   "loss": round(choice["heldout_bleu_unpruned"] - after, 2),
+    if choice.get("data"):  # --max-bleu-loss or --max-chrf-loss: the held-out split the choice read, after recovery
+        metric = choice.get("metric", "BLEU")  # (choices recorded before --max-chrf-loss: BLEU)
+        before = choice.get("heldout_unpruned", choice.get("heldout_bleu_unpruned"))
+        after = heldout_score(loaded, o.engine, choice["data"], recovered["checkpoint"],
+                              os.path.join(folder, "heldout"), metric)
+        heldout = {"metric": metric, "unpruned": before, "compressed": after, "loss": round(before - after, 2),
                    "loss_before_recovery": choice["chosen"]["heldout_loss"], "sentences": choice["split"]}
     return {**main, "heldout": heldout, "also": also, "engine": o.engine,
             "significance": f"paired bootstrap of sacreBLEU against the unpruned model in {o.engine} "
