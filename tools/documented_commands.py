@@ -1,6 +1,6 @@
 """The commands a Markdown document tells a user to run: its fenced ```bash blocks, continuation lines joined,
-comments dropped. `tests/test_documented_commands.py` runs them on the tiny model; a recipe that runs one of them
-on a real model (recipes/readme_compress_de_en.sh) takes it from here, so both run the line as written.
+comments dropped. `tests/test_documented_commands_*.py` run them on tiny models; a recipe that runs one of them on
+a real model (recipes/readme_compress_de_en.sh) takes it from here, so both run the line as written.
 
 usage: python tools/documented_commands.py DOC.md [--starting PREFIX] [--assignments] [--set PLACEHOLDER=VALUE ...]
   prints each command (one a line) that starts with PREFIX, after the variable assignments (DEC=...) that precede

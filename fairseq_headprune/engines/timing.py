@@ -129,13 +129,15 @@ def speedup_interval(base: Sequence[float], other: Sequence[float], batches: int
             "high": round(float(high), 3), "level": level, "batches": batches, "rounds": rounds}
 
 
-def rounds_interval(base: Sequence[float], other: Sequence[float], level: float = INTERVAL_LEVEL) -> Dict:
+def rounds_interval(base: Sequence[float], other: Sequence[float], level: float = INTERVAL_LEVEL) -> Optional[Dict]:
     """paired_ratio (the mean of the rounds' ratios of seconds, each round the whole set) with its Student-t
-    interval over the rounds: wide with few rounds, as it should be. What it rests on: the rounds."""
+    interval over the rounds: wide with few rounds, as it should be; None from one round (no spread to read).
+    What it rests on: the rounds."""
     ratios = [b / o for b, o in zip(base, other)]
+    if len(ratios) < 2:
+        return None
     mean = statistics.mean(ratios)
-    half = (scipy_stats.t.ppf((1 + level) / 2, len(ratios) - 1) * statistics.stdev(ratios) / math.sqrt(len(ratios))
-            if len(ratios) > 1 else math.inf)
+    half = scipy_stats.t.ppf((1 + level) / 2, len(ratios) - 1) * statistics.stdev(ratios) / math.sqrt(len(ratios))
     return {"ratio": round(mean, 3), "low": round(mean - half, 3), "high": round(mean + half, 3), "level": level,
             "batches": None, "rounds": len(ratios)}
 

@@ -309,9 +309,14 @@ def run_parts(parts: Sequence[Part], state: State, out: str, options: ReportOpti
         print(f"{prefix}: finished in {seconds / 60:.1f} min", flush=True)
 
 
-def check(options: ReportOptions, parts: Dict[str, Part]) -> None:
+def check(options: ReportOptions, parts: Dict[str, Part], out: str) -> None:
     """Everything that can be refused before the model is loaded: options, input files, each part's options."""
-    options.part_names()
+    wanted = options.part_names()
+    oracle = "oracle" in [o.strip() for o in options.prune_orders.split(",")]
+    single = os.path.join(out, names.ablation_name("single", "bleu") + ".jsonl")
+    if "prune" in wanted and oracle and "single" not in wanted and not os.path.exists(single):
+        raise UserError("--prune-orders oracle reads the single-head ablation: add single to --parts, or leave "
+                        "oracle out of --prune-orders")
     options.masks_per_batch = parse_masks_per_batch(options.masks_per_batch)
     options.workers = parse_workers(options.workers)
     if options.keep_one_select not in ("bleu", "loss"):
@@ -353,7 +358,7 @@ def run(cfg, options: ReportOptions, base: Sequence[str], out: str) -> List[str]
     """Run the parts not finished yet on one loaded model, then write the report; returns the files written.
     `base`: the user's fairseq options as given (for the command lines the report prints)."""
     all_parts = plan(options, base, out)
-    check(options, all_parts)
+    check(options, all_parts, out)
     parts_wanted = options.part_names()
     if "deploy" in parts_wanted:
         ct2_decoding(cfg.generation)  # decoding options CTranslate2 cannot apply: refused before any part runs
