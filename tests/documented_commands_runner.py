@@ -31,7 +31,7 @@ GROUPS = {
     "readme": ("README.md",),
     "compress": ("docs/compress.md",),
     "studies": ("docs/michel.md", "docs/report.md", "docs/voita.md"),
-    "pipeline": ("docs/deploy.md", "docs/families.md", "docs/recover.md", "docs/shrink.md"),
+    "pipeline": ("docs/deploy.md", "docs/families.md", "docs/recover.md", "docs/shrink.md", "docs/vocabulary.md"),
 }
 M2M_GENERATE = ("fairseq-generate data-bin --path 418M_last_checkpoint.pt --user-dir fairseq_headprune --task "
                 "translation_multi_simple_epoch_headprune --mask-heads enc-dec:12:1-16,dec-self:3:5+9 --lang-pairs "

@@ -29,11 +29,15 @@ def describe(checkpoint: Path, data: Path):
 
 def test_a_pruned_checkpoint_is_described_with_its_shape_and_origin(tiny_data, stock_checkpoint, tmp_path):
     assert describe(stock_checkpoint, tiny_data) is None  # an unpruned model
-    removed = tmp_path / "removed.pt"  # remove writes no record: the origin is unknown
+    removed = tmp_path / "removed.pt"  # remove's record (OUT.json) names its source
     run(["fairseq-headprune", "remove", tiny_data, "--path", stock_checkpoint, "--heads",
          "enc-self:1:1-4,dec-self:1:1+2", "--out", removed, "--gen-subset", "test"])
-    assert describe(removed, tiny_data) == {
-        "shape": "encoder 4 layers x 4-8 heads, decoder 3 layers x 2-4 heads", "made_from": None}
+    assert describe(removed, tiny_data) == {"shape": "encoder 4 layers x 4-8 heads, decoder 3 layers x 2-4 heads",
+                                            "made_from": str(stock_checkpoint.resolve())}
+    record = json.loads(removed.with_suffix(".json").read_text())
+    assert record["heads_removed"] == "enc-self:1:1+2+3+4,dec-self:1:1+2" and record["removed"] == 6
+    removed.with_suffix(".json").unlink()  # without a record the origin is unknown
+    assert describe(removed, tiny_data)["made_from"] is None
     shrunk = tmp_path / "shrunk.pt"  # shrink's record names its source
     run(["fairseq-headprune", "shrink", tiny_data, "--path", stock_checkpoint, "--beam", "2", "--max-tokens", "500",
          "--calibration-sentences", "30", "--remove", "8", "--out", shrunk])

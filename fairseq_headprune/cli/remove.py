@@ -7,6 +7,7 @@ from fairseq_headprune.cli.common import output_checkpoint
 from fairseq_headprune.options import add_arguments, from_arguments, option
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.core.heads import parse_head_spec
+from fairseq_headprune.fairseq_io.checkpoint_io import record_path_for
 from fairseq_headprune.fairseq_io.loading import batches, load
 from fairseq_headprune.studies.removal import remove_and_save
 
@@ -34,4 +35,5 @@ def run(cfg, args) -> None:
     info = remove_and_save(loaded, heads, args.out, samples[0] if samples else None)
     print(f"removed {info['removed']} heads ({info['kept']} kept): {info['params_before']:,} -> "
           f"{info['params_after']:,} parameters; max logit difference to the masked model "
-          f"{info['max_logit_diff']:.1e}\nwrote {args.out} (fairseq loads it with --user-dir fairseq_headprune)")
+          f"{info['max_logit_diff']:.1e}\nwrote {args.out} (fairseq loads it with --user-dir fairseq_headprune) and "
+          f"{record_path_for(args.out)}")

@@ -3,6 +3,7 @@
   fairseq-headprune shrink DATA --path CKPT --remove 50% --out OUT.pt [--results-dir DIR]
   fairseq-headprune shrink DATA --path CKPT --heads @closed-heads.json --out OUT.pt   (a selection made elsewhere)
   fairseq-headprune shrink DATA --path CKPT --sweep 10,20,...,80 --gen-subset test --references REF --results-dir DIR
+  fairseq-headprune shrink DATA --path CKPT --keep-vocab CORPUS.SRC CORPUS.TGT [--keep-vocab-floor N] --out DIR/OUT.pt
 
 The options of the pruning itself are declared on prune.shrink_options.ShrinkOptions (with its nested reconstruction and
 window-fit options) and parsed from there; this module adds only what the command does with the result.
@@ -10,7 +11,10 @@ window-fit options) and parsed from there; this module adds only what the comman
 The first form writes OUT.pt (physically pruned, loads with `fairseq-generate --user-dir fairseq_headprune`) and
 OUT.json (kept heads, scales, budget, calibration provenance, the checkpoint's sha256; in --results-dir when
 given) as one pair: written once, atomically, under a lock on OUT (fairseq_io.checkpoint_io). The second runs the
-study over budgets (fairseq_headprune.studies.shrink_sweep) and writes shrink-sweep.jsonl, .md and .png.
+study over budgets (fairseq_headprune.studies.shrink_sweep) and writes shrink-sweep.jsonl, .md and .png. The
+last trims the vocabulary to what a deployment needs (prune.vocabulary; alone, or with any budget of the first):
+DIR also receives the trimmed dictionaries (dict.LANG.txt, langs.txt), written with the pair; alone, OUT.pt keeps
+its source's architecture, so stock fairseq loads it with DIR as its dictionaries' folder.
 """
 from __future__ import annotations
 
@@ -23,8 +27,11 @@ from typing import Optional
 from fairseq_headprune.fairseq_io.checkpoint_io import check_pair_paths, record_path_for
 from fairseq_headprune.cli.common import output_checkpoint, results_folder
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.prune.shrink import shrink, write_checkpoint
-from fairseq_headprune.prune.shrink_options import ShrinkOptions, flat_fields, inert_options, parse_ffn_keep
+from fairseq_headprune.prune.shrink import shrink, trim_only, write_checkpoint
+from fairseq_headprune.prune.shrink_options import (ShrinkOptions, flat_fields, inert_options, parse_ffn_keep,
+                                                    vocabulary_only)
+from fairseq_headprune.prune.vocab_trim import refuse_untrimmable
+from fairseq_headprune.prune.vocabulary import plan_vocabulary, read_corpora, refuse_foreign_dictionaries
 from fairseq_headprune.options import add_arguments, from_arguments, option
 from fairseq_headprune.studies.shrink_sweep import DEFAULT_METHODS
 from fairseq_headprune.cli.recover import summary
@@ -73,6 +80,9 @@ def shrink_options(args) -> ShrinkOptions:
 def run(cfg, args) -> None:
     c = from_arguments(ShrinkCommand, args)
     if c.sweep:
+        if getattr(args, "keep_vocab", None):
+            raise UserError("--keep-vocab trims one model's vocabulary: the sweep compares head selections over "
+                            "budgets (shrink one model with --out)")
         if getattr(args, "ffn_keep", None) is not None and parse_ffn_keep(args.ffn_keep) != 100:
             raise UserError("--ffn-keep narrows one model's FFNs: the sweep compares head selections over budgets "
                             "(shrink one model with --out)")
@@ -83,6 +93,9 @@ def run(cfg, args) -> None:
     output_checkpoint("--out", c.out, cfg.common_eval.path or "")
     if c.recover_epochs < 0:
         raise UserError(f"--recover-epochs must be at least 0, not {c.recover_epochs}")
+    if c.recover_epochs and options.vocabulary.corpora:
+        raise UserError("--recover-epochs trains on DATA, binarised with the untrimmed dictionaries: shrink with "
+                        "--keep-vocab after recovering, or recover without it")
     final_out = c.out
     if c.recover_epochs:  # shrink writes its model beside the final one; recover then writes --out
 
@@ -96,24 +109,48 @@ def run(cfg, args) -> None:
                 raise UserError(f"--recover-epochs trains on DATA's '{subset}' subset: none in {cfg.task.data}")
     json_path = record_path_for(c.out, c.results_dir)
     check_pair_paths("--out", c.out, json_path)  # `--out X.json` would have its record written over it
+    corpora = read_corpora(options.vocabulary)  # missing, empty or not UTF-8: refused before loading
+    if corpora:
+        refuse_foreign_dictionaries(c.out, json_path)
     start = time.perf_counter()
+    if vocabulary_only(options):
+        return _trim_vocabulary(cfg, options, corpora, c.out, json_path, start)
     if c.recover_epochs and _reusable(cfg, options, c.out, json_path, recover_options):  # a rerun resumes
         print(f"reusing {c.out}: shrunk by an earlier run with these options (its recovery resumes)")
     else:
         loaded = load(cfg)
-
+        plan = _vocabulary_plan(loaded, options, corpora) if corpora else None
         result, calibration = shrink(loaded, options)
-        record = write_checkpoint(loaded, result, calibration, options, c.out, json_path)
+        record = write_checkpoint(loaded, result, calibration, options, c.out, json_path, plan=plan)
         seconds = time.perf_counter() - start
         depth = f"layers kept: {record['layers']['kept']}; " if record.get("layers") else ""
         print(f"{depth}removed {len(result.selection.removed)} heads ({record['heads_kept']} of "
               f"{record['heads_total']} kept): {record['params_before']:,} -> {record['params_after']:,} parameters; "
               f"{seconds:.0f}s in all\n"
-              f"wrote {c.out} (fairseq loads it with --user-dir fairseq_headprune)\nwrote {json_path}")
+              f"wrote {c.out}" + (f" and {', '.join(sorted(plan.files))} beside it (its vocabulary)" if plan else "")
+              + f" (fairseq loads it with --user-dir fairseq_headprune)\nwrote {json_path}")
     if c.recover_epochs:
         recovered = recover(cfg.task.data, c.out, recover_options)
         print(f"{summary(recovered, c.out, time.perf_counter() - start)}\nwrote {final_out}\n"
               f"wrote {record_path(final_out)}")
+
+
+def _vocabulary_plan(loaded, options: ShrinkOptions, corpora):
+    """What --keep-vocab keeps of the loaded model; a model or task it cannot trim is refused before any work."""
+    refuse_untrimmable(loaded.model)
+    shared = loaded.model.encoder.embed_tokens is loaded.model.decoder.embed_tokens
+    return plan_vocabulary(loaded.task, corpora, options.vocabulary.floor, shared)
+
+
+def _trim_vocabulary(cfg, options: ShrinkOptions, corpora, out: str, json_path: str, start: float) -> None:
+    """--keep-vocab alone: no calibration, no search; the model with fewer vocabulary rows and its dictionaries."""
+    loaded = load(cfg)
+    plan = _vocabulary_plan(loaded, options, corpora)
+    trim_only(loaded, options, plan, out, json_path)
+    folder = os.path.dirname(os.path.abspath(out))
+    print(f"{time.perf_counter() - start:.0f}s in all\nwrote {out} and {', '.join(sorted(plan.files))} beside it "
+          f"(stock fairseq loads it with {folder} as DATA, or DATA binarised against those dictionaries)\n"
+          f"wrote {json_path}")
 
 
 def _reusable(cfg, options, shrunk: str, json_path: str, recover_options) -> bool:

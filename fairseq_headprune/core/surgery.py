@@ -15,6 +15,10 @@ model; attention weights returned for alignment average over the kept heads only
 not weights, so a masked model still averages over all). A module with no head left becomes a
 `HeadlessAttention`: see there.
 
+Vocabulary rows (trim_vocabulary) are rows of the token embeddings and of the output projection, selected by the
+old ids a smaller dictionary keeps, sharing kept as the model had it; what a deployment keeps is chosen in
+prune.vocabulary.
+
 An FFN's hidden unit i is row i of fc1 and input column i of fc2: removing it computes exactly what the layer
 computes with that unit's activation set to zero. Removing a pre- or post-norm transformer layer is exact too: the
 model computes what the unpruned one computes with that layer skipped, since each layer maps the residual stream to
@@ -292,6 +296,69 @@ def remove_layers(model, kept: Mapping[str, Sequence[int]]):
     return model
 
 
+# --------------------------------------------------------------------------------------------- vocabulary rows
+
+
+def select_embedding(embed: nn.Embedding, index: Sequence[int]) -> nn.Embedding:
+    """A new nn.Embedding holding the rows of `embed` at `index`, in that order (new id i = old id index[i]); its
+    padding row is wherever the old one went (None if dropped). The original is left untouched."""
+    weight = embed.weight
+    rows = weight.detach().index_select(0, torch.as_tensor(list(index), dtype=torch.long, device=weight.device))
+    padding = list(index).index(embed.padding_idx) if embed.padding_idx in index else None
+    new = torch.nn.utils.skip_init(nn.Embedding, rows.size(0), rows.size(1), padding_idx=padding,
+                                   device=weight.device, dtype=weight.dtype)
+    new.weight = nn.Parameter(rows.clone(), requires_grad=weight.requires_grad)
+    return new
+
+
+def check_vocabulary_ids(ids: Sequence[int], size: int, keep_first: int, side: str) -> None:
+    """Kept ids: distinct, within the vocabulary, the first `keep_first` (the special symbols) first and in place."""
+    ids = list(ids)
+    if len(set(ids)) != len(ids) or not all(0 <= i < size for i in ids):
+        raise ValueError(f"{side} ids to keep must be distinct and in 0..{size - 1}")
+    if ids[:keep_first] != list(range(keep_first)):
+        raise ValueError(f"{side} ids to keep must begin with the special symbols 0..{keep_first - 1}, in order")
+
+
+def vocabulary_modules(model, source_ids: Sequence[int], target_ids: Sequence[int], keep_first: int = 4):
+    """New (encoder embeddings, decoder embeddings, output projection) of a fairseq transformer holding only the rows
+    of these ids (old ids in their new order: source ids for the encoder, target ids for the decoder's input and
+    output rows), `model` untouched. What the model shares stays shared: one embedding for both stacks
+    (--share-all-embeddings, which needs equal id lists), the output projection tied to the decoder's embeddings
+    (--share-decoder-input-output-embed). The first `keep_first` ids (the special symbols) keep their places."""
+    encoder, decoder = model.encoder, model.decoder
+    if getattr(decoder, "adaptive_softmax", None) is not None or decoder.output_projection is None:
+        raise ValueError("a decoder with an adaptive softmax has no output projection rows to select")
+    if not isinstance(encoder.embed_tokens, nn.Embedding) or not isinstance(decoder.embed_tokens, nn.Embedding):
+        raise ValueError("only token embedding tables (nn.Embedding) have rows to select")
+    check_vocabulary_ids(source_ids, encoder.embed_tokens.num_embeddings, keep_first, "source")
+    check_vocabulary_ids(target_ids, decoder.embed_tokens.num_embeddings, keep_first, "target")
+    shared = encoder.embed_tokens is decoder.embed_tokens
+    if shared and list(source_ids) != list(target_ids):
+        raise ValueError("shared embeddings keep one list of ids for both stacks")
+    target_embed = select_embedding(decoder.embed_tokens, target_ids)
+    source_embed = target_embed if shared else select_embedding(encoder.embed_tokens, source_ids)
+    projection = decoder.output_projection
+    if projection.weight is decoder.embed_tokens.weight:
+        new = nn.Linear(target_embed.embedding_dim, target_embed.num_embeddings, bias=False,
+                        device=projection.weight.device, dtype=projection.weight.dtype)
+        new.weight = target_embed.weight  # tied as fairseq ties them: one parameter
+    else:
+        new = select_linear(projection, target_ids, 0)
+    return source_embed, target_embed, new
+
+
+def trim_vocabulary(model, source_ids: Sequence[int], target_ids: Sequence[int], keep_first: int = 4):
+    """Keep only these vocabulary rows (vocabulary_modules), in place; returns the model. A token it drops has no
+    row: the model computes, for the tokens it keeps, exactly what it computed before, its softmax normalised over
+    them alone."""
+    source_embed, target_embed, projection = vocabulary_modules(model, source_ids, target_ids, keep_first)
+    model.encoder.embed_tokens = source_embed
+    model.decoder.embed_tokens = target_embed
+    model.decoder.output_projection = projection
+    return model
+
+
 # --------------------------------------------------------------------------------------------- target words
 
 
@@ -305,10 +372,7 @@ def cut_target_vocabulary(model, target_dictionary, words: Iterable[int]):
     dictionary.indices = {s: i for i, s in enumerate(dictionary.symbols)}
     decoder = model.decoder
     decoder.output_projection = select_linear(decoder.output_projection, keep, 0)
-    embed = decoder.embed_tokens
-    index = torch.tensor(keep, dtype=torch.long, device=embed.weight.device)
-    decoder.embed_tokens = torch.nn.Embedding.from_pretrained(  # the specials keep their ids, padding included
-        embed.weight.detach().index_select(0, index), freeze=True, padding_idx=embed.padding_idx)
+    decoder.embed_tokens = select_embedding(decoder.embed_tokens, keep)  # the specials keep their ids
     return dictionary
 
 

@@ -1,6 +1,7 @@
 """Writing a checkpoint and its JSON record as one pair: whole or not at all, one writer per output path.
 
-    write_checkpoint_pair(out_path, write_fn, record=None, record_path=None) -> (out_path, record_path or None)
+    write_checkpoint_pair(out_path, write_fn, record=None, record_path=None, companions=None)
+        -> (out_path, record_path or None)
 
 `write_fn(path)` writes the checkpoint to the temporary file `path` (e.g. `lambda p: save_state(state, p)`);
 `record` (a JSON-able dict) is written beside it, at `record_path` (default: OUT with its extension replaced by
@@ -16,7 +17,9 @@
   two renames is written atomically, then both are renamed over their targets and the journal removed. A kill -9
   before the journal leaves the old pair (and temporaries, removed by the next writer of OUT); after it, the next
   writer of OUT finishes the renames first (`finish_pending`), so the pair it finds is the new one, never a mix;
-- `record["checkpoint_sha256"]` is the written checkpoint's hash, so a record names the exact file it describes.
+- `record["checkpoint_sha256"]` is the written checkpoint's hash, so a record names the exact file it describes;
+- `companions` ({path: text}) are files that belong to the checkpoint (a trimmed vocabulary's dict.LANG.txt): written
+  and renamed with the pair, under the same journal.
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ import glob
 import json
 import os
 import tempfile
-from typing import Callable, Iterator, Optional, Tuple
+from typing import Callable, Iterator, Mapping, Optional, Sequence, Tuple
 
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.records.identity import file_sha256
@@ -93,9 +96,10 @@ def _fsync_folder(path: str) -> None:
         os.close(fd)
 
 
-def finish_pending(out_path: str, record_path: Optional[str] = None) -> None:
+def finish_pending(out_path: str, record_path: Optional[str] = None, others: Sequence[str] = ()) -> None:
     """Complete the renames of a writer of `out_path` killed after its journal (the new pair), then remove the
-    temporaries of writers killed before it (the old pair stays). Call under output_lock."""
+    temporaries of writers killed before it (the old pair stays; `others`: companion files' paths). Call under
+    output_lock."""
     journal = _hidden(out_path, ".pair")
     if os.path.exists(journal):
         try:
@@ -108,7 +112,7 @@ def finish_pending(out_path: str, record_path: Optional[str] = None) -> None:
                 os.replace(tmp, target)
         _fsync_folder(out_path)
         os.unlink(journal)
-    for target in (out_path, record_path or record_path_for(out_path)):
+    for target in (out_path, record_path or record_path_for(out_path), *others):
         for tmp in glob.glob(glob.escape(_hidden(target, ".")) + "*.tmp"):
             os.unlink(tmp)
 
@@ -124,16 +128,27 @@ def _sha256(path: str) -> str:
     return file_sha256(path)
 
 
+def _write_text(path: str, text: str, umask: int) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.chmod(path, 0o666 & ~umask)
+
+
 def write_checkpoint_pair(out_path: str, write_fn: Callable[[str], None], record: Optional[dict] = None,
-                          record_path: Optional[str] = None, option: str = "--out") -> Tuple[str, Optional[str]]:
-    """Write the checkpoint (and its record) as described in the module docstring; returns the paths written."""
+                          record_path: Optional[str] = None, option: str = "--out",
+                          companions: Optional[Mapping[str, str]] = None) -> Tuple[str, Optional[str]]:
+    """Write the checkpoint (and its record, and its companion files) as described in the module docstring;
+    returns the paths of the pair."""
     if record is not None:
         record_path = record_path or record_path_for(out_path)
         check_pair_paths(option, out_path, record_path)
     else:
         record_path = None
+    companions = dict(companions or {})
     with output_lock(out_path, option):
-        finish_pending(out_path, record_path)
+        finish_pending(out_path, record_path, list(companions))
         temporaries = []
         try:
             tmp_ckpt = _temporary(out_path)
@@ -155,6 +170,11 @@ def write_checkpoint_pair(out_path: str, write_fn: Callable[[str], None], record
                     os.fsync(f.fileno())
                 os.chmod(tmp_record, 0o666 & ~umask)
                 moves.append((tmp_record, os.path.abspath(record_path)))
+            for path, text in companions.items():
+                tmp = _temporary(path)
+                temporaries.append(tmp)
+                _write_text(tmp, text, umask)
+                moves.append((tmp, os.path.abspath(path)))
 
             write_json_atomic(_hidden(out_path, ".pair"), {"moves": moves})  # from here on, the new pair
         except BaseException:
@@ -162,7 +182,7 @@ def write_checkpoint_pair(out_path: str, write_fn: Callable[[str], None], record
                 if os.path.exists(tmp):
                     os.unlink(tmp)
             raise
-        finish_pending(out_path, record_path)
+        finish_pending(out_path, record_path, list(companions))
     return out_path, record_path
 
 

@@ -63,6 +63,20 @@ def _explain_load_failure(path: str, error: Exception) -> UserError:
     return UserError(f"cannot load checkpoint {path}: {type(error).__name__}: {error}")
 
 
+def _dictionary_hint(path: str) -> str:
+    """What to do when the checkpoint does not fit DATA's dictionaries: a vocabulary trimmed by `shrink --keep-vocab`
+    (its config says so) needs DATA binarised against the dictionaries written beside it."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+        trim = (state.get("cfg") or {}).get("vocabulary_trim") or getattr(state.get("args"), "vocabulary_trim", None)
+    except Exception:  # the hint is a courtesy: the original error is reported in any case
+        trim = None
+    if not trim:
+        return "is it the model's data directory?"
+    return (f"its vocabulary was trimmed to {trim['source']['after']} source and {trim['target']['after']} target "
+            f"symbols by shrink --keep-vocab: use DATA binarised against the dict.*.txt written beside it")
+
+
 def _unreadable(path: str, error: Exception) -> UserError:
     first = (str(error).strip().splitlines() or [""])[0]
     return UserError(f"cannot load checkpoint {path}: {type(error).__name__}: {first}")
@@ -138,7 +152,7 @@ def load(cfg) -> Loaded:
         if "size mismatch" in str(e) or "Missing key" in str(e):
             raise UserError(
                 f"checkpoint {path} does not fit the dictionaries in {cfg.task.data}: "
-                f"{str(e).splitlines()[0]} (is it the model's data directory?)"
+                f"{str(e).splitlines()[0]} ({_dictionary_hint(path)})"
             ) from e
         raise _unreadable(path, e) from e
     except UserError:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Optional
 
 import torch
 from omegaconf import OmegaConf
@@ -61,6 +61,25 @@ def _with_depth(model_cfg, layers: Mapping[str, int]):
     return out
 
 
+def _depth(model) -> dict:
+    return {f"{part}_layers": len(getattr(getattr(model, part, None), "layers", ())) for part in ("encoder", "decoder")}
+
+
+def weights_state(model, source_checkpoint) -> dict:
+    """`source_checkpoint`'s state with `model`'s weights, its config as it was: a model whose only change is its
+    vocabulary (shrink --keep-vocab alone) stays the architecture stock fairseq builds. Optimizer and EMA states,
+    whose shapes no longer fit, are dropped. The model must come from that checkpoint (same parameter names)."""
+    state = torch.load(source_checkpoint, map_location="cpu", weights_only=False)
+    weights = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    if set(weights) != _names_within(state["model"], _depth(model)):
+        raise UserError(f"the model does not come from {source_checkpoint}: its parameter names differ")
+    state["model"] = weights
+    state.pop("last_optimizer_state", None)
+    if isinstance(state.get("extra_state"), dict):
+        state["extra_state"].pop("ema", None)
+    return state
+
+
 def pruned_checkpoint_state(model, source_checkpoint) -> dict:
     """`source_checkpoint`'s state with `model`'s (pruned) weights and a config that rebuilds its shape.
 
@@ -68,13 +87,8 @@ def pruned_checkpoint_state(model, source_checkpoint) -> dict:
     `headprune_transformer` with `kept_heads` from the model's layout; optimizer and EMA states, whose shapes no
     longer fit, are dropped. Reloading needs this package as fairseq user module (`--user-dir fairseq_headprune`).
     """
-    state = torch.load(source_checkpoint, map_location="cpu", weights_only=False)
-    weights = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    layers = {f"{part}_layers": len(getattr(getattr(model, part, None), "layers", ()))
-              for part in ("encoder", "decoder")}
-    if set(weights) != _names_within(state["model"], layers):
-        raise UserError(f"the model does not come from {source_checkpoint}: its parameter names differ")
-    state["model"] = weights
+    state = weights_state(model, source_checkpoint)
+    layers = _depth(model)
     kept = kept_heads_json(model)
     source_cfg = state["cfg"]["model"] if state.get("cfg") is not None else state.get("args")
     ffn = kept_ffn_json(ffn_widths(model), configured_widths(source_cfg)) if source_cfg is not None else ""
@@ -82,15 +96,12 @@ def pruned_checkpoint_state(model, source_checkpoint) -> dict:
         state["cfg"]["model"] = _with_depth(pruned_model_cfg(state["cfg"]["model"], kept, ffn), layers)
     if state.get("args") is not None:
         state["args"] = _with_depth(pruned_model_cfg(state["args"], kept, ffn), layers)
-    state.pop("last_optimizer_state", None)
-    if isinstance(state.get("extra_state"), dict):
-        state["extra_state"].pop("ema", None)
     return state
 
 
-def save_pruned_checkpoint(model, source_checkpoint, out_path) -> Path:
-    """Write pruned_checkpoint_state(model, source_checkpoint) to `out_path`, whole or not at all, under a lock on
-    the path (checkpoint_io)."""
+def save_pruned_checkpoint(model, source_checkpoint, out_path, record: Optional[dict] = None) -> Path:
+    """Write pruned_checkpoint_state(model, source_checkpoint) to `out_path` (and `record` beside it as OUT.json,
+    the pair as one), whole or not at all, under a lock on the path (checkpoint_io)."""
     state = pruned_checkpoint_state(model, source_checkpoint)
-    write_checkpoint_pair(str(out_path), lambda path: save_state(state, path))
+    write_checkpoint_pair(str(out_path), lambda path: save_state(state, path), record=record)
     return Path(out_path)

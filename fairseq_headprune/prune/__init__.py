@@ -9,6 +9,9 @@ compress's stages call it).
   sublayers     the sublayers the fits address, and the hooks that capture their streams
   reconstruct   closed-form refit of each pruned sublayer towards the unpruned model (ReconstructionOptions)
   window_fit    its nonlinear upgrade: each pruned attention fitted whole by Adam (WindowOptions)
+  vocabulary    which vocabulary a deployment keeps (--keep-vocab: corpora, floor, language tokens) and the
+                trimmed dictionaries' files (VocabularyOptions)
+  vocab_trim    a model trimmed to that vocabulary: checked against the untrimmed one, measured, noted in its checkpoint
   shrink        select + reconstruct on calibration data, written as a smaller fairseq checkpoint (ShrinkOptions)
   recover       a short distillation from the unpruned model on fairseq's training loop (RecoverOptions)
   sequence_targets  its sequence-level targets: the teacher's beam translations, cached

@@ -31,10 +31,12 @@ from fairseq_headprune.core.shape import ModelShape, depths, ffn_widths, kept_he
 from fairseq_headprune.core.surgery import prune_ffn, prune_model, remove_layers
 from fairseq_headprune.fairseq_io.checkpoint_io import save_state, write_checkpoint_pair
 from fairseq_headprune.fairseq_io.loading import load_subset
-from fairseq_headprune.fairseq_io.pruned_checkpoint import pruned_checkpoint_state
+from fairseq_headprune.fairseq_io.pruned_checkpoint import pruned_checkpoint_state, weights_state
 from fairseq_headprune.records.identity import file_sha256
 from fairseq_headprune.prune.shrink_options import (Budget, ShrinkOptions, flat_fields, given_heads, head_budget_given,
                                                     heads_to_remove, parse_type_set, validate, without_layers)
+from fairseq_headprune.prune.vocab_trim import companions, describe, note_in_state, trim_and_check
+from fairseq_headprune.prune.vocabulary import VocabularyPlan
 
 Key = Tuple[str, int]
 
@@ -493,29 +495,41 @@ def output_path_ok(source: str, out: str) -> None:
         raise UserError("--out must not overwrite the checkpoint being shrunk")
 
 
+def check_samples(samples: List[dict], sentences: Optional[int]) -> List[dict]:
+    """The first batches of `samples` holding at least `sentences` sentences (None: all of them)."""
+    if not sentences:
+        return samples
+    out, n = [], 0
+    for s in samples:
+        if n >= sentences:
+            break
+        out.append(s)
+        n += s["id"].numel()
+    return out
+
+
 def write_checkpoint(loaded, result: ShrinkResult, calibration: Calibration, options: ShrinkOptions, out: str,
-           json_path: Optional[str] = None, log: Callable = print) -> dict:
+           json_path: Optional[str] = None, log: Callable = print, plan: Optional[VocabularyPlan] = None) -> dict:
     """Physically prune the reconstructed model, check it, write the checkpoint (in its source's dtypes) and the JSON
-    record as one pair (fairseq_headprune.fairseq_io.checkpoint_io: written once, atomically, under a lock on `out`)."""
+    record as one pair (fairseq_headprune.fairseq_io.checkpoint_io: written once, atomically, under a lock on `out`);
+    with a vocabulary `plan`, trimmed after the check, its dictionaries written with the pair."""
     output_path_ok(loaded.checkpoint, out)
     start = time.perf_counter()
     dtypes = source_dtypes(loaded.checkpoint)
     rounded = round_to_dtypes(result.student, dtypes)  # what the saved file will hold, before the check
     pruned = prune_model(copy.deepcopy(result.student), result.selection.removed)
-    check = None
+    check, vocabulary = None, None
+    samples = check_samples(calibration.samples, options.check_sentences)
     if options.check:
-        samples = calibration.samples
-        if options.check_sentences:
-            samples, n = [], 0
-            for s in calibration.samples:
-                if n >= options.check_sentences:
-                    break
-                samples.append(s)
-                n += s["id"].numel()
         check = check_pruned(loaded, result.student, pruned, samples)
         log(f"check: identical hypotheses on {check['sentences_checked']} calibration sentences, "
             f"max logit difference {check['max_logit_diff']:.1e}")
+    if plan is not None:
+        pruned, vocabulary = trim_and_check(loaded, pruned, plan, samples if options.check else None, out)
+        log(describe(vocabulary))
     state = pruned_checkpoint_state(pruned, loaded.checkpoint)
+    if plan is not None:
+        note_in_state(state, plan)
     state["model"] = in_dtypes(state["model"], dtypes)
     result.seconds["export"] = time.perf_counter() - start
     params = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
@@ -530,6 +544,7 @@ def write_checkpoint(loaded, result: ShrinkResult, calibration: Calibration, opt
         "kept_heads": kept_heads(pruned),
         "layers": result.layers.as_json(layers_of(loaded.model)) if result.layers is not None else None,
         **({"ffn_kept": result.ffn_kept} if result.ffn_kept else {}),
+        **({"vocabulary": vocabulary} if vocabulary else {}),
         "selection": result.selection.summary(),
         "reconstruction": {"options": {k: flat[k] for k in (
             "refit", "ridge", "max_scale", "refit_unpruned", "empty_bias", "refit_ffn", "refit_inputs",
@@ -543,5 +558,34 @@ def write_checkpoint(loaded, result: ShrinkResult, calibration: Calibration, opt
         "seconds": result.seconds,
         "options": {k: (list(v) if isinstance(v, tuple) else v) for k, v in flat.items()},
     }
-    write_checkpoint_pair(out, lambda path: save_state(state, path), record if json_path else None, json_path)
+    write_checkpoint_pair(out, lambda path: save_state(state, path), record if json_path else None, json_path,
+                          companions=companions(plan, out) if plan is not None else None)
+    return record
+
+
+def trim_only(loaded, options: ShrinkOptions, plan: VocabularyPlan, out: str, json_path: Optional[str] = None,
+              log: Callable = print) -> dict:
+    """--keep-vocab alone: the loaded model's vocabulary trimmed, checked on the first calibration sentences (or
+    --check-sentences), written with its dictionaries; its architecture stays the source's, so stock fairseq
+    loads it with those dictionaries."""
+    output_path_ok(loaded.checkpoint, out)
+    start = time.perf_counter()
+    samples = None
+    if options.check:
+        samples, _ = calibration_samples(loaded, options.calibration_subset,
+                                         options.check_sentences or options.calibration_sentences,
+                                         loaded.cfg.dataset.max_tokens, options.calibration_seed)
+    set_head_masks(loaded.model, [])
+    model, vocabulary = trim_and_check(loaded, loaded.model, plan, samples, out)
+    log(describe(vocabulary))
+    state = note_in_state(weights_state(model, loaded.checkpoint), plan)
+    state["model"] = in_dtypes(state["model"], source_dtypes(loaded.checkpoint))
+    record = {"checkpoint": os.path.abspath(out), "source_checkpoint": os.path.abspath(loaded.checkpoint),
+              "source_sha256": file_sha256(loaded.checkpoint), "vocabulary": vocabulary,
+              "params_before": vocabulary["memory"]["parameters_before"],
+              "params_after": vocabulary["memory"]["parameters_after"],
+              "seconds": {"trim": time.perf_counter() - start},
+              "options": {k: (list(v) if isinstance(v, tuple) else v) for k, v in flat_fields(options).items()}}
+    write_checkpoint_pair(out, lambda path: save_state(state, path), record if json_path else None, json_path,
+                          companions=companions(plan, out))
     return record

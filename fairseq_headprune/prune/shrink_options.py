@@ -16,7 +16,8 @@ from fairseq_headprune.core.heads import ATTENTION_TYPES, Head, HeadLayout, pars
 from fairseq_headprune.core.masking import head_gates
 from fairseq_headprune.prune.reconstruct import METHODS, ReconstructionOptions
 from fairseq_headprune.prune.window_fit import WindowOptions
-from fairseq_headprune.options import nested, option
+from fairseq_headprune.options import given_flags, nested, option
+from fairseq_headprune.prune.vocabulary import VocabularyOptions
 from fairseq_headprune.core.surgery import remove_layers
 
 
@@ -87,6 +88,7 @@ class ShrinkOptions:
                                   "Fisher on the calibration data (Kwon et al. 2022), chosen after the heads and "
                                   "layers and refit (fc2) towards the unpruned model's FFN output")
     reconstruction: ReconstructionOptions = nested(ReconstructionOptions, section="reconstruction")
+    vocabulary: VocabularyOptions = nested(VocabularyOptions, section="vocabulary")
 
 
 def parse_ffn_keep(text: str) -> float:
@@ -101,13 +103,15 @@ def flat_fields(options: ShrinkOptions) -> dict:
     """The options as one flat dict under the names records and sweep logs have always used (refit, window_steps,
     ...): nested in code, flat in files, so that older results folders still compare equal."""
     fit = options.reconstruction
-    out = {k: v for k, v in asdict(options).items() if k != "reconstruction"}
+    out = {k: v for k, v in asdict(options).items() if k not in ("reconstruction", "vocabulary")}
     out.update({k: v for k, v in asdict(fit).items() if k not in ("method", "window", "max_condition")})
     out.update(refit=fit.method, window_steps=fit.window.steps, window_lr=fit.window.lr)
     if options.keep_layers is None:  # records of head-only shrinks (and their sweep logs) as they always were
         del out["keep_layers"], out["layer_selection"]
     if options.ffn_keep == 100:
         del out["ffn_keep"]
+    if options.vocabulary.corpora:  # records of shrinks that keep the whole vocabulary as they always were
+        out.update(keep_vocab=list(options.vocabulary.corpora), keep_vocab_floor=options.vocabulary.floor)
     return out
 
 
@@ -315,9 +319,28 @@ def validate(options: ShrinkOptions, model) -> Budget:
     return budget
 
 
+# what --keep-vocab alone reads: the sentences its check decodes (and the options it is given by)
+VOCABULARY_ONLY_FLAGS = ("--keep-vocab", "--keep-vocab-floor", "--calibration-subset", "--calibration-sentences",
+                         "--calibration-seed", "--no-check", "--check-sentences")
+
+
+def vocabulary_only(options: ShrinkOptions) -> bool:
+    """--keep-vocab with no head budget, no --keep-layers and no --ffn-keep: the vocabulary alone is trimmed."""
+    return bool(options.vocabulary.corpora) and not head_budget_given(options) and options.keep_layers is None \
+        and options.ffn_keep == 100
+
+
 def inert_options(options: ShrinkOptions) -> Optional[str]:
     """An option given in a combination where it does nothing (it would be recorded and ignored), said in one
     line; None when every option given acts."""
+    if options.vocabulary.floor is not None and not options.vocabulary.corpora:
+        return "--keep-vocab-floor is the floor of --keep-vocab: it needs --keep-vocab CORPUS"
+    if vocabulary_only(options):
+        inert = next((flag for flag in given_flags(ShrinkOptions, options) if flag not in VOCABULARY_ONLY_FLAGS),
+                     None)
+        if inert:
+            return (f"{inert} acts on heads, layers or FFN units: --keep-vocab alone trims the vocabulary (give a "
+                    "head budget, --keep-layers or --ffn-keep with it)")
     fit = options.reconstruction
     if fit.window.lr != WindowOptions.lr and not fit.window.steps:
         return "--window-lr sets the window fit's learning rate: it needs --window-steps N"

@@ -8,14 +8,16 @@ written.
 from __future__ import annotations
 
 import copy
+import os
 
 import torch
 
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.core.heads import HeadLayout
+from fairseq_headprune.core.heads import HeadLayout, format_head_spec
 from fairseq_headprune.core.masking import head_gates, set_head_masks
 from fairseq_headprune.core.surgery import prune_model
 from fairseq_headprune.fairseq_io.pruned_checkpoint import save_pruned_checkpoint
+from fairseq_headprune.records.identity import file_sha256
 
 
 @torch.no_grad()
@@ -43,7 +45,10 @@ def remove_and_save(loaded, heads, out: str, sample=None) -> dict:
         diff = check_equivalent(masked, pruned, sample) if sample is not None else None
     finally:
         set_head_masks(masked, [])
-    save_pruned_checkpoint(pruned, loaded.checkpoint, out)
     params = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
-    return {"removed": len(heads), "kept": len(HeadLayout.of(pruned).all_heads()), "max_logit_diff": diff,
+    info = {"removed": len(heads), "kept": len(HeadLayout.of(pruned).all_heads()), "max_logit_diff": diff,
             "params_before": params(masked), "params_after": params(pruned)}
+    record = {"command": "remove", "source_checkpoint": os.path.abspath(loaded.checkpoint),
+              "source_sha256": file_sha256(loaded.checkpoint), "heads_removed": format_head_spec(heads), **info}
+    save_pruned_checkpoint(pruned, loaded.checkpoint, out, record)
+    return info
