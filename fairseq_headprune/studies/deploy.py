@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+import json
 import os
 import re
 import statistics
@@ -556,9 +557,9 @@ def shrunk_checkpoint(loaded, options: DeployOptions, out: str, log=print) -> st
     os.makedirs(os.path.join(out, MODELS), exist_ok=True)
     path = os.path.join(out, MODELS, options.shrunk_name() + ".pt")
     identity_path = os.path.join(out, MODELS, options.shrunk_name() + ".deploy.json")
-    identity = {"source_sha256": file_sha256(loaded.checkpoint),
-                "options": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(shrink_options).items()},
-                "calibration_files_sha256": calibration_files_sha256(loaded, options.calibration_subset)}
+    identity = json.loads(json.dumps({  # as stored: tuples at any depth as lists
+        "source_sha256": file_sha256(loaded.checkpoint), "options": asdict(shrink_options),
+        "calibration_files_sha256": calibration_files_sha256(loaded, options.calibration_subset)}))
     if os.path.exists(path) and os.path.exists(identity_path) and read_json(identity_path) == identity:
         log(f"reusing {path}")
         return path
