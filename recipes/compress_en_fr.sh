@@ -19,13 +19,7 @@ work=${1:-work/compress-en-fr} target=${2:---speedup 1.5}
 export PATH=${VENV:-$PWD/.venv}/bin:$PATH PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} OMP_NUM_THREADS=1 TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1
 data=../shared/data model=checkpoints/en-fr bin=$work/data-bin
 mkdir -p "$work/raw"
-for l in en fr; do
-  [ -f "$work/raw/train.$l" ] || { cat "$data/europarl_en_fr/europarl-v7.sampleA.$l"
-    head -n 5000 "$data/bible_fr_en/train.$l"; head -n 5000 "$data/libreoffice_help_en_fr/train.$l"; } > "$work/raw/train.$l"
-  head -n 1000 "$data/wmt14_en_fr/newstest2013.tok.$l" > "$work/raw/valid.$l"  # Moses-tokenised in the data
-  cp "$data/wmt14_en_fr/newstest2014-fren.$l" "$work/raw/test.$l"
-  cp "$data/mtnt/test.en-fr.$l" "$work/raw/mtnt.$l"
-done
+bash recipes/en_fr_raw.sh "$work"
 if [ ! -f "$work/raw/mono.en" ]; then
   { tail -n +1001 "$data/wmt14_en_fr/newstest2013.tok.en" | sacremoses -l en -j 1 detokenize
     cat "$data/mtnt/valid.en-fr.en"; } > "$work/raw/mono.en.part"

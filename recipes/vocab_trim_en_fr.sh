@@ -15,13 +15,7 @@ export PATH=${VENV:-$PWD/.venv}/bin:$PATH PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONP
 data=../shared/data model=checkpoints/en-fr bin=$work/data-bin trim=$work/trimmed tbin=$work/data-bin-trimmed
 out=results/vocab-trim-en-fr
 mkdir -p "$work/raw" "$trim" "$out"
-for l in en fr; do
-  [ -f "$work/raw/train.$l" ] || { cat "$data/europarl_en_fr/europarl-v7.sampleA.$l"
-    head -n 5000 "$data/bible_fr_en/train.$l"; head -n 5000 "$data/libreoffice_help_en_fr/train.$l"; } > "$work/raw/train.$l"
-  head -n 1000 "$data/wmt14_en_fr/newstest2013.tok.$l" > "$work/raw/valid.$l"  # Moses-tokenised in the data
-  cp "$data/wmt14_en_fr/newstest2014-fren.$l" "$work/raw/test.$l"
-  cp "$data/mtnt/test.en-fr.$l" "$work/raw/mtnt.$l"
-done
+bash recipes/en_fr_raw.sh "$work"
 encode() {  # MODEL_DIR OUT SPLIT: the split binarised with that model's dictionaries
   [ -f "$2/$3.en-fr.en.idx" ] || bash data_prep/encode-for-model.sh "$1" en fr "$work/raw/$3" "$2" "$3" \
     $([ "$3" = valid ] && echo --tokenized) > "$work/encode-$(basename "$2")-$3.log" 2>&1
