@@ -30,7 +30,14 @@ for split in valid test; do encode "$trim" "$tbin" "$split"; done
   --out "$work/ct2-untrimmed" --quantization int8 --gen-subset valid "${dec[@]}" 2>&1 | tee "$work/export-untrimmed.log"
 [ -f "$work/ct2-trimmed/model.bin" ] || fairseq-headprune export-ct2 "$tbin" --path "$trim/model.pt" -s en -t fr \
   --out "$work/ct2-trimmed" --quantization int8 --gen-subset valid "${dec[@]}" 2>&1 | tee "$work/export-trimmed.log"
-cp "$trim/model.json" "$out/trimmed-model.json"
+python - "$trim/model.json" "$out/trimmed.json" <<'PY'  # the trim's record without this machine's paths or the id map
+import json, os, sys
+record = json.load(open(sys.argv[1]))["vocabulary"]
+record.pop("kept_ids")
+for corpus in record["corpora"]:
+    corpus["path"] = os.path.basename(corpus["path"])
+json.dump(record, open(sys.argv[2], "w"), indent=1)
+PY
 python benchmarks/vocab_trim.py "$bin" --path "$model/model.pt" -s en -t fr --untrimmed "$work/ct2-untrimmed" \
   --trimmed "$work/ct2-trimmed" --subsets "test=$bin/test.raw.fr,mtnt=$bin/mtnt.raw.fr" --timing-subset valid \
   --out "$out/vocab-trim.json" --gen-subset test "${dec[@]}" 2>&1 | tee "$work/vocab-trim.log"
