@@ -4,6 +4,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from fairseq_headprune.errors import UserError
+from fairseq_headprune.studies import frontier
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -54,3 +59,22 @@ def test_frontier_tables_every_run_by_speed_with_its_sets(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "frontier.py"), str(empty)],
                           capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stderr.strip().endswith("no */compress.json of a finished run")
+
+
+def test_the_frontier_reads_every_control_file(tmp_path):
+    """Each control*-bleu.json of a folder is a control of the frontier (its p in the table, its note under it); a
+    name in two files is refused in one line."""
+    def write(name, models, note):
+        (tmp_path / name).write_text(json.dumps({"models": models, "note": note}))
+
+    write("control-bleu.json", {"ctl-e8": {"test": {"bleu_delta": -0.07, "p": 0.409}}}, "on train")
+    write("control-distill-set-bleu.json", {"ctl-set": {"test": {"bleu_delta": -0.6, "p": 0.04},
+                                                        "val500": {"bleu_delta": 0.1, "p": 0.4}}}, "beside a set")
+    assert frontier.controls(str(tmp_path)) == {"ctl-e8": {"test": -0.07}, "ctl-set": {"test": -0.6, "val500": 0.1}}
+    table = frontier.controls_markdown(str(tmp_path), ["test", "val500"])
+    assert "| ctl-e8 | -0.07 (0.409) |  |" in table and "| ctl-set | -0.60 (0.040) | +0.10 (0.400) |" in table
+    assert "control-distill-set-bleu.json: beside a set" in table
+    write("control-other-bleu.json", {"ctl-e8": {"test": {"bleu_delta": 0.0, "p": 0.5}}}, "")
+    with pytest.raises(UserError, match="ctl-e8 is named in another"):
+        frontier.controls(str(tmp_path))
+    assert frontier.controls_markdown(str(tmp_path / "none"), ["test"]) == ""

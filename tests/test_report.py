@@ -15,11 +15,9 @@ from browser import browser_probe, browser_problems, embedded_images, pil_proble
 from conftest import BIN, ENV, ROOT, run, run_fairseq
 from fairseq_headprune.report import claims as cl
 from fairseq_headprune.cli.report import fairseq_argv
-from fairseq_headprune.errors import UserError
 from fairseq_headprune.report.parts import set_option
 from fairseq_headprune.records.log import read_json
 from fairseq_headprune.records.rows import best_per_layer
-from fairseq_headprune.studies import frontier
 
 REPORT = ["--gen-subset", "test", "--beam", "1", "--max-tokens", "3000", "--masks-per-batch", "8",
           "--prune-step", "0.25", "--speed-batch-sizes", "1,8", "--speed-runs", "1", "--speed-sentences", "8",
@@ -682,31 +680,3 @@ def test_compress_section_shows_the_frontier_of_given_runs_and_whose_they_are(fu
     proc = report(slice_data, stock_checkpoint, out, "--render-only", "--compress-runs", runs, check=False)
     assert proc.returncode == 2 and "unfinished/compress.json: not a finished compress record" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
-
-
-def test_the_frontier_reads_every_control_file(tmp_path):
-    """Each control*-bleu.json of a folder is a control of the frontier (its p in the table, its note under it); a
-    name in two files is refused in one line."""
-    def write(name, models, note):
-        (tmp_path / name).write_text(json.dumps({"models": models, "note": note}))
-
-    write("control-bleu.json", {"ctl-e8": {"test": {"bleu_delta": -0.07, "p": 0.409}}}, "on train")
-    write("control-distill-set-bleu.json", {"ctl-set": {"test": {"bleu_delta": -0.6, "p": 0.04},
-                                                        "val500": {"bleu_delta": 0.1, "p": 0.4}}}, "beside a set")
-    assert frontier.controls(str(tmp_path)) == {"ctl-e8": {"test": -0.07}, "ctl-set": {"test": -0.6, "val500": 0.1}}
-    table = frontier.controls_markdown(str(tmp_path), ["test", "val500"])
-    assert "| ctl-e8 | -0.07 (0.409) |  |" in table and "| ctl-set | -0.60 (0.040) | +0.10 (0.400) |" in table
-    assert "control-distill-set-bleu.json: beside a set" in table
-    write("control-other-bleu.json", {"ctl-e8": {"test": {"bleu_delta": 0.0, "p": 0.5}}}, "")
-    with pytest.raises(UserError, match="ctl-e8 is named in another"):
-        frontier.controls(str(tmp_path))
-    assert frontier.controls_markdown(str(tmp_path / "none"), ["test"]) == ""
-
-
-def test_an_oracle_order_without_the_single_head_ablation_is_one_line(tiny_data, stock_checkpoint, tmp_path):
-    """--prune-orders oracle reads ablation-single.jsonl: without the single part (and no file from an earlier run)
-    the report is refused before the model loads, not stopped by a FileNotFoundError after the first parts."""
-    proc = run(["fairseq-headprune", "report", tiny_data, "--path", stock_checkpoint, "--results-dir",
-                tmp_path / "study", "--parts", "score,prune"], check=False)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
-    assert "--prune-orders oracle reads the single-head ablation" in proc.stderr.strip().splitlines()[-1]
