@@ -18,6 +18,7 @@ def record(chosen, epochs, speed, test, also, shape=None, hidden=None, distill=N
     if distillation_set:
         recover["distillation_set"] = distillation_set
     measure = {"speedup_equal_work": speed, "flop_ratio": speed * 0.9}
+    chrf = {"chrf_delta": -0.4, "chrf_p": 0.02} if interval else {}  # a run recorded since chrF and intervals
     if latency:
         measure["latency_batch1"] = {"speedup": latency}
     if interval:
@@ -26,7 +27,7 @@ def record(chosen, epochs, speed, test, also, shape=None, hidden=None, distill=N
         "choice": {"chosen": chosen},
         "recover": {**recover, "distill": distill} if distill else recover,  # (records before --distill: none)
         "measure": measure,
-        "report": {"subset": "test", "bleu_delta": test[0], "p": test[1],
+        "report": {"subset": "test", "bleu_delta": test[0], "p": test[1], **chrf,
                    "also": [{"subset": "second", "bleu_delta": also[0], "p": also[1]}]}}}
 
 
@@ -52,7 +53,8 @@ def test_frontier_tables_every_run_by_speed_with_its_sets(tmp_path):
         "not measured | -0.73 (0.025) | " \
         "-0.28 (0.288)" in rows[1]
     assert "| seq | encoder 8 heads per layer, decoder 4 layers x 3 heads (given by --shape) (--distill both) " \
-        "(vocabulary map) (+20 pairs of --distill-source text) | 8 | 2.02x (1.95-2.11) | 1.82 | 2.50x |" in text
+        "(vocabulary map) (+20 pairs of --distill-source text) | 8 | 2.02x (1.95-2.11) | 1.82 | 2.50x | " \
+        "-0.50 (0.100); chrF -0.40 (0.020) | -0.20 (0.300) |" in text
     assert (tmp_path / "frontier.png").stat().st_size > 1000
     empty = tmp_path / "none"
     empty.mkdir()

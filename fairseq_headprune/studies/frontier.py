@@ -20,7 +20,8 @@ RECORD = "compress.json"
 CONTROLS = "control*-bleu.json"
 TEXT = ("From each run's compress.json; speeds from different runs and loads, each with the 95% interval of its own "
         "timing (batches resampled with their rounds; runs recorded before intervals: read them to about +-0.1); "
-        "ΔBLEU against the unpruned model in the same engine, with its p.")
+        "ΔBLEU against the unpruned model in the same engine, with its p, and ΔchrF with its p where the run recorded "
+        "chrF.")
 LEGEND = ("Squares: the decoder's depth cut; marker size: recovery epochs; open markers: the hidden-state term; "
           "orange: a recovery signal other than the KL on the references (--distill); gray "
           "dashes at 1.0x: the control (the unpruned model through the same recovery), where there is one; dashed "
@@ -44,6 +45,7 @@ def row(name: str, record: Dict) -> Dict:
             "speed_interval": stages["measure"].get("speedup_equal_work_interval"),  # (records before it: none)
             "latency": (stages["measure"].get("latency_batch1") or {}).get("speedup"),  # (records before it: none)
             "sets": {s: (r["bleu_delta"], r["p"]) for s, r in sets.items()},
+            "chrf": {s: (r["chrf_delta"], r["chrf_p"]) for s, r in sets.items() if "chrf_p" in r},  # (since chrF)
             "significance": report.get("significance", "not recorded")}
 
 
@@ -119,7 +121,7 @@ def controls_markdown(folder: str, sets: List[str]) -> str:
 def headers(sets: List[str]) -> List[str]:
     return (["run", "shape", "recovery epochs", "speed (equal work, 95% interval)", "FLOP ratio",
              "batch-1 latency speed-up"]
-            + [f"{s} ΔBLEU (p)" for s in sets])
+            + [f"{s} ΔBLEU (p); ΔchrF (p)" for s in sets])
 
 
 def cells(found: List[Dict], sets: List[str]) -> List[List[str]]:
@@ -133,8 +135,17 @@ def cells(found: List[Dict], sets: List[str]) -> List[List[str]]:
                   else "")
         latency = f"{r['latency']:.2f}x" if r["latency"] else "not measured"
         out.append([r["run"], r["shape"] + extra, str(r["epochs"]), speed_cell(r), f"{r['flops']:.2f}", latency]
-                   + [f"{r['sets'][s][0]:+.2f} ({r['sets'][s][1]:.3f})" if s in r["sets"] else "" for s in sets])
+                   + [set_cell(r, s) for s in sets])
     return out
+
+
+def set_cell(r: Dict, s: str) -> str:
+    """ΔBLEU (p) on a set, and ΔchrF (p) beside it where the run recorded chrF."""
+    if s not in r["sets"]:
+        return ""
+    bleu = f"{r['sets'][s][0]:+.2f} ({r['sets'][s][1]:.3f})"
+    chrf = (r.get("chrf") or {}).get(s)
+    return bleu + (f"; chrF {chrf[0]:+.2f} ({chrf[1]:.3f})" if chrf else "")
 
 
 def speed_cell(r: Dict) -> str:
