@@ -27,16 +27,20 @@ def test_smoothing_pools_timing_noise():
         levers.refuse_unreachable(9.0, ({"enc_heads": 1, "dec_heads": 1}, 1.4), {"rows": [], "whole": {}}, "fairseq")
 
 
-def test_of_the_shapes_timed_again_the_choice_takes_the_lowest_nll_that_measured_the_target():
-    """Fisher estimates of different cut models do not compare: of the timed shapes that reach the target, the one
-    whose own calibration NLL is lowest (on the bundled model at 1.3x: 8/4 and decoder 5 layers x 6 heads both
-    measured it, the order had put 8/4 first), among those clearing it by the timing's noise when any does; none
-    reaching it, the fastest; the NLL computed only to choose."""
+def test_of_the_finalists_the_choice_takes_the_lowest_nll_whose_interval_clears_the_target():
+    """Fisher estimates of different cut models do not compare: of the timed shapes whose 95% interval clears the
+    target (none doing so: whose median does), the one whose own calibration NLL is lowest; none reaching it at the
+    median, the fastest; the NLL computed only to choose, once per structure (the map changes the decoding, not the
+    NLL), and at equal NLL the map off."""
     from fairseq_headprune.compress.choice import pick_measured
 
+    def point(name, speed, low, **extra):
+        return {"name": name, "measured_speedup": speed,
+                "measured_interval": {"ratio": speed, "low": low, "high": speed + 0.05}, **extra}
+
     def timed():
-        return [{"name": "8/4", "measured_speedup": 1.45}, {"name": "6/6", "measured_speedup": 1.23},
-                {"name": "5x8/6", "measured_speedup": 1.38}, {"name": "1x1/1", "measured_speedup": 4.3}]
+        return [point("8/4", 1.45, 1.40), point("6/6", 1.23, 1.20), point("5x8/6", 1.38, 1.31),
+                point("1x1/1", 4.3, 4.1)]
 
     nll = {"8/4": 0.93, "5x8/6": 0.83, "1x1/1": 9.9}
     asked = []
@@ -45,23 +49,26 @@ def test_of_the_shapes_timed_again_the_choice_takes_the_lowest_nll_that_measured
         asked.append(p["name"])
         return nll[p["name"]]
 
-    chosen, confirmed = pick_measured(timed(), 1.3, calibration_nll)
+    with_shapes = [dict(p, enc_heads=i, dec_heads=i) for i, p in enumerate(timed(), 1)]  # labels: the NLL's cache
+    chosen, confirmed = pick_measured([dict(p) for p in with_shapes], 1.3, calibration_nll)
     assert (chosen["name"], confirmed, chosen["calibration_nll"]) == ("5x8/6", True, 0.83)
     assert sorted(asked) == ["1x1/1", "5x8/6", "8/4"]
-    chosen, confirmed = pick_measured(timed(), 5.0, calibration_nll)
+    # 5x8/6's median clears 1.35, its lower end (1.31) does not: of those whose lower end does, 8/4
+    chosen, confirmed = pick_measured([dict(p) for p in with_shapes], 1.35, calibration_nll)
+    assert (chosen["name"], confirmed) == ("8/4", True)
+    chosen, confirmed = pick_measured([dict(p) for p in with_shapes], 5.0, calibration_nll)
     assert (chosen["name"], confirmed) == ("1x1/1", False) and "calibration_nll" not in chosen
-    asked.clear()
-    chosen, confirmed = pick_measured(timed(), 2.0, calibration_nll)
+    asked.clear()  # none clears 4.2 at its lower end: 1x1/1 does at its median, alone (no NLL needed)
+    chosen, confirmed = pick_measured([dict(p) for p in with_shapes], 4.2, calibration_nll)
     assert (chosen["name"], confirmed, asked) == ("1x1/1", True, [])
-    # a slice that reaches the target by less than the timing's noise (3%) is taken only when none clears it
-    chosen, confirmed = pick_measured(timed(), 1.37, calibration_nll)  # 5x8/6's 1.38x: within 3% of 1.37
-    assert (chosen["name"], confirmed) == ("8/4", True)
+    # the same structure with and without the map: one NLL, the map off at equal NLL
+    pair = [point("8/4", 1.45, 1.40, enc_heads=8, dec_heads=4),
+            point("8/4", 1.55, 1.50, enc_heads=8, dec_heads=4, vocab_map=1)]
     asked.clear()
-    only = [dict(p) for p in timed() if p["name"] != "1x1/1"]
-    chosen, confirmed = pick_measured(only, 1.37, calibration_nll)  # 8/4 alone clears it: no NLL needed
-    assert (chosen["name"], confirmed, asked) == ("8/4", True, [])
-    chosen, confirmed = pick_measured(only, 1.42, calibration_nll)  # 8/4's 1.45x: within 3%, and no other
-    assert (chosen["name"], confirmed) == ("8/4", True)
+    chosen, confirmed = pick_measured(pair, 1.3, calibration_nll)
+    assert (asked, "vocab_map" in chosen, [p["calibration_nll"] for p in pair]) == (["8/4"], False, [0.93, 0.93])
+    chosen, _ = pick_measured(pair, 1.45, calibration_nll)  # only the mapped one clears it
+    assert chosen.get("vocab_map") == 1
 
 
 def test_a_depth_whose_timed_shapes_all_missed_the_target_is_timed_again_with_fewer_heads():
@@ -92,44 +99,35 @@ def test_a_depth_whose_timed_shapes_all_missed_the_target_is_timed_again_with_fe
     assert retime_candidates(scored, timed[:2], 3.0) == []  # no shape of the depth can reach it
 
 
-def test_a_shape_that_misses_the_target_has_its_ffn_variant_timed_next():
-    """The FFN lever is priced where it is cut: each shape timed with its FFNs whole that measured below the target
-    gets its variant with half of every FFN timed in the next round; one that reached it, or an FFN variant, none."""
-    from fairseq_headprune.compress.choice import as_timed, ffn_variants, retime_candidates, shapes_reaching
+def test_the_finalists_are_the_first_of_every_ffn_share_and_map_state_and_the_fastest():
+    """The joint choice: the candidates are every combination the cost table predicts to reach the target; the
+    finalists timed are the first in the choice's order of each FFN share with and without the map, and the
+    fastest; a kind of cut (depth, FFN share, map) whose timed shapes all missed the target gets its next shape of
+    that kind, scaled by its own measured/predicted ratio."""
+    from fairseq_headprune.compress.choice import finalists, kind, label, retime_candidates, shapes_reaching
 
-    points = [{"enc_heads": 8, "dec_heads": 3, "dec_layers": 4, "predicted_speedup": 2.1},
-              {"enc_heads": 8, "dec_heads": 3, "dec_layers": 4, "ffn_percent": 50.0, "predicted_speedup": 2.3},
-              {"enc_heads": 8, "dec_heads": 4, "dec_layers": 4, "predicted_speedup": 1.9},
-              {"enc_heads": 8, "dec_heads": 4, "dec_layers": 4, "ffn_percent": 50.0, "predicted_speedup": 2.05},
-              {"enc_heads": 8, "dec_heads": 5, "dec_layers": 4, "predicted_speedup": 1.7},
-              {"enc_heads": 8, "dec_heads": 5, "dec_layers": 4, "ffn_percent": 50.0, "predicted_speedup": 1.85},
-              {"enc_heads": 8, "dec_heads": 8, "ffn_percent": 50.0, "predicted_speedup": 1.1}]
-    def shapes(reach):
-        return [(p["dec_heads"], p["predicted_speedup"], p["ffn_predicted_speedup"]) for p in reach]
+    def point(dec, depth, fisher, speed, **extra):
+        return {"enc_heads": 8, "dec_heads": dec, "dec_layers": depth, "fisher_estimate": fisher,
+                "predicted_speedup": speed, "depth_nll": {3: 1.5, 4: 1.2}[depth], **extra}
 
-    assert shapes(shapes_reaching(points, 1.8)) == [(3, 2.1, 2.3), (4, 1.9, 2.05)]  # as they are (not 5 heads)
-    assert shapes(shapes_reaching(points, 2.2)) == [(3, 2.1, 2.3)]  # none as it is: those the FFN variant takes there
-    assert shapes(shapes_reaching(points[-1:], 1.05)) == [(8, 1.0, 1.1)]  # the FFNs alone
-    assert shapes_reaching(points, 2.5) == []
-    reach = shapes_reaching(points, 1.8)
-    timed = [dict(reach[0], measured_speedup=1.95, fisher_estimate=1.0),
-             dict(reach[1], measured_speedup=2.02, fisher_estimate=0.5)]
-    variants = ffn_variants(timed, 2.0)
-    assert [(v["dec_heads"], v["ffn_percent"], v["predicted_speedup"]) for v in variants] == [(3, 50.0, 2.3)]
-    assert "measured_speedup" not in variants[0]
-    assert ffn_variants([dict(variants[0], measured_speedup=1.9)], 2.0) == []
-    # a depth whose FFN variant measured the target is a depth that reached it: no fewer heads timed there
-    assert retime_candidates(reach, [dict(variants[0], measured_speedup=2.4)], 2.0) == []
-    # a shape only its FFN variant brings to the target is timed as that variant, and not twice
-    reach = [dict(p, fisher_estimate=i) for i, p in enumerate(shapes_reaching(points, 2.2))] + [
-        {"enc_heads": 8, "dec_heads": 2, "dec_layers": 4, "predicted_speedup": 2.15, "ffn_predicted_speedup": 2.5,
-         "fisher_estimate": 9.0}]
-    first = as_timed(reach[0], 2.2)
-    assert first["ffn_percent"] == 50.0 and first["predicted_speedup"] == 2.3 and as_timed(first, 2.2) is first
-    again = retime_candidates(reach, [dict(first, measured_speedup=2.0)], 2.2)  # 2.0 / 2.3: 2.5 -> 2.17 < 2.2
-    assert again == []
-    again = retime_candidates(reach, [dict(first, measured_speedup=2.1)], 2.2)  # 2.5 x 2.1 / 2.3 = 2.28
-    assert [(p["dec_heads"], p.get("ffn_percent")) for p in again] == [(2, 50.0)]
+    points = [point(3, 4, 1.0, 2.1), point(4, 4, 0.5, 1.9), point(5, 4, 0.2, 1.7),
+              point(4, 4, 0.5, 2.05, ffn_percent=50.0), point(5, 4, 0.2, 1.95, ffn_percent=50.0),
+              point(6, 4, 0.1, 2.0, ffn_percent=25.0), point(5, 4, 0.2, 2.02, vocab_map=1),
+              point(2, 3, 0.3, 2.6), point(1, 3, 0.4, 2.9, ffn_percent=25.0, vocab_map=1)]
+    reach = shapes_reaching(points, 2.0)
+    assert {label(p) for p in reach} == {label(p) for p in points if p["predicted_speedup"] >= 2.0}
+    chosen = finalists(reach)
+    # depth 4 ranks first (NLL 1.2): its lowest-Fisher shape of each FFN share and map state; and the fastest
+    assert [label(p) for p in chosen] == ["8/6, decoder 4 layers, FFN 25%", "8/5, decoder 4 layers, vocabulary map",
+                                          "8/4, decoder 4 layers, FFN 50%", "8/3, decoder 4 layers",
+                                          "8/1, decoder 3 layers, FFN 25%, vocabulary map"]
+    assert kind(chosen[-1]) == (3, 25.0, True)
+    timed = [dict(p, measured_speedup=s) for p, s in zip(chosen, (1.9, 2.3, 1.8, 2.2, 3.4))]
+    # FFN 50% at depth 4 missed (1.8 of 2.05): no other shape of its kind is predicted to reach 2.0 once scaled
+    # (none left); FFN 25% missed (1.9 of 2.0) and has no other shape of its kind: nothing to time again
+    assert retime_candidates(reach, timed, 2.0) == []
+    more = reach + [point(2, 4, 0.9, 2.4, ffn_percent=50.0)]
+    assert [label(p) for p in retime_candidates(more, timed, 2.0)] == ["8/2, decoder 4 layers, FFN 50%"]
 
 
 def test_a_shape_that_removes_more_than_another_candidate_is_tried_after_it():

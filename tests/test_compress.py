@@ -183,7 +183,8 @@ def test_refusals_are_one_line_before_any_work(tiny_data, stock_checkpoint, tmp_
     error = proc.stderr.strip().splitlines()[-1]
     assert "--speedup 1000: no shape reaches it in ct2-int8" in error and "the fastest" in error
     assert "x the unpruned model" in error and "output layer at 50%" in error  # what the one not yet removable adds
-    assert re.search(r"the fastest, encoder heads \d+, decoder heads \d+(, decoder layers \d+)?(, FFN units 50%)?, is ",
+    assert re.search(r"the fastest, encoder heads \d+, decoder heads \d+(, decoder layers \d+)?(, FFN units \d+%)?"
+                     r"(, the vocabulary map)?, is ",
                      error), error
     assert (out / "stages" / "cost-table" / "stage.json").exists() and not (out / "stages" / "choice").exists()
 
@@ -436,9 +437,11 @@ def test_a_target_only_depth_and_heads_reach_cuts_the_decoder_in_the_written_mod
 
 def test_a_target_only_the_ffn_reaches_narrows_every_ffn_by_its_mask_fisher_units(tiny_data, stock_checkpoint,
                                                                                    tmp_path):
-    """FFN units are a lever of the choice: with a cost table (edited, so that the answer is known) where only half
-    of every FFN buys the target, every shape is ranked with its FFNs whole and timed with them halved (the variant
-    priced by its own slice), the FFNs alone among them; the model shrink writes has every FFN at half its width."""
+    """FFN units are a lever of the joint choice: with a cost table (edited, so that the answer is known) where only
+    the FFN rows save time, every candidate narrows its FFNs (75, 50 or 25% of their units), the finalists are the
+    first of each share (with and without the map, whose row saves nothing here) and the fastest, each timed as a
+    slice, every one recorded with its interval and verdict, and the card's why in two sentences; the model shrink
+    writes has every FFN at the chosen share."""
     from fairseq_headprune.core.shape import ffn_widths
     from fairseq_headprune.fairseq_io.loading import trust_fairseq_checkpoints
     from test_surgery import reload
@@ -448,6 +451,8 @@ def test_a_target_only_the_ffn_reaches_narrows_every_ffn_by_its_mask_fisher_unit
     run(compress_argv(tiny_data, stock_checkpoint, out, cache, *beam, "--stop-after", "cost-table"))
     path = out / "stages" / "cost-table" / "stage.json"
     record = json.loads(path.read_text())
+    assert {r["value"] for r in record["result"]["rows"] if r["field"] == "ffn_percent"} == {75.0, 50.0, 25.0}
+    assert any(r["field"] == "vocab_map" for r in record["result"]["rows"])  # weighed: its row measured
     for r in record["result"]["rows"]:
         r["time_saved"] = 0.4 if r["field"] == "ffn_percent" else 0.0
         r["speedup"] = round(1 / (1 - r["time_saved"]), 4)
@@ -458,19 +463,23 @@ def test_a_target_only_the_ffn_reaches_narrows_every_ffn_by_its_mask_fisher_unit
                                 target=("--speedup", "1.5"))).stdout
     choice = json.loads((out / "stages" / "choice" / "stage.json").read_text())["result"]
     chosen, candidates, timed = choice["chosen"], choice["candidates"], choice["timed"]
-    assert all("ffn_percent" not in p and p["ffn_predicted_speedup"] == pytest.approx(1 / 0.6, abs=1e-3)
-               for p in candidates)
-    assert {"enc_heads": 8, "dec_heads": 4, "predicted_speedup": 1.0} in [
-        {k: p[k] for k in ("enc_heads", "dec_heads", "predicted_speedup") if k in p} for p in candidates
-        if "dec_layers" not in p and p["heads"] == ""]  # the FFNs alone
-    assert timed and all(p["ffn_percent"] == 50.0 for p in timed) and chosen["ffn_percent"] == 50.0
-    assert "FFN units" in choice["levers"] and "every FFN at 50% of its units" in printed
+    assert candidates and all(p["ffn_percent"] in (75.0, 50.0, 25.0) for p in candidates)
+    assert {"enc_heads": 8, "dec_heads": 4, "ffn_percent": 75.0} in [
+        {k: p[k] for k in ("enc_heads", "dec_heads", "ffn_percent")} for p in candidates
+        if "dec_layers" not in p and p["heads"] == "" and "vocab_map" not in p]  # the FFNs alone
+    shares = {(p["ffn_percent"], bool(p.get("vocab_map"))) for p in timed}
+    assert {(v, m) for v in (75.0, 50.0, 25.0) for m in (False, True)} <= shares
+    assert all(p["verdict"] in ("met", "met at the median, not at the lower bound", "missed")
+               and p["measured_interval"]["low"] <= p["measured_speedup"] for p in timed)
+    assert chosen["ffn_percent"] in (75.0, 50.0, 25.0) and "FFN units" in choice["levers"]
+    assert f"every FFN at {chosen['ffn_percent']:g}% of its units" in printed
+    assert choice["why"].count(". ") == 1 and "finalists timed as they ship" in choice["why"]
     trust_fairseq_checkpoints()
     model = reload(out / "stages" / "shrink" / "model.pt", tiny_data)
-    assert set(ffn_widths(model).values()) == {32}  # the tiny FFNs have 64 units
+    assert set(ffn_widths(model).values()) == {round(64 * chosen["ffn_percent"] / 100)}  # tiny FFNs: 64 units
     assert len(model.decoder.layers) == chosen.get("dec_layers", 3)
     shrink_record = json.loads((out / "stages" / "shrink" / "model.json").read_text())
-    assert shrink_record["options"]["ffn_keep"] == 50.0
+    assert shrink_record["options"]["ffn_keep"] == chosen["ffn_percent"]
 
 
 def test_a_given_shape_is_built_in_place_of_the_choice(tiny_data, stock_checkpoint, tmp_path):

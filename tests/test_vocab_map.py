@@ -80,7 +80,8 @@ def _one_line_refusal(proc, command: str, *words: str) -> str:
 
 
 def test_map_options_without_vocab_map_are_refused_before_any_work(stock_checkpoint, tiny_data, tmp_path):
-    """export-ct2 and compress share VocabMapOptions: a map option without --vocab-map would be ignored."""
+    """export-ct2 and compress share VocabMapOptions: a map option without --vocab-map would be ignored (compress
+    --speedup weighs the map by default: there, with --no-vocab-map)."""
     cases = [(["--vocab-map-per-source", "5"], "--vocab-map-per-source"),
              (["--vocab-map-frequent", "0"], "--vocab-map-frequent"),
              (["--vocab-map-max-loss", "2"], "--vocab-map-max-loss"),
@@ -91,7 +92,7 @@ def test_map_options_without_vocab_map_are_refused_before_any_work(stock_checkpo
         _one_line_refusal(proc, "export-ct2", flag, "needs --vocab-map")
     for extra, flag in cases[:2]:
         proc = run(["fairseq-headprune", "compress", tiny_data, "--path", stock_checkpoint, "--out", tmp_path / "c",
-                    "--speedup", "1.2", "--cost-cache", tmp_path / "cache", *extra], check=False)
+                    "--speedup", "1.2", "--no-vocab-map", "--cost-cache", tmp_path / "cache", *extra], check=False)
         _one_line_refusal(proc, "compress", flag, "needs --vocab-map")
     assert not any(tmp_path.iterdir())
     with pytest.raises(UserError, match="--vocab-map-max-loss must be at least 0"):

@@ -441,9 +441,9 @@ def _map_option_alone(p: Probe) -> str:
     return line
 
 
-@case("vocab-map: compress --vocab-map-frequent without --vocab-map (accepted and ignored)")
+@case("vocab-map: compress --vocab-map-frequent with --no-vocab-map (accepted and ignored)")
 def _compress_map_option_alone(p: Probe) -> str:
-    return _compress_refused(p, p.work / f"compress-{p.n}-map", "--vocab-map-frequent", "3",
+    return _compress_refused(p, p.work / f"compress-{p.n}-map", "--no-vocab-map", "--vocab-map-frequent", "3",
                              names="needs --vocab-map")
 
 

@@ -1,29 +1,35 @@
-"""The choice of compress --speedup: which shape (heads per stack, the decoder's depth, the FFNs' share) to build, as
-plain functions on shape points and the model, apart from the stage that calls them (compress.stages.choice).
+"""The choice of compress --speedup: which shape (heads per stack, the decoder's depth, the FFNs' share, the
+vocabulary map) to build, as plain functions on shape points and the model, apart from the stage that calls them
+(compress.stages.choice).
 
-A point is a dict {enc_heads, dec_heads[, dec_layers][, ffn_percent]} with the fields the choice adds as it goes
-(predicted_speedup from the cost table, fisher_estimate and heads from fisher_choice, depth_nll, measured_speedup,
-calibration_nll). The order: the Fisher estimate ranks shapes within a depth, the calibration NLL of each depth's
-best shape ranks the depths (candidate_order); the first few are timed as crude slices, a shape that missed the
-target has its half-FFN variant timed next (ffn_variants), a depth whose timed shapes all missed it gets its next
-shape (retime_candidates), and of those that measured the target the lowest calibration NLL after shrink's
-closed-form fits wins (reconstructed_nll, pick_measured).
+A point is a dict {enc_heads, dec_heads[, dec_layers][, ffn_percent][, vocab_map]} with the fields the choice adds
+as it goes (predicted_speedup from the cost table, fisher_estimate and heads from fisher_choice, depth_nll,
+measured_speedup and measured_interval, verdict, calibration_nll). The candidates are every combination of the
+levers the cost table predicts to reach the target (lever_points, shapes_reaching). The Fisher estimate ranks the
+heads within a decoder depth, the calibration NLL of each depth's best shape ranks the depths (candidate_order);
+the finalists, the first of every FFN share with and without the map (and the fastest predicted), are timed as
+slices of the shape that ships (finalists); a kind of cut (depth, FFN share, map) whose timed shapes all missed the
+target gets its next shape, scaled by what its timing read (retime_candidates); and of those whose interval clears
+the target, the lowest calibration NLL after shrink's closed-form fits wins, the map taken only where it is what
+lets a better shape reach the target (pick_measured).
 """
 from __future__ import annotations
 
 import copy
 import math
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Tuple
 
 from fairseq_headprune.prune import layers, levers, select, shrink
 from fairseq_headprune.prune.shrink_options import Budget
 from fairseq_headprune.core.heads import Head, HeadLayout, format_head_spec, parse_head_spec
 from fairseq_headprune.core.masking import head_masks
 from fairseq_headprune.core.surgery import remove_layers
+from fairseq_headprune.engines.timing import target_verdict
 
 
-HEADS_AND_DEPTH = ("enc_heads", "dec_heads", "dec_layers")  # what the choice ranks (the FFN share: timed after)
-SHAPE_FIELDS = HEADS_AND_DEPTH + ("ffn_percent", "enc_layers")  # what a point sets (the others: its scores)
+HEADS_AND_DEPTH = ("enc_heads", "dec_heads", "dec_layers")  # what the Fisher estimate and the depth NLL rank
+SHAPE_FIELDS = HEADS_AND_DEPTH + ("ffn_percent", "enc_layers")  # what a point sets besides the map
+MAP_STATES = {"off": ({},), "on": ({levers.MAP: 1},), "weighed": ({}, {levers.MAP: 1})}  # the map in the points
 
 
 def per_stack_points(model) -> List[Dict[str, int]]:
@@ -36,45 +42,48 @@ def per_stack_points(model) -> List[Dict[str, int]]:
     return points
 
 
-def lever_points(model) -> List[Dict]:
-    """Every point the choice moves: the per-stack shapes at the model's depth (per_stack_points), every per-stack
-    shape (none removed included) at every shallower decoder depth {enc_heads, dec_heads, dec_layers}, and each of
-    these shapes (the unpruned one included) with every FFN at each value the FFN lever is measured at
-    {..., ffn_percent}."""
+def lever_points(model, vocab_map: str = "off") -> List[Dict]:
+    """Every point the choice moves, jointly: each per-stack shape of heads (none removed included) at each decoder
+    depth down to 1, with every FFN at each share the FFN lever is measured at (100% unmarked), and the vocabulary
+    map as `vocab_map` says (MAP_STATES: "off", "on" for every point, "weighed": each point with and without it).
+    A point that changes nothing is left out."""
     shapes = select.per_stack_shapes(HeadLayout.of(model).heads)  # a shallower model's layers hold the same heads
     depth = len(model.decoder.layers)
-    heads_and_depth = per_stack_points(model) + [{"enc_heads": s["encoder"], "dec_heads": s["decoder"],
-                                                  "dec_layers": d} for d in range(depth - 1, 0, -1) for s in shapes]
-    whole = {"enc_heads": max(s["encoder"] for s in shapes), "dec_heads": max(s["decoder"] for s in shapes)}
-    return heads_and_depth + [{**p, "ffn_percent": float(v)} for v in levers.FFN.values(100)
-                              for p in [whole] + heads_and_depth]
+    heads = [{"enc_heads": s["encoder"], "dec_heads": s["decoder"]} for s in shapes]
+    structures = heads + [{**h, "dec_layers": d} for d in range(depth - 1, 0, -1) for h in heads]
+    shares = [{}] + [{"ffn_percent": float(v)} for v in levers.FFN.values(100)]
+    whole = levers.stack_sizes(model)
+    points = [{**p, **f, **m} for m in MAP_STATES[vocab_map] for f in shares for p in structures]
+    return [p for p in points if changes_model(p, whole)]
+
+
+def changes_model(point: Dict, whole: Dict[str, int]) -> bool:
+    """A point removes a head, a layer or FFN units, or turns the map on."""
+    return (point["enc_heads"] < whole["enc_heads"] or point["dec_heads"] < whole["dec_heads"]
+            or any(f in point for f in ("dec_layers", "enc_layers", "ffn_percent", levers.MAP)))
 
 
 def shapes_reaching(points: List[Dict], target: float) -> List[Dict]:
-    """The shapes the choice ranks (heads and depth, every FFN whole), each with its half-FFN variant's prediction
-    (`ffn_predicted_speedup`): those predicted to reach the target as they are; none doing so, those whose FFN
-    variant is (the FFNs alone among them: the unpruned heads and depth). Which FFN units go is not ranked with the
-    heads: a shape's variant is timed (ffn_variants) and compared by its NLL after shrink's fits
-    (reconstructed_nll)."""
-    def shape(p):
-        return tuple(p.get(f) for f in HEADS_AND_DEPTH)
-
-    ffn = {shape(p): p["predicted_speedup"] for p in points if "ffn_percent" in p}
-    whole = {shape(p): p for p in points if "ffn_percent" not in p}
-    as_they_are = [{**p, "ffn_predicted_speedup": ffn.get(key, p["predicted_speedup"])} for key, p in whole.items()
-                   if p["predicted_speedup"] >= target]
-    if as_they_are:
-        return as_they_are
-    for key in ffn:
-        whole.setdefault(key, {f: v for f, v in zip(HEADS_AND_DEPTH, key) if v is not None} |
-                         {"predicted_speedup": 1.0})
-    return [{**p, "ffn_predicted_speedup": ffn[key]} for key, p in whole.items()
-            if key in ffn and ffn[key] >= target]
+    """The candidates: the points the cost table predicts to reach the target."""
+    return [p for p in points if p["predicted_speedup"] >= target]
 
 
-def as_timed(point: Dict, target: float) -> Dict:
-    """What is timed of a shape: itself, or its half-FFN variant when only that is predicted to reach the target."""
-    return point if "ffn_percent" in point or point["predicted_speedup"] >= target else with_ffn(point)
+def kind(point: Dict) -> Tuple:
+    """What a point cuts besides heads: (decoder depth, FFN share, map on). The Fisher estimate compares shapes of
+    one kind; a kind whose timed shapes all missed the target is timed again with its next shape."""
+    return point.get("dec_layers"), point.get("ffn_percent", 100.0), bool(point.get(levers.MAP))
+
+
+def finalists(scored: List[Dict]) -> List[Dict]:
+    """The first timing's shapes, in the choice's order: the first (candidate_order) of every FFN share with and
+    without the map, each at the depth its calibration NLL ranks first, and the fastest predicted. Timing one per
+    FFN share and map state keeps the choice's cost to a few slices however many points reach the target."""
+    first: Dict[Tuple, Dict] = {}
+    for p in candidate_order(scored):
+        first.setdefault(kind(p)[1:], p)
+    out = list(first.values())
+    fastest = max(scored, key=lambda p: p["predicted_speedup"])
+    return sorted(out + ([fastest] if fastest not in out else []), key=choice_rank)
 
 
 def kept_by_depth(steps: List[Dict], depth: int, depths) -> Dict[int, List[int]]:
@@ -83,9 +92,6 @@ def kept_by_depth(steps: List[Dict], depth: int, depths) -> Dict[int, List[int]]
     run down to d alone removes: each step reads only the layers left."""
     removed = [int(step["removed"].split(":")[1]) for step in steps]
     return {d: [i for i in range(1, depth + 1) if i not in removed[:depth - d]] for d in depths}
-
-
-TIMED_AGAIN = 4  # candidates (besides the fastest) whose crude slices the choice times again
 
 
 def choice_rank(point: Dict) -> Tuple[float, float, float]:
@@ -148,72 +154,65 @@ def reconstructed_nll(model, point: Dict, calibration, options, pad: int) -> flo
     return round(layers.calibration_loss(student, calibration.samples, pad), 6)
 
 
-def with_ffn(point: Dict) -> Dict:
-    """The point's variant with every FFN narrowed to the FFN lever's share, priced by its own slice once timed."""
-    return {**{k: v for k, v in point.items() if k not in ("measured_speedup", "measured_interval", "timing_load")},
-            "ffn_percent": float(levers.FFN.values(100)[-1]),
-            "predicted_speedup": point.get("ffn_predicted_speedup", point["predicted_speedup"])}
-
-
-def ffn_variants(timed: List[Dict], target: float) -> List[Dict]:
-    """The FFN variants to time next: of every shape just timed that keeps its FFNs whole and measured below the
-    target. The cost table prices the FFN on the whole model, where it holds a smaller share of the time than in a
-    cut decoder, where the FFNs buy more than the whole model's row says: its own slice
-    prices it where it is cut."""
-    return [with_ffn(p) for p in timed if "ffn_percent" not in p and p["measured_speedup"] < target]
-
-
-MARGIN = 0.03  # a slice must clear the target by this share to be taken when any does: the timing's noise
+def timing_verdict(point: Dict, target: float) -> str:
+    """engines.timing.target_verdict of a timed point (its interval; a point timed before intervals: its median)."""
+    interval = point.get("measured_interval") or {"low": point["measured_speedup"],
+                                                   "ratio": point["measured_speedup"]}
+    return target_verdict(interval, target)
 
 
 def pick_measured(timed: List[Dict], target: float, nll: Callable[[Dict], float]) -> Tuple[Dict, bool]:
-    """Of the timed candidates whose `measured_speedup` clears the target by MARGIN (none doing so: reaches it),
-    the lowest `nll` (recorded as `calibration_nll`; computed only when several are eligible), and True; none
-    reaching it, the fastest, and False. The lowest-loss shape among those that reach the target is the slowest, the
-    likeliest to measure below it once built. Slices and
-    their models usually differ by a few percent, now and then by more (docs/compress.md, Limits;
-    results/compress-de-en): the margin covers the usual noise, not every case."""
-    reached = [p for p in timed if p["measured_speedup"] >= target]
-    if not reached:
+    """Of the timed points whose interval's lower end clears the target (none: whose median does), the lowest `nll`
+    (recorded as `calibration_nll`, computed only when several are eligible, once per structure: the map changes
+    the decoding, not the NLL), the map off before on at equal NLL, then the faster; and True. None reaching it at
+    the median: the fastest, and False. The map is thus taken only where it lets a shape with a lower NLL reach
+    the target; what it costs in translations is checked at the export (--vocab-map-max-loss)."""
+    verdicts = {label(p): timing_verdict(p, target) for p in timed}
+    eligible = ([p for p in timed if verdicts[label(p)] == "met"]
+                or [p for p in timed if verdicts[label(p)] != "missed"])
+    if not eligible:
         return max(timed, key=lambda p: p["measured_speedup"]), False
-    clear = [p for p in reached if p["measured_speedup"] >= target * (1 + MARGIN)] or reached
-    if len(clear) > 1:
-        for p in clear:
-            p["calibration_nll"] = nll(p)
-    return min(clear, key=lambda p: p.get("calibration_nll", 0.0)), True
+    if len(eligible) > 1:
+        computed: Dict[str, float] = {}
+        for p in eligible:
+            structure = label({k: v for k, v in p.items() if k != levers.MAP})
+            if structure not in computed:
+                computed[structure] = nll(p)
+            p["calibration_nll"] = computed[structure]
+    return min(eligible, key=lambda p: (p.get("calibration_nll", 0.0), kind(p)[2], -p["measured_speedup"])), True
 
 
-RETIMED_ROUNDS = 2  # further timing rounds for depths whose timed shapes all measured below the target
+RETIMED_ROUNDS = 2  # further timing rounds for the kinds whose timed shapes all missed the target
 
 
 def retime_candidates(scored: List[Dict], timed: List[Dict], target: float) -> List[Dict]:
-    """The shapes to time next: at each decoder depth whose timed shapes all measured below the target, the first
-    one in the choice's order, not timed yet, whose predicted speed-up scaled by that depth's measured/predicted
-    ratio (the least of its timed shapes) reaches the target. The cost table sums lever costs measured one at a
-    time, and it can overrate a depth cut with heads (a shallow decoder keeping most of its heads can measure below
-    its prediction); without this the choice leaves such a depth for the next one instead of trying fewer heads."""
-    ratio: Dict[Optional[int], float] = {}
+    """The shapes to time next: of each kind (depth, FFN share, map) whose timed shapes all missed the target (the
+    interval's lower end below it), the first one in the choice's order, not timed yet, whose predicted speed-up
+    scaled by that kind's measured/predicted ratio (the least of its timed shapes) reaches the target. The cost
+    table multiplies lever costs measured one at a time: it can overrate a deep cut that keeps most heads (a shallow
+    decoder's attention holds more of its time) and underrate narrowed FFNs in a cut decoder (where they hold more
+    of it); the kind's own timing corrects its next prediction."""
+    ratio: Dict[Tuple, float] = {}
     reached = set()
     for p in timed:
-        depth = p.get("dec_layers")
-        ratio[depth] = min(ratio.get(depth, math.inf), p["measured_speedup"] / p["predicted_speedup"])
-        if p["measured_speedup"] >= target:
-            reached.add(depth)
+        ratio[kind(p)] = min(ratio.get(kind(p), math.inf), p["measured_speedup"] / p["predicted_speedup"])
+        if timing_verdict(p, target) == "met":
+            reached.add(kind(p))
     labels = {label(p) for p in timed}
     out = []
-    for depth in ratio.keys() - reached:
-        for p in candidate_order([q for q in scored if q.get("dec_layers") == depth]):
-            if (label(as_timed(p, target)) not in labels
-                    and max(p["predicted_speedup"], p.get("ffn_predicted_speedup", 0.0)) * ratio[depth] >= target):
-                out.append(as_timed(p, target))
+    for cut in ratio.keys() - reached:
+        for p in candidate_order([q for q in scored if kind(q) == cut]):
+            if label(p) not in labels and p["predicted_speedup"] * ratio[cut] >= target:
+                out.append(p)
                 break
     return sorted(out, key=choice_rank)
 
 
 def moved_levers(points: List[Dict], whole: Dict[str, int]) -> List[str]:
-    """The names of the levers some candidate sets below the whole (what the choice chose among)."""
-    return [lever.name for lever in levers.LEVERS
-            if any(lever.field in p and p[lever.field] < whole.get(lever.field, 100.0) for p in points)]
+    """The names of the levers some candidate sets below the whole, or turns on (what the choice chose among)."""
+    moved = [lever.name for lever in levers.LEVERS
+             if any(lever.field in p and p[lever.field] < whole.get(lever.field, 100.0) for p in points)]
+    return moved + ([levers.MAP_LEVER.name] if any(p.get(levers.MAP) for p in points) else [])
 
 
 def fisher_frontier(points: List[Dict]) -> List[Dict]:
@@ -229,4 +228,5 @@ def label(point: Dict) -> str:
     heads = f"{point['enc_heads']}/{point['dec_heads']}"
     heads = heads if "enc_layers" not in point else f"{heads}, encoder {point['enc_layers']} layers"
     heads = heads if "dec_layers" not in point else f"{heads}, decoder {point['dec_layers']} layers"
-    return heads if "ffn_percent" not in point else f"{heads}, FFN {point['ffn_percent']:g}%"
+    heads = heads if "ffn_percent" not in point else f"{heads}, FFN {point['ffn_percent']:g}%"
+    return heads if not point.get(levers.MAP) else f"{heads}, vocabulary map"

@@ -143,6 +143,7 @@ def method_lines(record: Dict) -> List[Optional[str]]:
         "below"
         + (f", {timed_words(chosen)} when the unpruned model cut to it (without refitting) was timed "
            "again." if "measured_speedup" in chosen else "."),
+        f"- Why it won: {choice['why']}" if choice.get("why") else None,
         f"- The heads: how much the loss rises when each head is masked, from per-sentence gradients on "
         f"{choice['calibration']['sentences']} sentences of '{choice['calibration']['subset']}' (the sentence ids' "
         f"SHA-256 begins {choice['calibration']['ids_sha256']}); in each layer, the heads whose removal together "

@@ -130,11 +130,14 @@ class CompressOptions:
     distill_nbest: int = option(1, flag="--distill-nbest", section="recovery", metavar="N",
                                 help="the unpruned model's N best translations of each --distill-source sentence, "
                                      "each a pair (recover --distill-nbest)")
-    vocab_map: bool = option(False, flag="--vocab-map", section="vocabulary map",
+    vocab_map: bool = option(False, flag="--vocab-map", section="vocabulary map", group="vocabulary map",
                              help="ct2 engines: ship a vocabulary map (vmap.txt, from the training pairs) the "
                                   "choice times its shapes with and the model is measured, checked and reported "
                                   "with: the output layer scores only the target words the batch's source words "
-                                  "bring in (export-ct2 --vocab-map)")
+                                  "bring in (export-ct2 --vocab-map). Without it, --speedup weighs the map as a "
+                                  "lever of the choice")
+    no_vocab_map: bool = option(False, flag="--no-vocab-map", section="vocabulary map", group="vocabulary map",
+                                help="--speedup: never ship a vocabulary map (the choice does not weigh it)")
     vocab_map_options: VocabMapOptions = nested(VocabMapOptions, section="vocabulary map")
     vocab_map_bound: VocabMapBound = nested(VocabMapBound, section="vocabulary map")  # export-ct2's, the same
     recover_args: Tuple[str, ...] = option((), flag="--recover-args", section="recovery",
@@ -246,8 +249,8 @@ class CompressOptions:
             raise UserError(f"--distill-nbest must be between 1 and 5 (the teacher's beam), not {self.distill_nbest}")
         if self.vocab_map and self.engine == "fairseq":
             raise UserError("--vocab-map is CTranslate2's (use_vmap): --engine fairseq cannot apply it")
-        self.vocab_map_options.check(self.vocab_map)
-        self.vocab_map_bound.check(self.vocab_map)
+        self.vocab_map_options.check(self.map_state() != "off")
+        self.vocab_map_bound.check(self.map_state() != "off")
 
     def _check_sets(self) -> None:
         """The reported sets against the ones a choice or training reads, --stop-after, the references."""
@@ -294,6 +297,16 @@ class CompressOptions:
             raise UserError(f"--shape {self.shape}: the output layer cannot be removed yet (heads per stack, the "
                             "decoder's depth and the FFN units can)")
         return shape
+
+    def map_state(self) -> str:
+        """The vocabulary map in the choice's points (compress.choice.MAP_STATES): "on" with --vocab-map; "weighed"
+        by --speedup's choice of its own shape in a CTranslate2 engine unless --no-vocab-map; "off" otherwise."""
+        if self.vocab_map:
+            return "on"
+        if (self.speedup is not None and self.shape is None and self.engine != "fairseq"
+                and not self.no_vocab_map):
+            return "weighed"
+        return "off"
 
     @property
     def target(self) -> str:

@@ -10,19 +10,16 @@ directory and wherever it is moved or copied. The first line's estimate counts e
 will run. In order:
 
   cost-table  what each lever buys in the engine (compress.levers: crude shapes at equal work, interleaved; also
-              cached per model, engine and CPU outside OUT), and which shapes (per-stack heads at every decoder
-              depth) reach the target. A target no shape reaches is refused in one line here, before any long
-              work.
-  choice      the shape and its heads. --speedup: of the shapes that reach it, the one with the lowest Fisher estimate
-              of the loss increase on calibration sentences of train (the per-stack Fisher fill of `shrink`); the
-              heads of each layer in the order of its Fisher block; a shape that removes more than another
-              candidate is tried after it (the joint estimate can fall as heads are added whose gradients
-              cancel). Shapes that also cut the decoder's depth lose the layers `shrink --keep-layers` removes
-              (greedy calibration loss, recorded); the Fisher estimate ranks shapes within a depth only, and the
-              depths are ranked by the calibration NLL of their best shape (layers removed, heads masked, no
-              reconstruction). The first few in that order (and the fastest) are timed again as crude slices, and
-              at a depth where all of them miss the target, the next shape the measured speeds say will reach it;
-              of those that measure the target, the one with the lowest calibration NLL of its own.
+              cached per model, engine and CPU outside OUT), and which points (heads per stack, decoder depth, FFN
+              share, the vocabulary map) reach the target. A target no point reaches is refused in one line here,
+              before any long work.
+  choice      the shape and its heads. --speedup: the heads of each point by the Fisher estimate of the loss
+              increase on calibration sentences of train (the per-stack Fisher fill of `shrink`), a depth's layers
+              those `shrink --keep-layers` removes (greedy calibration loss, recorded), the depths ranked by the
+              calibration NLL of their best shape; the first of every FFN share with and without the map, and the
+              fastest, timed as slices of the shape that ships (a kind of cut whose shapes all missed the target
+              gets its next shape); of those whose 95% interval clears the target, the lowest calibration NLL after
+              shrink's closed-form fits, the map off at equal NLL (compress.choice).
               --max-bleu-loss: the fastest shape of the frontier (predicted speed against Fisher estimate) whose
               shrunk model, before recovery, loses at most X BLEU in the engine on a held-out split of valid (its
               first --heldout-sentences by id, at most half, as the subset `heldout` of OUT/stages/choice/data;
@@ -43,6 +40,7 @@ Then OUT/model.pt, OUT/ct2/, OUT/MODEL_CARD.md and OUT/compress.json, each writt
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 import os
@@ -245,7 +243,7 @@ class Run:
         with max_tokens(loaded, train_tokens):
             calibration, _ = calibration_samples(loaded, "train", 200, train_tokens)
         self.table_identity = cost_table.identity(loaded, options, timing, self.rounds)
-        rows = len(levers.lever_rows(loaded.model)) + bool(options.vocab_map)  # the map's row
+        rows = len(levers.lever_rows(loaded.model)) + (options.map_state() != "off")  # the map's row
         rates = plan.probe(loaded, options, timing, calibration)
         estimate = plan.estimates(loaded, options, rates, rows, self.rounds)
         cached, done_epochs = self._cached_stages()
@@ -273,6 +271,7 @@ class Run:
             folder, loaded, options, points, timing, self.rounds, log), todo["choice"])
         if self.stop_here("choice"):
             return None
+        options = shipped(options, chosen)
         shrunk = self.stage("shrink", self._identity("shrink", self.results),
                             lambda folder: shrink.build(folder, loaded, options, chosen, log), todo["shrink"])
         if options.stop_after == "shrink" and options.budget_epochs:
@@ -321,6 +320,7 @@ class Run:
             return {"options": shrink.identity(loaded, o, results["choice"])}
         if name == "recover":
             return self._recover_identity(results)
+        o = shipped(o, results.get("choice"))
         if name == "export":
             return export.identity(o)
         if name == "measure":
@@ -411,6 +411,14 @@ class Run:
         data, sample = self._recovery_set(self.results.get("choice"))
         key = recover.recover_key(self.loaded, self.options, shrunk["checkpoint_sha256"], sample)
         elsewhere.write_folder(self.loaded, self.options, data, shrunk, key, self.log)
+
+
+def shipped(options: CompressOptions, choice_result: Optional[Dict]) -> CompressOptions:
+    """The options the stages after the choice read: the vocabulary map on where the choice weighed it and took
+    it (the export ships it, the measure and the report decode with it), else as given."""
+    if choice_result and choice_result["chosen"].get(levers.MAP) and not options.vocab_map:
+        return dataclasses.replace(options, vocab_map=True)
+    return options
 
 
 def run(loaded, options: CompressOptions, log: Callable = print, progress: bool = True) -> Optional[Dict]:

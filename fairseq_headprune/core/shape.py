@@ -293,10 +293,15 @@ class CeilingShape:
                                 f"layer in this model, not {kept}")
 
 
+MAP_FIELD = "vocab_map"  # a shape point's flag: it ships (or is timed with) the vocabulary map
+
+
 def shape_words(point: Dict) -> str:
     """The shape as the verdict and the card say it: "4/2 heads per stack (encoder/decoder)", or with a depth cut
-    "encoder 4 heads per layer, decoder 3 layers x 2 heads"; ", every FFN at 50% of its units" when narrowed."""
+    "encoder 4 heads per layer, decoder 3 layers x 2 heads"; ", every FFN at 50% of its units" when narrowed, ",
+    with the vocabulary map" when it ships one."""
     ffn = f", every FFN at {point['ffn_percent']:g}% of its units" if "ffn_percent" in point else ""
+    ffn += ", with the vocabulary map" if point.get(MAP_FIELD) else ""
     if "dec_layers" not in point and "enc_layers" not in point:
         return f"{point['enc_heads']}/{point['dec_heads']} heads per stack (encoder/decoder){ffn}"
     enc = (f"{point['enc_layers']} layers x {point['enc_heads']} heads" if "enc_layers" in point else

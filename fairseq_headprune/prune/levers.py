@@ -38,7 +38,7 @@ from omegaconf import open_dict
 
 from fairseq_headprune.core import flops
 from fairseq_headprune.core.heads import attention_modules
-from fairseq_headprune.core.shape import CeilingShape, ModelShape
+from fairseq_headprune.core.shape import MAP_FIELD, CeilingShape, ModelShape
 from fairseq_headprune.core.surgery import crude_model
 from fairseq_headprune.engines.ct2 import ct2_shape
 from fairseq_headprune.engines.engine_model import EngineModel
@@ -85,7 +85,7 @@ class Lever:
         return full if self.counted else 100.0
 
 
-FFN = Lever("FFN units", "ffn_percent", "% of every FFN's hidden units kept", True, (50.0,))
+FFN = Lever("FFN units", "ffn_percent", "% of every FFN's hidden units kept", True, (75.0, 50.0, 25.0))
 LEVERS: Tuple[Lever, ...] = (
     Lever("encoder heads", "enc_heads", "heads kept in every encoder layer", True),
     Lever("decoder heads", "dec_heads", "heads kept in every decoder self- and cross-attention layer", True),
@@ -361,7 +361,7 @@ def cost_table(loaded, engine: str, samples, runs: int, levers: Sequence[Lever] 
 # The vocabulary map (compress --vocab-map) as a lever: not a shape but the engine's output layer restricted per
 # batch to the candidates of its source words (prune.vocab_map). Its row is the whole model decoding with the map;
 # a point {MAP: 1} is predicted with it (predict), every other field as it is.
-MAP = "vocab_map"
+MAP = MAP_FIELD
 MAP_LEVER = Lever("vocabulary map", MAP, "the output layer scores the map's candidates of each batch", True)
 MAP_ROW = "vocabulary map=1"
 
@@ -485,8 +485,8 @@ def best_unremovable(table: Dict, removable_best: Mapping[str, float]) -> Option
 
 def point_words(point: Mapping[str, float], levers: Sequence[Lever] = LEVERS) -> str:
     """A point in the levers' own words, in their order: "encoder heads 1, decoder heads 1, decoder layers 1"."""
-    return ", ".join(f"{lv.name} {point[lv.field]:g}{'' if lv.counted else '%'}" for lv in levers
-                     if lv.field in point)
+    words = [f"{lv.name} {point[lv.field]:g}{'' if lv.counted else '%'}" for lv in levers if lv.field in point]
+    return ", ".join(words + (["the vocabulary map"] if point.get(MAP) else []))
 
 
 def markdown(table: Dict) -> str:

@@ -14,13 +14,14 @@ from typing import Callable, Dict, List, Optional, Tuple
 import sacrebleu
 
 from fairseq_headprune.prune import layers, levers, select
-from fairseq_headprune.compress.choice import (RETIMED_ROUNDS, TIMED_AGAIN, as_timed, candidate_order, ffn_variants,
-                                               fisher_choice, fisher_frontier, kept_by_depth, label, masked_nll,
-                                               moved_levers, pick_measured, reconstructed_nll, retime_candidates)
+from fairseq_headprune.compress.choice import (RETIMED_ROUNDS, candidate_order, finalists, fisher_choice,
+                                               fisher_frontier, kept_by_depth, label, masked_nll, moved_levers,
+                                               pick_measured, reconstructed_nll, retime_candidates, timing_verdict)
 from fairseq_headprune.core.shape import shape_words
 from fairseq_headprune.prune.shrink import calibrate
 from fairseq_headprune.prune.shrink_options import with_fit
 from fairseq_headprune.compress.stages.common import HELDOUT, data_sha, max_tokens
+from fairseq_headprune.compress.model_card import timed_words
 from fairseq_headprune.compress.stages.cost_table import timing_vocab_map
 from fairseq_headprune.compress.stages.shrink import (calibration_only_options, keep_layers_spec, settings,
                                                       shrink_heads, shrink_options)
@@ -107,34 +108,65 @@ def build(folder: str, loaded, options, points: List[Dict], timing, rounds: int,
         return {**by_quality(folder, loaded, options, scored, provenance, log),
                 "levers": moved_levers(scored, levers.stack_sizes(loaded.model))}
     scored, layer_order = scored_by_depth(loaded, grads, calibration, points, log)
+    mapped = any(p.get(levers.MAP) for p in scored)
     best, confirmed, timed = confirm(loaded, options, timing, rounds, scored, calibration, log,
-                                     vocab_map=timing_vocab_map(loaded, options, folder))
-    depths = len({p.get("dec_layers") for p in scored})
-    rule = (f"given by --shape {options.shape} (its heads by the Fisher estimate in the kept layers, its "
-            "layers by the calibration loss)" if options.shape is not None else
-            f"of the shapes predicted to reach {options.speedup:g}x (as they are; with half of every FFN "
-            f"when none does), {len(scored)} at {depths} decoder depth(s), the first "
-            f"{min(TIMED_AGAIN, len(scored))} in the choice's order (the lowest Fisher estimate of the loss "
-            "increase within a depth, removing no more than another one first"
-            + ("" if depths == 1 else ", the depths by the calibration NLL of their best shape")
-            + ") and the fastest timed again as crude slices (then the FFN variant of each that measured below "
-            "the target, and at a depth where every timed shape missed it, the next whose prediction scaled by "
-            "the depth's measured/predicted ratio reaches it); of those that measured the target (clearing it "
-            "by 3% when any does), the lowest calibration NLL after shrink's closed-form fits (layers removed, "
-            "heads masked, FFN units removed, every changed sublayer refit; no window fit)")
-    if options.vocab_map:
-        rule += "; every slice timed with the vocabulary map the model ships (--vocab-map)"
-    log(f"choice: {shape_words(best)}, {best['measured_speedup']:.2f}x measured (predicted "
+                                     vocab_map=timing_vocab_map(loaded, options, folder) if mapped else None)
+    rule = choice_rule(options, scored)
+    log(f"choice: {shape_words(best)}, {timed_words(best)} measured (predicted "
         f"{best['predicted_speedup']:.2f}x): {rule}"
         + ("" if confirmed else "; it measured below the target" if options.shape is not None
            else "; none of them measured it: the fastest of them")
         + f" ({calibration.sentences} sentences of '{calibration.subset}')")
     return {"chosen": best, "candidates": scored, "timed": timed, "confirmed": confirmed,
             "levers": moved_levers(scored + timed, levers.stack_sizes(loaded.model)),
-            "layer_order": layer_order,
+            "layer_order": layer_order, "why": why_words(best, timed, options.speedup),
             "chosen_by": rule if confirmed or options.shape is not None
-            else "none of the shapes timed again measured the target: the fastest of them",
+            else "none of the shapes timed measured the target: the fastest of them",
             "calibration": provenance}
+
+
+def choice_rule(options, scored: List[Dict]) -> str:
+    """The rule that chose, in words (the card's and the log's)."""
+    shipped_map = ("; every slice timed with the vocabulary map the model ships (--vocab-map)" if options.vocab_map
+                   else "")
+    if options.shape is not None:
+        return (f"given by --shape {options.shape} (its heads by the Fisher estimate in the kept layers, its "
+                "layers by the calibration loss)" + shipped_map)
+    depths = len({p.get("dec_layers") for p in scored})
+    mapped = any(p.get(levers.MAP) for p in scored)
+    return (f"of the {len(scored)} shapes predicted to reach {options.speedup:g}x (heads per stack at {depths} "
+            "decoder depth(s), every FFN at 100, 75, 50 or 25% of its units"
+            + (", with and without the vocabulary map" if mapped and not options.vocab_map else "")
+            + "), the first of each FFN share" + (" and map state" if mapped and not options.vocab_map else "")
+            + " in the choice's order (the lowest Fisher estimate of the loss increase within a depth, removing "
+              "no more than another one first" + ("" if depths == 1 else ", the depths by the calibration NLL of "
+                                                   "their best shape")
+            + ") and the fastest, timed as slices of the shape that ships (then, for a kind of cut whose timed "
+              "shapes all missed the target, its next shape whose prediction scaled by the kind's measured/"
+              "predicted ratio reaches it); of those whose 95% interval clears the target (none doing so: whose "
+              "median does), the lowest calibration NLL after shrink's closed-form fits (layers removed, heads "
+              "masked, FFN units removed, every changed sublayer refit; no window fit)"
+            + ("; the map only where it lets a shape with a lower NLL reach the target" if mapped
+               and not options.vocab_map else "") + shipped_map)
+
+
+def why_words(best: Dict, timed: List[Dict], target: float) -> str:
+    """Two sentences: why the winner won, against the finalists it was timed beside."""
+    others = [p for p in timed if p is not best]
+    cleared = [p for p in others if timing_verdict(p, target) != "missed"]
+    first = (f"{label(best)} measured {timed_words(best)} against the target {target:g}x "
+             f"({timing_verdict(best, target)}), one of {len(timed)} finalists timed as they ship")
+    if "calibration_nll" in best and cleared:
+        runner = min((p for p in cleared if "calibration_nll" in p), key=lambda p: p["calibration_nll"],
+                     default=None)
+        second = (f"Of the {len(cleared) + 1} that reached it, it keeps the lowest calibration NLL after the "
+                  f"closed-form fits ({best['calibration_nll']:.4f}"
+                  + (f"; next {label(runner)} at {runner['calibration_nll']:.4f}" if runner else "") + ").")
+    elif timing_verdict(best, target) == "missed":
+        second = "None of them reached it: it is the fastest."
+    else:
+        second = "No other finalist reached it."
+    return f"{first}. {second}"
 
 
 def scored_by_depth(loaded, grads, calibration, points: List[Dict],
@@ -187,33 +219,26 @@ def scored_by_depth(loaded, grads, calibration, points: List[Dict],
 
 
 def confirm(loaded, options, timing, rounds: int, scored: List[Dict], calibration, log: Callable,
-            tries: int = TIMED_AGAIN, vocab_map: Optional[str] = None) -> Tuple[Dict, bool, List[Dict]]:
-    """The candidates in the choice's order (candidate_order: the Fisher estimate within a depth, a shape that
-    removes more than another candidate after it), the first `tries` (and the fastest predicted) timed again as
-    crude slices in one interleaved run, each as it is or, when only its FFN variant is predicted to reach the
-    target, as that; then, in at most RETIMED_ROUNDS more runs, the FFN variant of each shape that measured
-    below it (ffn_variants) and, for depths where every timed shape missed it, the next shapes
-    retime_candidates names. Of those that measure the target, the lowest calibration NLL after shrink's
-    closed-form fits (reconstructed_nll: comparable across depths, head counts and FFN widths, where the Fisher
-    estimates of different cut models are not); none measuring it, the fastest timed. With `vocab_map`
-    (--vocab-map), every slice decodes with it, as the model built will."""
+            vocab_map: Optional[str] = None) -> Tuple[Dict, bool, List[Dict]]:
+    """The finalists (choice.finalists: the first of every FFN share and map state in the choice's order, and the
+    fastest) timed as slices of the shape that ships in one interleaved run (a point with the map decodes with
+    `vocab_map`, as the model built will); then, in at most RETIMED_ROUNDS more runs, the next shape of each kind
+    whose timed shapes all missed the target (retime_candidates). Of those whose interval clears the target, the
+    lowest calibration NLL after shrink's closed-form fits (pick_measured; reconstructed_nll: comparable across
+    depths, head counts and FFN widths, where the Fisher estimates of different cut models are not); none clearing
+    it, the fastest timed."""
     target = options.speedup
-    if options.shape is not None:  # the shape given, timed as it is
-        batch = list(scored)
-    else:
-        batch = [as_timed(p, target) for p in candidate_order(scored)[:tries]]
-        fastest = as_timed(max(scored, key=lambda p: max(p["predicted_speedup"],
-                                                         p.get("ffn_predicted_speedup", 0))), target)
-        if fastest not in batch:
-            batch.append(fastest)
+    batch = list(scored) if options.shape is not None else finalists(scored)
     timed: List[Dict] = []
     for _ in range(1 + RETIMED_ROUNDS):
         shapes = {label(p): levers.ceiling_shape(loaded.model, p) for p in batch}
         measured = levers.time_shapes(loaded, options.engine, timing, rounds, shapes, log, vocab_map=vocab_map,
-                                      mapped=shapes if vocab_map else (), threads=options.deploy_threads)
+                                      mapped=[label(p) for p in batch if p.get(levers.MAP)],
+                                      threads=options.deploy_threads)
         for p in batch:
             p["measured_speedup"] = measured["speedup"][label(p)]
             p["measured_interval"] = measured["interval"][label(p)]
+            p["verdict"] = timing_verdict(p, target)
             p["timing_load"] = measured["load_average"]
         if (measured["load_average"] or 0.0) > levers.LOADED:
             log(f"choice: timed under a 1-minute load average of {measured['load_average']:.1f} (another "
@@ -223,17 +248,16 @@ def confirm(loaded, options, timing, rounds: int, scored: List[Dict], calibratio
         if options.shape is not None:
             break
         seen = {label(p) for p in timed}
-        batch = [p for p in ffn_variants(batch, target) + retime_candidates(scored, timed, target)
-                 if label(p) not in seen]
+        batch = [p for p in retime_candidates(scored, timed, target) if label(p) not in seen]
         if not batch:
             break
     pad = loaded.task.target_dictionary.pad()
     best, confirmed = pick_measured(timed, options.speedup,
                                     lambda p: nll_after_fits(loaded, options, p, calibration, pad))
-    log("choice: timed again " + ", ".join(
-        f"{label(p)} {p['measured_speedup']:.2f}x" + (f" (calibration NLL after the closed-form fits "
-                                                      f"{p['calibration_nll']:.4f})"
-                                                      if "calibration_nll" in p else "") for p in timed))
+    log("choice: timed " + ", ".join(
+        f"{label(p)} {timed_words(p)}" + (f" (calibration NLL after the closed-form fits "
+                                          f"{p['calibration_nll']:.4f})" if "calibration_nll" in p else "")
+        for p in timed))
     return best, confirmed, timed
 
 

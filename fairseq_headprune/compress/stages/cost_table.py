@@ -22,18 +22,18 @@ def cost_cache(options) -> Optional[str]:
 
 
 def identity(loaded, options, timing, rounds: int) -> Dict:
-    """What the table's numbers depend on (levers.table_identity), and with --vocab-map the map's options and the
-    training pairs it is built from (absent without it: the tables measured before still match)."""
+    """What the table's numbers depend on (levers.table_identity), and where the map is shipped or weighed its
+    options and the training pairs it is built from (absent without it: the tables measured before still match)."""
     identity = levers.table_identity(loaded, options.engine, timing, rounds, threads=options.deploy_threads)
-    if options.vocab_map:
+    if options.map_state() != "off":
         identity["vocab_map"] = {**asdict(options.vocab_map_options), "train": data_sha(loaded, "train")}
     return identity
 
 
 def timing_vocab_map(loaded, options, folder: str) -> Optional[str]:
-    """--vocab-map: the map the export ships (from the training pairs), written in a stage's folder for its
-    timing; None without the option."""
-    if not options.vocab_map:
+    """The map the export ships or the choice weighs (from the training pairs), written in a stage's folder for its
+    timing; None where the run has no map."""
+    if options.map_state() == "off":
         return None
     os.makedirs(folder, exist_ok=True)
     path, _ = build_task_vmap(loaded, folder, options.vocab_map_options)
@@ -41,8 +41,9 @@ def timing_vocab_map(loaded, options, folder: str) -> Optional[str]:
 
 
 def build(folder: str, loaded, options, timing, rounds: int, identity: Dict, log: Callable) -> Dict:
-    """The table: from the cache, or measured (and cached when every row is decided); with --vocab-map, a row for
-    the map (levers.MAP_ROW) and what it changes in the unpruned model's translations of the timing sentences."""
+    """The table: from the cache, or measured (and cached when every row is decided); where the map is shipped or
+    weighed, a row for it (levers.MAP_ROW) and what it changes in the unpruned model's translations of the timing
+    sentences."""
     cache = cost_cache(options)
     cached = levers.cached_table(cache, identity)
     if cached:
@@ -50,7 +51,7 @@ def build(folder: str, loaded, options, timing, rounds: int, identity: Dict, log
         return {**cached, "from_cache": True}
     table = levers.cost_table(loaded, options.engine, timing, rounds, log=log,
                               vocab_map=timing_vocab_map(loaded, options, folder), threads=options.deploy_threads)
-    if options.vocab_map:
+    if options.map_state() != "off":
         row = next(r for r in table["rows"] if r["field"] == levers.MAP)
         changes = row.get("translations", {})
         log(f"cost table: the vocabulary map {row['speedup']:.2f}x the unpruned model; it changes "
@@ -67,55 +68,71 @@ def build(folder: str, loaded, options, timing, rounds: int, identity: Dict, log
 
 
 def reachable(loaded, options, table: Dict, log: Callable) -> List[Dict]:
-    """Every point (per-stack shapes, at every decoder depth) with its predicted speed; the target's reachable
-    ones, or a refusal in one line."""
+    """Every point (heads per stack at every decoder depth, every FFN share, the map as options.map_state says)
+    with its predicted speed; the target's reachable ones, or a refusal in one line."""
     levers.smooth(table["rows"], options.significance)
-    points = lever_points(loaded.model)
-    mapped = with_map(options)
+    state = map_state(options, table, log)
+    points = lever_points(loaded.model, state)
     for p in points:
-        p["predicted_speedup"] = round(levers.predict(table, {**p, **mapped}), 4)
+        p["predicted_speedup"] = round(levers.predict(table, p), 4)
     points.sort(key=lambda p: -p["predicted_speedup"])
     order = ", ".join(f"{name} {speed:.2f}x" for name, speed in levers.lever_order(table))
-    log(f"cost table ({options.engine}, equal work): what half of each lever buys alone"
-        + (" (the vocabulary map: on)" if mapped else "") + f": {order}"
-        + ("; every shape predicted with the vocabulary map (--vocab-map)" if mapped else ""))
+    log(f"cost table ({options.engine}, equal work): what half of each lever buys alone: {order}"
+        + ("; every shape predicted with the vocabulary map (--vocab-map)" if state == "on" else ""))
     if options.shape is not None:
-        given = shape_point(loaded, options)
-        point, note = next((dict(p) for p in points if {k: v for k, v in p.items() if k in SHAPE_FIELDS} == given),
-                           None), ""
-        if point is None:  # an FFN share the table did not measure, or the encoder's depth (no row)
-            point, priced = dict(given), {**{k: v for k, v in given.items() if k != "enc_layers"}, **mapped}
-            if "enc_layers" in given:
-                note = ", the encoder's depth not counted (the cost table has no row for it)"
-            try:
-                point["predicted_speedup"] = round(levers.predict(table, priced), 4)
-            except ValueError:  # below the table's FFN rows: the FFN's share left out of the prediction
-                note += ", the FFN's share not counted (below the cost table's rows)"
-                point["predicted_speedup"] = round(levers.predict(
-                    table, {k: v for k, v in priced.items() if k != "ffn_percent"}), 4)
-        log(f"--shape {options.shape}: {shape_words(point)}, predicted "
-            f"{point['predicted_speedup']:.2f}x{note} (the target {options.speedup:g}x)")
-        return [point]
+        return [given_point(loaded, options, table, points, log)]
     if options.speedup is not None:
         reach = shapes_reaching(points, options.speedup)
         if not reach:
             best = points[0]
-            fields = {lever.field for lever in levers.LEVERS if lever.removable}
+            fields = {lever.field for lever in levers.LEVERS if lever.removable} | {levers.MAP}
             levers.refuse_unreachable(options.speedup,
                                       ({k: v for k, v in best.items() if k in fields},
                                        best["predicted_speedup"]), table, options.engine)
-        how = ("as they are" if reach[0]["predicted_speedup"] >= options.speedup else
-               "with half of every FFN, none as it is")
-        log(f"{len(reach)} per-stack shapes (at every decoder depth) reach {options.speedup:g}x {how} "
-            f"(predicted): fastest {shape_words(points[0])} {points[0]['predicted_speedup']:.2f}x")
+        log(f"{len(reach)} of {len(points)} shapes (heads per stack, decoder depth, FFN share"
+            + (", the map" if state == "weighed" else "") + f") reach {options.speedup:g}x (predicted): fastest "
+            f"{shape_words(points[0])} {points[0]['predicted_speedup']:.2f}x")
         return reach
     return points
 
 
-def with_map(options) -> Dict[str, int]:
-    """The map's flag a point is predicted with: {levers.MAP: 1} under --vocab-map (every shape the run builds
-    ships it), else nothing."""
-    return {levers.MAP: 1} if options.vocab_map else {}
+def map_state(options, table: Dict, log: Callable) -> str:
+    """The map in this run's points: options.map_state(), except that a map the choice would weigh is left out
+    when it changed the unpruned model's translations of the timing sentences by more than --vocab-map-max-loss
+    BLEU (the bound the export's check applies to the map it ships)."""
+    state = options.map_state()
+    if state != "weighed":
+        return state
+    row = next((r for r in table["rows"] if r["field"] == levers.MAP), None)
+    changes = (row or {}).get("translations", {})
+    loss = changes.get("bleu_without", 0.0) - changes.get("bleu_with", 0.0)
+    if row is None or loss > options.vocab_map_bound.vocab_map_max_loss:
+        log("choice: the vocabulary map is not weighed: "
+            + ("the cost table has no row for it" if row is None else
+               f"it lost {loss:.2f} BLEU on the timing sentences, more than --vocab-map-max-loss "
+               f"{options.vocab_map_bound.vocab_map_max_loss:g}"))
+        return "off"
+    return state
+
+
+def given_point(loaded, options, table: Dict, points: List[Dict], log: Callable) -> Dict:
+    """--shape's point with its prediction (the map as --vocab-map says)."""
+    given = {**shape_point(loaded, options), **({levers.MAP: 1} if options.vocab_map else {})}
+    point, note = next((dict(p) for p in points if {k: v for k, v in p.items() if k in SHAPE_FIELDS + (levers.MAP,)}
+                        == given), None), ""
+    if point is None:  # an FFN share the table did not measure, or the encoder's depth (no row)
+        point, priced = dict(given), {k: v for k, v in given.items() if k != "enc_layers"}
+        if "enc_layers" in given:
+            note = ", the encoder's depth not counted (the cost table has no row for it)"
+        try:
+            point["predicted_speedup"] = round(levers.predict(table, priced), 4)
+        except ValueError:  # below the table's FFN rows: the FFN's share left out of the prediction
+            note += ", the FFN's share not counted (below the cost table's rows)"
+            point["predicted_speedup"] = round(levers.predict(
+                table, {k: v for k, v in priced.items() if k != "ffn_percent"}), 4)
+    log(f"--shape {options.shape}: {shape_words(point)}, predicted "
+        f"{point['predicted_speedup']:.2f}x{note} (the target {options.speedup:g}x)")
+    return point
 
 
 def shape_point(loaded, options) -> Dict[str, int]:
