@@ -175,6 +175,15 @@ class ChrfBootstrap:
         sums = self.bleu.resample_sums(stats)
         return np.array([self.metric._compute_score_from_stats(list(row)).score for row in sums])
 
+    def difference_interval(self, system: Sequence[str], level: float = 0.95) -> Tuple[float, float]:
+        """The central `level` interval of system minus baseline chrF over the resamples (percentile bootstrap), as
+        BleuBootstrap.difference_interval."""
+        if not 0 < level < 1:
+            raise ValueError(f"level must be in (0, 1): {level}")
+        diff = self.resample_scores(self.stats(system)) - self._baseline_scores
+        low, high = np.percentile(diff, [50 * (1 - level), 50 * (1 + level)])
+        return float(low), float(high)
+
     def test(self, system: Sequence[str]) -> BootstrapResult:
         """The one-sided paired test of system against the baseline, as BleuBootstrap.test does for BLEU."""
         score, base = self.resample_scores(self.stats(system)), self._baseline_scores

@@ -341,9 +341,23 @@ def target_words(record: Dict, trained: set) -> str:
             met = f"missed by {o['speedup'] - speed:.2f}x"
         return f"--speedup {o['speedup']:g}: speed {met} ({speed_words(measured)}); {bleu} (no BLEU bound was set)."
     held, (flag, metric, bound) = reported["heldout"], quality_target(o)
-    met = "met" if held["loss"] <= bound else "missed"
-    return (f"{flag} {bound:g}: {met} ({held['loss']:.2f} {metric} lost on valid's held-out "
-            f"split after recovery); {bleu}; speed {speed:.2f}x (no speed bound was set).")
+    return (f"{flag} {bound:g}: {held_verdict(held, bound)} ({held['loss']:.2f} {metric} lost on valid's held-out "
+            f"split after recovery{held_interval_words(held)}); {bleu}; speed {speed:.2f}x (no speed bound was set).")
+
+
+def held_verdict(held: Dict, bound: float) -> str:
+    """The quality target's verdict (report.quality_verdict: "met", "inconclusive" or "missed"); a record made
+    before the held-out interval: met or missed by the loss alone."""
+    return held.get("verdict") or ("met" if held["loss"] <= bound else "missed")
+
+
+def held_interval_words(held: Dict) -> str:
+    """"; the loss's 95% interval -0.40 to 0.83 over 500 sentences", where the record has one."""
+    interval = held.get("delta_interval")
+    if not interval:
+        return ""
+    a, b = held["sentences"]["heldout"]
+    return f"; the loss's 95% interval {-interval[1]:.2f} to {-interval[0]:.2f} over {b - a} sentences"
 
 
 def quality_target(options: Dict) -> Tuple[str, str, float]:

@@ -327,6 +327,15 @@ def by_quality(folder: str, loaded, options, scored: List[Dict], provenance: Dic
 def heldout_score(loaded, engine: str, data: str, checkpoint: str, folder: str, metric: str = "BLEU") -> float:
     """BLEU (or chrF: `metric`) of a checkpoint on the held-out split, decoded in the engine (references: the
     binarised targets)."""
+    texts, references = heldout_texts(loaded, engine, data, checkpoint, folder)
+    if metric == "chrF":
+        return round(float(sacrebleu.corpus_chrf(texts, [references]).score), 2)
+    return round(float(sacrebleu.corpus_bleu(texts, [references]).score), 2)
+
+
+def heldout_texts(loaded, engine: str, data: str, checkpoint: str, folder: str) -> Tuple[List[str], List[str]]:
+    """A checkpoint's translations of the held-out split, decoded in the engine, and their references (the
+    binarised targets, as text)."""
     import torch
 
     cfg = copy.deepcopy(loaded.cfg)
@@ -339,6 +348,4 @@ def heldout_score(loaded, engine: str, data: str, checkpoint: str, folder: str, 
     texts = [evaluator.hypothesis_text({"tokens": torch.tensor(hyps[i], dtype=torch.long)})
              for i in range(evaluator.size)]
     shutil.rmtree(os.path.join(folder, "model"), ignore_errors=True)
-    if metric == "chrF":
-        return round(float(sacrebleu.corpus_chrf(texts, [evaluator.references]).score), 2)
-    return round(float(evaluator.bleu(texts).score), 2)
+    return texts, list(evaluator.references)

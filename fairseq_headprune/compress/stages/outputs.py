@@ -118,10 +118,12 @@ def verdict(record: Dict) -> Dict:
                          f"{chosen['predicted_speedup']:.2f}x{hint if rerun else ''}{rerun}){bleu}")
     else:
         (_, metric, bound), held = model_card.quality_target(record["options"]), reported["heldout"]
-        out["met"] = held["loss"] <= bound
-        lines.append(f"target {metric} loss at most {bound:g} on held-out data: {'met' if out['met'] else 'missed'} "
-                     f"({held['loss']:.2f} on valid's held-out split after recovery, "
-                     f"{held['loss_before_recovery']:.2f} before; {loss:.2f} on {reported['subset']})")
+        said = model_card.held_verdict(held, bound)
+        out["met"], out["quality_verdict"] = said == "met", said
+        lines.append(f"target {metric} loss at most {bound:g} on held-out data: {said} "
+                     f"({held['loss']:.2f} on valid's held-out split after recovery"
+                     f"{model_card.held_interval_words(held)}, {held['loss_before_recovery']:.2f} before; "
+                     f"{loss:.2f} on {reported['subset']})")
     out["lines"] = [line.replace("unpruned", "input") for line in lines] if record.get("input_model") else lines
     out["lever_order"] = levers.lever_order(table)
     return out

@@ -1,13 +1,16 @@
 """The report stage: --gen-subset and each --also-report set decoded once by both models in the engine (the only
 reads of them): BLEU and chrF, each difference with its paired-bootstrap p (BLEU's with its 95% interval too); with
---max-bleu-loss, the held-out split after recovery. No choice reads it."""
+--max-bleu-loss or --max-chrf-loss, the held-out split after recovery, its loss with its interval and the verdict.
+No choice reads it."""
 from __future__ import annotations
 
 import os
 import tempfile
 from typing import Dict, Optional
 
-from fairseq_headprune.compress.stages.choice import heldout_score
+import sacrebleu
+
+from fairseq_headprune.compress.stages.choice import heldout_texts
 from fairseq_headprune.compress.stages.common import also_sets, engine_model, references_sha
 from fairseq_headprune.decoding.evaluate import SubsetEvaluator
 from fairseq_headprune.fairseq_io.loading import load_other, load_subset
@@ -34,17 +37,39 @@ def build(folder: str, loaded, options, recovered: Dict, exported: Dict, choice:
         main = scored_pair(loaded, models, folder, o.gen_subset, o.references)
         also = [{**scored_pair(loaded, models, folder, subset, references),
                  "overlap": overlap(loaded, options, subset)} for subset, references in also_sets(options)]
-    heldout = None
-    if choice.get("data"):  # --max-bleu-loss or --max-chrf-loss: the held-out split the choice read, after recovery
-        metric = choice.get("metric", "BLEU")  # (choices recorded before --max-chrf-loss: BLEU)
-        before = choice.get("heldout_unpruned", choice.get("heldout_bleu_unpruned"))
-        after = heldout_score(loaded, o.engine, choice["data"], recovered["checkpoint"],
-                              os.path.join(folder, "heldout"), metric)
-        heldout = {"metric": metric, "unpruned": before, "compressed": after, "loss": round(before - after, 2),
-                   "loss_before_recovery": choice["chosen"]["heldout_loss"], "sentences": choice["split"]}
+    heldout = heldout_result(loaded, o, choice, recovered["checkpoint"], folder) if choice.get("data") else None
     return {**main, "heldout": heldout, "also": also, "engine": o.engine,
             "significance": f"paired bootstrap of sacreBLEU against the unpruned model in {o.engine} "
                             f"({BOOTSTRAP_SAMPLES} resamples, seed {BOOTSTRAP_SEED}, one-sided)"}
+
+
+def heldout_result(loaded, options, choice: Dict, checkpoint: str, folder: str) -> Dict:
+    """--max-bleu-loss or --max-chrf-loss: the held-out split the choice read, decoded by both models after
+    recovery: the loss, its 95% interval (paired bootstrap) and the verdict (quality_verdict)."""
+    metric = choice.get("metric", "BLEU")  # (choices recorded before --max-chrf-loss: BLEU)
+    before = choice.get("heldout_unpruned", choice.get("heldout_bleu_unpruned"))
+    base, references = heldout_texts(loaded, options.engine, choice["data"], loaded.checkpoint,
+                                     os.path.join(folder, "heldout-unpruned"))
+    texts, _ = heldout_texts(loaded, options.engine, choice["data"], checkpoint, os.path.join(folder, "heldout"))
+    bootstrap = BleuBootstrap(references, base, BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED)
+    scorer = ChrfBootstrap(bootstrap, references) if metric == "chrF" else bootstrap
+    after = round(scorer.score(texts) if metric == "chrF" else float(sacrebleu.corpus_bleu(texts, [references]).score),
+                  2)
+    low, high = scorer.difference_interval(texts)
+    loss = round(before - after, 2)
+    bound = options.quality_bound()[1]
+    return {"metric": metric, "unpruned": before, "compressed": after, "loss": loss,
+            "delta_interval": [round(low, 2), round(high, 2)], "verdict": quality_verdict(loss, -low, bound),
+            "loss_before_recovery": choice["chosen"]["heldout_loss"], "sentences": choice["split"]}
+
+
+def quality_verdict(loss: float, worst: float, bound: float) -> str:
+    """A quality bound against a measured loss and the worst end of its 95% interval: "met" when even the worst
+    end is within the bound, "inconclusive" when the loss is but the set is too small to tell (its interval
+    reaches beyond the bound), "missed" when the loss is beyond it."""
+    if loss > bound:
+        return "missed"
+    return "met" if worst <= bound else "inconclusive"
 
 
 def overlap(loaded, options, subset: str) -> Dict[str, int]:
