@@ -56,6 +56,11 @@ def test_deploy_on_a_tiny_model(tiny_data, stock_checkpoint, tmp_path):
     assert rows[("unpruned", "fairseq")]["p_vs_unpruned_fairseq"] is None
     assert all(0 <= r["p_vs_unpruned_fairseq"] <= 1 for k, r in rows.items() if k != ("unpruned", "fairseq"))
     assert "paired bootstrap" in (out / "deploy.md").read_text() and "(p 0." in printed
+    # chrF beside BLEU, its p on the same resamples
+    assert rows[("unpruned", "fairseq")]["chrf_delta"] == 0 and "chrF's p" in (out / "deploy.md").read_text()
+    assert all(0 <= r["chrf_p_vs_unpruned_fairseq"] <= 1 and r["chrf_delta"] == round(
+        r["chrf"] - rows[("unpruned", "fairseq")]["chrf"], 2) for k, r in rows.items() if k != ("unpruned", "fairseq"))
+    assert "| chrF | ΔchrF (p) |" in (out / "deploy.md").read_text()
     assert [m["model"] for m in table["targets"]["per_stack_int8"]["models"]] == ["shrink-ps50", "ps"]
     assert (out / "deploy.png").stat().st_size > 0 and "Targets:" in (out / "deploy.md").read_text()
     # ceilings: timed in int8 at equal work in the same rounds; the ceiling of ps's shape has ps's FLOP ratio

@@ -47,7 +47,7 @@ from fairseq_headprune.options import option
 from fairseq_headprune.plots import deploy_frontier
 from fairseq_headprune.records.identity import calibration_files_sha256, file_sha256
 from fairseq_headprune.records.log import atomic_output, read_json, write_json_atomic
-from fairseq_headprune.stats import BleuBootstrap
+from fairseq_headprune.stats import BleuBootstrap, ChrfBootstrap
 
 ENGINES = ("fairseq", "ct2-float32", "ct2-int8")
 # (kind, batch): "batch" is the subset's own batches (--batch-size / --max-tokens), 1 the latency batches
@@ -56,7 +56,8 @@ SPEEDUP_TARGET, BLEU_TARGET = 1.5, 0.5  # per-stack int8 over unpruned int8 (equ
 FILES = ("deploy.json", "deploy.md", "deploy.png")
 BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED = 1000, 1
 SIGNIFICANCE = (f"p: paired bootstrap of sacreBLEU against the unpruned model in fairseq (compare-mt's test, "
-                f"{BOOTSTRAP_SAMPLES} full-size resamples, seed {BOOTSTRAP_SEED}, one-sided in the observed direction)")
+                f"{BOOTSTRAP_SAMPLES} full-size resamples, seed {BOOTSTRAP_SEED}, one-sided in the observed direction); "
+                "chrF's p (sacreBLEU's chrF2) on the same resamples")
 MODELS = "models"  # the study's own shrunk checkpoint and its record, in a folder of its own
 INTERLEAVED = "batch by batch (every cell decodes each batch in turn, in an order drawn anew for every batch)"
 
@@ -326,6 +327,7 @@ def model_rows(contenders: Sequence[Contender], measured: Dict, lengths: Dict) -
     texts = {(c.name, e): c.texts(hyps[(c.name, e, "natural", "batch")]) for c in contenders for e in ENGINES}
     bootstrap = BleuBootstrap(base.evaluator.references, texts[(base.name, "fairseq")], BOOTSTRAP_SAMPLES,
                               BOOTSTRAP_SEED)
+    chrf = ChrfBootstrap(bootstrap, base.evaluator.references)  # on the same resamples
     rows = []
     for c in contenders:
         flop = {"fairseq": flop_ratio(base.loaded.model, c.loaded.model, lengths),
@@ -336,6 +338,9 @@ def model_rows(contenders: Sequence[Contender], measured: Dict, lengths: Dict) -
                    "bleu": c.bleu(texts[(c.name, e)]),
                    "p_vs_unpruned_fairseq": None if (c is base and e == "fairseq")
                    else round(bootstrap.test(texts[(c.name, e)]).p_value, 4),
+                   "chrf": round(chrf.score(texts[(c.name, e)]), 2),
+                   "chrf_p_vs_unpruned_fairseq": None if (c is base and e == "fairseq")
+                   else round(chrf.test(texts[(c.name, e)]).p_value, 4),
                    "flop_ratio": flop["fairseq" if e == "fairseq" else "ct2"]}
             row.update(speed_columns(measured, base, c, e))
             if e != "fairseq":
@@ -397,6 +402,7 @@ def build_table(contenders: Sequence[Contender], measured: Dict, options: Deploy
     check_equal_work(rows + ceiling_rows)
     for row in rows:
         row["bleu_delta"] = round(row["bleu"] - rows[0]["bleu"], 2)
+        row["chrf_delta"] = round(row["chrf"] - rows[0]["chrf"], 2)
     return {"rows": rows, "targets": targets(rows, options.candidate), "ceilings": ceiling_rows,
             "meta": table_meta(base, measured, options, lengths)}
 
@@ -440,7 +446,8 @@ def targets(rows: List[Dict], candidate: Optional[str] = None) -> Dict:
 # --------------------------------------------------------------------------------------------- files
 
 
-HEADERS = ("model", "shape", "heads", "CT2 heads enc/dec", "engine", "BLEU", "ΔBLEU", "p", "sent/s batched",
+HEADERS = ("model", "shape", "heads", "CT2 heads enc/dec", "engine", "BLEU", "ΔBLEU", "p", "chrF", "ΔchrF (p)",
+           "sent/s batched",
            "x fairseq unpruned", "x same engine unpruned, equal work", "same, batch 1", "FLOP ratio")
 
 
@@ -461,10 +468,18 @@ def description(meta: Dict) -> str:
 
 def cells(table: Dict) -> List[List[str]]:
     return [[r["model"], r["shape"], str(r["heads_kept"]), "/".join(map(str, r["ct2_heads_per_stack"])), r["engine"],
-             f"{r['bleu']:.2f}", f"{r['bleu_delta']:+.2f}", _p(r.get("p_vs_unpruned_fairseq")),
+             f"{r['bleu']:.2f}", f"{r['bleu_delta']:+.2f}", _p(r.get("p_vs_unpruned_fairseq")), *chrf_cells(r),
              f"{r['sentences_per_s_natural-batch']:.1f}",
              f"{r['x_unpruned_fairseq_natural-batch']:.2f}", with_interval(r, "x_unpruned_same_engine_forced-batch"),
              with_interval(r, "x_unpruned_same_engine_forced-1"), f"{r['flop_ratio']:.2f}"] for r in table["rows"]]
+
+
+def chrf_cells(row: Dict) -> List[str]:
+    """chrF and its difference with p (a table written before chrF: not measured)."""
+    if "chrf" not in row:
+        return ["not measured", ""]
+    p = row.get("chrf_p_vs_unpruned_fairseq")
+    return [f"{row['chrf']:.2f}", f"{row['chrf_delta']:+.2f}" + (f" ({_p(p)})" if p is not None else "")]
 
 
 def with_interval(row: Dict, key: str) -> str:
