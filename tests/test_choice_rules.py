@@ -49,10 +49,12 @@ def test_of_the_finalists_the_choice_takes_the_lowest_nll_whose_interval_clears_
         asked.append(p["name"])
         return nll[p["name"]]
 
-    with_shapes = [dict(p, enc_heads=i, dec_heads=i) for i, p in enumerate(timed(), 1)]  # labels: the NLL's cache
+    shapes = {"8/4": (8, 4, None), "6/6": (6, 6, None), "5x8/6": (8, 6, 5), "1x1/1": (1, 1, 1)}
+    with_shapes = [dict(p, enc_heads=shapes[p["name"]][0], dec_heads=shapes[p["name"]][1],
+                        **({"dec_layers": shapes[p["name"]][2]} if shapes[p["name"]][2] else {})) for p in timed()]
     chosen, confirmed = pick_measured([dict(p) for p in with_shapes], 1.3, calibration_nll)
     assert (chosen["name"], confirmed, chosen["calibration_nll"]) == ("5x8/6", True, 0.83)
-    assert sorted(asked) == ["1x1/1", "5x8/6", "8/4"]
+    assert sorted(asked) == ["5x8/6", "8/4"]  # 1x1/1 removes more than 8/4: passed over, never scored
     # 5x8/6's median clears 1.35, its lower end (1.31) does not: of those whose lower end does, 8/4
     chosen, confirmed = pick_measured([dict(p) for p in with_shapes], 1.35, calibration_nll)
     assert (chosen["name"], confirmed) == ("8/4", True)
@@ -69,6 +71,14 @@ def test_of_the_finalists_the_choice_takes_the_lowest_nll_whose_interval_clears_
     assert (asked, "vocab_map" in chosen, [p["calibration_nll"] for p in pair]) == (["8/4"], False, [0.93, 0.93])
     chosen, _ = pick_measured(pair, 1.45, calibration_nll)  # only the mapped one clears it
     assert chosen.get("vocab_map") == 1
+    # a finalist that removes more than another eligible one (fewer heads, the same depth) is passed over unscored
+    more = [point("8/4", 1.45, 1.40, enc_heads=8, dec_heads=4), point("8/2", 1.9, 1.8, enc_heads=8, dec_heads=2),
+            point("8/6, 2 layers", 2.0, 1.9, enc_heads=8, dec_heads=6, dec_layers=2)]
+    asked.clear()
+    nll.update({"8/2": 0.5, "8/6, 2 layers": 1.1})
+    chosen, _ = pick_measured(more, 1.3, calibration_nll)
+    assert sorted(asked) == ["8/4", "8/6, 2 layers"] and more[1]["passed_over_for"] == "8/4"
+    assert chosen["name"] == "8/4" and "calibration_nll" not in more[1]
 
 
 def test_a_depth_whose_timed_shapes_all_missed_the_target_is_timed_again_with_fewer_heads():
@@ -149,3 +159,21 @@ def test_a_shape_that_removes_more_than_another_candidate_is_tried_after_it():
     assert removes_more(shallow_fewer, whole_depth) and removes_more(shallow_fewer, shallow)
     points = [cancelled, faster, shallow_fewer, shallow, whole_depth]
     assert candidate_order(points) == [whole_depth, shallow, cancelled, faster, shallow_fewer]
+
+
+def test_a_map_the_choice_took_is_shipped_measured_and_reported():
+    """The stages after the choice read the options as shipped: the map on where the choice weighed it and took it
+    (the export ships it, its identity says so), as given otherwise."""
+    from fairseq_headprune.compress.options import CompressOptions
+    from fairseq_headprune.compress.pipeline import shipped
+    from fairseq_headprune.compress.stages import export
+
+    options = CompressOptions(out="out", speedup=2.0)
+    assert options.map_state() == "weighed" and not options.vocab_map
+    took = shipped(options, {"chosen": {"enc_heads": 8, "dec_heads": 4, "vocab_map": 1}})
+    assert took.vocab_map and "vocab_map" in export.identity(took) and took.map_state() == "on"
+    left = shipped(options, {"chosen": {"enc_heads": 8, "dec_heads": 4}})
+    assert left is options and "vocab_map" not in export.identity(left)
+    assert CompressOptions(out="out", speedup=2.0, no_vocab_map=True).map_state() == "off"
+    assert CompressOptions(out="out", speedup=2.0, engine="fairseq").map_state() == "off"
+    assert CompressOptions(out="out", max_bleu_loss=0.5).map_state() == "off"

@@ -164,7 +164,8 @@ def timing_verdict(point: Dict, target: float) -> str:
 def pick_measured(timed: List[Dict], target: float, nll: Callable[[Dict], float]) -> Tuple[Dict, bool]:
     """Of the timed points whose interval's lower end clears the target (none: whose median does), the lowest `nll`
     (recorded as `calibration_nll`, computed only when several are eligible, once per structure: the map changes
-    the decoding, not the NLL), the map off before on at equal NLL, then the faster; and True. None reaching it at
+    the decoding, not the NLL; a point that removes more than another eligible one is passed over, recorded as
+    `passed_over_for`), the map off before on at equal NLL, then the faster; and True. None reaching it at
     the median: the fastest, and False. The map is thus taken only where it lets a shape with a lower NLL reach
     the target; what it costs in translations is checked at the export (--vocab-map-max-loss)."""
     verdicts = {label(p): timing_verdict(p, target) for p in timed}
@@ -172,6 +173,11 @@ def pick_measured(timed: List[Dict], target: float, nll: Callable[[Dict], float]
                 or [p for p in timed if verdicts[label(p)] != "missed"])
     if not eligible:
         return max(timed, key=lambda p: p["measured_speedup"]), False
+    for p in eligible:  # one that removes all another eligible one removes, and more, cannot have the lower NLL
+        kept = next((q for q in eligible if removes_more(p, q)), None)  # (as candidate_order ranks them)
+        if kept is not None:
+            p["passed_over_for"] = label(kept)
+    eligible = [p for p in eligible if "passed_over_for" not in p]
     if len(eligible) > 1:
         computed: Dict[str, float] = {}
         for p in eligible:

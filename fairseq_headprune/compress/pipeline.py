@@ -177,7 +177,15 @@ class Run:
         self.store = StageStore(options.out)
         self.results: Dict[str, Dict] = {}
         self.previous = ""  # digest of the last stage's record
-        self.spent: Dict[str, float] = {}
+        self.threads = 1  # the recovery's torch threads (run: OMP_NUM_THREADS, else every core)
+        # what _plan measures before the first stage: the timing batches and rounds, the cost table's identity,
+        # the rates probed now, each stage's estimate and what is left of it
+        self.timing: List = []
+        self.rounds = options.runs
+        self.table_identity: Dict = {}
+        self.rates: Dict[str, float] = {}
+        self.plan: Dict[str, float] = {}
+        self.todo: Dict[str, float] = {}
 
     # -- the stage machinery
 
