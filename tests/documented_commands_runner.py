@@ -148,9 +148,11 @@ def run_document(document: str, study_checkpoint: Path, tmp_path: Path) -> List[
     placeholders = fixtures(document, tmp_path / "fixtures")
     work = tmp_path / "work"  # the user's folder: relative outputs (small/, study/) land here
     work.mkdir()
-    raw = (SLICE / "test.de").read_text(encoding="utf-8").splitlines()[:5]
-    (work / "raw.de").write_text("\n".join(raw) + "\n", encoding="utf-8")  # the user's raw text for `translate`
-    (work / "fairseq_headprune").symlink_to(ROOT / "fairseq_headprune")  # --user-dir fairseq_headprune, from a clone
+    for lang in ("de", "en"):  # the user's raw text (raw.de for `translate`; both sides for data_prep)
+        raw = (SLICE / f"test.{lang}").read_text(encoding="utf-8").splitlines()[:5]
+        (work / f"raw.{lang}").write_text("\n".join(raw) + "\n", encoding="utf-8")
+    for folder in ("fairseq_headprune", "data_prep"):  # --user-dir fairseq_headprune and data_prep/, from a clone
+        (work / folder).symlink_to(ROOT / folder)
     env = {**ENV, "PATH": f"{BIN}{os.pathsep}{ENV.get('PATH', '')}", "XDG_CACHE_HOME": str(tmp_path / "cache"),
            "PYTHONPATH": str(ROOT)}
     ran, assignments = [], []  # DEC=...: a variable the following commands read, as in the user's shell
