@@ -20,12 +20,14 @@ def test_a_model_served_one_sentence_at_a_time_is_timed_so(tiny_data, stock_chec
     where = measured["deployment"]
     assert (where["batch"], where["threads"]) == (1, threads) and where["instruction_set"] != "unknown"
     assert where["memory"]["unpruned"] > 0 and where["memory"]["compressed"] > 0
+    disk = where["memory"]["on_disk"]  # the weights' bytes: fewer once heads and layers are gone
+    assert 0 < disk["compressed"] < disk["unpruned"]
     assert measured["batch64"]["batch"] == 64 and "latency_batch1" not in measured
     assert record["stages"]["cost-table"]["identity"]["threads"] == threads
     card = (out / "MODEL_CARD.md").read_text()
     assert "one sentence at a time (--deploy-batch 1); at batches of 64 sentences" in card
     assert f"- **Measured on** {where['cpu']} ({where['instruction_set']}), CTranslate2 " in card
-    assert "MiB resident against the unpruned model's" in card
+    assert "MiB resident against the unpruned model's" in card and "MiB on disk against" in card
 
 
 def test_deployment_options_out_of_range_are_one_line(tiny_data, stock_checkpoint, tmp_path):

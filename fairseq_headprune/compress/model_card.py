@@ -270,6 +270,9 @@ def deployment_words(measured: Dict) -> Optional[str]:
     memory = where.get("memory")
     held = (f"; served, the CTranslate2 model holds {memory['compressed'] / 2**20:.0f} MiB resident against the "
             f"unpruned model's {memory['unpruned'] / 2**20:.0f} MiB" if memory else "")
+    disk = (memory or {}).get("on_disk")
+    held += (f" ({disk['compressed'] / 2**20:.1f} MiB on disk against {disk['unpruned'] / 2**20:.1f} MiB; the resident "
+             "size holds CTranslate2's own allocations besides the weights)" if disk else "")
     engine = f"CTranslate2 {where['ctranslate2']}" if "ctranslate2" in where else f"torch {where['torch']}"
     return (f"- **Measured on** {where['cpu']} ({where['instruction_set']}), {engine}, "
             f"{threads_words(measured)}{held}.")

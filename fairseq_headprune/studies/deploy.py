@@ -56,8 +56,8 @@ SPEEDUP_TARGET, BLEU_TARGET = 1.5, 0.5  # per-stack int8 over unpruned int8 (equ
 FILES = ("deploy.json", "deploy.md", "deploy.png")
 BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED = 1000, 1
 SIGNIFICANCE = (f"p: paired bootstrap of sacreBLEU against the unpruned model in fairseq (compare-mt's test, "
-                f"{BOOTSTRAP_SAMPLES} full-size resamples, seed {BOOTSTRAP_SEED}, one-sided in the observed direction); "
-                "chrF's p (sacreBLEU's chrF2) on the same resamples")
+                f"{BOOTSTRAP_SAMPLES} full-size resamples, seed {BOOTSTRAP_SEED}, one-sided in the observed "
+                "direction); chrF's p (sacreBLEU's chrF2) on the same resamples")
 MODELS = "models"  # the study's own shrunk checkpoint and its record, in a folder of its own
 INTERLEAVED = "batch by batch (every cell decodes each batch in turn, in an order drawn anew for every batch)"
 

@@ -15,7 +15,7 @@ from fairseq_headprune.core.shape import ModelShape
 from fairseq_headprune.engines.timing import load_average, paired_speedup, speedup_interval, timed_rounds
 from fairseq_headprune.engines.ct2 import ct2_shape, instruction_set, resident_bytes
 from fairseq_headprune.engines.engine_model import COMPUTE_TYPE
-from fairseq_headprune.prune.levers import cpu_model, timing_batches
+from fairseq_headprune.prune.levers import cpu_model, folder_bytes, timing_batches
 from fairseq_headprune.fairseq_io.loading import load_other, load_subset
 
 
@@ -95,13 +95,16 @@ def environment(engine: str) -> Dict:
 
 
 def served_memory(options, folders: Dict[str, Optional[str]]) -> Optional[Dict[str, int]]:
-    """Each CTranslate2 model's resident bytes once loaded and run in a process of its own (None for --engine
-    fairseq, or where it cannot be read)."""
+    """Each CTranslate2 model's resident bytes once loaded and run in a process of its own, and its folder's bytes on
+    disk (None for --engine fairseq, or where it cannot be read)."""
     if options.engine == "fairseq" or not all(folders.values()):
         return None
     sizes = {k: resident_bytes(folder, COMPUTE_TYPE[options.engine], options.deploy_threads)
              for k, folder in folders.items()}
-    return sizes if all(v is not None for v in sizes.values()) else None
+    if not all(v is not None for v in sizes.values()):
+        return None
+    # on disk too: a small model's resident size is mostly CTranslate2's own allocations, its weights' bytes are not
+    return {**sizes, "on_disk": {k: folder_bytes(folder) for k, folder in folders.items()}}
 
 
 def single_sentences(loaded, subset: str, n: int):
