@@ -28,7 +28,8 @@ from fairseq_headprune.prune import levers
 def compress_argv(data, checkpoint, out, cache, *extra, target=("--speedup", "1.01"), weigh_map=False):
     # the tiny model's references are BPE text: compared as they are; a few sentences and steps keep it short; the
     # vocabulary map weighed only where a test asks (weigh_map, or --vocab-map given): it doubles the finalists
-    map_choice = [] if weigh_map or "--vocab-map" in extra or target[0] != "--speedup" else ["--no-vocab-map"]
+    weighed = target[:1] == ("--speedup",) and not weigh_map and "--vocab-map" not in extra
+    map_choice = ["--no-vocab-map"] if weighed else []
     return ["fairseq-headprune", "compress", data, "--path", checkpoint, "--out", out, *target,
             "--beam", "2", "--max-tokens", "2000", "--max-len-b", "12", "--timing-sentences", "60", "--runs", "1",
             "--calibration-sentences", "48", "--window-steps", "10", "--check-sentences", "16",

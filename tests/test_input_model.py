@@ -59,13 +59,19 @@ def test_the_card_of_a_model_compressed_from_a_pruned_one_says_input_model():
     assert card.startswith("# Model card") and "| | input | compressed |" in card
 
 
+def ctrl_c_as_at_a_terminal() -> None:
+    """Ctrl-C's default in the child: a command started in the background of a script inherits it ignored (and
+    Python keeps it so), as this suite may be."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_ends_compress_in_one_line_and_the_same_command_resumes(tiny_data, stock_checkpoint, tmp_path):
     out, cache = tmp_path / "out", tmp_path / "cache"
     argv = [str(a) for a in compress_argv(tiny_data, stock_checkpoint, out, cache, "--max-len-b", "60")]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     command = Path(sys.executable).parent / "fairseq-headprune"
-    proc = subprocess.Popen([str(command), *argv[1:]], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    proc = subprocess.Popen([str(command), *argv[1:]], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, cwd=tmp_path, preexec_fn=ctrl_c_as_at_a_terminal)
     for line in proc.stdout:  # interrupted once the cost table is done, inside a later stage
         if line.startswith("cost-table: done") or line.startswith("cost-table: cached"):
             break

@@ -369,7 +369,9 @@ def _compress_interrupted(p: Probe) -> str:
             "--cost-cache", p.work / "cost-cache-interrupted", "--max-len-b", "60"]  # (no export check at the limit)
     command = Path(sys.executable).parent / "fairseq-headprune"
     proc = subprocess.Popen([str(command), *map(str, argv)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # (as at a terminal:
+    # a command started in the background of a script inherits Ctrl-C ignored, and Python keeps it so)
     for line in proc.stdout:
         if line.startswith(("cost-table: done", "cost-table: cached")):
             break
