@@ -130,7 +130,8 @@ def cells(found: List[Dict], sets: List[str]) -> List[List[str]]:
         extra = " (given by --shape)" if r["given"] else ""
         extra += f" (hidden-state term β {r['hidden']:g})" if r["hidden"] else ""
         extra += f" (--distill {r['distill']})" if r["other_signal"] else ""
-        extra += " (vocabulary map)" if r["vocab_map"] else ""
+        extra += " (vocabulary map)" if r["vocab_map"] and "vocabulary map" not in r["shape"] else ""  # (the
+        # shape says so where the choice took the map)
         extra += (f" (+{r['distillation_set']['pairs']} pairs of --distill-source text)" if r["distillation_set"]
                   else "")
         latency = f"{r['latency']:.2f}x" if r["latency"] else "not measured"
