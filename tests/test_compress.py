@@ -469,7 +469,8 @@ def test_a_target_only_the_ffn_reaches_narrows_every_ffn_by_its_mask_fisher_unit
     assert candidates and all(p["ffn_percent"] in (75.0, 50.0, 25.0) for p in candidates)
     assert {"enc_heads": 8, "dec_heads": 4, "ffn_percent": 75.0} in [
         {k: p[k] for k in ("enc_heads", "dec_heads", "ffn_percent")} for p in candidates
-        if "dec_layers" not in p and p["heads"] == "" and "vocab_map" not in p]  # the FFNs alone
+        if "dec_layers" not in p and p["heads_removed"] == 0 and "vocab_map" not in p]  # the FFNs alone
+    assert "heads" not in candidates[0] and timed[0]["heads"] is not None  # the record: specs of the timed only
     shares = {(p["ffn_percent"], bool(p.get("vocab_map"))) for p in timed}
     assert {(v, m) for v in (75.0, 50.0, 25.0) for m in (False, True)} <= shares
     assert all(p["verdict"] in ("met", "met at the median, not at the lower bound", "missed")

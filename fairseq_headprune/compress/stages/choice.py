@@ -117,12 +117,18 @@ def build(folder: str, loaded, options, points: List[Dict], timing, rounds: int,
         + ("" if confirmed else "; it measured below the target" if options.shape is not None
            else "; none of them measured it: the fastest of them")
         + f" ({calibration.sentences} sentences of '{calibration.subset}')")
-    return {"chosen": best, "candidates": scored, "timed": timed, "confirmed": confirmed,
+    return {"chosen": best, "candidates": [compact(p) for p in scored], "timed": timed, "confirmed": confirmed,
             "levers": moved_levers(scored + timed, levers.stack_sizes(loaded.model)),
             "layer_order": layer_order, "why": why_words(best, timed, options.speedup),
             "chosen_by": rule if confirmed or options.shape is not None
             else "none of the shapes timed measured the target: the fastest of them",
             "calibration": provenance}
+
+
+def compact(point: Dict) -> Dict:
+    """A candidate as the record keeps it: its shape and scores, without its head spec and kept layers (thousands
+    of candidates; the chosen and the timed shapes keep theirs)."""
+    return {k: v for k, v in point.items() if k not in ("heads", "layers_kept")}
 
 
 def choice_rule(options, scored: List[Dict]) -> str:
