@@ -177,3 +177,23 @@ def test_a_map_the_choice_took_is_shipped_measured_and_reported():
     assert CompressOptions(out="out", speedup=2.0, no_vocab_map=True).map_state() == "off"
     assert CompressOptions(out="out", speedup=2.0, engine="fairseq").map_state() == "off"
     assert CompressOptions(out="out", max_bleu_loss=0.5).map_state() == "off"
+
+
+def test_the_card_says_why_the_winner_won_in_two_sentences():
+    """Two sentences: the winner against the target, then why it and not another that reached it."""
+    from fairseq_headprune.compress.stages.choice import why_words
+
+    def point(dec, speed, low, **extra):
+        return {"enc_heads": 8, "dec_heads": dec, "measured_speedup": speed,
+                "measured_interval": {"ratio": speed, "low": low, "high": speed + 0.1, "level": 0.95, "batches": 5,
+                                      "rounds": 3}, **extra}
+
+    best = point(4, 2.1, 2.05, calibration_nll=1.02)
+    runner = point(3, 2.3, 2.2, calibration_nll=1.1)
+    why = why_words(best, [best, runner, point(6, 1.8, 1.7)], 2.0)
+    assert why.count(". ") == 1 and "one of 3 finalists" in why and "next 8/3 at 1.1000" in why
+    alone = point(4, 2.1, 2.05)
+    passed = point(2, 2.6, 2.5, passed_over_for="8/4")
+    assert why_words(alone, [alone, passed], 2.0).endswith("remove all it removes and more: passed over unscored.")
+    slow = point(4, 1.8, 1.7)
+    assert why_words(slow, [slow], 2.0).endswith("None of them reached it: it is the fastest.")

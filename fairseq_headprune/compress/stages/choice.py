@@ -170,6 +170,10 @@ def why_words(best: Dict, timed: List[Dict], target: float) -> str:
                   + (f"; next {label(runner)} at {runner['calibration_nll']:.4f}" if runner else "") + ").")
     elif timing_verdict(best, target) == "missed":
         second = "None of them reached it: it is the fastest."
+    elif cleared and all(p.get("passed_over_for") for p in cleared):
+        second = f"The {len(cleared)} others that reached it remove all it removes and more: passed over unscored."
+    elif cleared:
+        second = "The others that reached it did so at the median only, not at their interval's lower end."
     else:
         second = "No other finalist reached it."
     return f"{first}. {second}"
