@@ -329,14 +329,3 @@ def no_worker_left_behind():
 
     workers.close_all()
 
-
-# The longest test files (minutes each on one core), started first: under `--dist loadfile` each file is one
-# worker's, and a long one scheduled last leaves the other worker idle to the end of the run.
-LONG_FIRST = ("test_documented_commands_compress.py", "test_documented_commands_readme.py",
-              "test_documented_commands_pipeline.py", "test_documented_commands_studies.py",
-              "test_compress_preflight.py", "test_compress.py", "test_wheel.py", "test_vocab_trim.py")
-
-
-def pytest_collection_modifyitems(config, items):
-    rank = {name: i for i, name in enumerate(LONG_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(LONG_FIRST)))  # stable: each file's order kept
