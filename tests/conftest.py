@@ -328,4 +328,3 @@ def no_worker_left_behind():
     from fairseq_headprune.decoding import workers
 
     workers.close_all()
-
