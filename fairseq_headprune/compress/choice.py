@@ -6,12 +6,12 @@ A point is a dict {enc_heads, dec_heads[, dec_layers][, ffn_percent][, vocab_map
 as it goes (predicted_speedup from the cost table, fisher_estimate and heads from fisher_choice, depth_nll,
 measured_speedup and measured_interval, verdict, calibration_nll). The candidates are every combination of the
 levers the cost table predicts to reach the target (lever_points, shapes_reaching). The Fisher estimate ranks the
-heads within a decoder depth, the calibration NLL of each depth's best shape ranks the depths (candidate_order);
-the finalists, the first of every FFN share with and without the map (and the fastest predicted), are timed as
-slices of the shape that ships (finalists); a kind of cut (depth, FFN share, map) whose timed shapes all missed the
-target gets its next shape, scaled by what its timing read (retime_candidates); and of those whose interval clears
-the target, the lowest calibration NLL after shrink's closed-form fits wins, the map taken only where it is what
-lets a better shape reach the target (pick_measured).
+heads within a decoder depth; the calibration NLL after shrink's closed-form fits of each depth's first shape ranks
+the depths (candidate_order). The finalists, the first of every FFN share with and without the map (and the fastest
+predicted), are timed as slices of the shape that ships (finalists); a kind of cut (depth, FFN share, map) whose
+timed shapes all missed the target gets its next shape, scaled by what its timing read (retime_candidates); and of
+those whose interval clears the target, the lowest calibration NLL after shrink's closed-form fits wins, the map
+taken only where it is what lets a better shape reach the target (pick_measured).
 """
 from __future__ import annotations
 
@@ -22,7 +22,6 @@ from typing import Callable, Dict, List, Tuple
 from fairseq_headprune.prune import layers, levers, select, shrink
 from fairseq_headprune.prune.shrink_options import Budget
 from fairseq_headprune.core.heads import Head, HeadLayout, format_head_spec, parse_head_spec
-from fairseq_headprune.core.masking import head_masks
 from fairseq_headprune.core.surgery import remove_layers
 from fairseq_headprune.engines.timing import target_verdict
 
@@ -130,13 +129,6 @@ def fisher_choice(model, grads, points: List[Dict]) -> List[Dict]:
         out.append({**point, "fisher_estimate": estimate, "heads_removed": len(heads),
                     "heads": format_head_spec(heads)})
     return out
-
-
-def masked_nll(model, heads: str, samples, pad: int) -> float:
-    """The calibration NLL of the model with these heads masked (a head spec; "" for none), its masks as they were
-    after."""
-    with head_masks(model, parse_head_spec(heads) if heads else []):
-        return round(layers.calibration_loss(model, samples, pad), 6)
 
 
 def reconstructed_nll(model, point: Dict, calibration, options, pad: int) -> float:

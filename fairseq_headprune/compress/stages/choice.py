@@ -15,7 +15,7 @@ import sacrebleu
 
 from fairseq_headprune.prune import layers, levers, select
 from fairseq_headprune.compress.choice import (RETIMED_ROUNDS, candidate_order, finalists, fisher_choice,
-                                               fisher_frontier, kept_by_depth, label, masked_nll, moved_levers,
+                                               fisher_frontier, kept_by_depth, label, moved_levers,
                                                pick_measured, reconstructed_nll, retime_candidates, timing_verdict)
 from fairseq_headprune.core.shape import shape_words
 from fairseq_headprune.prune.shrink import calibrate
@@ -107,7 +107,7 @@ def build(folder: str, loaded, options, points: List[Dict], timing, rounds: int,
                                                      if "dec_layers" not in p and "ffn_percent" not in p])
         return {**by_quality(folder, loaded, options, scored, provenance, log),
                 "levers": moved_levers(scored, levers.stack_sizes(loaded.model))}
-    scored, layer_order = scored_by_depth(loaded, grads, calibration, points, log)
+    scored, layer_order = scored_by_depth(loaded, options, grads, calibration, points, log)
     mapped = any(p.get(levers.MAP) for p in scored)
     best, confirmed, timed = confirm(loaded, options, timing, rounds, scored, calibration, log,
                                      vocab_map=timing_vocab_map(loaded, options, folder) if mapped else None)
@@ -145,8 +145,8 @@ def choice_rule(options, scored: List[Dict]) -> str:
             + (", with and without the vocabulary map" if mapped and not options.vocab_map else "")
             + "), the first of each FFN share" + (" and map state" if mapped and not options.vocab_map else "")
             + " in the choice's order (the lowest Fisher estimate of the loss increase within a depth, removing "
-              "no more than another one first" + ("" if depths == 1 else ", the depths by the calibration NLL of "
-                                                   "their best shape")
+              "no more than another one first" + ("" if depths == 1 else ", the depths by the calibration NLL "
+                                                   "of their first shape after the closed-form fits")
             + ") and the fastest, timed as slices of the shape that ships (then, for a kind of cut whose timed "
               "shapes all missed the target, its next shape whose prediction scaled by the kind's measured/"
               "predicted ratio reaches it); of those whose 95% interval clears the target (none doing so: whose "
@@ -179,14 +179,17 @@ def why_words(best: Dict, timed: List[Dict], target: float) -> str:
     return f"{first}. {second}"
 
 
-def scored_by_depth(loaded, grads, calibration, points: List[Dict],
+def scored_by_depth(loaded, options, grads, calibration, points: List[Dict],
                     log: Callable) -> Tuple[List[Dict], Optional[Dict]]:
     """fisher_choice at each decoder depth among the points: on the model with the layers shrink's importance
     selection removes (one greedy run down to the shallowest depth, on the same calibration sentences: its
     order gives every depth's layers) and that model's own head-mask gradients (as shrink's head search in
     the kept layers). Each point gets its depth's `depth_nll` (when several depths compete): the calibration
-    NLL of the depth's lowest-Fisher shape with its layers removed and its heads masked. Returns the scored
-    points and the greedy layer order (None without a depth cut)."""
+    NLL after shrink's closed-form fits (nll_after_fits, the pick's measure) of the depth's first shape in the
+    choice's order. An NLL before any fit ranked the depths by their heads alone: a deeper decoder with narrowed
+    FFNs, whose refit takes back most of what the units cost, ranked below a shallower one it beats after the
+    fits (and after recovery: results/compress-de-en/nll-vs-recovery.md). Returns the scored points and the
+    greedy layer order (None without a depth cut)."""
     model, pad = loaded.model, loaded.task.target_dictionary.pad()
     whole = levers.stack_sizes(model)
     full = whole["dec_layers"]
@@ -219,9 +222,9 @@ def scored_by_depth(loaded, grads, calibration, points: List[Dict],
                 p["layers_kept"] = kept[depth]
         if len(groups) > 1:
             best = candidate_order(out)[0]
-            nll = masked_nll(cut, best["heads"], calibration.samples, pad)
-            log(f"choice: at {depth} decoder layers, {label(best)} has the lowest Fisher estimate of "
-                f"{len(out)} shapes: calibration NLL {nll:.4f}")
+            nll = nll_after_fits(loaded, options, best, calibration, pad)
+            log(f"choice: at {depth} decoder layers, {label(best)} comes first of {len(out)} shapes: "
+                f"calibration NLL after the closed-form fits {nll:.4f}")
             for p in out:
                 p["depth_nll"] = nll
         scored += out
