@@ -89,7 +89,7 @@ def test_a_depth_whose_timed_shapes_all_missed_the_target_is_timed_again_with_fe
 
     def point(dec, fisher, speed, depth, nll):
         return {"enc_heads": 8, "dec_heads": dec, "fisher_estimate": fisher, "predicted_speedup": speed,
-                "dec_layers": depth, "depth_nll": nll}
+                "dec_layers": depth, "kind_nll": nll}
 
     d3 = [point(7, 1.0, 2.02, 3, 1.5), point(6, 2.0, 2.05, 3, 1.5), point(5, 3.0, 2.15, 3, 1.5),
           point(4, 4.0, 2.25, 3, 1.5), point(3, 5.0, 2.4, 3, 1.5)]
@@ -111,14 +111,14 @@ def test_a_depth_whose_timed_shapes_all_missed_the_target_is_timed_again_with_fe
 
 def test_the_finalists_are_the_first_of_every_ffn_share_and_map_state_and_the_fastest():
     """The joint choice: the candidates are every combination the cost table predicts to reach the target; the
-    finalists timed are the first in the choice's order of each FFN share with and without the map, and the
-    fastest; a kind of cut (depth, FFN share, map) whose timed shapes all missed the target gets its next shape of
-    that kind, scaled by its own measured/predicted ratio."""
+    finalists timed are the first in the choice's order of each kind of cut (depth, FFN share, map) of the
+    structures (depth, FFN share) that rank first, and the fastest; a kind whose timed shapes all missed the target
+    gets its next shape of that kind, scaled by its own measured/predicted ratio."""
     from fairseq_headprune.compress.choice import finalists, kind, label, retime_candidates, shapes_reaching
 
     def point(dec, depth, fisher, speed, **extra):
         return {"enc_heads": 8, "dec_heads": dec, "dec_layers": depth, "fisher_estimate": fisher,
-                "predicted_speedup": speed, "depth_nll": {3: 1.5, 4: 1.2}[depth], **extra}
+                "predicted_speedup": speed, "kind_nll": {3: 1.5, 4: 1.2}[depth], **extra}
 
     points = [point(3, 4, 1.0, 2.1), point(4, 4, 0.5, 1.9), point(5, 4, 0.2, 1.7),
               point(4, 4, 0.5, 2.05, ffn_percent=50.0), point(5, 4, 0.2, 1.95, ffn_percent=50.0),
@@ -126,8 +126,10 @@ def test_the_finalists_are_the_first_of_every_ffn_share_and_map_state_and_the_fa
               point(2, 3, 0.3, 2.6), point(1, 3, 0.4, 2.9, ffn_percent=25.0, vocab_map=1)]
     reach = shapes_reaching(points, 2.0)
     assert {label(p) for p in reach} == {label(p) for p in points if p["predicted_speedup"] >= 2.0}
-    chosen = finalists(reach)
-    # depth 4 ranks first (NLL 1.2): its lowest-Fisher shape of each FFN share and map state; and the fastest
+    assert "8/2, decoder 3 layers" in [label(p) for p in finalists(reach)]  # every structure: fewer than 6
+    chosen = finalists(reach, structures=3)
+    # the three structures that rank first (depth 4: NLL 1.2; by their first shape's Fisher estimate: FFN 25%,
+    # 100%, 50%): the first shape of each of their kinds, with and without the map; and the fastest
     assert [label(p) for p in chosen] == ["8/6, decoder 4 layers, FFN 25%", "8/5, decoder 4 layers, vocabulary map",
                                           "8/4, decoder 4 layers, FFN 50%", "8/3, decoder 4 layers",
                                           "8/1, decoder 3 layers, FFN 25%, vocabulary map"]
@@ -151,8 +153,8 @@ def test_a_shape_that_removes_more_than_another_candidate_is_tried_after_it():
     whole_depth = point(8, 3, 5.0, 1.5273)
     cancelled = point(7, 3, 4.0, 1.5272)  # removes 8/3's heads and one encoder head more, a lower estimate
     faster = point(8, 2, 9.0, 1.85)
-    shallow = point(8, 4, 1.0, 1.6, dec_layers=5, depth_nll=2.0)  # fewer layers, more heads: neither contains it
-    shallow_fewer = point(8, 3, 0.5, 1.7, dec_layers=5, depth_nll=2.0)
+    shallow = point(8, 4, 1.0, 1.6, dec_layers=5, kind_nll=2.0)  # fewer layers, more heads: neither contains it
+    shallow_fewer = point(8, 3, 0.5, 1.7, dec_layers=5, kind_nll=2.0)
     assert removes_more(cancelled, whole_depth) and removes_more(faster, whole_depth)
     assert not removes_more(whole_depth, cancelled) and not removes_more(whole_depth, dict(whole_depth))
     assert not removes_more(shallow, whole_depth) and not removes_more(whole_depth, shallow)
@@ -165,15 +167,15 @@ def test_a_map_the_choice_took_is_shipped_measured_and_reported():
     """The stages after the choice read the options as shipped: the map on where the choice weighed it and took it
     (the export ships it, its identity says so), as given otherwise."""
     from fairseq_headprune.compress.options import CompressOptions
-    from fairseq_headprune.compress.pipeline import shipped
+    from fairseq_headprune.compress.stages.contract import shipped
     from fairseq_headprune.compress.stages import export
 
     options = CompressOptions(out="out", speedup=2.0)
     assert options.map_state() == "weighed" and not options.vocab_map
     took = shipped(options, {"chosen": {"enc_heads": 8, "dec_heads": 4, "vocab_map": 1}})
-    assert took.vocab_map and "vocab_map" in export.identity(took) and took.map_state() == "on"
+    assert took.vocab_map and "vocab_map" in export.key(took) and took.map_state() == "on"
     left = shipped(options, {"chosen": {"enc_heads": 8, "dec_heads": 4}})
-    assert left is options and "vocab_map" not in export.identity(left)
+    assert left is options and "vocab_map" not in export.key(left)
     assert CompressOptions(out="out", speedup=2.0, no_vocab_map=True).map_state() == "off"
     assert CompressOptions(out="out", speedup=2.0, engine="fairseq").map_state() == "off"
     assert CompressOptions(out="out", max_bleu_loss=0.5).map_state() == "off"

@@ -413,7 +413,7 @@ def test_a_target_only_depth_and_heads_reach_cuts_the_decoder_in_the_written_mod
     chosen = choice["chosen"]
     assert choice["levers"][:3] == ["encoder heads", "decoder heads", "decoder layers"]  # FFN units: when timed
     assert all(p["dec_layers"] in (1, 2) and p["dec_heads"] <= 2 for p in choice["candidates"])
-    assert {p["dec_layers"] for p in choice["candidates"]} == {1, 2} and "depth_nll" in chosen
+    assert {p["dec_layers"] for p in choice["candidates"]} == {1, 2} and "kind_nll" in chosen
     removed = [int(s["removed"].split(":")[1]) for s in choice["layer_order"]["steps"]]
     assert chosen["layers_kept"] == {"dec": sorted(set(range(1, 4)) - set(removed[:3 - chosen["dec_layers"]]))}
     # the model written: the chosen depth, its layers, and one head count per stack in the kept layers
@@ -643,21 +643,21 @@ def test_the_hidden_state_term_takes_the_teacher_layers_the_shrink_reconstructed
 
     from omegaconf import OmegaConf
 
+    from fairseq_headprune.compress.stages.recover import recover_options
     from fairseq_headprune.prune import recovery_config
 
     loaded = SimpleNamespace(checkpoint=str(stock_checkpoint),
                              cfg=SimpleNamespace(task=OmegaConf.create({"source_lang": "de", "target_lang": "en"})))
-    run_ = pipeline.Run(loaded, pipeline.CompressOptions(out="x", speedup=1.5, distill_hidden_weight=0.2),
-                        log=lambda line: None, progress=False)
+    compress = pipeline.CompressOptions(out="x", speedup=1.5, distill_hidden_weight=0.2)
     cut = {"kept": {"dec": [1, 3]}, "teacher_outputs": {"dec": [2, 3]}}
-    options = run_._recover_options("m.pt", None, cut)
+    options = recover_options(loaded, compress, "m.pt", None, cut)
     assert (options.distill_hidden_weight, options.distill_hidden_layers) == (0.2, "2,3")
     argv = recovery_config.training_argv(str(tiny_data), stock_checkpoint, options, "translation", "transformer")
     assert argv[argv.index("--distill-hidden-weight") + 1] == "0.2"
     assert argv[argv.index("--distill-hidden-layers") + 1] == "2,3"
-    assert run_._recover_options("m.pt", None, None).distill_hidden_layers == ""  # one to one
-    run_.options.distill_hidden_weight = 0.0
-    assert run_._recover_options("m.pt", None, cut).distill_hidden_layers == ""
+    assert recover_options(loaded, compress, "m.pt", None, None).distill_hidden_layers == ""  # one to one
+    compress.distill_hidden_weight = 0.0
+    assert recover_options(loaded, compress, "m.pt", None, cut).distill_hidden_layers == ""
 
 
 def test_slices_are_timed_in_groups_that_fit_in_memory(tiny_data, stock_checkpoint, monkeypatch):

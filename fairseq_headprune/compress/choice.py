@@ -3,15 +3,16 @@ vocabulary map) to build, as plain functions on shape points and the model, apar
 (compress.stages.choice).
 
 A point is a dict {enc_heads, dec_heads[, dec_layers][, ffn_percent][, vocab_map]} with the fields the choice adds
-as it goes (predicted_speedup from the cost table, fisher_estimate and heads from fisher_choice, depth_nll,
+as it goes (predicted_speedup from the cost table, fisher_estimate and heads from fisher_choice, kind_nll,
 measured_speedup and measured_interval, verdict, calibration_nll). The candidates are every combination of the
 levers the cost table predicts to reach the target (lever_points, shapes_reaching). The Fisher estimate ranks the
-heads within a decoder depth; the calibration NLL after shrink's closed-form fits of each depth's first shape ranks
-the depths (candidate_order). The finalists, the first of every FFN share with and without the map (and the fastest
-predicted), are timed as slices of the shape that ships (finalists); a kind of cut (depth, FFN share, map) whose
-timed shapes all missed the target gets its next shape, scaled by what its timing read (retime_candidates); and of
-those whose interval clears the target, the lowest calibration NLL after shrink's closed-form fits wins, the map
-taken only where it is what lets a better shape reach the target (pick_measured).
+heads within a structure (a decoder depth and an FFN share); the calibration NLL after shrink's closed-form fits of
+each structure's first shape ranks the structures (representatives, candidate_order). The finalists, the first shape
+of each kind of cut (structure and map) of the KINDS_TIMED best structures, and the fastest predicted, are timed as
+slices of the shape that ships (finalists); a kind whose timed shapes all missed the target gets its next shape,
+scaled by what its timing read (retime_candidates); and of those whose interval clears the target, the lowest
+calibration NLL after shrink's closed-form fits wins, the map taken only where it is what lets a better shape reach
+the target (pick_measured).
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from fairseq_headprune.core.surgery import remove_layers
 from fairseq_headprune.engines.timing import target_verdict
 
 
-HEADS_AND_DEPTH = ("enc_heads", "dec_heads", "dec_layers")  # what the Fisher estimate and the depth NLL rank
+HEADS_AND_DEPTH = ("enc_heads", "dec_heads", "dec_layers")  # what the Fisher estimate ranks, at a depth
 SHAPE_FIELDS = HEADS_AND_DEPTH + ("ffn_percent", "enc_layers")  # what a point sets besides the map
 MAP_STATES = {"off": ({},), "on": ({levers.MAP: 1},), "weighed": ({}, {levers.MAP: 1})}  # the map in the points
 
@@ -68,19 +69,37 @@ def shapes_reaching(points: List[Dict], target: float) -> List[Dict]:
 
 
 def kind(point: Dict) -> Tuple:
-    """What a point cuts besides heads: (decoder depth, FFN share, map on). The Fisher estimate compares shapes of
-    one kind; a kind whose timed shapes all missed the target is timed again with its next shape."""
+    """What a point cuts besides heads: (decoder depth, FFN share, map on); its first two, the structure. The
+    Fisher estimate compares shapes of one structure; a kind whose timed shapes all missed the target is timed
+    again with its next shape."""
     return point.get("dec_layers"), point.get("ffn_percent", 100.0), bool(point.get(levers.MAP))
 
 
-def finalists(scored: List[Dict]) -> List[Dict]:
-    """The first timing's shapes, in the choice's order: the first (candidate_order) of every FFN share with and
-    without the map, each at the depth its calibration NLL ranks first, and the fastest predicted. Timing one per
-    FFN share and map state keeps the choice's cost to a few slices however many points reach the target."""
+def representatives(scored: List[Dict]) -> Dict[Tuple, Dict]:
+    """Each structure's first shape in the choice's order, without the map where it has shapes without it (the map
+    changes the decoding, not the NLL): the shape whose NLL after the fits ranks the structure (kind_nll)."""
     first: Dict[Tuple, Dict] = {}
     for p in candidate_order(scored):
-        first.setdefault(kind(p)[1:], p)
-    out = list(first.values())
+        if not p.get(levers.MAP) or not any(kind(q)[:2] == kind(p)[:2] and not q.get(levers.MAP) for q in scored):
+            first.setdefault(kind(p)[:2], p)
+    return first
+
+
+KINDS_TIMED = 6  # the structures (depth, FFN share) whose first shapes, with and without the map, are timed first
+
+
+def finalists(scored: List[Dict], structures: int = KINDS_TIMED) -> List[Dict]:
+    """The first timing's shapes, in the choice's order: the first (candidate_order) of every kind of cut of the
+    `structures` structures that rank first (their kind_nll), and the fastest predicted. A few slices however many
+    points reach the target, drawn from the structures the NLL after the fits ranks best, whatever their depth."""
+    first: Dict[Tuple, Dict] = {}
+    for p in candidate_order(scored):
+        first.setdefault(kind(p), p)
+    ranked: List[Tuple] = []
+    for p in sorted(first.values(), key=choice_rank):
+        if kind(p)[:2] not in ranked:
+            ranked.append(kind(p)[:2])
+    out = [p for p in first.values() if kind(p)[:2] in ranked[:structures]]
     fastest = max(scored, key=lambda p: p["predicted_speedup"])
     return sorted(out + ([fastest] if fastest not in out else []), key=choice_rank)
 
@@ -94,9 +113,9 @@ def kept_by_depth(steps: List[Dict], depth: int, depths) -> Dict[int, List[int]]
 
 
 def choice_rank(point: Dict) -> Tuple[float, float, float]:
-    """The order the choice tries the candidates in: the depths by the calibration NLL of their best shape, then
-    the Fisher estimate within a depth (comparable there only), the faster first."""
-    return point.get("depth_nll", 0.0), point["fisher_estimate"], -point["predicted_speedup"]
+    """The order the choice tries the candidates in: the structures by the calibration NLL after the fits of their
+    first shape (kind_nll), then the Fisher estimate within a structure, the faster first."""
+    return point.get("kind_nll", 0.0), point["fisher_estimate"], -point["predicted_speedup"]
 
 
 def removes_more(point: Dict, other: Dict) -> bool:

@@ -1,6 +1,7 @@
 """`compress`: from a user's checkpoint to a deployable model at a stated speed (or within a stated BLEU loss), in one
-staged, resumable run. This module orders the stages, caches each and logs them; each stage is a module of
-compress.stages (a function of what it reads, returning its result dict).
+staged, resumable run. This module runs PIPELINE, the stages in order, caches each and logs them; each stage is a
+module of compress.stages declaring its Stage (compress.stages.contract: its identity and its build, both from the
+run's Context and the results before it).
 
 Stages, each cached under OUT/stages/NAME/ by its identity (what it computes from, by content and value, and the
 digest of the stage before it), so a rerun after kill -9 resumes at the first stage not finished, a changed option
@@ -16,10 +17,11 @@ will run. In order:
   choice      the shape and its heads. --speedup: the heads of each point by the Fisher estimate of the loss
               increase on calibration sentences of train (the per-stack Fisher fill of `shrink`), a depth's layers
               those `shrink --keep-layers` removes (greedy calibration loss, recorded), the depths ranked by the
-              calibration NLL of their best shape; the first of every FFN share with and without the map, and the
-              fastest, timed as slices of the shape that ships (a kind of cut whose shapes all missed the target
-              gets its next shape); of those whose 95% interval clears the target, the lowest calibration NLL after
-              shrink's closed-form fits, the map off at equal NLL (compress.choice).
+              calibration NLL of their first shape after shrink's closed-form fits; the first of every FFN share
+              with and without the map, and the fastest, timed as slices of the shape that ships (a kind of cut
+              whose shapes all missed the target gets its next shape); of those whose 95% interval clears the
+              target, the lowest calibration NLL after shrink's closed-form fits, the map off at equal NLL
+              (compress.choice).
               --max-bleu-loss: the fastest shape of the frontier (predicted speed against Fisher estimate) whose
               shrunk model, before recovery, loses at most X BLEU in the engine on a held-out split of valid (its
               first --heldout-sentences by id, at most half, as the subset `heldout` of OUT/stages/choice/data;
@@ -39,8 +41,6 @@ Then OUT/model.pt, OUT/ct2/, OUT/MODEL_CARD.md and OUT/compress.json, each writt
 """
 from __future__ import annotations
 
-import copy
-import dataclasses
 import hashlib
 import json
 import os
@@ -52,15 +52,15 @@ from typing import Callable, Dict, List, Optional, Tuple
 from fairseq_headprune.compress import preflight
 from fairseq_headprune.prune import levers
 from fairseq_headprune.compress.options import STAGES, CompressOptions
-from fairseq_headprune.prune.recovery_config import TRAIN_DEFAULTS, RecoverOptions
+from fairseq_headprune.prune.recovery_config import TRAIN_DEFAULTS
 from fairseq_headprune.prune.shrink import calibration_samples
-from fairseq_headprune.compress.stages import (choice, cost_table, elsewhere, export, measure, outputs, plan,
-                                               recover, report, shrink)
+from fairseq_headprune.compress.stages import (choice, cost_table, export, measure, outputs, plan, recover,
+                                               report, shrink)
 from fairseq_headprune.compress.stages.common import max_tokens
+from fairseq_headprune.compress.stages.contract import Context, Results, Stage
 from fairseq_headprune.core.masking import set_head_masks
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.fairseq_io.loading import load_subset
-from fairseq_headprune.records.identity import file_sha256
 from fairseq_headprune.records.log import FolderLock, read_json, write_json_atomic
 from fairseq_headprune.records.run_folder import relative_paths, resolved_paths
 
@@ -169,20 +169,23 @@ class StageBar:
 # --------------------------------------------------------------------------------------------- the run
 
 
+PIPELINE = (cost_table.STAGE, choice.STAGE, shrink.STAGE, recover.STAGE, export.STAGE, measure.STAGE, report.STAGE)
+assert tuple(stage.name for stage in PIPELINE) == STAGES
+
+
 class Run:
-    """One compress run over a loaded (unpruned) model: the stages in order, each cached by its identity."""
+    """One compress run over a loaded (unpruned) model: the stages of PIPELINE in order, each cached by its
+    identity."""
 
     def __init__(self, loaded, options: CompressOptions, log: Callable = print, progress: bool = True):
         self.loaded, self.options, self.log, self.progress = loaded, options, log, progress
         self.store = StageStore(options.out)
-        self.results: Dict[str, Dict] = {}
+        self.results: Results = {}
         self.previous = ""  # digest of the last stage's record
         self.threads = 1  # the recovery's torch threads (run: OMP_NUM_THREADS, else every core)
-        # what _plan measures before the first stage: the timing batches and rounds, the cost table's identity,
-        # the rates probed now, each stage's estimate and what is left of it
-        self.timing: List = []
-        self.rounds = options.runs
-        self.table_identity: Dict = {}
+        # what _plan measures before the first stage: the context every stage reads (the timing batches and
+        # rounds, the cost table's identity), the rates probed now, each stage's estimate and what is left of it
+        self.context: Optional[Context] = None
         self.rates: Dict[str, float] = {}
         self.plan: Dict[str, float] = {}
         self.todo: Dict[str, float] = {}
@@ -209,6 +212,18 @@ class Run:
         self.previous = digest(record)
         self.results[name] = self.store.result(record)
         return self.results[name]
+
+    def run_stage(self, stage: Stage) -> Dict:
+        """One stage of the contract: its refusals, its record reused or built, what follows from its result."""
+        context, results = self.context, self.results
+        if stage.check is not None:
+            stage.check(context, results)
+        key = stage.resume_key(context, results) if stage.resume_key is not None else None
+        result = self.stage(stage.name, stage.identity(context, results),
+                            lambda folder: stage.build(folder, context, results), self.todo[stage.name], key)
+        if stage.after is not None:
+            stage.after(context, results)
+        return result
 
     def stop_here(self, name: str) -> bool:
         if self.options.stop_after == name:
@@ -240,20 +255,20 @@ class Run:
         return self._stages()
 
     def _plan(self) -> set:
-        """The timing batches, the rates measured now and each stage's estimate (what is left of it), logged; returns
-        the stages a rerun finds done."""
+        """The context every stage reads, the rates measured now and each stage's estimate (what is left of it),
+        logged; returns the stages a rerun finds done."""
         options, loaded = self.options, self.loaded
-        timing = self.timing = levers.timing_batches(loaded, options.timing_subset, options.timing_sentences,
-                                                     options.deploy_batch)
-        self.rounds = levers.timing_rounds(len(timing), options.runs)
-
+        timing = levers.timing_batches(loaded, options.timing_subset, options.timing_sentences, options.deploy_batch)
+        rounds = levers.timing_rounds(len(timing), options.runs)
         train_tokens = int(TRAIN_DEFAULTS["--max-tokens"])  # a batch as recovery trains on (the probe's rates)
         with max_tokens(loaded, train_tokens):
             calibration, _ = calibration_samples(loaded, "train", 200, train_tokens)
-        self.table_identity = cost_table.identity(loaded, options, timing, self.rounds)
+        self.context = Context(loaded, options, timing, rounds, cost_table.table_identity(loaded, options, timing,
+                                                                                          rounds),
+                               self.threads, self.store.root, self.log)
         rows = len(levers.lever_rows(loaded.model)) + (options.map_state() != "off")  # the map's row
         rates = plan.probe(loaded, options, timing, calibration)
-        estimate = plan.estimates(loaded, options, rates, rows, self.rounds)
+        estimate = plan.estimates(loaded, options, rates, rows, rounds)
         cached, done_epochs = self._cached_stages()
         todo = {name: (0.0 if name in cached else s) for name, s in estimate.items()}
         if done_epochs and options.budget_epochs:  # an extension trains the epochs not yet trained
@@ -262,99 +277,57 @@ class Run:
         if options.budget_epochs and not options.recovered and "recover" not in cached and not options.dry_run:
             self.log(self._memory_line())
         self.rates, self.plan, self.todo = rates, estimate, todo
-        if self.rounds > options.runs:
-            self.log(f"timing: {len(timing)} batches of '{options.timing_subset}', so {self.rounds} interleaved rounds "
+        if rounds > options.runs:
+            self.log(f"timing: {len(timing)} batches of '{options.timing_subset}', so {rounds} interleaved rounds "
                      f"(--runs {options.runs}) give every sign test at least {levers.MIN_PAIRED} paired batches")
         return cached
 
     def _stages(self) -> Optional[Dict]:
         """Each stage in order (its record reused when its identity holds), up to --stop-after; then the outputs."""
-        options, loaded, log, todo, timing = self.options, self.loaded, self.log, self.todo, self.timing
-        table = self.stage("cost-table", self.table_identity, lambda folder: cost_table.build(
-            folder, loaded, options, timing, self.rounds, self.table_identity, log), todo["cost-table"])
-        points = cost_table.reachable(loaded, options, table, log)
-        if self.stop_here("cost-table"):
-            return None
-        chosen = self.stage("choice", choice.identity(loaded, options, points), lambda folder: choice.build(
-            folder, loaded, options, points, timing, self.rounds, log), todo["choice"])
-        if self.stop_here("choice"):
-            return None
-        options = shipped(options, chosen)
-        shrunk = self.stage("shrink", self._identity("shrink", self.results),
-                            lambda folder: shrink.build(folder, loaded, options, chosen, log), todo["shrink"])
-        if options.stop_after == "shrink" and options.budget_epochs:
-            self._write_recovery_folder(shrunk)
-        if self.stop_here("shrink"):
-            return None
-        recovered = self._recover_stage(shrunk)
-        if self.stop_here("recover"):
-            return None
-        exported = self.stage("export", self._identity("export", self.results),
-                              lambda folder: export.build(folder, loaded, options, recovered), todo["export"])
-        if self.stop_here("export"):
-            return None
-        self.stage("measure", self._identity("measure", self.results), lambda folder: measure.build(
-            loaded, options, recovered, exported, timing, self.rounds), todo["measure"])
-        if self.stop_here("measure"):
-            return None
-        self.stage("report", self._identity("report", self.results), lambda folder: report.build(
-            folder, loaded, options, recovered, exported, chosen), todo["report"])
-        if self.stop_here("report"):
-            return None
-        return outputs.write(loaded, options, self.results, points, self.rates, self.plan, recovered, exported, log)
+        for stage in PIPELINE:
+            self.run_stage(stage)
+            if self.stop_here(stage.name):
+                return None
+        context = self.context
+        results = {**self.results, "cost-table": cost_table.smoothed(context, self.results)}
+        return outputs.write(self.loaded, context.shipped(results), results, cost_table.points(context, results),
+                             self.rates, self.plan, results["recover"], results["export"], self.log)
 
     def _plan_lines(self, cached: set) -> List[str]:
         """--dry-run: every stage with the data it reads and its estimate, then the recovery's command."""
-        o = self.options
-        data, sample = self._recovery_set(None, prepare=False)
-        command = self._recovery_command(data) if o.budget_epochs and not o.recovered else None
-        return plan.plan_lines(o, self.timing, self.rounds, self.todo, cached, sample, command,
+        o, context = self.options, self.context
+        data, sample = recover.recovery_set(self.loaded, o, None, self.store.root, self.log, prepare=False)
+        command = recover.recovery_command(self.loaded, o, data, self.store.folder("recover"),
+                                           os.path.join(self.store.folder("shrink"), "model.pt")) \
+            if o.budget_epochs and not o.recovered else None
+        return plan.plan_lines(o, context.timing, context.rounds, self.todo, cached, sample, command,
                                len(load_subset(self.loaded, o.calibration_subset)), self._memory_line())
 
     def _memory_line(self) -> str:
         parameters = sum(p.numel() for p in self.loaded.model.parameters())
         return plan.memory_line(parameters, plan.recovery_processes(self.options), levers.available_memory())
 
-    def _identity(self, name: str, results: Dict[str, Dict]) -> Dict:
-        """A stage's identity from the results of the stages before it: as the run gives it, and as the plan
-        computes it from the records held (the choice's points found quietly, on a copy of the cost table)."""
-        o, loaded = self.options, self.loaded
-        if name == "cost-table":
-            return self.table_identity
-        if name == "choice":
-            table = copy.deepcopy(results["cost-table"])  # reachable smooths the table's rows in place
-            return choice.identity(loaded, o, cost_table.reachable(loaded, o, table, lambda line: None))
-        if name == "shrink":
-            return {"options": shrink.identity(loaded, o, results["choice"])}
-        if name == "recover":
-            return self._recover_identity(results)
-        o = shipped(o, results.get("choice"))
-        if name == "export":
-            return export.identity(o)
-        if name == "measure":
-            return measure.identity(o, self.table_identity)
-        return report.identity(loaded, o)
-
     def _cached_stages(self) -> Tuple[set, int]:
         """The stages this run will find done: the cost table by its identity (here or in the cache); each later
         one by the identity the run will give it, computed from the records before it (a changed option makes its
         stage and every later one run). And the epochs a recovery of this run's shrink holds under another
         budget (an extension trains the rest)."""
-        record = self.store.done("cost-table", as_stored({"after": "", **self.table_identity}))
+        context = self.context.quiet()
+        record = self.store.done("cost-table", as_stored({"after": "", **context.table_identity}))
         if record is None:
             return {"cost-table"} if levers.cached_table(cost_table.cost_cache(self.options),
-                                                         self.table_identity) else set(), 0
+                                                         context.table_identity) else set(), 0
         cached, results = {"cost-table"}, {"cost-table": self.store.result(record)}
-        for name in STAGES[1:]:
+        for stage in PIPELINE[1:]:
             try:
-                identity = as_stored({"after": digest(record), **self._identity(name, results)})
+                identity = as_stored({"after": digest(record), **stage.identity(context, results)})
             except UserError:  # refused when the stage runs, in its turn
                 return cached, 0
-            record = self.store.done(name, identity)
+            record = self.store.done(stage.name, identity)
             if record is None:
-                return cached, self._held_epochs(name, identity)
-            cached.add(name)
-            results[name] = self.store.result(record)
+                return cached, self._held_epochs(stage.name, identity)
+            cached.add(stage.name)
+            results[stage.name] = self.store.result(record)
         return cached, 0
 
     def _held_epochs(self, name: str, identity: Dict) -> int:
@@ -364,69 +337,6 @@ class Run:
         if not held or any(held["identity"].get(k) != identity[k] for k in ("after", "run")):
             return 0
         return int(held["result"].get("budget_epochs") or 0)
-
-    # -- the recovery (its stage reads the store: a recovery of a larger budget held there is refused)
-
-    def _recover_identity(self, results: Dict[str, Dict]) -> Dict:
-        """The recover stage's identity: --recovered's file by content, else the recovery's key and budget."""
-        o = self.options
-        if o.recovered:
-            return {"recovered": file_sha256(o.recovered)}
-        _, sample = self._recovery_set(results.get("choice"), prepare=False)
-        key = recover.recover_key(self.loaded, o, results["shrink"]["checkpoint_sha256"], sample)
-        return {"run": key, "budget_epochs": o.budget_epochs, "budget_updates": o.budget_updates}
-
-    def _recover_stage(self, shrunk: Dict) -> Dict:
-        """The recover stage: the recovery run here (resumable: its own work kept while its key holds), or
-        --recovered's adopted."""
-        o = self.options
-        identity = self._recover_identity(self.results)
-        if o.recovered:
-            inside = os.path.realpath(self.store.folder("recover")) + os.sep
-            if os.path.realpath(o.recovered).startswith(inside):
-                raise UserError(f"--recovered {o.recovered} is inside the recover stage's own folder, which the stage "
-                                "replaces: move it out first")
-            sample = self._recovery_set(self.results.get("choice"), prepare=False)[1]
-            return self.stage("recover", identity, lambda folder: elsewhere.adopt(folder, o, shrunk, sample), 0.0)
-        data, sample = self._recovery_set(self.results.get("choice"), prepare=o.budget_epochs > 0)
-        key = identity["run"]
-        record = self.store.record("recover")
-        if record and record["identity"].get("run") == key:
-            for name, flag in (("budget_epochs", "--budget-epochs"), ("budget_updates", "--budget-updates")):
-                held = record["result"].get(name)
-                if held is not None and held > getattr(o, name):
-                    raise UserError(f"{self.store.folder('recover')} holds a recovery of {flag} {held}: give {flag} "
-                                    f"{held} or more, or another --out")
-        return self.stage("recover", identity,
-                          lambda folder: recover.build(folder, self.loaded, o, shrunk, data, sample, self.threads,
-                                                        self.log), self.todo["recover"],
-                          resume_key=key)
-
-    def _recovery_set(self, chosen: Optional[Dict], prepare: bool = True):
-        """The recovery's data folder and sample (`chosen`: the choice's result, whose valid split it reads)."""
-        return recover.recovery_set(self.loaded, self.options, chosen, self.store.root, self.log, prepare)
-
-    def _recover_options(self, out: str, work_dir: Optional[str], layers: Optional[Dict] = None) -> RecoverOptions:
-        return recover.recover_options(self.loaded, self.options, out, work_dir, layers)
-
-    def _recovery_command(self, data: str) -> str:
-        return recover.recovery_command(self.loaded, self.options, data, self.store.folder("recover"),
-                                        os.path.join(self.store.folder("shrink"), "model.pt"))
-
-    def _write_recovery_folder(self, shrunk: Dict) -> None:
-        """--stop-after shrink: OUT/recovery-run/, the recovery's script with every file it reads, to run here or
-        on another machine."""
-        data, sample = self._recovery_set(self.results.get("choice"))
-        key = recover.recover_key(self.loaded, self.options, shrunk["checkpoint_sha256"], sample)
-        elsewhere.write_folder(self.loaded, self.options, data, shrunk, key, self.log)
-
-
-def shipped(options: CompressOptions, choice_result: Optional[Dict]) -> CompressOptions:
-    """The options the stages after the choice read: the vocabulary map on where the choice weighed it and took
-    it (the export ships it, the measure and the report decode with it), else as given."""
-    if choice_result and choice_result["chosen"].get(levers.MAP) and not options.vocab_map:
-        return dataclasses.replace(options, vocab_map=True)
-    return options
 
 
 def run(loaded, options: CompressOptions, log: Callable = print, progress: bool = True) -> Optional[Dict]:

@@ -14,15 +14,17 @@ from typing import Callable, Dict, List, Optional, Tuple
 import sacrebleu
 
 from fairseq_headprune.prune import layers, levers, select
-from fairseq_headprune.compress.choice import (RETIMED_ROUNDS, candidate_order, finalists, fisher_choice,
-                                               fisher_frontier, kept_by_depth, label, moved_levers,
-                                               pick_measured, reconstructed_nll, retime_candidates, timing_verdict)
+from fairseq_headprune.compress.choice import (KINDS_TIMED, RETIMED_ROUNDS, finalists, fisher_choice,
+                                               fisher_frontier, kept_by_depth, kind, label, moved_levers,
+                                               pick_measured, reconstructed_nll, representatives,
+                                               retime_candidates, timing_verdict)
 from fairseq_headprune.core.shape import shape_words
 from fairseq_headprune.prune.shrink import calibrate
 from fairseq_headprune.prune.shrink_options import with_fit
 from fairseq_headprune.compress.stages.common import HELDOUT, data_sha, max_tokens
 from fairseq_headprune.compress.model_card import timed_words
-from fairseq_headprune.compress.stages.cost_table import timing_vocab_map
+from fairseq_headprune.compress.stages.contract import Context, Results, Stage
+from fairseq_headprune.compress.stages.cost_table import points as reachable_points, timing_vocab_map
 from fairseq_headprune.compress.stages.shrink import (calibration_only_options, keep_layers_spec, settings,
                                                       shrink_heads, shrink_options)
 from fairseq_headprune.prune.window_fit import WindowOptions
@@ -77,14 +79,14 @@ def split_valid(loaded, out: str, heldout: int) -> Tuple[str, Dict]:
 
 
 
-def identity(loaded, options, points: List[Dict]) -> Dict:
+def identity(context: Context, results: Results) -> Dict:
     """What the choice reads: the target, the reachable points, the calibration sentences by content."""
-    o = options
+    loaded, o, points = context.loaded, context.options, reachable_points(context, results)
     identity = {"target": o.target, "points": points, "calibration": [o.calibration_subset,
                 o.calibration_sentences, o.calibration_max_tokens, {"seed": o.sample_seed}],
                 "data": data_sha(loaded, o.calibration_subset)}
     if o.quality_bound() is not None:
-        identity.update(heldout=o.heldout_sentences, shrink=settings(loaded, options), valid=data_sha(loaded, "valid"))
+        identity.update(heldout=o.heldout_sentences, shrink=settings(loaded, o), valid=data_sha(loaded, "valid"))
     if o.vocab_map:  # the slices are timed with it (absent without: earlier runs' choices still resume)
         identity["vocab_map"] = asdict(o.vocab_map_options)
     return identity
@@ -98,8 +100,10 @@ def gradients(loaded, options):
     return select.sentence_gradients(loaded.model, calibration.samples, pad), calibration
 
 
-def build(folder: str, loaded, options, points: List[Dict], timing, rounds: int, log: Callable) -> Dict:
+def build(folder: str, context: Context, results: Results) -> Dict:
     """The chosen shape with the candidates it was chosen among and the rule that chose it."""
+    loaded, options, log, points = context.loaded, context.options, context.log, reachable_points(context, results)
+    timing, rounds = context.timing, context.rounds
     grads, calibration = gradients(loaded, options)
     provenance = {**calibration.provenance(), "data": os.path.abspath(loaded.cfg.task.data)}
     if options.speedup is None:  # the Fisher frontier compares heads only: depth and FFN points left out
@@ -107,7 +111,9 @@ def build(folder: str, loaded, options, points: List[Dict], timing, rounds: int,
                                                      if "dec_layers" not in p and "ffn_percent" not in p])
         return {**by_quality(folder, loaded, options, scored, provenance, log),
                 "levers": moved_levers(scored, levers.stack_sizes(loaded.model))}
-    scored, layer_order = scored_by_depth(loaded, options, grads, calibration, points, log)
+    scored, layer_order = scored_by_depth(loaded, grads, calibration, points, log)
+    if options.shape is None:
+        ranked_by_structure(loaded, options, scored, calibration, log)
     mapped = any(p.get(levers.MAP) for p in scored)
     best, confirmed, timed = confirm(loaded, options, timing, rounds, scored, calibration, log,
                                      vocab_map=timing_vocab_map(loaded, options, folder) if mapped else None)
@@ -140,20 +146,20 @@ def choice_rule(options, scored: List[Dict]) -> str:
                 "layers by the calibration loss)" + shipped_map)
     depths = len({p.get("dec_layers") for p in scored})
     mapped = any(p.get(levers.MAP) for p in scored)
+    weighed = mapped and not options.vocab_map
     return (f"of the {len(scored)} shapes predicted to reach {options.speedup:g}x (heads per stack at {depths} "
             "decoder depth(s), every FFN at 100, 75, 50 or 25% of its units"
-            + (", with and without the vocabulary map" if mapped and not options.vocab_map else "")
-            + "), the first of each FFN share" + (" and map state" if mapped and not options.vocab_map else "")
-            + " in the choice's order (the lowest Fisher estimate of the loss increase within a depth, removing "
-              "no more than another one first" + ("" if depths == 1 else ", the depths by the calibration NLL "
-                                                   "of their first shape after the closed-form fits")
-            + ") and the fastest, timed as slices of the shape that ships (then, for a kind of cut whose timed "
-              "shapes all missed the target, its next shape whose prediction scaled by the kind's measured/"
-              "predicted ratio reaches it); of those whose 95% interval clears the target (none doing so: whose "
-              "median does), the lowest calibration NLL after shrink's closed-form fits (layers removed, heads "
-              "masked, FFN units removed, every changed sublayer refit; no window fit)"
-            + ("; the map only where it lets a shape with a lower NLL reach the target" if mapped
-               and not options.vocab_map else "") + shipped_map)
+            + (", with and without the vocabulary map" if weighed else "")
+            + f"), the first shape of each kind of cut (decoder depth, FFN share{', map' if weighed else ''}) of "
+              f"the {KINDS_TIMED} structures (depth and FFN share) whose first shape keeps the lowest calibration "
+              "NLL after shrink's closed-form fits (the heads within a structure by the Fisher estimate of the loss "
+              "increase, removing no more than another shape first), and the fastest, timed as slices of the "
+              "shape that ships (then, for a kind whose timed shapes all missed the target, its next shape whose "
+              "prediction scaled by the kind's measured/predicted ratio reaches it); of those whose 95% interval "
+              "clears the target (none doing so: whose median does), the lowest calibration NLL after the fits "
+              "(layers removed, heads masked, FFN units removed, every changed sublayer refit; no window fit)"
+            + ("; the map only where it lets a shape with a lower NLL reach the target" if weighed else "")
+            + shipped_map)
 
 
 def why_words(best: Dict, timed: List[Dict], target: float) -> str:
@@ -179,17 +185,12 @@ def why_words(best: Dict, timed: List[Dict], target: float) -> str:
     return f"{first}. {second}"
 
 
-def scored_by_depth(loaded, options, grads, calibration, points: List[Dict],
+def scored_by_depth(loaded, grads, calibration, points: List[Dict],
                     log: Callable) -> Tuple[List[Dict], Optional[Dict]]:
     """fisher_choice at each decoder depth among the points: on the model with the layers shrink's importance
     selection removes (one greedy run down to the shallowest depth, on the same calibration sentences: its
     order gives every depth's layers) and that model's own head-mask gradients (as shrink's head search in
-    the kept layers). Each point gets its depth's `depth_nll` (when several depths compete): the calibration
-    NLL after shrink's closed-form fits (nll_after_fits, the pick's measure) of the depth's first shape in the
-    choice's order. An NLL before any fit ranked the depths by their heads alone: a deeper decoder with narrowed
-    FFNs, whose refit takes back most of what the units cost, ranked below a shallower one it beats after the
-    fits (and after recovery: results/compress-de-en/nll-vs-recovery.md). Returns the scored points and the
-    greedy layer order (None without a depth cut)."""
+    the kept layers). Returns the scored points and the greedy layer order (None without a depth cut)."""
     model, pad = loaded.model, loaded.task.target_dictionary.pad()
     whole = levers.stack_sizes(model)
     full = whole["dec_layers"]
@@ -220,21 +221,34 @@ def scored_by_depth(loaded, options, grads, calibration, points: List[Dict],
         if depth in kept:
             for p in out:
                 p["layers_kept"] = kept[depth]
-        if len(groups) > 1:
-            best = candidate_order(out)[0]
-            nll = nll_after_fits(loaded, options, best, calibration, pad)
-            log(f"choice: at {depth} decoder layers, {label(best)} comes first of {len(out)} shapes: "
-                f"calibration NLL after the closed-form fits {nll:.4f}")
-            for p in out:
-                p["depth_nll"] = nll
         scored += out
     return scored, order
 
 
+def ranked_by_structure(loaded, options, scored: List[Dict], calibration, log: Callable) -> None:
+    """Each point's `kind_nll` (when several structures compete): the calibration NLL after shrink's closed-form
+    fits (nll_after_fits, the pick's measure) of its structure's first shape (choice.representatives). An NLL
+    before any fit ranked the depths by their heads alone: a deeper decoder with narrowed FFNs, whose refit takes
+    back most of what the units cost, ranked below a shallower one it beats after the fits (and after recovery:
+    results/compress-de-en/nll-vs-recovery.md)."""
+    firsts = representatives(scored)
+    if len(firsts) < 2:
+        return
+    pad = loaded.task.target_dictionary.pad()
+    nll = {}
+    for structure, first in firsts.items():
+        nll[structure] = nll_after_fits(loaded, options, first, calibration, pad)
+        log(f"choice: {label(first)} comes first of its structure's "
+            f"{sum(kind(p)[:2] == structure for p in scored)} shapes: calibration NLL after the closed-form fits "
+            f"{nll[structure]:.4f}")
+    for p in scored:
+        p["kind_nll"] = nll[kind(p)[:2]]
+
+
 def confirm(loaded, options, timing, rounds: int, scored: List[Dict], calibration, log: Callable,
             vocab_map: Optional[str] = None) -> Tuple[Dict, bool, List[Dict]]:
-    """The finalists (choice.finalists: the first of every FFN share and map state in the choice's order, and the
-    fastest) timed as slices of the shape that ships in one interleaved run (a point with the map decodes with
+    """The finalists (choice.finalists: the first shape of each kind of cut of the structures that rank first, and
+    the fastest) timed as slices of the shape that ships in one interleaved run (a point with the map decodes with
     `vocab_map`, as the model built will); then, in at most RETIMED_ROUNDS more runs, the next shape of each kind
     whose timed shapes all missed the target (retime_candidates). Of those whose interval clears the target, the
     lowest calibration NLL after shrink's closed-form fits (pick_measured; reconstructed_nll: comparable across
@@ -362,3 +376,6 @@ def heldout_texts(loaded, engine: str, data: str, checkpoint: str, folder: str) 
              for i in range(evaluator.size)]
     shutil.rmtree(os.path.join(folder, "model"), ignore_errors=True)
     return texts, list(evaluator.references)
+
+
+STAGE = Stage("choice", identity, build)

@@ -3,6 +3,7 @@ interleaved; also cached per model, engine and CPU outside OUT), and the shapes 
 point), refused in one line when none does."""
 from __future__ import annotations
 
+import copy
 import os
 from dataclasses import asdict
 from typing import Callable, Dict, List, Optional
@@ -10,6 +11,7 @@ from typing import Callable, Dict, List, Optional
 from fairseq_headprune.prune import levers
 from fairseq_headprune.prune.export import build_task_vmap
 from fairseq_headprune.compress.stages.common import data_sha
+from fairseq_headprune.compress.stages.contract import Context, Results, Stage
 from fairseq_headprune.compress.choice import SHAPE_FIELDS, lever_points, shapes_reaching
 from fairseq_headprune.core.shape import shape_words
 from fairseq_headprune.errors import UserError
@@ -21,7 +23,7 @@ def cost_cache(options) -> Optional[str]:
     return levers.default_cache() if given is None else (given or None)
 
 
-def identity(loaded, options, timing, rounds: int) -> Dict:
+def table_identity(loaded, options, timing, rounds: int) -> Dict:
     """What the table's numbers depend on (levers.table_identity), and where the map is shipped or weighed its
     options and the training pairs it is built from (absent without it: the tables measured before still match)."""
     identity = levers.table_identity(loaded, options.engine, timing, rounds, threads=options.deploy_threads)
@@ -40,16 +42,22 @@ def timing_vocab_map(loaded, options, folder: str) -> Optional[str]:
     return path
 
 
-def build(folder: str, loaded, options, timing, rounds: int, identity: Dict, log: Callable) -> Dict:
+def identity(context: Context, results: Results) -> Dict:
+    """The table's identity, as the run's plan computed it (table_identity)."""
+    return context.table_identity
+
+
+def build(folder: str, context: Context, results: Results) -> Dict:
     """The table: from the cache, or measured (and cached when every row is decided); where the map is shipped or
     weighed, a row for it (levers.MAP_ROW) and what it changes in the unpruned model's translations of the timing
     sentences."""
+    loaded, options, log, identity = context.loaded, context.options, context.log, context.table_identity
     cache = cost_cache(options)
     cached = levers.cached_table(cache, identity)
     if cached:
         log(f"cost table: measured before on this machine ({cache})")
         return {**cached, "from_cache": True}
-    table = levers.cost_table(loaded, options.engine, timing, rounds, log=log,
+    table = levers.cost_table(loaded, options.engine, context.timing, context.rounds, log=log,
                               vocab_map=timing_vocab_map(loaded, options, folder), threads=options.deploy_threads)
     if options.map_state() != "off":
         row = next(r for r in table["rows"] if r["field"] == levers.MAP)
@@ -94,6 +102,24 @@ def reachable(loaded, options, table: Dict, log: Callable) -> List[Dict]:
             f"{shape_words(points[0])} {points[0]['predicted_speedup']:.2f}x")
         return reach
     return points
+
+
+def smoothed(context: Context, results: Results) -> Dict:
+    """A copy of the table held, its rows smoothed at this run's --significance (levers.smooth): what the choice
+    predicted from, as the record and the card give it."""
+    table = copy.deepcopy(results["cost-table"])
+    levers.smooth(table["rows"], context.options.significance)
+    return table
+
+
+def announce_points(context: Context, results: Results) -> None:
+    """The table's points logged, or the run's refusal in one line, before any long work."""
+    reachable(context.loaded, context.options, smoothed(context, results), context.log)
+
+
+def points(context: Context, results: Results) -> List[Dict]:
+    """The same points without a word (what the choice and the record read)."""
+    return reachable(context.loaded, context.options, smoothed(context, results), lambda line: None)
 
 
 def map_state(options, table: Dict, log: Callable) -> str:
@@ -151,3 +177,6 @@ def shape_point(loaded, options) -> Dict[str, int]:
     if point == {"enc_heads": whole["enc_heads"], "dec_heads": whole["dec_heads"]}:
         raise UserError(f"--shape {options.shape} is the unpruned model's: nothing to remove")
     return point
+
+
+STAGE = Stage("cost-table", identity, build, after=announce_points)

@@ -3,7 +3,7 @@ reads (the shrunk model, the unpruned model it distils from, the data files of t
 validates on, any other file its options name), listed in inputs.json, the script's paths relative to its own
 folder; so the folder, copied to a GPU machine, runs there from any directory, and fairseq-train writes its
 checkpoints beside it. --recovered then adopts the best of them once it is checked to be a student of this run's
-shrink."""
+shrink (compress.stages.recover)."""
 from __future__ import annotations
 
 import dataclasses
@@ -13,16 +13,15 @@ import shlex
 import shutil
 from typing import Callable, Dict, List
 
+from fairseq_headprune.compress.stages.contract import Context, Results
+
 from fairseq_headprune.compress.stages.common import split_subsets
-from fairseq_headprune.compress.stages.recover import recover_options, recovery_argv
-from fairseq_headprune.errors import UserError
-from fairseq_headprune.fairseq_io.checkpoint_io import save_state
+from fairseq_headprune.compress.stages.recover import INPUTS, recover_key, recover_options, recovery_argv, recovery_set
 from fairseq_headprune.fairseq_io.loading import PACKAGE_DIR
-from fairseq_headprune.records.identity import file_sha256
 from fairseq_headprune.records.log import atomic_output, read_json, write_json_atomic
 from fairseq_headprune.records.run_folder import within
 
-FOLDER, SCRIPT, INPUTS = "recovery-run", "recovery-run.sh", "inputs.json"  # OUT/recovery-run/recovery-run.sh
+FOLDER, SCRIPT = "recovery-run", "recovery-run.sh"  # OUT/recovery-run/recovery-run.sh
 STUDENT, TEACHER, FILES = "student.pt", "teacher.pt", "files"
 SUBSET_FILE = re.compile(r"\.[^.]+-[^.]+\.[^.]+(\.bin|\.idx)?")  # after the subset's name: .SRC-TGT.LANG[.bin|.idx]
 SCRIPT_HEAD = """#!/bin/sh
@@ -171,43 +170,11 @@ def write_folder(loaded, options, data: str, shrunk: Dict, key: Dict, log: Calla
     return place
 
 
-def adopt(folder: str, options, shrunk: Dict, sample: Dict) -> Dict:
-    """--recovered CKPT: a recovery that ran elsewhere, checked to be a student of this run's shrink (every
-    parameter's name and shape; where the file it was fine-tuned from is here, that file; where its folder's
-    inputs.json is beside it, the student named there), written as the recovered model (weights and config, no
-    optimizer state)."""
-    import torch  # heavy: loaded when a recovery is adopted
-
-    path = options.recovered
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as e:  # noqa: BLE001 - any unreadable file is the user's to fix
-        raise UserError(f"--recovered: cannot load {path}: {type(e).__name__}") from None
-    student = torch.load(shrunk["checkpoint"], map_location="cpu", weights_only=False)["model"]
-    weights = state.get("model") or {}
-    shapes = {k: tuple(v.shape) for k, v in weights.items() if torch.is_tensor(v)}
-    wanted = {k: tuple(v.shape) for k, v in student.items() if torch.is_tensor(v)}
-    differs = sorted(set(shapes) ^ set(wanted)) or sorted(k for k in wanted if shapes[k] != wanted[k])
-    if differs:
-        raise UserError(f"--recovered {path} is not a student of this run's shrink ({shrunk['checkpoint']}): "
-                        f"{differs[0]} differs")
-    cfg = state.get("cfg") or {}
-    source = ((cfg.get("checkpoint") or {}).get("finetune_from_model")) if hasattr(cfg, "get") else None
-    if source and os.path.isfile(source) and file_sha256(source) != shrunk["checkpoint_sha256"]:
-        raise UserError(f"--recovered {path} was fine-tuned from {source}, not from this run's shrink")
-    inputs = read_json(os.path.join(os.path.dirname(os.path.abspath(path)), INPUTS)) or {}
-    if inputs.get("student_sha256", shrunk["checkpoint_sha256"]) != shrunk["checkpoint_sha256"]:
-        raise UserError(f"--recovered {path}: its folder's {INPUTS} names another student than this run's shrink "
-                        "(a recovery folder of an earlier shrink)")
-    state.pop("last_optimizer_state", None)
-    out = os.path.join(folder, "model.pt")
-    save_state(state, out + ".tmp")
-    os.replace(out + ".tmp", out)
-    trained = (state.get("optimizer_history") or [{}])[-1]
-    distributed = (cfg.get("distributed_training") or {}) if hasattr(cfg, "get") else {}
-    return {"checkpoint": out, "checkpoint_sha256": file_sha256(out), "budget_epochs": options.budget_epochs,
-            "recovered": True, "elsewhere": os.path.abspath(path), "updates": trained.get("num_updates"),
-            "updates_at_best": trained.get("num_updates"), "sentences": sample["sentences"], "sample": sample,
-            "processes": int(distributed.get("distributed_world_size") or 1),
-            "device": "elsewhere", "epochs": [], "best_checkpoint": os.path.basename(path),
-            "distill": options.distill, "distill_hidden": None}
+def left_at_stop(context: Context, results: Results) -> None:
+    """The shrink stage's result held under --stop-after shrink (with a recovery to run): OUT/recovery-run/."""
+    o = context.options
+    if o.stop_after != "shrink" or not o.budget_epochs:
+        return
+    data, sample = recovery_set(context.loaded, o, results.get("choice"), context.stages_root, context.log)
+    key = recover_key(context.loaded, o, results["shrink"]["checkpoint_sha256"], sample)
+    write_folder(context.loaded, o, data, results["shrink"], key, context.log)

@@ -6,13 +6,14 @@ import os
 from dataclasses import asdict
 from typing import Dict
 
+from fairseq_headprune.compress.stages.contract import Context, Results, Stage
 from fairseq_headprune.prune.export import ExportOptions, export
 from fairseq_headprune.decoding.evaluate import SubsetEvaluator
 from fairseq_headprune.engines.engine_model import QUANTIZATION
 from fairseq_headprune.fairseq_io.loading import load_other
 
 
-def identity(options) -> Dict:
+def key(options) -> Dict:
     """What the export reads besides the recovered model: the engine, the check, the vocabulary map."""
     key = {"engine": options.engine, "check_sentences": options.check_sentences}
     if options.vocab_map:  # (absent without one: the records of runs before the option still resume)
@@ -20,8 +21,13 @@ def identity(options) -> Dict:
     return key
 
 
-def build(folder: str, loaded, options, recovered: Dict) -> Dict:
+def identity(context: Context, results: Results) -> Dict:
+    return key(context.shipped(results))
+
+
+def build(folder: str, context: Context, results: Results) -> Dict:
     """The recovered model as a CTranslate2 folder, checked against fairseq (--engine fairseq: none)."""
+    loaded, options, recovered = context.loaded, context.shipped(results), results["recover"]
     if options.engine == "fairseq":
         return {"engine": "fairseq", "ct2": None}
 
@@ -35,3 +41,6 @@ def build(folder: str, loaded, options, recovered: Dict) -> Dict:
                                                    vocab_map_bound=options.vocab_map_bound),
                   options.timing_subset)
     return {"engine": options.engine, "ct2": out, "check": info}
+
+
+STAGE = Stage("export", identity, build)

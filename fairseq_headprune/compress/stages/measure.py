@@ -10,6 +10,7 @@ from typing import Dict, Optional
 import torch
 
 from fairseq_headprune.compress.stages.common import engine_model
+from fairseq_headprune.compress.stages.contract import Context, Results, Stage
 from fairseq_headprune.core import flops
 from fairseq_headprune.core.shape import ModelShape
 from fairseq_headprune.engines.timing import load_average, paired_speedup, speedup_interval, timed_rounds
@@ -19,8 +20,9 @@ from fairseq_headprune.prune.levers import cpu_model, folder_bytes, timing_batch
 from fairseq_headprune.fairseq_io.loading import load_other, load_subset
 
 
-def identity(options, timing_identity: Dict) -> Dict:
+def identity(context: Context, results: Results) -> Dict:
     """What the measure reads besides the models: the cost table's timing batches, the engine."""
+    options, timing_identity = context.shipped(results), context.table_identity
     key = {"timing": timing_identity, "engine": options.engine, "latency_sentences": options.latency_sentences}
     if options.deploy_batch is not None or options.deploy_threads != 1:  # (absent by default: earlier runs resume)
         key["deployment"] = {"batch": options.deploy_batch, "threads": options.deploy_threads}
@@ -30,12 +32,13 @@ def identity(options, timing_identity: Dict) -> Dict:
 OTHER_BATCH = 64  # the batch a deployment at batch 1 is also timed at
 
 
-def build(loaded, options, recovered: Dict, exported: Dict, timing, rounds: int) -> Dict:
+def build(folder: str, context: Context, results: Results) -> Dict:
     """Both models timed in the same rounds, at the deployment's batches and threads: equal work (forced to the
     unpruned model's mean length) and as decoded; then at the other batch (one sentence at a time, or OTHER_BATCH
     for a deployment at batch 1); the machine and each model's memory as served."""
-    o = options
-    pruned = load_other(loaded, recovered["checkpoint"])
+    loaded, options, timing, rounds = context.loaded, context.shipped(results), context.timing, context.rounds
+    o, exported = options, results["export"]
+    pruned = load_other(loaded, results["recover"]["checkpoint"])
     with tempfile.TemporaryDirectory(prefix="compress-measure-") as tmp:
         models = {"unpruned": engine_model(loaded, o.engine, None, tmp, "unpruned", o.deploy_threads),
                   "compressed": engine_model(pruned, o.engine, exported, tmp, "compressed", o.deploy_threads)}
@@ -112,3 +115,5 @@ def single_sentences(loaded, subset: str, n: int):
     dataset = load_subset(loaded, subset)
     return [dataset.collater([dataset[i]]) for i in range(min(n, len(dataset)))]
 
+
+STAGE = Stage("measure", identity, build)

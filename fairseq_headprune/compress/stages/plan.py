@@ -10,7 +10,7 @@ import tempfile
 import time
 from typing import Dict, List, Optional
 
-from fairseq_headprune.compress.choice import per_stack_points
+from fairseq_headprune.compress.choice import KINDS_TIMED, per_stack_points
 from fairseq_headprune.prune import levers
 from fairseq_headprune.compress.options import STAGES
 from fairseq_headprune.prune.recovery_config import TRAIN_DEFAULTS
@@ -98,15 +98,16 @@ def estimates(loaded, options, rates: Dict[str, float], rows: int,
     sublayers = len(attention_modules(loaded.model))
     out = {"cost-table": (rows + 1) * ((runs + 2) * timing_n / engine + rates["export_s"])}
     out["choice"] = calib_tok / rates["train_tok_s"]
-    if options.speedup is not None:  # the finalists timed beside the unpruned model (one per FFN share and map
-        finals = (len(levers.FFN.values(100)) + 1) * (2 if options.map_state() == "weighed" else 1) + 1  # state,
-        models = 2 if options.shape is not None else 2 * finals  # and the fastest) and (expected) one more round
+    if options.speedup is not None:  # the finalists timed beside the unpruned model (one per kind of cut of the
+        finals = KINDS_TIMED * (2 if options.map_state() == "weighed" else 1) + 1  # structures ranked first, and
+        models = 2 if options.shape is not None else 2 * finals  # the fastest) and (expected) one more round
         out["choice"] += models * ((runs + 2) * timing_n / engine + rates["export_s"])
-        depth = len(loaded.model.decoder.layers)  # at most: the greedy layer order down to one layer, a gradient
-        out["choice"] += ((depth * (depth + 1) // 2 - 1 + depth) * calib_tok / rates["forward_tok_s"]  # pass and
-                          + (depth - 1) * calib_tok / rates["train_tok_s"])  # an NLL per depth
-        if options.shape is None:  # (expected) half the finalists reach the target, each compared by its NLL after
-            out["choice"] += finals // 2 * 3 * calib_tok / rates["forward_tok_s"]  # shrink's closed-form fits
+        depth = len(loaded.model.decoder.layers)  # at most: the greedy layer order down to one layer and a
+        out["choice"] += ((depth * (depth + 1) // 2 - 1) * calib_tok / rates["forward_tok_s"]  # gradient pass
+                          + (depth - 1) * calib_tok / rates["train_tok_s"])  # per depth
+        if options.shape is None:  # an NLL after shrink's closed-form fits per structure (depth, FFN share), and
+            fits = depth * (len(levers.FFN.values(100)) + 1) + finals // 2  # one per finalist that (expected: half)
+            out["choice"] += fits * 3 * calib_tok / rates["forward_tok_s"]  # reaches the target
     shrink = (options.window_steps * sublayers * rates["window_step_s"] + 3 * calib_tok / rates["forward_tok_s"]
               + 2 * min(options.check_sentences, calib_n) / rates["fairseq_sent_s"])
     if options.quality_bound() is not None:  # shrinks and held-out decodes: a bisection over the frontier, whose

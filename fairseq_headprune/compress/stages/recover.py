@@ -1,7 +1,7 @@
-"""The recover stage: fairseq-train (compress.recover.recover) distils the unpruned model into the shrunk one, early
-stopping on valid, resumable from its own checkpoints (a recovery run elsewhere: compress.stages.elsewhere). Also
-the recovery set (a seeded sample of train) and the recovery's fairseq-train arguments and command, for --dry-run
-and --stop-after shrink."""
+"""The recover stage: fairseq-train (prune.recover.recover) distils the unpruned model into the shrunk one, early
+stopping on valid, resumable from its own checkpoints; or, with --recovered, a recovery run elsewhere
+(compress.stages.elsewhere writes its folder) adopted. Also the recovery set (a seeded sample of train) and the
+recovery's fairseq-train arguments and command, for --dry-run and --stop-after shrink."""
 from __future__ import annotations
 
 import os
@@ -11,9 +11,14 @@ from typing import Callable, Dict, List, Optional, Tuple
 from fairseq_headprune.prune import recover, recovery_config
 from fairseq_headprune.prune.recovery_config import DEFAULT_DISTILL, RecoverOptions
 from fairseq_headprune.compress.stages.common import split_subsets, subset_tokens
+from fairseq_headprune.compress.stages.contract import Context, Results, Stage
 from fairseq_headprune.engines.fairseq_engine import torch_threads
+from fairseq_headprune.errors import UserError
+from fairseq_headprune.fairseq_io.checkpoint_io import save_state
 from fairseq_headprune.records.identity import file_sha256
 from fairseq_headprune.records.log import read_json, write_json_atomic
+
+INPUTS = "inputs.json"  # beside a recovery run elsewhere: what it read (compress.stages.elsewhere)
 
 
 def task_language_args(task_cfg) -> List[str]:
@@ -167,3 +172,91 @@ def build(folder: str, loaded, options, shrunk: Dict, data: str, sample: Dict, t
             "distill_hidden": {"weight": settings.distill_hidden_weight,
                                "teacher_layers": settings.distill_hidden_layers or "one to one"}
             if settings.distill_hidden_weight else None}
+
+
+def adopt(folder: str, options, shrunk: Dict, sample: Dict) -> Dict:
+    """--recovered CKPT: a recovery that ran elsewhere, checked to be a student of this run's shrink (every
+    parameter's name and shape; where the file it was fine-tuned from is here, that file; where its folder's
+    inputs.json is beside it, the student named there), written as the recovered model (weights and config, no
+    optimizer state)."""
+    import torch  # heavy: loaded when a recovery is adopted
+
+    path = options.recovered
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # noqa: BLE001 - any unreadable file is the user's to fix
+        raise UserError(f"--recovered: cannot load {path}: {type(e).__name__}") from None
+    student = torch.load(shrunk["checkpoint"], map_location="cpu", weights_only=False)["model"]
+    weights = state.get("model") or {}
+    shapes = {k: tuple(v.shape) for k, v in weights.items() if torch.is_tensor(v)}
+    wanted = {k: tuple(v.shape) for k, v in student.items() if torch.is_tensor(v)}
+    differs = sorted(set(shapes) ^ set(wanted)) or sorted(k for k in wanted if shapes[k] != wanted[k])
+    if differs:
+        raise UserError(f"--recovered {path} is not a student of this run's shrink ({shrunk['checkpoint']}): "
+                        f"{differs[0]} differs")
+    cfg = state.get("cfg") or {}
+    source = ((cfg.get("checkpoint") or {}).get("finetune_from_model")) if hasattr(cfg, "get") else None
+    if source and os.path.isfile(source) and file_sha256(source) != shrunk["checkpoint_sha256"]:
+        raise UserError(f"--recovered {path} was fine-tuned from {source}, not from this run's shrink")
+    inputs = read_json(os.path.join(os.path.dirname(os.path.abspath(path)), INPUTS)) or {}
+    if inputs.get("student_sha256", shrunk["checkpoint_sha256"]) != shrunk["checkpoint_sha256"]:
+        raise UserError(f"--recovered {path}: its folder's {INPUTS} names another student than this run's shrink "
+                        "(a recovery folder of an earlier shrink)")
+    state.pop("last_optimizer_state", None)
+    out = os.path.join(folder, "model.pt")
+    save_state(state, out + ".tmp")
+    os.replace(out + ".tmp", out)
+    trained = (state.get("optimizer_history") or [{}])[-1]
+    distributed = (cfg.get("distributed_training") or {}) if hasattr(cfg, "get") else {}
+    return {"checkpoint": out, "checkpoint_sha256": file_sha256(out), "budget_epochs": options.budget_epochs,
+            "recovered": True, "elsewhere": os.path.abspath(path), "updates": trained.get("num_updates"),
+            "updates_at_best": trained.get("num_updates"), "sentences": sample["sentences"], "sample": sample,
+            "processes": int(distributed.get("distributed_world_size") or 1),
+            "device": "elsewhere", "epochs": [], "best_checkpoint": os.path.basename(path),
+            "distill": options.distill, "distill_hidden": None}
+
+
+def identity(context: Context, results: Results) -> Dict:
+    """--recovered's file by content, else the recovery's key (recover_key) and budget."""
+    o = context.options
+    if o.recovered:
+        return {"recovered": file_sha256(o.recovered)}
+    _, sample = recovery_set(context.loaded, o, results.get("choice"), context.stages_root, context.log, False)
+    key = recover_key(context.loaded, o, results["shrink"]["checkpoint_sha256"], sample)
+    return {"run": key, "budget_epochs": o.budget_epochs, "budget_updates": o.budget_updates}
+
+
+def check(context: Context, results: Results) -> None:
+    """--recovered inside the stage's own folder (which the stage replaces), or a recovery of a larger budget held
+    there for this very run: refused."""
+    o, folder = context.options, context.folder("recover")
+    if o.recovered:
+        if os.path.realpath(o.recovered).startswith(os.path.realpath(folder) + os.sep):
+            raise UserError(f"--recovered {o.recovered} is inside the recover stage's own folder, which the stage "
+                            "replaces: move it out first")
+        return
+    record = context.held("recover")
+    if record and record["identity"].get("run") == identity(context, results)["run"]:
+        for name, flag in (("budget_epochs", "--budget-epochs"), ("budget_updates", "--budget-updates")):
+            held = record["result"].get(name)
+            if held is not None and held > getattr(o, name):
+                raise UserError(f"{folder} holds a recovery of {flag} {held}: give {flag} {held} or more, or "
+                                "another --out")
+
+
+def resume_key(context: Context, results: Results) -> Optional[Dict]:
+    """A recovery run here keeps its checkpoints while its key holds (a larger budget extends it)."""
+    return None if context.options.recovered else identity(context, results)["run"]
+
+
+def build_stage(folder: str, context: Context, results: Results) -> Dict:
+    """The recovery run here, or --recovered's adopted."""
+    o, shrunk = context.options, results["shrink"]
+    data, sample = recovery_set(context.loaded, o, results.get("choice"), context.stages_root, context.log,
+                                prepare=o.budget_epochs > 0 and not o.recovered)
+    if o.recovered:
+        return adopt(folder, o, shrunk, sample)
+    return build(folder, context.loaded, o, shrunk, data, sample, context.threads, context.log)
+
+
+STAGE = Stage("recover", identity, build_stage, check=check, resume_key=resume_key)

@@ -12,6 +12,7 @@ import sacrebleu
 
 from fairseq_headprune.compress.stages.choice import heldout_texts
 from fairseq_headprune.compress.stages.common import also_sets, engine_model, references_sha
+from fairseq_headprune.compress.stages.contract import Context, Results, Stage
 from fairseq_headprune.decoding.evaluate import SubsetEvaluator
 from fairseq_headprune.fairseq_io.loading import load_other, load_subset
 from fairseq_headprune.records.identity import decoding_identity
@@ -20,16 +21,18 @@ from fairseq_headprune.stats import BleuBootstrap, ChrfBootstrap
 BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED = 1000, 1
 
 
-def identity(loaded, options) -> Dict:
+def identity(context: Context, results: Results) -> Dict:
     """What the report reads besides the models: the reported sets and references by content, the decoding."""
+    loaded, options = context.loaded, context.shipped(results)
     return {"gen_subset": options.gen_subset, "references": references_sha(loaded, options),
             "also": [[s, references_sha(loaded, options, s, r)] for s, r in also_sets(options)],
             "decoding": decoding_identity(loaded.cfg)}
 
 
-def build(folder: str, loaded, options, recovered: Dict, exported: Dict, choice: Dict) -> Dict:
+def build(folder: str, context: Context, results: Results) -> Dict:
     """--gen-subset and each --also-report set, decoded once by both models: the only reads of them."""
-    o = options
+    loaded, o = context.loaded, context.shipped(results)
+    options, recovered, exported, choice = o, results["recover"], results["export"], results["choice"]
     pruned = load_other(loaded, recovered["checkpoint"])
     with tempfile.TemporaryDirectory(prefix="compress-report-") as tmp:
         models = {"unpruned": engine_model(loaded, o.engine, None, tmp, "unpruned"),
@@ -117,3 +120,5 @@ def scored_pair(loaded, models: Dict, folder: Optional[str], subset: str, refere
             "chrf_p": round(float(chrf.test(texts["compressed"]).p_value), 4),
             "signature": evaluator.bleu_signature(), "chrf_signature": chrf.signature()}
 
+
+STAGE = Stage("report", identity, build)

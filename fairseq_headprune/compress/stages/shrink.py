@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import os
 import shutil
-from typing import Callable, Dict, Optional
+from typing import Dict, Optional
 
 from fairseq_headprune.prune.reconstruct import ReconstructionOptions
 from fairseq_headprune.prune.shrink import shrink, write_checkpoint
 from fairseq_headprune.prune.shrink_options import ShrinkOptions
 from fairseq_headprune.compress.stages.common import data_sha, max_tokens
+from fairseq_headprune.compress.stages.contract import Context, Results, Stage
+from fairseq_headprune.compress.stages.elsewhere import left_at_stop
 from fairseq_headprune.prune.window_fit import WindowOptions
 from fairseq_headprune.core.masking import head_masks
 from fairseq_headprune.records.identity import file_sha256
@@ -53,17 +55,18 @@ def settings(loaded, options) -> Dict:
             "data": data_sha(loaded, o.calibration_subset)}
 
 
-def identity(loaded, options, choice: Dict) -> Dict:
+def identity(context: Context, results: Results) -> Dict:
     """What the shrink reads: its settings and the chosen heads, layers and FFN share."""
-    chosen = choice["chosen"]
-    return {**settings(loaded, options), "heads": chosen["heads"],
+    chosen = results["choice"]["chosen"]
+    return {"options": {**settings(context.loaded, context.options), "heads": chosen["heads"],
             **({"layers_kept": chosen["layers_kept"]} if chosen.get("layers_kept") else {}),
-            **({"ffn_percent": chosen["ffn_percent"]} if "ffn_percent" in chosen else {})}
+            **({"ffn_percent": chosen["ffn_percent"]} if "ffn_percent" in chosen else {})}}
 
 
-def build(folder: str, loaded, options, choice: Dict, log: Callable) -> Dict:
+def build(folder: str, context: Context, results: Results) -> Dict:
     """The chosen shape shrunk (or the choice's own shrink of it, reused)."""
-    probe = choice["chosen"].get("shrunk")
+    chosen, log = results["choice"]["chosen"], context.log
+    probe = chosen.get("shrunk")
     if probe and os.path.exists(probe["checkpoint"]):  # the choice shrank these heads with these options
 
         if file_sha256(probe["checkpoint"]) == probe["checkpoint_sha256"]:
@@ -72,8 +75,7 @@ def build(folder: str, loaded, options, choice: Dict, log: Callable) -> Dict:
             shutil.copyfile(os.path.splitext(probe["checkpoint"])[0] + ".json", os.path.join(folder, "model.json"))
             log("shrink: the choice's shrink of these heads, reused")
             return {**probe, "checkpoint": path}
-    chosen = choice["chosen"]
-    return shrink_heads(folder, loaded, options, chosen["heads"], chosen.get("layers_kept"),
+    return shrink_heads(folder, context.loaded, context.shipped(results), chosen["heads"], chosen.get("layers_kept"),
                         chosen.get("ffn_percent", 100.0))
 
 
@@ -102,3 +104,6 @@ def shrink_heads(folder: str, loaded, options, heads: str, layers_kept: Optional
             "heads_total": record["heads_total"], "params_before": record["params_before"],
             "params_after": record["params_after"], "calibration": record["calibration"],
             "layers": record["layers"], "shrink_options": record["options"]}
+
+
+STAGE = Stage("shrink", identity, build, after=left_at_stop)  # --stop-after shrink: the recovery's folder
