@@ -199,3 +199,20 @@ def test_the_card_says_why_the_winner_won_in_two_sentences():
     assert why_words(alone, [alone, passed], 2.0).endswith("remove all it removes and more: passed over unscored.")
     slow = point(4, 1.8, 1.7)
     assert why_words(slow, [slow], 2.0).endswith("None of them reached it: it is the fastest.")
+
+
+def test_a_structure_is_ranked_by_its_first_shape_with_the_map_where_it_has_one():
+    """The NLL after the fits of a structure's (decoder depth, FFN share) first shape ranks it; the map lets a
+    structure keep more heads at the same speed, so its first shape with the map stands for it, as the pick would
+    take it; a structure with no shape with the map, by its first without."""
+    from fairseq_headprune.compress.choice import label, representatives
+
+    def point(dec, fisher, speed, **extra):
+        return {"enc_heads": 8, "dec_heads": dec, "dec_layers": 4, "fisher_estimate": fisher,
+                "predicted_speedup": speed, **extra}
+
+    scored = [point(3, 1.0, 2.1), point(5, 0.2, 2.02, vocab_map=1), point(4, 0.6, 2.2, vocab_map=1),
+              point(4, 0.5, 2.05, ffn_percent=50.0), point(3, 0.9, 2.3, ffn_percent=50.0)]
+    firsts = representatives(scored)
+    assert {k: label(p) for k, p in firsts.items()} == {
+        (4, 100.0): "8/5, decoder 4 layers, vocabulary map", (4, 50.0): "8/4, decoder 4 layers, FFN 50%"}

@@ -76,11 +76,15 @@ def kind(point: Dict) -> Tuple:
 
 
 def representatives(scored: List[Dict]) -> Dict[Tuple, Dict]:
-    """Each structure's first shape in the choice's order, without the map where it has shapes without it (the map
-    changes the decoding, not the NLL): the shape whose NLL after the fits ranks the structure (kind_nll)."""
+    """Each structure's first shape in the choice's order, with the map where the structure has shapes with it:
+    the shape whose NLL after the fits ranks the structure (kind_nll). The map changes the decoding, not the NLL,
+    and lets a structure keep more heads at the same speed, so the pick (the lowest NLL) takes a structure's shape
+    with the map before the one without; ranking a structure by its shape without the map misjudged a 5-layer
+    decoder with half FFNs on De-En (NLL 1.107 without, 0.997 with)."""
+    mapped = {kind(p)[:2] for p in scored if p.get(levers.MAP)}
     first: Dict[Tuple, Dict] = {}
     for p in candidate_order(scored):
-        if not p.get(levers.MAP) or not any(kind(q)[:2] == kind(p)[:2] and not q.get(levers.MAP) for q in scored):
+        if bool(p.get(levers.MAP)) == (kind(p)[:2] in mapped):
             first.setdefault(kind(p)[:2], p)
     return first
 
