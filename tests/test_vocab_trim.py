@@ -252,6 +252,14 @@ def test_bilingual_trim_loads_in_stock_fairseq_and_ctranslate2_and_changes_only_
     vocabularies = _ct2_vocabulary(tmp_path / "ct2-trim")  # the exported vocabularies are the trimmed dictionaries
     assert len(vocabularies["source"]) == record["source"]["after"] and set(vocabularies["source"][4:]) == source_kept
     assert len(vocabularies["target"]) == record["target"]["after"] and set(vocabularies["target"][4:]) == target_kept
+    # the trimmed checkpoint given DATA as binarised for the untrimmed model: read through the trim (DATA's ids
+    # mapped, a dropped token as <unk>), it decodes as stock fairseq does on the data binarised for it
+    through = _loaded(tiny_data, model_dir / "model.pt")
+    assert len(through.task.source_dictionary) == record["source"]["after"]
+    for beam in (1, 5):
+        assert _decode(through, through.model, beam) == _generate(data, model_dir / "model.pt", beam)
+    _export(tiny_data, model_dir / "model.pt", tmp_path / "ct2-through")  # its check: fairseq against CTranslate2
+    assert _ct2_vocabulary(tmp_path / "ct2-through") == vocabularies
 
 
 def test_heads_and_vocabulary_removed_together(bilingual, tiny_data, tmp_path):
@@ -427,7 +435,17 @@ def test_bad_input_is_one_line_before_any_work(stock_checkpoint, tiny_data, tmp_
         run(["fairseq-headprune", "shrink", tiny_data, "--path", stock_checkpoint, "--keep-vocab", good,
              "--out", out, "--no-check"])
     assert json.loads(out.with_suffix(".json").read_text())["vocabulary"]["check"] is None
-    # the trimmed checkpoint with the untrimmed DATA: one line saying what to do
-    proc = run(["fairseq-headprune", "export-ct2", tiny_data, "--path", out, "--out", tmp_path / "ct2", "--gen-subset",
+    # the trimmed checkpoint with DATA of neither its dictionaries nor its source's: one line saying what to do
+    other = shutil.copytree(tiny_data, tmp_path / "other-data")
+    for lang in ("de", "en"):
+        lines = (other / f"dict.{lang}.txt").read_text(encoding="utf-8").splitlines(keepends=True)
+        (other / f"dict.{lang}.txt").write_text("".join(lines[:-1]), encoding="utf-8")
+    proc = run(["fairseq-headprune", "export-ct2", other, "--path", out, "--out", tmp_path / "ct2", "--gen-subset",
                 "test"], check=False)
-    assert proc.returncode == 2 and "binarised against the dict.*.txt written beside it" in proc.stderr, proc.stderr
+    assert proc.returncode == 2 and "binarised for the model it was trimmed from, or against the dict.*.txt " \
+        "written beside it" in proc.stderr, proc.stderr
+    # with the untrimmed DATA it is read through the trim, but a recovery would train on DATA's ids as they are
+    proc = run(["fairseq-headprune", "compress", tiny_data, "--path", out, "--out", tmp_path / "small",
+                "--speedup", "1.2", "--beam", "1"], check=False)
+    assert proc.returncode == 2 and "the recovery trains on DATA" in proc.stderr.strip().splitlines()[-1], proc.stderr
+    assert not (tmp_path / "small").exists()

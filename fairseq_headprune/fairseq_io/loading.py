@@ -11,11 +11,12 @@ import copy
 import os
 import warnings
 from dataclasses import dataclass
-from typing import Any, List
+from typing import Any, Dict, List, Optional
 
 import torch
 
 from fairseq_headprune.errors import UserError
+from fairseq_headprune.fairseq_io.trimmed_data import checkpoint_trim, holds_untrimmed, map_dataset, read_through_trim
 from fairseq_headprune.tasks.any_task import with_head_masks
 
 PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the user module fairseq imports
@@ -63,18 +64,14 @@ def _explain_load_failure(path: str, error: Exception) -> UserError:
     return UserError(f"cannot load checkpoint {path}: {type(error).__name__}: {error}")
 
 
-def _dictionary_hint(path: str) -> str:
+def _dictionary_hint(trim: Optional[Dict]) -> str:
     """What to do when the checkpoint does not fit DATA's dictionaries: a vocabulary trimmed by `shrink --keep-vocab`
-    (its config says so) needs DATA binarised against the dictionaries written beside it."""
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
-        trim = (state.get("cfg") or {}).get("vocabulary_trim") or getattr(state.get("args"), "vocabulary_trim", None)
-    except Exception:  # the hint is a courtesy: the original error is reported in any case
-        trim = None
+    (its config says so) reads DATA binarised for the untrimmed model, or against the dictionaries beside it."""
     if not trim:
         return "is it the model's data directory?"
     return (f"its vocabulary was trimmed to {trim['source']['after']} source and {trim['target']['after']} target "
-            f"symbols by shrink --keep-vocab: use DATA binarised against the dict.*.txt written beside it")
+            "symbols by shrink --keep-vocab: use DATA binarised for the model it was trimmed from, or against the "
+            "dict.*.txt written beside it")
 
 
 def _unreadable(path: str, error: Exception) -> UserError:
@@ -122,7 +119,7 @@ def setup_task(task_cfg):
 
 def load(cfg) -> Loaded:
     """Set up the task and load the model of `cfg.common_eval.path` (one checkpoint) as fairseq-generate does."""
-    from fairseq import checkpoint_utils, utils
+    from fairseq import utils
 
     trust_fairseq_checkpoints()
     utils.import_user_module(cfg.common)
@@ -138,9 +135,20 @@ def load(cfg) -> Loaded:
     if missing:
         raise UserError(missing)
     task = with_head_masks(setup_task(cfg.task))
-    overrides = ast.literal_eval(cfg.common_eval.model_overrides)
+    models, saved_cfg = _ensemble(path, ast.literal_eval(cfg.common_eval.model_overrides), task, cfg)
+    model = models[0]
+    model.eval()
+    return Loaded(cfg, task, model, saved_cfg, path)
+
+
+def _ensemble(path: str, overrides, task, cfg, trimmed: bool = False):
+    """fairseq's load_model_ensemble of the one checkpoint, each failure one line. A checkpoint whose vocabulary
+    `shrink --keep-vocab` trimmed, given DATA binarised for the untrimmed model, is loaded again with the task
+    reading DATA through the trim (trimmed_data.read_through_trim)."""
+    from fairseq import checkpoint_utils
+
     try:
-        models, saved_cfg = checkpoint_utils.load_model_ensemble([path], arg_overrides=overrides, task=task)
+        return checkpoint_utils.load_model_ensemble([path], arg_overrides=overrides, task=task)
     except (IndexError, KeyError, AttributeError) as e:
         raise _explain_load_failure(path, e) from e
     except RuntimeError as e:
@@ -150,18 +158,19 @@ def load(cfg) -> Loaded:
                 "its expert layers (they live on fairseq's moe branch); this package handles dense models, such "
                 "as NLLB-200's dense and distilled ones") from e
         if "size mismatch" in str(e) or "Missing key" in str(e):
+            trim = checkpoint_trim(path)
+            if trim and not trimmed and holds_untrimmed(task, trim):
+                read_through_trim(task, trim, path)
+                return _ensemble(path, overrides, task, cfg, trimmed=True)
             raise UserError(
                 f"checkpoint {path} does not fit the dictionaries in {cfg.task.data}: "
-                f"{str(e).splitlines()[0]} ({_dictionary_hint(path)})"
+                f"{str(e).splitlines()[0]} ({_dictionary_hint(trim)})"
             ) from e
         raise _unreadable(path, e) from e
     except UserError:
         raise
     except Exception as e:  # a truncated file, not a checkpoint at all, a model the data cannot build
         raise _unreadable(path, e) from e
-    model = models[0]
-    model.eval()
-    return Loaded(cfg, task, model, saved_cfg, path)
 
 
 def load_other(loaded, path: str) -> Loaded:
@@ -184,6 +193,7 @@ def load_subset(loaded: Loaded, subset: str):
             raise
         raise UserError(f"subset '{subset}' of {cfg.task.data} is empty: there is nothing to score") from None
     dataset = task.dataset(subset)
+    map_dataset(task, dataset)  # a trimmed checkpoint's ids, where DATA is binarised for the untrimmed model
     if len(dataset) == 0:
         raise UserError(f"subset '{subset}' of {cfg.task.data} is empty: there is nothing to score")
     refuse_unreachable_min_len(cfg.generation, _source_sizes(dataset), loaded.model.max_decoder_positions(), subset)
