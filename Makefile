@@ -22,6 +22,19 @@ $(STAMP): requirements.txt setup.py
 	$(BIN)/pip install -q -r requirements.txt
 	$(BIN)/python -c "import fairseq" 2>/dev/null || \
 		$(BIN)/pip install -q --no-deps --no-build-isolation fairseq-fixed==0.12.3.1
+# fastBPE (--bpe fastbpe: the WMT'19 releases): PyPI's only sdist, 0.1.0, ships a fastBPE.cpp that Cython 0.28
+# generated, which includes longintrepr.h (gone from Python 3.11) and no longer compiles; an isolated build compiles
+# that file. Its fastBPE.pyx is turned into C++ again by the venv's Cython (requirements.txt) and built without build
+# isolation. The sdist's main.cc, fastBPE's command line (`fastbpe learnbpe N FILE...`: how its codes are learned,
+# which the Python module cannot do), is compiled into the venv's bin as `fastbpe` (the tests learn codes with it).
+	$(BIN)/python -c "import fastBPE" 2>/dev/null && test -x $(BIN)/fastbpe || { \
+		src=$$(mktemp -d) && \
+		$(BIN)/pip download -q --no-deps --no-build-isolation --no-binary :all: -d $$src fastBPE==0.1.0 && \
+		tar xzf $$src/fastBPE-0.1.0.tar.gz -C $$src && \
+		$(BIN)/cython -3 --cplus $$src/fastBPE-0.1.0/fastBPE/fastBPE.pyx && \
+		$(BIN)/pip install -q --no-deps --no-build-isolation $$src/fastBPE-0.1.0 && \
+		$${CXX:-c++} -std=c++11 -O3 -pthread $$src/fastBPE-0.1.0/fastBPE/main.cc -o $(BIN)/fastbpe && \
+		rm -rf $$src; }
 	$(BIN)/pip install -q --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 

@@ -5,19 +5,21 @@ the vocabularies) so that it goes from raw text to raw text wherever it is copie
                          language tokens fairseq puts before the source and forces first in the target, the symbols
                          its output drops, and the decoding options the export was checked with
   bpe.codes              subword-nmt's codes (--bpe subword_nmt), or
+  fastbpe.codes          fastBPE's codes (--bpe fastbpe: the WMT'19 releases' bpecodes), or
   sentencepiece.model    the SentencePiece model (--bpe sentencepiece)
   README.md              how to use it: `fairseq-headprune translate`, or a snippet using only ctranslate2 and the
                          tokenizer's own libraries
 
 Every path in translate.json is a file name inside the folder. Tokenizers and subword models other than Moses,
-`space`, subword-nmt and SentencePiece are refused in one line (their files are not carried).
+`space`, subword-nmt, fastBPE and SentencePiece are refused in one line (their files are not carried); so are
+fastBPE codes it cannot read (the `fastBPE` module would crash the process on them).
 """
 from __future__ import annotations
 
 import json
 import os
 import shutil
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from omegaconf import OmegaConf
 
@@ -28,8 +30,8 @@ SETTINGS = "translate.json"
 GUIDE = "README.md"
 CARD = "MODEL_CARD.md"
 # fairseq's --bpe -> (its option naming the file, the file's name in the folder)
-SUBWORD_FILES = {"subword_nmt": ("bpe_codes", "bpe.codes"), "sentencepiece": ("sentencepiece_model",
-                                                                              "sentencepiece.model")}
+SUBWORD_FILES = {"subword_nmt": ("bpe_codes", "bpe.codes"), "fastbpe": ("bpe_codes", "fastbpe.codes"),
+                 "sentencepiece": ("sentencepiece_model", "sentencepiece.model")}
 TOKENIZERS = ("moses", "space")
 FILES = (SETTINGS, GUIDE, CARD, *(name for _, name in SUBWORD_FILES.values()))
 FORMAT = 1
@@ -44,7 +46,8 @@ def _section(node) -> Optional[Dict]:
 
 
 def check_tokenization(tokenizer: Optional[Dict], bpe: Optional[Dict]) -> None:
-    """What the folder can carry: Moses or `space` and subword-nmt or SentencePiece (or none), in one line if not."""
+    """What the folder can carry: Moses or `space` and subword-nmt, fastBPE or SentencePiece (or none), in one line
+    if not."""
     if tokenizer and tokenizer["_name"] not in TOKENIZERS:
         raise UserError(f"--tokenizer {tokenizer['_name']}: the deployable folder carries "
                         f"{', '.join(TOKENIZERS)} or none")
@@ -52,6 +55,19 @@ def check_tokenization(tokenizer: Optional[Dict], bpe: Optional[Dict]) -> None:
         raise UserError(f"--bpe {bpe['_name']}: the deployable folder carries {', '.join(SUBWORD_FILES)} or none")
     if bpe and bpe["_name"] == "sentencepiece" and bpe.get("sentencepiece_enable_sampling"):
         raise UserError("--sentencepiece-enable-sampling: a deployed model segments its input one way")
+
+
+def check_fastbpe_codes(path: str) -> None:
+    """fastBPE codes as its reader takes them, `LEFT RIGHT COUNT` on every line; one line when not (the `fastBPE`
+    module crashes the process on anything else)."""
+    try:
+        with open(path, "rb") as f:
+            for number, line in enumerate(f, 1):
+                if len(line.rstrip(b"\n").split(b" ")) != 3:
+                    raise UserError(f"{path} line {number} is not fastBPE codes (`LEFT RIGHT COUNT` a line, as "
+                                    "`fastbpe learnbpe` writes them)")
+    except OSError as e:
+        raise UserError(f"cannot read {path}: {e}") from None
 
 
 def settings(cfg, decoding: Dict, source_prefix: List[str], target_prefix: List[str], strip: List[str],
@@ -66,6 +82,8 @@ def settings(cfg, decoding: Dict, source_prefix: List[str], target_prefix: List[
         option, name = SUBWORD_FILES[bpe["_name"]]
         if not bpe.get(option) or not os.path.isfile(bpe[option]):
             raise UserError(f"--{option.replace('_', '-')}: no such file: {bpe.get(option)}")
+        if bpe["_name"] == "fastbpe":
+            check_fastbpe_codes(bpe[option])
         files[name] = bpe[option]
         bpe = {**bpe, option: name}
     generation = cfg.generation
@@ -122,6 +140,8 @@ def read(folder: str) -> Dict:
         name = bpe[SUBWORD_FILES[bpe["_name"]][0]]
         if not os.path.isfile(os.path.join(folder, name)):
             raise UserError(f"{folder} lacks {name}, the {bpe['_name']} model it was exported with")
+        if bpe["_name"] == "fastbpe":
+            check_fastbpe_codes(os.path.join(folder, name))
     return content
 
 
@@ -153,6 +173,26 @@ def guide(content: Dict) -> str:
     ])
 
 
+def _subword_lines(bpe: Dict) -> Tuple[List[str], List[str], str, str]:
+    """The snippet's lines for the folder's subword model: imports, set-up, its encoding of `pieces` and its
+    decoding of `text` (as fairseq's encoder for it does)."""
+    if bpe["_name"] == "subword_nmt":
+        separator = bpe.get("bpe_separator") or "@@"
+        return (["from subword_nmt.apply_bpe import BPE"],
+                [f"with open(os.path.join(folder, {bpe['bpe_codes']!r}), encoding=\"utf-8\") as codes:",
+                 f"    bpe = BPE(codes, separator={separator!r})"],
+                "pieces = bpe.process_line(pieces)",
+                f"text = (text + \" \").replace({separator + ' '!r}, \"\").rstrip()")
+    if bpe["_name"] == "fastbpe":
+        return (["import fastBPE"], [f"bpe = fastBPE.fastBPE(os.path.join(folder, {bpe['bpe_codes']!r}))"],
+                "pieces = bpe.apply([pieces])[0]", "text = (text + \" \").replace(\"@@ \", \"\").rstrip()")
+    return (["import sentencepiece"],  # sentencepiece
+            [f"spm = sentencepiece.SentencePieceProcessor(model_file=os.path.join(folder, "
+             f"{bpe['sentencepiece_model']!r}))"],
+            "pieces = \" \".join(spm.encode(pieces, out_type=str))",
+            "text = text.replace(\" \", \"\").replace(\"\\u2581\", \" \").strip()")
+
+
 def snippet(content: Dict) -> str:
     """Python that translates stdin to stdout with ctranslate2 and the tokenizer's own libraries only, in this
     folder's tokenization (as fairseq's encoders apply it)."""
@@ -171,23 +211,13 @@ def snippet(content: Dict) -> str:
     elif tokenizer:  # space
         imports.append("import re")
         encode = ['pieces = re.sub(r"\\s+", " ", line).strip()']
-    if bpe and bpe["_name"] == "subword_nmt":
-        imports.append("from subword_nmt.apply_bpe import BPE")
-        separator = bpe.get("bpe_separator") or "@@"
-        setup.append(f"with open(os.path.join(folder, {bpe['bpe_codes']!r}), encoding=\"utf-8\") as codes:")
-        setup.append(f"    bpe = BPE(codes, separator={separator!r})")
-        encode.append("pieces = bpe.process_line(pieces)")
-        decode.append(f"text = (text + \" \").replace({separator + ' '!r}, \"\").rstrip()")
-    elif bpe:  # sentencepiece
-        imports.append("import sentencepiece")
-        setup.append(f"spm = sentencepiece.SentencePieceProcessor(model_file=os.path.join(folder, "
-                     f"{bpe['sentencepiece_model']!r}))")
-        encode.append("pieces = \" \".join(spm.encode(pieces, out_type=str))")
-        decode.append("text = text.replace(\" \", \"\").replace(\"\\u2581\", \" \").strip()")
+    if bpe:
+        more, steps, encode_step, decode_step = _subword_lines(bpe)
+        imports, setup = ["import os", *imports, *more], setup + steps
+        encode.append(encode_step)
+        decode.append(decode_step)
     if tokenizer and tokenizer["_name"] == "moses":
         decode.append("text = detokenizer.detokenize(text.split())")
-    if bpe and bpe["_name"] == "subword_nmt" or (bpe and bpe["_name"] == "sentencepiece"):
-        imports.insert(0, "import os")
     options = {k: decoding[k] for k in ("beam_size", "length_penalty", "min_decoding_length",
                                         "no_repeat_ngram_size", "use_vmap") if k in decoding}
     prefix = content.get("target_prefix") or []

@@ -2,9 +2,10 @@
 (prune.deployable) and CTranslate2.
 
 The source is tokenised and segmented by fairseq's own encoders (`fairseq.data.encoders`: sacremoses, subword-nmt,
-SentencePiece) with the options the folder carries, so a line goes through exactly what fairseq-interactive applies;
-the language tokens the task adds go before the source and first in the target; the hypothesis loses the symbols
-fairseq-generate strips and is decoded back (subword pieces joined, then detokenised) as its D- lines are.
+fastBPE, SentencePiece) with the options the folder carries, so a line goes through exactly what
+fairseq-interactive applies; the language tokens the task adds go before the source and first in the target; the
+hypothesis loses the symbols fairseq-generate strips and is decoded back (subword pieces joined, then detokenised)
+as its D- lines are.
 
 Every input line gives one output line, in order, read and written batch by batch (the input is never held whole).
 A line that cannot be translated as given still gives its line, and a warning naming it: bytes that are not UTF-8

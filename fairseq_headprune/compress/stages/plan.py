@@ -85,6 +85,10 @@ def probe(loaded, options, timing, calibration) -> Dict[str, float]:
 
 
 
+FIT_PASSES = 6  # a shape's NLL after the closed-form fits costs about 6 forward passes of the calibration sentences
+# (about 26 s on De-En's 1000, in the README line's choice: 1199 CPU seconds, some 820 of them its 30-odd fits)
+
+
 def estimates(loaded, options, rates: Dict[str, float], rows: int,
               rounds: Optional[int] = None) -> Dict[str, float]:
     """Seconds each stage will take, from the measured rates (not guesses of them); `rounds`: the timing's
@@ -107,7 +111,7 @@ def estimates(loaded, options, rates: Dict[str, float], rows: int,
                           + (depth - 1) * calib_tok / rates["train_tok_s"])  # per depth
         if options.shape is None:  # an NLL after shrink's closed-form fits per structure (depth, FFN share), and
             fits = depth * (len(levers.FFN.values(100)) + 1) + finals // 2  # one per finalist that (expected: half)
-            out["choice"] += fits * 3 * calib_tok / rates["forward_tok_s"]  # reaches the target
+            out["choice"] += fits * FIT_PASSES * calib_tok / rates["forward_tok_s"]  # reaches the target
     shrink = (options.window_steps * sublayers * rates["window_step_s"] + 3 * calib_tok / rates["forward_tok_s"]
               + 2 * min(options.check_sentences, calib_n) / rates["fairseq_sent_s"])
     if options.quality_bound() is not None:  # shrinks and held-out decodes: a bisection over the frontier, whose
