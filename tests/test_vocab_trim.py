@@ -308,6 +308,11 @@ def test_multilingual_trim_keeps_the_language_tokens_of_the_pair_and_one_shared_
                      (kept, kept), MULTI, [*MULTI, "--lang-dict", data / "langs.txt"], ["__de__", "__en__"])
     vocabularies = _ct2_vocabulary(tmp_path / "ct2-trim")
     assert list(vocabularies) == ["shared"] and len(vocabularies["shared"]) == record["source"]["after"]
+    # with DATA as binarised for the untrimmed model: its language tokens moved, refused in one line
+    proc = run(["fairseq-headprune", "export-ct2", spm, "--path", model_dir / "model.pt", *MULTI, "--out",
+                tmp_path / "ct2-untrimmed-data", "--gen-subset", "test"], check=False)
+    assert proc.returncode == 2 and "a multilingual checkpoint whose vocabulary shrink --keep-vocab trimmed" in \
+        proc.stderr.strip().splitlines()[-1], proc.stderr
     assert vocabularies["shared"][-2:] == ["__de__", "__en__"]
 
 

@@ -216,11 +216,12 @@ class Run:
     def run_stage(self, stage: Stage) -> Dict:
         """One stage of the contract: its refusals, its record reused or built, what follows from its result."""
         context, results = self.context, self.results
+        identity = stage.identity(context, results)
         if stage.check is not None:
-            stage.check(context, results)
-        key = stage.resume_key(context, results) if stage.resume_key is not None else None
-        result = self.stage(stage.name, stage.identity(context, results),
-                            lambda folder: stage.build(folder, context, results), self.todo[stage.name], key)
+            stage.check(context, identity)
+        key = stage.resume_key(identity) if stage.resume_key is not None else None
+        result = self.stage(stage.name, identity, lambda folder: stage.build(folder, context, results),
+                            self.todo[stage.name], key)
         if stage.after is not None:
             stage.after(context, results)
         return result

@@ -26,11 +26,8 @@ def checkpoint_trim(path: str) -> Optional[Dict]:
 
 def holds_untrimmed(task, trim: Dict) -> bool:
     """The task's dictionaries are the ones the trim started from (their sizes before it; after it they differ)."""
-    dictionaries = [getattr(task, attr, None) for _, attr in SIDES]
-    if any(d is None for d in dictionaries):
-        return False
-    return all(len(d) == trim[side]["before"] != trim[side]["after"]
-               for (side, _), d in zip(SIDES, dictionaries))
+    dictionaries = (task.source_dictionary, task.target_dictionary)
+    return all(len(d) == trim[side]["before"] != trim[side]["after"] for (side, _), d in zip(SIDES, dictionaries))
 
 
 def dictionary_of(dictionary, old_ids: Sequence[int]):
@@ -63,7 +60,7 @@ class MappedTokens(BaseWrapperDataset):
 def read_through_trim(task, trim: Dict, checkpoint: str) -> None:
     """The task set to read DATA (binarised for the untrimmed model) for the trimmed checkpoint: its dictionaries
     the trimmed ones, `trimmed_ids` the lookups its datasets are read through (map_dataset)."""
-    if type(task).__name__.startswith("TranslationMultiSimpleEpoch"):
+    if not all(hasattr(task, attr) for _, attr in SIDES):  # the multilingual task: a dictionary per language
         raise UserError(f"{checkpoint}: a multilingual checkpoint whose vocabulary shrink --keep-vocab trimmed reads "
                         "DATA binarised against the dict.*.txt written beside it (its language tokens moved)")
     lookups = {}

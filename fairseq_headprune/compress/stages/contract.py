@@ -59,12 +59,12 @@ def shipped(options, choice_result: Optional[Dict]):
 @dataclass(frozen=True)
 class Stage:
     """One stage: `identity(context, results)` what it reads; `build(folder, context, results)` its result;
-    `check(context, results)` its refusals, made in its turn before anything runs; `resume_key(context, results)`
-    the key under which its unfinished work is kept; `after(context, results)` what follows from its result once
-    held (logged lines, the run's refusals, files a --stop-after leaves)."""
+    `check(context, identity)` its refusals, made in its turn before anything runs; `resume_key(identity)` the key
+    under which its unfinished work is kept; `after(context, results)` what follows from its result once held
+    (logged lines, the run's refusals, files a --stop-after leaves). The identity is computed once a run."""
     name: str
     identity: Callable[[Context, Results], Dict]
     build: Callable[[str, Context, Results], Dict]
-    check: Optional[Callable[[Context, Results], None]] = None
-    resume_key: Optional[Callable[[Context, Results], Optional[Dict]]] = None
+    check: Optional[Callable[[Context, Dict], None]] = None
+    resume_key: Optional[Callable[[Dict], Optional[Dict]]] = None
     after: Optional[Callable[[Context, Results], None]] = None

@@ -226,9 +226,9 @@ def identity(context: Context, results: Results) -> Dict:
     return {"run": key, "budget_epochs": o.budget_epochs, "budget_updates": o.budget_updates}
 
 
-def check(context: Context, results: Results) -> None:
+def check(context: Context, identity: Dict) -> None:
     """--recovered inside the stage's own folder (which the stage replaces), or a recovery of a larger budget held
-    there for this very run: refused."""
+    there for this very run (`identity`: the stage's): refused."""
     o, folder = context.options, context.folder("recover")
     if o.recovered:
         if os.path.realpath(o.recovered).startswith(os.path.realpath(folder) + os.sep):
@@ -236,7 +236,7 @@ def check(context: Context, results: Results) -> None:
                             "replaces: move it out first")
         return
     record = context.held("recover")
-    if record and record["identity"].get("run") == identity(context, results)["run"]:
+    if record and record["identity"].get("run") == identity["run"]:
         for name, flag in (("budget_epochs", "--budget-epochs"), ("budget_updates", "--budget-updates")):
             held = record["result"].get(name)
             if held is not None and held > getattr(o, name):
@@ -244,9 +244,10 @@ def check(context: Context, results: Results) -> None:
                                 "another --out")
 
 
-def resume_key(context: Context, results: Results) -> Optional[Dict]:
-    """A recovery run here keeps its checkpoints while its key holds (a larger budget extends it)."""
-    return None if context.options.recovered else identity(context, results)["run"]
+def resume_key(identity: Dict) -> Optional[Dict]:
+    """A recovery run here keeps its checkpoints while its key holds (a larger budget extends it); --recovered's
+    adoption, none."""
+    return identity.get("run")
 
 
 def build_stage(folder: str, context: Context, results: Results) -> Dict:
