@@ -196,7 +196,7 @@ def pick_measured(timed: List[Dict], target: float, nll: Callable[[Dict], float]
     if len(eligible) > 1:
         computed: Dict[str, float] = {}
         for p in eligible:
-            structure = label({k: v for k, v in p.items() if k != levers.MAP})
+            structure = structure_label(p)
             if structure not in computed:
                 computed[structure] = nll(p)
             p["calibration_nll"] = computed[structure]
@@ -243,6 +243,12 @@ def fisher_frontier(points: List[Dict]) -> List[Dict]:
         if not frontier or p["fisher_estimate"] < frontier[-1]["fisher_estimate"]:
             frontier.append(p)
     return frontier
+
+
+def structure_label(point: Dict) -> str:
+    """A point's label without the map: the shape an NLL after the fits is computed for (the map changes the
+    decoding, not the NLL; a structure's heads at given counts are one Fisher order's)."""
+    return label({k: v for k, v in point.items() if k != levers.MAP})
 
 
 def label(point: Dict) -> str:

@@ -17,7 +17,7 @@ from fairseq_headprune.prune import layers, levers, select
 from fairseq_headprune.compress.choice import (KINDS_TIMED, RETIMED_ROUNDS, finalists, fisher_choice,
                                                fisher_frontier, kept_by_depth, kind, label, moved_levers,
                                                pick_measured, reconstructed_nll, representatives,
-                                               retime_candidates, timing_verdict)
+                                               retime_candidates, structure_label, timing_verdict)
 from fairseq_headprune.core.shape import shape_words
 from fairseq_headprune.prune.shrink import calibrate
 from fairseq_headprune.prune.shrink_options import with_fit
@@ -112,11 +112,11 @@ def build(folder: str, context: Context, results: Results) -> Dict:
         return {**by_quality(folder, loaded, options, scored, provenance, log),
                 "levers": moved_levers(scored, levers.stack_sizes(loaded.model))}
     scored, layer_order = scored_by_depth(loaded, grads, calibration, points, log)
-    if options.shape is None:
-        ranked_by_structure(loaded, options, scored, calibration, log)
+    fits = ranked_by_structure(loaded, options, scored, calibration, log) if options.shape is None else {}
     mapped = any(p.get(levers.MAP) for p in scored)
     best, confirmed, timed = confirm(loaded, options, timing, rounds, scored, calibration, log,
-                                     vocab_map=timing_vocab_map(loaded, options, folder) if mapped else None)
+                                     vocab_map=timing_vocab_map(loaded, options, folder) if mapped else None,
+                                     fits=fits)
     rule = choice_rule(options, scored)
     log(f"choice: {shape_words(best)}, {timed_words(best)} measured (predicted "
         f"{best['predicted_speedup']:.2f}x): {rule}"
@@ -225,15 +225,16 @@ def scored_by_depth(loaded, grads, calibration, points: List[Dict],
     return scored, order
 
 
-def ranked_by_structure(loaded, options, scored: List[Dict], calibration, log: Callable) -> None:
+def ranked_by_structure(loaded, options, scored: List[Dict], calibration, log: Callable) -> Dict[str, float]:
     """Each point's `kind_nll` (when several structures compete): the calibration NLL after shrink's closed-form
     fits (nll_after_fits, the pick's measure) of its structure's first shape (choice.representatives). An NLL
     before any fit ranked the depths by their heads alone: a deeper decoder with narrowed FFNs, whose refit takes
     back most of what the units cost, ranked below a shallower one it beats after the fits (and after recovery:
-    results/compress-de-en/nll-vs-recovery.md)."""
+    results/compress-de-en/nll-vs-recovery.md). Returns the NLLs computed, by structure_label (the pick reuses
+    them)."""
     firsts = representatives(scored)
     if len(firsts) < 2:
-        return
+        return {}
     pad = loaded.task.target_dictionary.pad()
     nll = {}
     for structure, first in firsts.items():
@@ -243,17 +244,18 @@ def ranked_by_structure(loaded, options, scored: List[Dict], calibration, log: C
             f"{nll[structure]:.4f}")
     for p in scored:
         p["kind_nll"] = nll[kind(p)[:2]]
+    return {structure_label(first): nll[structure] for structure, first in firsts.items()}
 
 
 def confirm(loaded, options, timing, rounds: int, scored: List[Dict], calibration, log: Callable,
-            vocab_map: Optional[str] = None) -> Tuple[Dict, bool, List[Dict]]:
+            vocab_map: Optional[str] = None, fits: Optional[Dict[str, float]] = None) -> Tuple[Dict, bool, List[Dict]]:
     """The finalists (choice.finalists: the first shape of each kind of cut of the structures that rank first, and
     the fastest) timed as slices of the shape that ships in one interleaved run (a point with the map decodes with
     `vocab_map`, as the model built will); then, in at most RETIMED_ROUNDS more runs, the next shape of each kind
     whose timed shapes all missed the target (retime_candidates). Of those whose interval clears the target, the
     lowest calibration NLL after shrink's closed-form fits (pick_measured; reconstructed_nll: comparable across
-    depths, head counts and FFN widths, where the Fisher estimates of different cut models are not); none clearing
-    it, the fastest timed."""
+    depths, head counts and FFN widths, where the Fisher estimates of different cut models are not; those `fits`
+    holds by structure_label, the structures' ranking computed, reused); none clearing it, the fastest timed."""
     target = options.speedup
     batch = list(scored) if options.shape is not None else finalists(scored)
     timed: List[Dict] = []
@@ -280,7 +282,8 @@ def confirm(loaded, options, timing, rounds: int, scored: List[Dict], calibratio
             break
     pad = loaded.task.target_dictionary.pad()
     best, confirmed = pick_measured(timed, options.speedup,
-                                    lambda p: nll_after_fits(loaded, options, p, calibration, pad))
+                                    lambda p: (fits or {}).get(structure_label(p))
+                                    or nll_after_fits(loaded, options, p, calibration, pad))
     log("choice: timed " + ", ".join(
         f"{label(p)} {timed_words(p)}" + (f" (calibration NLL after the closed-form fits "
                                           f"{p['calibration_nll']:.4f})" if "calibration_nll" in p else "")
