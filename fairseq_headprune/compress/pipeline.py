@@ -16,12 +16,12 @@ will run. In order:
               before any long work.
   choice      the shape and its heads. --speedup: the heads of each point by the Fisher estimate of the loss
               increase on calibration sentences of train (the per-stack Fisher fill of `shrink`), a depth's layers
-              those `shrink --keep-layers` removes (greedy calibration loss, recorded), the depths ranked by the
-              calibration NLL of their first shape after shrink's closed-form fits; the first of every FFN share
-              with and without the map, and the fastest, timed as slices of the shape that ships (a kind of cut
-              whose shapes all missed the target gets its next shape); of those whose 95% interval clears the
-              target, the lowest calibration NLL after shrink's closed-form fits, the map off at equal NLL
-              (compress.choice).
+              those `shrink --keep-layers` removes (greedy calibration loss, recorded), the structures (depth, FFN
+              share) ranked by the calibration NLL of their first shape after shrink's closed-form fits; the first
+              shape of each kind of cut (structure, map) of the 6 best structures, and the fastest, timed as slices
+              of the shape that ships (a kind whose shapes all missed the target gets its next shape); of those
+              whose 95% interval clears the target, the lowest calibration NLL after the fits, the map off at
+              equal NLL (compress.choice).
               --max-bleu-loss: the fastest shape of the frontier (predicted speed against Fisher estimate) whose
               shrunk model, before recovery, loses at most X BLEU in the engine on a held-out split of valid (its
               first --heldout-sentences by id, at most half, as the subset `heldout` of OUT/stages/choice/data;
