@@ -332,6 +332,36 @@ def test_input_maps_bring_the_drifted_inputs_back_towards_the_teacher(tiny, norm
     assert error(mapped) < error(plain)
 
 
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_forwards_from_the_kept_layer_inputs_fit_what_forwards_from_the_embeddings_fit(tiny, norm, monkeypatch):
+    """The student runner starts each forward at the input of the layer it last reached: the fits (closed form,
+    input maps, window) come out bit for bit as with every forward from the embeddings."""
+    from fairseq_headprune.prune import reconstruct as R
+
+    model, task = tiny
+    model = _pre_norm(model) if norm == "pre" else model
+    pad = task.target_dictionary.pad()
+    samples = _samples(model, task)
+    removed = [Head("enc-self", 2, 1), Head("enc-self", 3, 4), Head("dec-self", 1, 2), Head("enc-dec", 2, 3)]
+    options = ReconstructionOptions(refit_ffn=True, refit_inputs=True, window=WindowOptions(steps=10))
+    students = [copy.deepcopy(model), copy.deepcopy(model)]
+    for student in students:
+        set_head_masks(student, removed)
+    streamed = reconstruct(model, students[0], samples, pad, options)
+    forward_to = R._Student.forward_to
+
+    def from_the_embeddings(runner, b, key):
+        runner._streams.clear()
+        return forward_to(runner, b, key)
+
+    monkeypatch.setattr(R._Student, "forward_to", from_the_embeddings)
+    whole = reconstruct(model, students[1], samples, pad, options)
+    assert [f.as_json() for f in streamed] == [f.as_json() for f in whole]
+    assert {f.part for f in streamed} == {"input", "output", "window"}
+    theirs = dict(students[1].named_parameters())
+    assert all(torch.equal(p, theirs[name]) for name, p in students[0].named_parameters())
+
+
 # ------------------------------------------------------------------------------------------- budgets
 
 

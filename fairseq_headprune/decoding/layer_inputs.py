@@ -72,7 +72,7 @@ class LayerInputCache:
             hidden = hidden.repeat(1, times, 1)
             net_input = {k: (v.repeat(times, *([1] * (v.dim() - 1))) if torch.is_tensor(v) else v)
                          for k, v in net_input.items()}
-        with _starting_at(self.model.encoder, start, hidden):
+        with starting_at(self.model.encoder, start, hidden):
             return self.model.encoder.forward_torchscript(net_input)
 
     def decoder_features(self, b: int, net_input: dict) -> torch.Tensor:
@@ -84,13 +84,13 @@ class LayerInputCache:
         enc_start, dec_start = starts
         decoder, prev = self.model.decoder, net_input["prev_output_tokens"]
         if enc_start is not None:
-            with _starting_at(self.model.encoder, enc_start, cached["encoder"][enc_start]):
+            with starting_at(self.model.encoder, enc_start, cached["encoder"][enc_start]):
                 encoder_out = self.model.encoder(net_input["src_tokens"], src_lengths=net_input["src_lengths"])
             return decoder(prev, encoder_out=encoder_out, features_only=True)[0]
         if dec_start is None:
             return cached["features"]
-        encoder_out = self.encoder_out(b, net_input)  # not inside _starting_at: that hides the lower layers
-        with _starting_at(decoder, dec_start, cached["decoder"][dec_start]):
+        encoder_out = self.encoder_out(b, net_input)  # not inside starting_at: that hides the lower layers
+        with starting_at(decoder, dec_start, cached["decoder"][dec_start]):
             return decoder(prev, encoder_out=encoder_out, features_only=True)[0]
 
     def _layer_inputs(self, b: int, net_input: dict) -> dict:
@@ -143,7 +143,7 @@ def _layer_inputs(layers: nn.ModuleList) -> Iterator[List[torch.Tensor]]:
 
 
 @contextlib.contextmanager
-def _starting_at(stack, index: int, hidden: torch.Tensor) -> Iterator[None]:
+def starting_at(stack, index: int, hidden: torch.Tensor) -> Iterator[None]:
     """The stack (a fairseq encoder or decoder) runs only its layers from `index` on, the first of them fed
     `hidden` instead of what the embeddings give."""
     layers = stack.layers

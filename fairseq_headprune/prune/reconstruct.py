@@ -37,14 +37,16 @@ that does not lower the reconstruction error leaves that sublayer as it was (`ou
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
 from fairseq_headprune.core.heads import attention_modules
+from fairseq_headprune.decoding.layer_inputs import starting_at
 from fairseq_headprune.prune.sublayers import (ENCODER_OUT, ENCODER_TYPES, FFN_TYPES, Key, StopForward,
                                                   SublayerFit, input_consumers, capture, capture_inputs,
                                                   sublayer_keys, token_mask)
@@ -115,11 +117,16 @@ def teacher_inputs(teacher, samples: Sequence[dict], keys: Sequence[Key], pad: i
 
 
 class _Student:
-    """Runs the student up to one sublayer; caches its encoder output once the encoder no longer changes."""
+    """Runs the student up to one sublayer. The fits go bottom up and a fit changes only its own layer, so the
+    input of the layer a forward last reached is kept per stack and batch, and the next forward starts there
+    (decoding.layer_inputs.starting_at: the layers that run compute what a full forward computes): each layer runs
+    about once per sublayer fitted in it, not once per sublayer above it. The encoder output is computed once the
+    decoder is reached (the encoder is final by then)."""
 
     def __init__(self, model, samples):
         self.model, self.samples = model, samples
         self._encoder_outs: Optional[List[dict]] = None
+        self._streams: Dict[Tuple[bool, int], Tuple[int, torch.Tensor]] = {}  # (encoder?, batch): (layer, input)
 
     def encoder_outs(self) -> List[dict]:
         """The student's encoder outputs, computed once the decoder is reached (the encoder is final by then)."""
@@ -130,16 +137,28 @@ class _Student:
         return self._encoder_outs
 
     def forward_to(self, b: int, key: Key) -> None:
-        """Batch b through the student until the sublayer `key` has run (or a hook stops it earlier)."""
+        """Batch b through the student until the sublayer `key` has run (or a hook stops it earlier), from the
+        input of the layer the last forward of this stack reached (from the embeddings when that layer is above
+        key's: a forward that goes back down)."""
         net_input = self.samples[b]["net_input"]
-        try:
-            if key[0] in ENCODER_TYPES:
-                self.model.encoder(net_input["src_tokens"], src_lengths=net_input["src_lengths"])
-            else:
-                self.model.decoder(net_input["prev_output_tokens"], encoder_out=self.encoder_outs()[b],
-                                   features_only=True)
-        except StopForward:
-            pass
+        encoder = key[0] in ENCODER_TYPES
+        stack, where, layer = (self.model.encoder if encoder else self.model.decoder), (encoder, b), key[1] - 1
+        start, hidden = self._streams.get(where, (0, None))
+        if start > layer:
+            start, hidden = 0, None
+        with contextlib.ExitStack() as scope:
+            if layer > start or hidden is None:  # key's layer: its input kept for the next forward
+                scope.enter_context(_kept_input(stack.layers[layer], self._streams, where, layer))
+            if hidden is not None:
+                scope.enter_context(starting_at(stack, start, hidden))
+            try:
+                if encoder:
+                    self.model.encoder(net_input["src_tokens"], src_lengths=net_input["src_lengths"])
+                else:
+                    self.model.decoder(net_input["prev_output_tokens"], encoder_out=self.encoder_outs()[b],
+                                       features_only=True)
+            except StopForward:
+                pass
 
     def run_to(self, b: int, key: Key, context: bool):
         with capture(self.model, [key], context=context, stop_at=key) as rec:
@@ -153,6 +172,16 @@ class _Student:
         with capture_inputs(self.model, [key], stop_at=key) as rec:
             self.forward_to(b, key)
         return rec[key][0]
+
+
+@contextlib.contextmanager
+def _kept_input(layer, streams: Dict, where: Tuple[str, int], index: int) -> Iterator[None]:
+    """streams[where] = (index, the layer's input) once the layer is called."""
+    handle = layer.register_forward_pre_hook(lambda _m, args: streams.__setitem__(where, (index, args[0])))
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def _kept_positions(attn) -> List[int]:
