@@ -127,15 +127,37 @@ def test_teacher_key_maps_a_layers_last_sublayer_below_the_next_kept_one():
     assert L.teacher_key(("dec-ffn", 2), {"dec": (1, 2)}, depth) == ("dec-ffn", 6)
 
 
+def test_the_cut_loss_is_the_calibration_loss_of_the_cut_copy(stock):
+    """CutLoss (the encoder output reused, a decoder cut run from its first changed layer's input in the parent)
+    gives bit for bit what calibration_loss gives on remove_layers' copy: removing the first, a middle and the last
+    layer, a second step under a new parent, and an encoder cut."""
+    model, task = stock
+    pad = task.target_dictionary.pad()
+    dataset = task.dataset("test")
+    samples = [dataset.collater([dataset[i] for i in range(a, a + 5)]) for a in (0, 5, 10)]
+
+    def copied(kept):
+        return L.calibration_loss(surgery.remove_layers(copy.deepcopy(model), kept), samples, pad)
+
+    cut = L.CutLoss(model, samples, pad)
+    assert cut({"dec": [1, 2, 3]}) == copied({"dec": [1, 2, 3]})
+    for kept in ([2, 3], [1, 3], [1, 2]):
+        assert cut({"dec": kept}, {"dec": [1, 2, 3]}) == copied({"dec": kept})
+    for kept in ([3], [1]):
+        assert cut({"dec": kept}, {"dec": [1, 3]}) == copied({"dec": kept})
+    both = {"enc": [1, 2, 4], "dec": [1, 3]}
+    assert cut(both, {"enc": [1, 2, 3, 4], "dec": [1, 3]}) == copied(both)
+    assert len(model.decoder.layers) == 3  # the model itself as it was
+
+
 def test_greedy_selection_removes_the_cheapest_layer_each_step(stock):
     model = stock[0]
     # a loss that only the kept decoder layers' original identity decides: removing layer 2 costs least, then 3
     cost = {1: 5.0, 2: 1.0, 3: 2.0}
 
-    def loss(m):
-        kept_weights = [layer.fc2.weight for layer in m.decoder.layers]
-        return sum(c for i, c in cost.items()
-                   if not any(torch.equal(w, model.decoder.layers[i - 1].fc2.weight) for w in kept_weights))
+    def loss(kept, parent):
+        assert parent is None or len(kept["dec"]) == len(parent["dec"]) - 1
+        return sum(c for i, c in cost.items() if i not in kept["dec"])
 
     selection = L.select_by_loss(model, {"dec": 1}, loss)
     assert selection.kept == {"dec": (1,)}

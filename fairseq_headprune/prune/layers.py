@@ -15,14 +15,17 @@ heads) and the map from a student sublayer to the teacher sublayer whose output 
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import re
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import torch
+from torch import nn
 
-from fairseq_headprune.prune.select import sentence_nll
+from fairseq_headprune.decoding.layer_inputs import starting_at
+from fairseq_headprune.prune.select import output_nll, sentence_nll
 from fairseq_headprune.core.shape import Key, depths, even_layers
 from fairseq_headprune.core.surgery import remove_layers
 from fairseq_headprune.errors import UserError
@@ -104,6 +107,88 @@ def calibration_loss(model, samples: Sequence[dict], pad: int) -> float:
     return total / max(tokens, 1)
 
 
+Kept = Dict[str, List[int]]  # {stack: the original layers kept}
+
+
+class CutLoss:
+    """`calibration_loss` of the model with only some of its layers, `loss(kept, parent)` ({stack: original layers
+    kept}; `parent`: the layers of the model the candidate removes one layer from, None for the whole model), as
+    it is on remove_layers' copy, without the copy and without running again what the cut leaves as it was: while
+    the encoder is whole its output is reused, and a decoder cut starts at its first changed layer, from the input
+    that layer receives in the parent (one recorded forward of the parent a step). The layers that run compute
+    what they compute in the copy (decoding.layer_inputs.starting_at)."""
+
+    def __init__(self, model, samples: Sequence[dict], pad: int):
+        self.model, self.samples, self.pad = model, samples, pad
+        self.encoder_outs: Optional[List[dict]] = None
+        self.parent: Optional[Tuple[int, ...]] = None  # the decoder layers whose inputs `inputs` holds
+        self.inputs: List[List[torch.Tensor]] = []  # per batch, the input of each of the parent's layers
+
+    @torch.no_grad()
+    def __call__(self, kept: Mapping[str, Sequence[int]], parent: Optional[Mapping[str, Sequence[int]]] = None
+                 ) -> float:
+        whole = depths(self.model)
+        if len(kept.get("enc", range(whole["enc"]))) < whole["enc"]:  # the encoder cut: the copy, run whole
+            return calibration_loss(remove_layers(copy.deepcopy(self.model), kept), self.samples, self.pad)
+        layers = tuple(kept.get("dec", range(1, whole["dec"] + 1)))
+        if parent is None:  # the whole model: its forward recorded, the parent of the first step's candidates
+            return self._run(layers, record=True)
+        above = tuple(parent.get("dec", range(1, whole["dec"] + 1)))
+        if above != self.parent:
+            self._run(above, record=True)
+        same = next((i for i, (a, b) in enumerate(zip(layers, above)) if a != b), len(layers))
+        return self._run(layers, start=min(same, len(layers) - 1))  # the last layer cut: its layer below reruns
+
+    def _run(self, layers: Tuple[int, ...], start: Optional[int] = None, record: bool = False) -> float:
+        """The mean token NLL with the decoder holding `layers`, from the parent's input of position `start` (None:
+        from the embeddings); with `record`, each layer's input kept as the parent's."""
+        self.model.eval()
+        decoder = self.model.decoder
+        if self.encoder_outs is None:
+            self.encoder_outs = [self.model.encoder(s["net_input"]["src_tokens"],
+                                                    src_lengths=s["net_input"]["src_lengths"]) for s in self.samples]
+        total, tokens, inputs = 0.0, 0, []
+        with decoder_holding(decoder, layers):
+            for b, sample in enumerate(self.samples):
+                net_input = sample["net_input"]
+                with contextlib.ExitStack() as scope:
+                    if start is not None:
+                        scope.enter_context(starting_at(decoder, start, self.inputs[b][start]))
+                    if record:
+                        inputs.append(scope.enter_context(layer_inputs(decoder.layers)))
+                    output = decoder(net_input["prev_output_tokens"], encoder_out=self.encoder_outs[b],
+                                     src_lengths=net_input["src_lengths"], return_all_hiddens=True)
+                total += float(output_nll(self.model, output, sample, self.pad))
+                tokens += int(sample["target"].ne(self.pad).sum())
+        if record:
+            self.parent, self.inputs = layers, inputs
+        return total / max(tokens, 1)
+
+
+@contextlib.contextmanager
+def decoder_holding(decoder, layers: Sequence[int]) -> Iterator[None]:
+    """The decoder runs only these of its layers (original 1-indexed numbers), as remove_layers leaves it."""
+    held, count = decoder.layers, decoder.num_layers
+    decoder.layers = nn.ModuleList([held[i - 1] for i in layers])
+    decoder.num_layers = len(layers)
+    try:
+        yield
+    finally:
+        decoder.layers, decoder.num_layers = held, count
+
+
+@contextlib.contextmanager
+def layer_inputs(layers) -> Iterator[List[torch.Tensor]]:
+    """The first positional input (the hidden states) each layer is called with, in order."""
+    inputs: List[torch.Tensor] = []
+    handles = [layer.register_forward_pre_hook(lambda _module, args: inputs.append(args[0])) for layer in layers]
+    try:
+        yield inputs
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 @dataclass
 class LayerSelection:
     kept: Dict[str, Tuple[int, ...]]
@@ -124,12 +209,13 @@ def select_even(model, counts: Mapping[str, int]) -> LayerSelection:
     return LayerSelection({s: even_layers(have[s], n) for s, n in counts.items()}, "even")
 
 
-def select_by_loss(model, counts: Mapping[str, int], loss: Callable[[object], float], log=None) -> LayerSelection:
+def select_by_loss(model, counts: Mapping[str, int], loss: Callable[..., float], log=None) -> LayerSelection:
     """Greedy: remove, one at a time, the layer (of any stack still above its count) whose removal leaves the
-    lowest calibration loss; `loss(model)` scores a candidate model (a copy with those layers removed)."""
+    lowest calibration loss; `loss(kept, parent)` scores the model holding only the layers `kept` ({stack: the
+    original layers kept}), one fewer than `parent` (None: the whole model; CutLoss)."""
     have = depths(model)
     kept = {s: list(range(1, have[s] + 1)) for s in counts}
-    result = LayerSelection({}, "importance", loss(model))
+    result = LayerSelection({}, "importance", loss(kept, None))
     while any(len(kept[s]) > counts[s] for s in counts):
         trials = {}
         for s in counts:
@@ -137,7 +223,7 @@ def select_by_loss(model, counts: Mapping[str, int], loss: Callable[[object], fl
                 continue
             for i in kept[s]:
                 candidate = {t: [k for k in v if not (t == s and k == i)] for t, v in kept.items()}
-                trials[(s, i)] = loss(remove_layers(copy.deepcopy(model), candidate))
+                trials[(s, i)] = loss(candidate, kept)
         (s, i), best = min(trials.items(), key=lambda kv: (kv[1], kv[0]))
         kept[s].remove(i)
         result.steps.append({"removed": f"{s}:{i}", "loss": best,

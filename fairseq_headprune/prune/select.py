@@ -32,7 +32,11 @@ Key = Tuple[str, int]
 
 def sentence_nll(model, sample, pad: int) -> torch.Tensor:
     """Summed token NLL of the batch (no label smoothing): its gradient w.r.t. row b's ξ is sentence b's."""
-    net_output = model(**sample["net_input"])
+    return output_nll(model, model(**sample["net_input"]), sample, pad)
+
+
+def output_nll(model, net_output, sample, pad: int) -> torch.Tensor:
+    """Summed token NLL of the batch's targets under the model's output for it (sentence_nll's last step)."""
     lprobs = model.get_normalized_probs(net_output, log_probs=True)
     target = sample["target"]
     nll = -lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)

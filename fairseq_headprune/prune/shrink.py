@@ -394,7 +394,7 @@ def shrink_layers(loaded, options: ShrinkOptions, calibration: Calibration, pad:
         chosen = layers.select_even(loaded.model, counts)
     else:
         chosen = layers.select_by_loss(loaded.model, counts,
-                                       lambda m: layers.calibration_loss(m, calibration.samples, pad), log)
+                                       layers.CutLoss(loaded.model, calibration.samples, pad), log)
     t_layers = time.perf_counter() - start
     log(f"layers kept ({chosen.rule}): " + "; ".join(f"{s} {list(v)}" for s, v in chosen.kept.items()))
     model = remove_layers(copy.deepcopy(loaded.model), chosen.kept)

@@ -202,11 +202,11 @@ def scored_by_depth(loaded, grads, calibration, points: List[Dict],
     if enc:
         counts = layers.parse_keep_layers(keep_layers_spec(min(groups) if min(groups) < full else None, *enc))
         chosen = layers.select_by_loss(model, counts,
-                                       lambda m: layers.calibration_loss(m, calibration.samples, pad), log)
+                                       layers.CutLoss(model, calibration.samples, pad), log)
         order, kept = chosen.as_json(), {min(groups): {s: list(v) for s, v in chosen.kept.items()}}
     elif min(groups) < full:
         chosen = layers.select_by_loss(model, {"dec": min(groups)},
-                                       lambda m: layers.calibration_loss(m, calibration.samples, pad), log)
+                                       layers.CutLoss(model, calibration.samples, pad), log)
         order = chosen.as_json()
         kept = {d: {"dec": v} for d, v in kept_by_depth(chosen.steps, full, [d for d in groups if d < full]
                                                         ).items()}
