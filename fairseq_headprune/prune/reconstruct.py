@@ -9,8 +9,9 @@ its self-attention and its encoder-decoder attention), on every non-pad calibrat
 
 i.e. what the student's attention output must add for its residual stream to be back on the teacher's: the drift
 that the already reconstructed layers below left is corrected here too (Kwon's target), not only the local loss of
-this sublayer. The student's forward stops at the sublayer (an exception from its hook), so sublayer k costs the
-layers below it only. Then one of:
+this sublayer. The student's forward stops at the sublayer (an exception from its hook) and starts at the input of
+the layer the last forward reached (the layers below are final by then), so a fit costs its own layer, not the
+layers below it. Then one of:
 
 - `scales`: one factor per kept head, min Σ ||Σ_h s_h o_h - y||² (o_h = the head's contribution through out_proj),
   normal equations summed over tokens (float64); folded into out_proj's columns of that head.
