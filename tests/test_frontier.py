@@ -56,6 +56,12 @@ def test_frontier_tables_every_run_by_speed_with_its_sets(tmp_path):
         "(vocabulary map) (+20 pairs of --distill-source text) | 8 | 2.02x (1.95-2.11) | 1.82 | 2.50x | " \
         "-0.50 (0.100); chrF -0.40 (0.020) | -0.20 (0.300) |" in text
     assert (tmp_path / "frontier.png").stat().st_size > 1000
+    served = record({"enc_heads": 2, "dec_heads": 4, "dec_layers": 2}, 8, 3.8, (-3.0, 0.0), (-2.0, 0.0),
+                    interval=(3.7, 3.9))  # --deploy-batch 1: timed at batch 1 first, at batch 64 beside it
+    served["stages"]["measure"].update(deployment={"batch": 1}, batch64={"speedup": 3.1,
+                                                                        "interval": {"low": 3.0, "high": 3.2}})
+    row = frontier.row("served", served)
+    assert (row["speed"], row["speed_interval"]["low"], row["latency"]) == (3.1, 3.0, 3.8)
     empty = tmp_path / "none"
     empty.mkdir()
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "frontier.py"), str(empty)],

@@ -41,12 +41,23 @@ def row(name: str, record: Dict) -> Dict:
             "other_signal": (stages["recover"].get("distill") or DEFAULT_DISTILL) != DEFAULT_DISTILL,
             "vocab_map": bool(record["options"].get("vocab_map")),
             "distillation_set": stages["recover"].get("distillation_set"),
-            "speed": stages["measure"]["speedup_equal_work"], "flops": stages["measure"]["flop_ratio"],
-            "speed_interval": stages["measure"].get("speedup_equal_work_interval"),  # (records before it: none)
-            "latency": (stages["measure"].get("latency_batch1") or {}).get("speedup"),  # (records before it: none)
+            **speeds(stages["measure"]), "flops": stages["measure"]["flop_ratio"],
             "sets": {s: (r["bleu_delta"], r["p"]) for s, r in sets.items()},
             "chrf": {s: (r["chrf_delta"], r["chrf_p"]) for s, r in sets.items() if "chrf_p" in r},  # (since chrF)
             "significance": report.get("significance", "not recorded")}
+
+
+def speeds(measure: Dict) -> Dict:
+    """The speed at the run's decoding batches with its interval, and one sentence at a time: a run served at batch 1
+    (--deploy-batch 1) was timed there first and at batch 64 beside it, so its columns are read the other way
+    round."""
+    if (measure.get("deployment") or {}).get("batch") == 1:
+        other = measure["batch64"]
+        return {"speed": other["speedup"], "speed_interval": other.get("interval"),
+                "latency": measure["speedup_equal_work"]}
+    return {"speed": measure["speedup_equal_work"],
+            "speed_interval": measure.get("speedup_equal_work_interval"),  # (records before it: none)
+            "latency": (measure.get("latency_batch1") or {}).get("speedup")}  # (records before it: none)
 
 
 def rows(folder: str) -> List[Dict]:
