@@ -8,17 +8,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import shutil
 import subprocess
-import sys
 from importlib import metadata
 from pathlib import Path
 
 import pytest
 
 from conftest import BIN, ENV, ROOT, SLICE, build_key, cached_build, run, train
-from test_translate import exported_copy, in_process, raw_lines, translated
+from test_translate import exported_copy, in_process, raw_lines, readme_snippet, translated
 
 from fairseq_headprune.errors import UserError
 
@@ -137,14 +135,10 @@ def test_the_exported_folder_translates_raw_text_as_fairseq_interactive(fastbpe_
     assert got.stdout.splitlines() == reference
 
     # the README's snippet, as written, with ctranslate2, sacremoses and fastBPE alone
-    snippet = re.search(r"```python\n(.*?)```", (folder / "README.md").read_text(), re.S).group(1)
+    snippet, alone = readme_snippet(folder, source, tmp_path)
     assert "import fastBPE" in snippet
     assert "fairseq" not in "".join(line for line in snippet.splitlines() if "import" in line)
-    script = tmp_path / "snippet.py"
-    script.write_text(snippet, encoding="utf-8")
-    alone = subprocess.run([sys.executable, script, folder], input="\n".join(source) + "\n", capture_output=True,
-                           text=True, env=ENV, check=True)
-    assert alone.stdout.splitlines() == reference
+    assert alone == reference
 
     # codes the fastBPE module would crash the process on are one line, not a crash
     (folder / "fastbpe.codes").write_text("d e 12\nnot-codes\n", encoding="utf-8")

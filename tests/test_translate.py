@@ -42,6 +42,17 @@ def translated(folder, lines, *extra, check=True):
                input="\n".join(lines) + "\n")
 
 
+def readme_snippet(folder, lines, tmp_path):
+    """The folder's README snippet (its ```python block), as written, run alone in a fresh interpreter on `lines`:
+    (the snippet, its output lines)."""
+    snippet = re.search(r"```python\n(.*?)```", (folder / "README.md").read_text(), re.S).group(1)
+    script = tmp_path / "snippet.py"
+    script.write_text(snippet, encoding="utf-8")
+    alone = subprocess.run([sys.executable, script, folder], input="\n".join(lines) + "\n", capture_output=True,
+                           text=True, env=ENV, check=True)
+    return snippet, alone.stdout.splitlines()
+
+
 def exported_copy(data, checkpoint, tmp_path, *options, check_sentences=16):
     """export-ct2 into tmp_path/made/ct2, then the folder moved to tmp_path/elsewhere/model (the original gone)."""
     made = tmp_path / "made" / "ct2"
@@ -71,13 +82,9 @@ def test_moses_subword_nmt_model_translates_raw_text_as_fairseq_generate(tiny_sl
     assert got.stdout.splitlines() == reference
 
     # the README's snippet, as written, with ctranslate2, sacremoses and subword-nmt alone
-    snippet = re.search(r"```python\n(.*?)```", (folder / "README.md").read_text(), re.S).group(1)
+    snippet, alone = readme_snippet(folder, source, tmp_path)
     assert "fairseq" not in "".join(line for line in snippet.splitlines() if "import" in line)
-    script = tmp_path / "snippet.py"
-    script.write_text(snippet, encoding="utf-8")
-    alone = subprocess.run([sys.executable, script, folder], input="\n".join(source) + "\n", capture_output=True,
-                           text=True, env=ENV, check=True)
-    assert alone.stdout.splitlines() == reference
+    assert alone == reference
 
     # --beam overrides the beam the folder was checked with, as fairseq-generate's --beam does
     beam1 = generated(tiny_slice, stock_checkpoint, "--gen-subset", "test", *text[:-6], "--beam", "1",
@@ -125,12 +132,7 @@ def test_sentencepiece_multilingual_model_translates_raw_text_as_fairseq_generat
     # an empty line (or one of spaces) is answered empty, not sent to the model with its language token alone
     out, warnings, _ = in_process(folder, [b"", *(x.encode() for x in source[:3]), b"  \t", b""])
     assert out == ["", *got[:3], "", ""] and not warnings
-    snippet = re.search(r"```python\n(.*?)```", (folder / "README.md").read_text(), re.S).group(1)
-    script = tmp_path / "snippet.py"
-    script.write_text(snippet, encoding="utf-8")
-    alone = subprocess.run([sys.executable, script, folder], input="\n".join(source) + "\n", capture_output=True,
-                           text=True, env=ENV, check=True)
-    assert alone.stdout.splitlines() == reference
+    assert readme_snippet(folder, source, tmp_path)[1] == reference
 
 
 def test_bad_folders_and_options_are_one_line(tmp_path):
