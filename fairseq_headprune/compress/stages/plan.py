@@ -85,8 +85,9 @@ def probe(loaded, options, timing, calibration) -> Dict[str, float]:
 
 
 
-FIT_PASSES = 6  # a shape's NLL after the closed-form fits costs about 6 forward passes of the calibration sentences
-# (about 26 s on De-En's 1000, in the README line's choice: 1199 CPU seconds, some 820 of them its 30-odd fits)
+FIT_PASSES = 4  # a shape's NLL after the closed-form fits costs about 4 forward passes of the calibration sentences
+# (2.8-6.1 on De-En's 1000 for four shapes of its runs, 5.4 on average before the fits' forwards started at the
+# layer the last one reached)
 
 
 def estimates(loaded, options, rates: Dict[str, float], rows: int,
