@@ -25,7 +25,7 @@ def test_a_model_served_one_sentence_at_a_time_is_timed_so(tiny_data, stock_chec
     assert measured["batch64"]["batch"] == 64 and "latency_batch1" not in measured
     assert record["stages"]["cost-table"]["identity"]["threads"] == threads
     card = (out / "MODEL_CARD.md").read_text()
-    assert "one sentence at a time (--deploy-batch 1); at batches of 64 sentences" in card
+    assert "as latency at batch 1, one sentence at a time (--deploy-batch 1); at batches of 64 sentences" in card
     assert f"- **Measured on** {where['cpu']} ({where['instruction_set']}), CTranslate2 " in card
     assert "MiB resident against the unpruned model's" in card and "MiB on disk against" in card
 

@@ -256,7 +256,7 @@ def batch_words(measured: Dict) -> str:
     """The batches the target was timed at: the deployment's (--deploy-batch) or the timing's."""
     batch = (measured.get("deployment") or {}).get("batch")
     if batch == 1:
-        return "one sentence at a time (--deploy-batch 1)"
+        return "as latency at batch 1, one sentence at a time (--deploy-batch 1)"
     if batch:
         return f"in batches of {batch} sentences (--deploy-batch {batch})"
     return f"in batches of up to {measured.get('largest_batch', '?')} sentences"
