@@ -56,7 +56,7 @@ class LayerInputCache:
         if b in self._layers:
             return self._layers[b]["encoder"]
         if b not in self._encoder_inputs:
-            with _unmasked(self.model), _layer_inputs(self.model.encoder.layers) as inputs:
+            with _unmasked(self.model), layer_inputs(self.model.encoder.layers) as inputs:
                 out = self.model.encoder.forward_torchscript(net_input)
             self._encoder_outs.setdefault(b, out)
             self._encoder_inputs[b] = inputs
@@ -98,9 +98,9 @@ class LayerInputCache:
         self._check_weights()
         if b not in self._layers:
             encoder, decoder = self.model.encoder, self.model.decoder
-            with _unmasked(self.model), _layer_inputs(encoder.layers) as enc_inputs:
+            with _unmasked(self.model), layer_inputs(encoder.layers) as enc_inputs:
                 self._encoder_outs.setdefault(b, encoder.forward_torchscript(net_input))
-            with _unmasked(self.model), _layer_inputs(decoder.layers) as dec_inputs:
+            with _unmasked(self.model), layer_inputs(decoder.layers) as dec_inputs:
                 features = decoder(net_input["prev_output_tokens"], encoder_out=self.encoder_out(b, net_input),
                                    features_only=True)[0]
             self._layers[b] = {"encoder": enc_inputs, "decoder": dec_inputs, "features": features}
@@ -131,7 +131,7 @@ def _unmasked(model) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _layer_inputs(layers: nn.ModuleList) -> Iterator[List[torch.Tensor]]:
+def layer_inputs(layers: nn.ModuleList) -> Iterator[List[torch.Tensor]]:
     """Records the first positional input (the hidden states) of each layer, in order."""
     inputs: List[torch.Tensor] = []
     handles = [layer.register_forward_pre_hook(lambda _module, args: inputs.append(args[0])) for layer in layers]

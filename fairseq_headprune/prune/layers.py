@@ -24,7 +24,7 @@ from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence, 
 import torch
 from torch import nn
 
-from fairseq_headprune.decoding.layer_inputs import starting_at
+from fairseq_headprune.decoding.layer_inputs import layer_inputs, starting_at
 from fairseq_headprune.prune.select import output_nll, sentence_nll
 from fairseq_headprune.core.shape import Key, depths, even_layers
 from fairseq_headprune.core.surgery import remove_layers
@@ -107,9 +107,6 @@ def calibration_loss(model, samples: Sequence[dict], pad: int) -> float:
     return total / max(tokens, 1)
 
 
-Kept = Dict[str, List[int]]  # {stack: the original layers kept}
-
-
 class CutLoss:
     """`calibration_loss` of the model with only some of its layers, `loss(kept, parent)` ({stack: original layers
     kept}; `parent`: the layers of the model the candidate removes one layer from, None for the whole model), as
@@ -175,18 +172,6 @@ def decoder_holding(decoder, layers: Sequence[int]) -> Iterator[None]:
         yield
     finally:
         decoder.layers, decoder.num_layers = held, count
-
-
-@contextlib.contextmanager
-def layer_inputs(layers) -> Iterator[List[torch.Tensor]]:
-    """The first positional input (the hidden states) each layer is called with, in order."""
-    inputs: List[torch.Tensor] = []
-    handles = [layer.register_forward_pre_hook(lambda _module, args: inputs.append(args[0])) for layer in layers]
-    try:
-        yield inputs
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 @dataclass
