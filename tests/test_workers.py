@@ -121,12 +121,19 @@ def test_a_kept_pool_serves_several_handlers_and_is_closed_at_the_end():
 
 
 def _slow_setup(seconds):
-    """A handler whose build takes `seconds` (a worker importing and loading a model); tasks say who ran them."""
+    """A handler whose build takes `seconds` (a worker importing and loading a model) and whose tasks take 0.3 s
+    each, as the parent's own (an instant worker would answer before the parent ever finds nothing to receive, and
+    take every task on a loaded machine); tasks say who ran them."""
     import os
     import time
 
     time.sleep(seconds)
-    return lambda task, shared: (task, os.getpid())
+
+    def handle(task, shared):
+        time.sleep(0.3)
+        return task, os.getpid()
+
+    return handle
 
 
 def test_this_process_works_while_the_workers_start_and_with_them_after():
