@@ -135,6 +135,42 @@ def test_the_choice_compares_an_ffn_narrowed_shape_after_the_fits_shrink_applies
     assert reconstructed_nll(model, {"heads": ""}, calibration, plain, pad) == pytest.approx(whole, abs=1e-6)
 
 
+def test_shapes_fitted_towards_one_teacher_share_its_targets_and_fit_the_same(stock, monkeypatch):
+    """reconstruct.TeacherTargets: the choice's shapes (heads, FFN shares, a cut decoder) fitted with the unpruned
+    model's targets held give bit for bit the NLLs they give each computing its own, with fewer teacher runs."""
+    from types import SimpleNamespace
+
+    from fairseq_headprune.compress.choice import reconstructed_nll
+    from fairseq_headprune.core.masking import install_head_masks
+    from fairseq_headprune.prune import reconstruct
+    from fairseq_headprune.prune.shrink_options import ShrinkOptions, with_fit
+    from fairseq_headprune.prune.window_fit import WindowOptions
+
+    model, task = stock
+    install_head_masks(model := copy.deepcopy(model))
+    pad = task.target_dictionary.pad()
+    dataset = task.dataset("test")
+    calibration = SimpleNamespace(samples=[dataset.collater([dataset[i] for i in range(a, a + 8)]) for a in (0, 8)])
+    shapes = [({"heads": "enc-self:2:1-3", "ffn_percent": 50.0}, 50.0), ({"heads": "dec-self:2:1+4"}, 100.0),
+              ({"heads": "", "layers_kept": {"dec": [1, 3]}}, 100.0), ({"heads": "enc-dec:3:2"}, 75.0)]
+    runs = []
+    real = reconstruct.teacher_targets
+    monkeypatch.setattr(reconstruct, "teacher_targets", lambda *a: runs.append(a[0]) or real(*a))
+
+    def nlls(held):
+        runs.clear()
+        out = [reconstructed_nll(model, point, calibration, with_fit(ShrinkOptions(ffn_keep=share),
+                                                                     window=WindowOptions(steps=0)), pad, held)
+               for point, share in shapes]
+        return out, len(runs)
+
+    own, own_runs = nlls(None)
+    shared, shared_runs = nlls(reconstruct.TeacherTargets(model, calibration.samples, pad))
+    assert shared == own and (own_runs, shared_runs) == (len(shapes), 1)
+    other = reconstruct.TeacherTargets(copy.deepcopy(model), calibration.samples, pad)  # another teacher's
+    assert nlls(other) == (own, len(shapes))  # not used: each shape runs its own teacher
+
+
 def test_a_narrowed_checkpoint_reloads_and_fairseq_generate_decodes_it(stock, stock_checkpoint, tiny_data, tmp_path):
     from test_surgery import reload
 

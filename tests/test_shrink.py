@@ -362,6 +362,37 @@ def test_forwards_from_the_kept_layer_inputs_fit_what_forwards_from_the_embeddin
     assert all(torch.equal(p, theirs[name]) for name, p in students[0].named_parameters())
 
 
+def test_a_search_in_steps_runs_the_teacher_once_and_fits_what_a_run_each_step_fits(tiny, monkeypatch):
+    """--search-steps: every step's student is fitted towards the same model on the same sentences, from its
+    targets held (reconstruct.TeacherTargets): the same heads and weights as with the teacher run at each step."""
+    from fairseq_headprune.prune import reconstruct as R
+    from fairseq_headprune.prune.shrink import Calibration, search_with_reconstruction
+
+    model, task = tiny
+    pad = task.target_dictionary.pad()
+    samples = _samples(model, task)
+    calibration = Calibration(samples=samples, subset="valid", sentences=24, targets="references", ids_sha256="",
+                              source_tokens=0, target_tokens=0)
+    grads = select.sentence_gradients(model, samples, pad)
+    options = ShrinkOptions(remove="12", search_steps=3)
+    runs = []
+    real = R.teacher_targets
+    monkeypatch.setattr(R, "teacher_targets", lambda *a: runs.append(a[0]) or real(*a))
+
+    def search():
+        runs.clear()
+        result = search_with_reconstruction(model, grads, parse_budget(options), options, calibration, pad)
+        return result, len(runs)
+
+    held, held_runs = search()
+    monkeypatch.setattr(R.TeacherTargets, "serves", lambda self, teacher, samples: False)
+    each, each_runs = search()
+    assert held.selection.removed == each.selection.removed and len(held.selection.removed) == 12
+    assert (held_runs, each_runs) == (1, 3)
+    theirs = dict(each.student.named_parameters())
+    assert all(torch.equal(p, theirs[name]) for name, p in held.student.named_parameters())
+
+
 # ------------------------------------------------------------------------------------------- budgets
 
 

@@ -154,18 +154,19 @@ def fisher_choice(model, grads, points: List[Dict]) -> List[Dict]:
     return out
 
 
-def reconstructed_nll(model, point: Dict, calibration, options, pad: int) -> float:
+def reconstructed_nll(model, point: Dict, calibration, options, pad: int, held=None) -> float:
     """A candidate's calibration NLL as shrink's closed-form fits leave it (`options`: shrink's, no window fit): its
     decoder layers removed, its heads masked, its FFN units removed (mask Fisher, after the heads), every changed
     sublayer refit towards the unpruned model. The measure the pick compares shapes by: a narrowed FFN's refit takes
     back most of what removing its units costs, so an NLL before any fit misjudges the FFN lever against the others
-    (after recovery, a narrowed FFN costs little valid loss: results/compress-de-en)."""
+    (after recovery, a narrowed FFN costs little valid loss: results/compress-de-en). `held`: the unpruned model's
+    targets on these samples (reconstruct.TeacherTargets), shared by the shapes fitted."""
     kept = point.get("layers_kept")
     cut = remove_layers(copy.deepcopy(model), kept) if kept else model
     selection = shrink.Selection(parse_head_spec(point["heads"]) if point["heads"] else [], "the choice's", False,
                                  Budget("remove", 0.0, False))
     student = shrink.build_student(cut, selection, calibration, options, pad, teacher=model if kept else None,
-                                   kept_layers=kept).student
+                                   kept_layers=kept, held=held).student
     return round(layers.calibration_loss(student, calibration.samples, pad), 6)
 
 

@@ -94,6 +94,26 @@ def teacher_targets(teacher, samples: Sequence[dict], keys: Sequence[Key], pad: 
     return out
 
 
+class TeacherTargets:
+    """teacher_targets of one teacher on one set of calibration samples, every sublayer's, computed in one run of
+    the teacher when first asked and held: students fitted towards the same teacher on the same samples (the
+    choice's structures, the steps of a search, each a reconstruct) run the teacher once, not once a student.
+    Held: what one reconstruct whose every sublayer is pruned holds while it fits."""
+
+    def __init__(self, teacher, samples: Sequence[dict], pad: int):
+        self.teacher, self.samples, self.pad = teacher, samples, pad
+        self._held: Dict[Key, List[torch.Tensor]] = {}
+
+    def serves(self, teacher, samples: Sequence[dict]) -> bool:
+        """Whether these are its teacher and samples (the very objects: a masked or cut copy is another teacher)."""
+        return teacher is self.teacher and samples is self.samples
+
+    def of(self, keys: Sequence[Key]) -> Dict[Key, List[torch.Tensor]]:
+        if not self._held:
+            self._held = teacher_targets(self.teacher, self.samples, sublayer_keys(self.teacher, ffn=True), self.pad)
+        return {key: self._held[key] for key in keys}
+
+
 @torch.no_grad()
 def teacher_inputs(teacher, samples: Sequence[dict], keys: Sequence[Key], pad: int, encoder_out: bool
                    ) -> Dict[Key, List[torch.Tensor]]:
@@ -196,8 +216,9 @@ def ffn_width(model, key) -> int:
 
 @torch.no_grad()
 def reconstruct(teacher, student, samples: Sequence[dict], pad: int, options: ReconstructionOptions,
-                log=None, kept_layers=None) -> List[SublayerFit]:
-    """Reconstruct `student` (masked; weights changed in place) towards `teacher` on the calibration samples.
+                log=None, kept_layers=None, held: Optional[TeacherTargets] = None) -> List[SublayerFit]:
+    """Reconstruct `student` (masked; weights changed in place) towards `teacher` on the calibration samples (the
+    teacher's targets from `held` where it holds this teacher's on these samples).
 
     Sublayers with a removed head are fitted (all sublayers with refit_unpruned); returns one SublayerFit each.
     With `kept_layers` ({stack: the teacher's layers the student kept}, prune.layers), the student has fewer
@@ -216,7 +237,8 @@ def reconstruct(teacher, student, samples: Sequence[dict], pad: int, options: Re
     if not todo and not inputs:
         return []
     teacher_keys = [to_teacher(k) for k in todo]
-    raw = teacher_targets(teacher, samples, teacher_keys, pad)
+    raw = (held.of(teacher_keys) if held is not None and held.serves(teacher, samples)
+           else teacher_targets(teacher, samples, teacher_keys, pad))
     targets = {k: raw[t] for k, t in zip(todo, teacher_keys)}
     teacher_in = teacher_inputs(teacher, samples, inputs, pad, encoder_out=encoder_drift) if inputs else {}
     runner = _Student(student, samples)

@@ -25,7 +25,7 @@ from fairseq_headprune.errors import UserError
 from fairseq_headprune.decoding.evaluate import decoder_start
 from fairseq_headprune.core.heads import Head, HeadLayout, format_head_spec
 from fairseq_headprune.core.masking import set_head_masks
-from fairseq_headprune.prune.reconstruct import reconstruct
+from fairseq_headprune.prune.reconstruct import TeacherTargets, reconstruct
 from fairseq_headprune.prune.sublayers import SublayerFit
 from fairseq_headprune.core.shape import ModelShape, depths, ffn_widths, kept_heads
 from fairseq_headprune.core.surgery import prune_ffn, prune_model, remove_layers
@@ -273,9 +273,10 @@ class ShrinkResult:
 
 def build_student(model, selection: Selection, calibration: Calibration, options: ShrinkOptions, pad: int,
                   grads: Optional[Dict[Key, torch.Tensor]] = None, log: Optional[Callable] = None,
-                  teacher=None, kept_layers=None) -> ShrinkResult:
+                  teacher=None, kept_layers=None, held: Optional[TeacherTargets] = None) -> ShrinkResult:
     """A copy of `model` with the selected heads masked and reconstructed as options.reconstruction says (towards
-    `model`, or `teacher`: the deeper model `model` was cut from, whose layers `kept_layers` kept)."""
+    `model`, or `teacher`: the deeper model `model` was cut from, whose layers `kept_layers` kept; the teacher's
+    targets from `held` where it holds them)."""
     start = time.perf_counter()
     student = copy.deepcopy(model)
     set_head_masks(student, selection.removed)
@@ -287,7 +288,7 @@ def build_student(model, selection: Selection, calibration: Calibration, options
         set_head_masks(teacher, milder)
     ffn_kept = narrow_ffn(student, calibration, options, pad, log) if options.ffn_keep < 100 else None
     fits = reconstruct(teacher, student, calibration.samples, pad, options.reconstruction, log=log,
-                       kept_layers=kept_layers)
+                       kept_layers=kept_layers, held=held)
     return ShrinkResult(student, selection, fits, {"reconstruction": time.perf_counter() - start},
                         ffn_kept=ffn_kept)
 
@@ -326,11 +327,12 @@ def search_with_reconstruction(model, grads, budget: Budget, options: ShrinkOpti
     removed: List[Head] = []
     result = None
     step_grads = grads
+    held = TeacherTargets(model, calibration.samples, pad)  # every step's student is fitted towards the same model
     for k in range(1, options.search_steps + 1):
         n_k = int(round(n_total * k / options.search_steps))
         selection = select_heads(model, step_grads, Budget("remove", float(n_k), False), options, already=removed)
         removed = selection.removed
-        result = build_student(model, selection, calibration, options, pad, grads)
+        result = build_student(model, selection, calibration, options, pad, grads, held=held)
         if log:
             log(f"step {k}/{options.search_steps}: {len(removed)} heads removed and reconstructed")
         if k < options.search_steps:

@@ -19,6 +19,7 @@ from fairseq_headprune.compress.choice import (KINDS_TIMED, RETIMED_ROUNDS, fina
                                                pick_measured, reconstructed_nll, representatives,
                                                retime_candidates, structure_label, timing_verdict)
 from fairseq_headprune.core.shape import shape_words
+from fairseq_headprune.prune.reconstruct import TeacherTargets
 from fairseq_headprune.prune.shrink import calibrate
 from fairseq_headprune.prune.shrink_options import with_fit
 from fairseq_headprune.compress.stages.common import HELDOUT, data_sha, max_tokens
@@ -112,9 +113,15 @@ def build(folder: str, context: Context, results: Results) -> Dict:
         return {**by_quality(folder, loaded, options, scored, provenance, log),
                 "levers": moved_levers(scored, levers.stack_sizes(loaded.model))}
     scored, layer_order = scored_by_depth(loaded, grads, calibration, points, log)
-    fits = ranked_by_structure(loaded, options, scored, calibration, log) if options.shape is None else {}
+    pad = loaded.task.target_dictionary.pad()
+    held = TeacherTargets(loaded.model, calibration.samples, pad)  # every shape's fits aim at the same targets
+
+    def after_fits(point: Dict) -> float:
+        return nll_after_fits(loaded, options, point, calibration, pad, held)
+
+    fits = ranked_by_structure(scored, after_fits, log) if options.shape is None else {}
     mapped = any(p.get(levers.MAP) for p in scored)
-    best, confirmed, timed = confirm(loaded, options, timing, rounds, scored, calibration, log,
+    best, confirmed, timed = confirm(loaded, options, timing, rounds, scored, after_fits, log,
                                      vocab_map=timing_vocab_map(loaded, options, folder) if mapped else None,
                                      fits=fits)
     rule = choice_rule(options, scored)
@@ -225,20 +232,19 @@ def scored_by_depth(loaded, grads, calibration, points: List[Dict],
     return scored, order
 
 
-def ranked_by_structure(loaded, options, scored: List[Dict], calibration, log: Callable) -> Dict[str, float]:
+def ranked_by_structure(scored: List[Dict], after_fits: Callable[[Dict], float], log: Callable) -> Dict[str, float]:
     """Each point's `kind_nll` (when several structures compete): the calibration NLL after shrink's closed-form
-    fits (nll_after_fits, the pick's measure) of its structure's first shape (choice.representatives). An NLL
-    before any fit ranked the depths by their heads alone: a deeper decoder with narrowed FFNs, whose refit takes
-    back most of what the units cost, ranked below a shallower one it beats after the fits (and after recovery:
-    results/compress-de-en/nll-vs-recovery.md). Returns the NLLs computed, by structure_label (the pick reuses
-    them)."""
+    fits (`after_fits`: nll_after_fits, the pick's measure) of its structure's first shape
+    (choice.representatives). An NLL before any fit ranked the depths by their heads alone: a deeper decoder with
+    narrowed FFNs, whose refit takes back most of what the units cost, ranked below a shallower one it beats after
+    the fits (and after recovery: results/compress-de-en/nll-vs-recovery.md). Returns the NLLs computed, by
+    structure_label (the pick reuses them)."""
     firsts = representatives(scored)
     if len(firsts) < 2:
         return {}
-    pad = loaded.task.target_dictionary.pad()
     nll = {}
     for structure, first in firsts.items():
-        nll[structure] = nll_after_fits(loaded, options, first, calibration, pad)
+        nll[structure] = after_fits(first)
         log(f"choice: {label(first)} comes first of its structure's "
             f"{sum(kind(p)[:2] == structure for p in scored)} shapes: calibration NLL after the closed-form fits "
             f"{nll[structure]:.4f}")
@@ -247,8 +253,9 @@ def ranked_by_structure(loaded, options, scored: List[Dict], calibration, log: C
     return {structure_label(first): nll[structure] for structure, first in firsts.items()}
 
 
-def confirm(loaded, options, timing, rounds: int, scored: List[Dict], calibration, log: Callable,
-            vocab_map: Optional[str] = None, fits: Optional[Dict[str, float]] = None) -> Tuple[Dict, bool, List[Dict]]:
+def confirm(loaded, options, timing, rounds: int, scored: List[Dict], after_fits: Callable[[Dict], float],
+            log: Callable, vocab_map: Optional[str] = None,
+            fits: Optional[Dict[str, float]] = None) -> Tuple[Dict, bool, List[Dict]]:
     """The finalists (choice.finalists: the first shape of each kind of cut of the structures that rank first, and
     the fastest) timed as slices of the shape that ships in one interleaved run (a point with the map decodes with
     `vocab_map`, as the model built will); then, in at most RETIMED_ROUNDS more runs, the next shape of each kind
@@ -280,10 +287,8 @@ def confirm(loaded, options, timing, rounds: int, scored: List[Dict], calibratio
         batch = [p for p in retime_candidates(scored, timed, target) if label(p) not in seen]
         if not batch:
             break
-    pad = loaded.task.target_dictionary.pad()
     best, confirmed = pick_measured(timed, options.speedup,
-                                    lambda p: (fits or {}).get(structure_label(p))
-                                    or nll_after_fits(loaded, options, p, calibration, pad))
+                                    lambda p: (fits or {}).get(structure_label(p)) or after_fits(p))
     log("choice: timed " + ", ".join(
         f"{label(p)} {timed_words(p)}" + (f" (calibration NLL after the closed-form fits "
                                           f"{p['calibration_nll']:.4f})" if "calibration_nll" in p else "")
@@ -291,13 +296,14 @@ def confirm(loaded, options, timing, rounds: int, scored: List[Dict], calibratio
     return best, confirmed, timed
 
 
-def nll_after_fits(loaded, options, point: Dict, calibration, pad: int) -> float:
+def nll_after_fits(loaded, options, point: Dict, calibration, pad: int, held=None) -> float:
     """A shape's calibration NLL after shrink's closed-form fits (choice.reconstructed_nll) with this run's
-    shrink options: what the pick compares (benchmarks/nll_vs_recovery.py reads it too)."""
+    shrink options: what the pick compares (benchmarks/nll_vs_recovery.py reads it too). `held`: the unpruned
+    model's targets on the calibration (reconstruct.TeacherTargets), shared by every shape the choice fits."""
     fits = with_fit(shrink_options(options, point["heads"], point.get("dec_layers"),
                                    point.get("ffn_percent", 100.0), point.get("enc_layers")),
                     window=WindowOptions(steps=0))
-    return reconstructed_nll(loaded.model, point, calibration, fits, pad)
+    return reconstructed_nll(loaded.model, point, calibration, fits, pad, held)
 
 
 def by_quality(folder: str, loaded, options, scored: List[Dict], provenance: Dict, log: Callable) -> Dict:
