@@ -14,6 +14,7 @@ import fcntl
 import hashlib
 import inspect
 import io
+import json
 import logging
 import os
 import shutil
@@ -40,6 +41,29 @@ TINY_ARCH = [
     "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
     "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
 ]
+
+
+# the seconds each test file takes (tools/suite_durations.py writes it from a run of the suite)
+DURATIONS = json.loads((ROOT / "tests" / "durations.json").read_text(encoding="utf-8"))
+
+
+def expected_seconds(path: str) -> float:
+    """A test file's seconds as tests/durations.json has them; a file it does not list yet: the table's median."""
+    known = sorted(DURATIONS.values())
+    return DURATIONS.get(path, known[len(known) // 2] if known else 0.0)
+
+
+def pytest_configure(config):
+    """pytest-xdist hands the test files to its workers in the order collected (not in its own order by their
+    number of tests, which put the one-test documented-commands files last: one of them ran alone at the end)."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The longest files first (tests/durations.json), each file's tests together and in their own order: with
+    `--dist loadfile`, whichever worker is free takes the next file, so both stay busy to the end."""
+    items.sort(key=lambda item: -expected_seconds(Path(item.path).relative_to(ROOT).as_posix()))
 
 
 def run(cmd, check=True, in_process=True, **kw) -> subprocess.CompletedProcess:
