@@ -45,12 +45,12 @@ TINY_ARCH = [
 
 # the seconds each test file takes (tools/suite_durations.py writes it from a run of the suite)
 DURATIONS = json.loads((ROOT / "tests" / "durations.json").read_text(encoding="utf-8"))
+UNLISTED = sorted(DURATIONS.values())[len(DURATIONS) // 2] if DURATIONS else 0.0  # the table's median
 
 
 def expected_seconds(path: str) -> float:
     """A test file's seconds as tests/durations.json has them; a file it does not list yet: the table's median."""
-    known = sorted(DURATIONS.values())
-    return DURATIONS.get(path, known[len(known) // 2] if known else 0.0)
+    return DURATIONS.get(path, UNLISTED)
 
 
 def pytest_configure(config):

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from fairseq_headprune.prune import layers, levers, select, shrink
+from fairseq_headprune.prune.reconstruct import TeacherTargets
 from fairseq_headprune.prune.shrink_options import Budget
 from fairseq_headprune.core.heads import Head, HeadLayout, format_head_spec, parse_head_spec
 from fairseq_headprune.core.surgery import remove_layers
@@ -154,7 +155,8 @@ def fisher_choice(model, grads, points: List[Dict]) -> List[Dict]:
     return out
 
 
-def reconstructed_nll(model, point: Dict, calibration, options, pad: int, held=None) -> float:
+def reconstructed_nll(model, point: Dict, calibration, options, pad: int,
+                      held: Optional[TeacherTargets] = None) -> float:
     """A candidate's calibration NLL as shrink's closed-form fits leave it (`options`: shrink's, no window fit): its
     decoder layers removed, its heads masked, its FFN units removed (mask Fisher, after the heads), every changed
     sublayer refit towards the unpruned model. The measure the pick compares shapes by: a narrowed FFN's refit takes

@@ -296,7 +296,8 @@ def confirm(loaded, options, timing, rounds: int, scored: List[Dict], after_fits
     return best, confirmed, timed
 
 
-def nll_after_fits(loaded, options, point: Dict, calibration, pad: int, held=None) -> float:
+def nll_after_fits(loaded, options, point: Dict, calibration, pad: int,
+                   held: Optional[TeacherTargets] = None) -> float:
     """A shape's calibration NLL after shrink's closed-form fits (choice.reconstructed_nll) with this run's
     shrink options: what the pick compares (benchmarks/nll_vs_recovery.py reads it too). `held`: the unpruned
     model's targets on the calibration (reconstruct.TeacherTargets), shared by every shape the choice fits."""
