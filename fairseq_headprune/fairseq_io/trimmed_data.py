@@ -1,7 +1,11 @@
 """A checkpoint whose vocabulary `shrink --keep-vocab` trimmed, read with DATA as binarised for the untrimmed model:
 the task's dictionaries become the trimmed model's (rebuilt from DATA's by the trim's kept ids, as the files written
 beside the checkpoint hold them) and its datasets read DATA's ids mapped to the trimmed ones, a token the trim
-dropped read as <unk>, as the trimmed dictionaries would have binarised it. The special symbols keep their ids."""
+dropped read as <unk>, as the trimmed dictionaries would have binarised it. The special symbols keep their ids.
+
+Under translation_multi_simple_epoch the files hold no language tokens (the task adds them as it reads, from its
+dictionaries): every language's dictionary becomes the trimmed one and each file's ids are mapped as its data
+manager reads them, before the language tokens are added, so those come from the trimmed dictionary."""
 from __future__ import annotations
 
 import copy
@@ -59,10 +63,11 @@ class MappedTokens(BaseWrapperDataset):
 
 def read_through_trim(task, trim: Dict, checkpoint: str) -> None:
     """The task set to read DATA (binarised for the untrimmed model) for the trimmed checkpoint: its dictionaries
-    the trimmed ones, `trimmed_ids` the lookups its datasets are read through (map_dataset)."""
-    if not all(hasattr(task, attr) for _, attr in SIDES):  # the multilingual task: a dictionary per language
-        raise UserError(f"{checkpoint}: a multilingual checkpoint whose vocabulary shrink --keep-vocab trimmed reads "
-                        "DATA binarised against the dict.*.txt written beside it (its language tokens moved)")
+    the trimmed ones, `trimmed_ids` the lookups its datasets are read through (map_dataset; the multilingual task's
+    data manager maps as it reads, read_languages_through_trim)."""
+    if hasattr(task, "data_manager"):
+        read_languages_through_trim(task, trim, checkpoint)
+        return
     lookups = {}
     for side, attr in SIDES:
         old = getattr(task, attr)
@@ -72,10 +77,35 @@ def read_through_trim(task, trim: Dict, checkpoint: str) -> None:
     task.trimmed_ids = lookups
 
 
+def read_languages_through_trim(task, trim: Dict, checkpoint: str) -> None:
+    """translation_multi_simple_epoch: every dictionary the data manager holds becomes the trimmed one of its side
+    (a source language's, else the target's) and each file it reads, `SPLIT.SRC-TGT.LANG`, is read through LANG's
+    side's lookup."""
+    manager, sources = task.data_manager, set(task.source_langs) | {"src"}  # "src": --source-dict's entry
+    if manager.args.source_dict is not None or manager.args.target_dict is not None:
+        raise UserError(f"{checkpoint}: a multilingual checkpoint whose vocabulary shrink --keep-vocab trimmed "
+                        "reads DATA through its dict.LANG.txt files; --source-dict and --target-dict are not read "
+                        "through a trim")
+    old = {side: (task.source_dictionary if side == "source" else task.target_dictionary) for side, _ in SIDES}
+    lookups = {side: id_lookup(len(old[side]), trim["kept_ids"][side], old[side].unk()) for side, _ in SIDES}
+    trimmed = {side: dictionary_of(old[side], trim["kept_ids"][side]) for side, _ in SIDES}
+    for lang in list(manager.dicts):
+        manager.dicts[lang] = trimmed["source" if lang in sources else "target"]
+    read = manager.load_data
+
+    def load_data(path, vdict, impl):
+        side = "source" if path.rsplit(".", 1)[-1] in sources else "target"
+        dataset = read(path, vdict, impl)
+        return None if dataset is None else MappedTokens(dataset, lookups[side])
+
+    manager.load_data = load_data
+    task.trimmed_ids = {**lookups, "mapped_as_read": True}
+
+
 def map_dataset(task, dataset) -> None:
     """A language-pair dataset of DATA read through the task's lookups (read_through_trim), once."""
     lookups = getattr(task, "trimmed_ids", None)
-    if lookups is None or getattr(dataset, "read_through_trim", False):
+    if lookups is None or lookups.get("mapped_as_read") or getattr(dataset, "read_through_trim", False):
         return
     dataset.src = MappedTokens(dataset.src, lookups["source"])
     if dataset.tgt is not None:
