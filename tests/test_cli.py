@@ -204,7 +204,7 @@ def test_compress_help_groups_its_options_and_leaves_out_what_it_refuses(capsys)
     assert cli.main(["compress", "--help"]) == 0
     text = capsys.readouterr().out
     for section in ("target:", "recovery:", "reported sets:", "calibration and refit:", "timing and checks:",
-                    "vocabulary map:", "the run:"):
+                    "vocabulary:", "the run:"):
         assert f"\n{section}\n" in text, section
     assert text.index("  --speedup SPEEDUP") < text.index("  --budget-epochs") < text.index("  --beam BEAM")
     assert cli.main(["compress", "--help-fairseq"]) == 0

@@ -30,8 +30,8 @@ from fairseq_headprune.errors import UserError
 from fairseq_headprune.prune.shrink import shrink, trim_only, write_checkpoint
 from fairseq_headprune.prune.shrink_options import (ShrinkOptions, flat_fields, inert_options, parse_ffn_keep,
                                                     vocabulary_only)
-from fairseq_headprune.prune.vocab_trim import refuse_untrimmable
-from fairseq_headprune.prune.vocabulary import plan_vocabulary, read_corpora, refuse_foreign_dictionaries
+from fairseq_headprune.prune.vocab_trim import plan_for
+from fairseq_headprune.prune.vocabulary import read_corpora, refuse_foreign_dictionaries
 from fairseq_headprune.options import add_arguments, from_arguments, option
 from fairseq_headprune.studies.shrink_sweep import DEFAULT_METHODS
 from fairseq_headprune.cli.recover import summary
@@ -119,7 +119,7 @@ def run(cfg, args) -> None:
         print(f"reusing {c.out}: shrunk by an earlier run with these options (its recovery resumes)")
     else:
         loaded = load(cfg)
-        plan = _vocabulary_plan(loaded, options, corpora) if corpora else None
+        plan = plan_for(loaded, corpora, options.vocabulary.floor) if corpora else None
         result, calibration = shrink(loaded, options)
         record = write_checkpoint(loaded, result, calibration, options, c.out, json_path, plan=plan)
         seconds = time.perf_counter() - start
@@ -135,17 +135,10 @@ def run(cfg, args) -> None:
               f"wrote {record_path(final_out)}")
 
 
-def _vocabulary_plan(loaded, options: ShrinkOptions, corpora):
-    """What --keep-vocab keeps of the loaded model; a model or task it cannot trim is refused before any work."""
-    refuse_untrimmable(loaded.model)
-    shared = loaded.model.encoder.embed_tokens is loaded.model.decoder.embed_tokens
-    return plan_vocabulary(loaded.task, corpora, options.vocabulary.floor, shared)
-
-
 def _trim_vocabulary(cfg, options: ShrinkOptions, corpora, out: str, json_path: str, start: float) -> None:
     """--keep-vocab alone: no calibration, no search; the model with fewer vocabulary rows and its dictionaries."""
     loaded = load(cfg)
-    plan = _vocabulary_plan(loaded, options, corpora)
+    plan = plan_for(loaded, corpora, options.vocabulary.floor)
     trim_only(loaded, options, plan, out, json_path)
     folder = os.path.dirname(os.path.abspath(out))
     print(f"{time.perf_counter() - start:.0f}s in all\nwrote {out} and {', '.join(sorted(plan.files))} beside it "

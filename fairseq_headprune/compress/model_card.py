@@ -96,6 +96,7 @@ def summary_lines(record: Dict) -> List[Optional[str]]:
 def result_lines(record: Dict) -> List[Optional[str]]:
     """The result table (unpruned against compressed), how it was measured, and what was removed."""
     st, choice, shrunk, measured, reported, chosen, whole, trained, engine = facts(record)
+    vocabulary = st["export"].get("vocabulary")
     return [
         "## Result", "",
         "| | unpruned | compressed |", "|---|---|---|",
@@ -105,7 +106,9 @@ def result_lines(record: Dict) -> List[Optional[str]]:
         f"| decoder layers | {whole['dec_layers']} | {chosen['dec_layers']} |" if "dec_layers" in chosen else None,
         f"| FFN units kept | 100% | {chosen['ffn_percent']:g}% |" if "ffn_percent" in chosen else None,
         f"| heads in all | {shrunk['heads_total']} | {shrunk['heads_kept']} |",
-        f"| parameters | {shrunk['params_before']:,} | {shrunk['params_after']:,} |",
+        vocabulary_row(vocabulary),
+        f"| parameters | {shrunk['params_before']:,} | "
+        f"{(vocabulary['memory']['parameters_after'] if vocabulary else shrunk['params_after']):,} |",
         *[f"| BLEU, {set_name(a, trained)} ({a['sentences']} sentences, {engine}) | {a['bleu_unpruned']:.2f} | "
           f"{a['bleu_compressed']:.2f} (p {a['p']:.3f}) |" for a in all_sets(reported)],
         *[f"| chrF, {set_name(a, trained)} | {a['chrf_unpruned']:.2f} | {a['chrf_compressed']:.2f} "
@@ -125,9 +128,42 @@ def result_lines(record: Dict) -> List[Optional[str]]:
            if "chrf_signature" in reported else "") + ". The machine's "
         "load moves sentences/s; the ratios much less" + load_words(measured, chosen) + ".", "",
         "## What was removed", "",
-        removed_line(chosen, {**whole, "enc_layers": encoder_depth(choice)} if "enc_layers" in chosen else whole),
-        "",
+        removed_line(chosen, {**whole, "enc_layers": encoder_depth(choice)} if "enc_layers" in chosen else whole,
+                     trimmed=bool(vocabulary)),
+        "", vocabulary_line(vocabulary, record["options"]), "" if vocabulary else None,
     ]
+
+
+def vocabulary_row(vocabulary: Optional[Dict]) -> Optional[str]:
+    """The result table's row of a vocabulary --keep-vocab trimmed (None without one)."""
+    if not vocabulary:
+        return None
+    source, target = vocabulary["source"], vocabulary["target"]
+    if vocabulary["one_dictionary"]:
+        return f"| vocabulary (one table for both sides) | {source['before']:,} | {source['after']:,} |"
+    return (f"| vocabulary, source / target | {source['before']:,} / {target['before']:,} | {source['after']:,} / "
+            f"{target['after']:,} |")
+
+
+def vocabulary_line(vocabulary: Optional[Dict], options: Dict) -> Optional[str]:
+    """What the trim kept, checked and saved (None without --keep-vocab)."""
+    if not vocabulary:
+        return None
+    corpora = ", ".join(f"`{c['name']}`" if "name" in c else f"`{os.path.basename(c['path'])}`"
+                        for c in vocabulary["corpora"])
+    floor = options.get("vocabulary", {}).get("floor")
+    check, memory = vocabulary.get("check"), vocabulary["memory"]
+    checked = (f" The kept tokens' logits equal the recovered model's on {check['sentences_checked']} of "
+               f"{check['sentences']} check sentences (those using kept tokens only; largest difference "
+               f"{check['max_logit_diff']:.1e})." if check else "")
+    size = (f" A float32 CTranslate2 model of it takes {memory['ct2_float32_bytes_after'] / 2**20:.2f} MiB on disk "
+            f"against {memory['ct2_float32_bytes_before'] / 2**20:.2f} MiB untrimmed."
+            if memory.get("ct2_float32_bytes_before") else "")
+    return (f"The vocabulary was trimmed after the recovery to what the deployment needs (`--keep-vocab`): the "
+            f"special symbols, the language tokens of the pair and every token of {corpora}"
+            + (f", then the most frequent others up to {floor} symbols" if floor else "") + "; a source word outside "
+            "it reads as `<unk>`, and a hypothesis of the recovered model changes only where it held a dropped "
+            f"word.{checked}{size} The dictionaries beside model.pt are the ones it was trimmed to.")
 
 
 def method_lines(record: Dict) -> List[Optional[str]]:
@@ -406,7 +442,7 @@ def also_line(reported: Dict, trained: set = frozenset()) -> str:
     return "; so were " + ", ".join(parts) if parts else ""
 
 
-def removed_line(chosen: Dict, whole: Dict) -> str:
+def removed_line(chosen: Dict, whole: Dict, trimmed: bool = False) -> str:
     """What the chosen shape removed: the decoder's layers (if any), then the heads of every layer kept."""
     depth = ""
     if "enc_layers" in chosen:
@@ -417,12 +453,14 @@ def removed_line(chosen: Dict, whole: Dict) -> str:
                   f"{', '.join(map(str, chosen['layers_kept']['dec']))}, renumbered 1..{chosen['dec_layers']}). ")
     heads = (f"({chosen['heads_removed']} heads removed: `{chosen['heads']}`)" if chosen["heads_removed"] else
              "(no head removed)")
+    rest = "keep the vocabulary below" if trimmed else "are whole"
     return (f"{depth}Every encoder layer keeps {chosen['enc_heads']} of {whole['enc_heads']} heads and every "
             f"{'kept ' if depth else ''}decoder self- and cross-attention layer {chosen['dec_heads']} of "
             f"{whole['dec_heads']} {heads}. " + (
                 f"Every FFN keeps {chosen['ffn_percent']:g}% of its hidden units (the highest by their mask Fisher "
-                "score on the calibration sentences, `shrink --ffn-keep`); the embeddings and output layer are whole."
-                if "ffn_percent" in chosen else "The FFNs, embeddings and output layer are whole."))
+                f"score on the calibration sentences, `shrink --ffn-keep`); the embeddings and output layer {rest}."
+                if "ffn_percent" in chosen else f"The FFNs are whole; the embeddings and output layer {rest}."
+                if trimmed else "The FFNs, embeddings and output layer are whole."))
 
 
 def layers_line(choice: Dict) -> Optional[str]:

@@ -10,6 +10,7 @@ from typing import Optional, Tuple
 from fairseq_headprune.prune import levers
 from fairseq_headprune.prune.recovery_config import DEFAULT_DISTILL, DISTILL
 from fairseq_headprune.prune.vocab_map import VocabMapBound, VocabMapOptions
+from fairseq_headprune.prune.vocabulary import VocabularyOptions
 from fairseq_headprune.prune.window_fit import WindowOptions
 from fairseq_headprune.core.shape import CeilingShape
 from fairseq_headprune.errors import UserError
@@ -130,16 +131,20 @@ class CompressOptions:
     distill_nbest: int = option(1, flag="--distill-nbest", section="recovery", metavar="N",
                                 help="the unpruned model's N best translations of each --distill-source sentence, "
                                      "each a pair (recover --distill-nbest)")
-    vocab_map: bool = option(False, flag="--vocab-map", section="vocabulary map", group="vocabulary map",
+    vocab_map: bool = option(False, flag="--vocab-map", section="vocabulary", group="vocabulary map",
                              help="ct2 engines: ship a vocabulary map (vmap.txt, from the training pairs) the "
                                   "choice times its shapes with and the model is measured, checked and reported "
                                   "with: the output layer scores only the target words the batch's source words "
                                   "bring in (export-ct2 --vocab-map). Without it, --speedup weighs the map as a "
                                   "lever of the choice")
-    no_vocab_map: bool = option(False, flag="--no-vocab-map", section="vocabulary map", group="vocabulary map",
+    no_vocab_map: bool = option(False, flag="--no-vocab-map", section="vocabulary", group="vocabulary map",
                                 help="--speedup: never ship a vocabulary map (the choice does not weigh it)")
-    vocab_map_options: VocabMapOptions = nested(VocabMapOptions, section="vocabulary map")
-    vocab_map_bound: VocabMapBound = nested(VocabMapBound, section="vocabulary map")  # export-ct2's, the same
+    vocab_map_options: VocabMapOptions = nested(VocabMapOptions, section="vocabulary")
+    vocab_map_bound: VocabMapBound = nested(VocabMapBound, section="vocabulary")  # export-ct2's, the same
+    # shrink's --keep-vocab: the model that ships (OUT/model.pt, ct2/) holds only these corpora's vocabulary, trimmed
+    # after the recovery; the cost table times the output layer at the share it keeps, and every shape is
+    # predicted and timed with it
+    vocabulary: VocabularyOptions = nested(VocabularyOptions, section="vocabulary")
     recover_args: Tuple[str, ...] = option((), flag="--recover-args", section="recovery",
                                            metavar="'FAIRSEQ-TRAIN OPTIONS'",
                                            parse=lambda text: recover_args(text),
@@ -171,6 +176,7 @@ class CompressOptions:
         self._check_distillation()
         self._check_sets()
         self._check_out()
+        self.vocabulary.check()
 
     def _check_target(self) -> None:
         """The target (--speedup or --max-bleu-loss) and --shape."""
@@ -247,6 +253,10 @@ class CompressOptions:
                             "give --distill-source")
         if not 1 <= self.distill_nbest <= 5:  # recover's teacher beam
             raise UserError(f"--distill-nbest must be between 1 and 5 (the teacher's beam), not {self.distill_nbest}")
+        if self.vocabulary.corpora and self.engine == "fairseq":
+            raise UserError("--keep-vocab: --engine fairseq times and scores the model on DATA's ids, which a trimmed "
+                            "vocabulary renumbers; use a CTranslate2 engine, or trim OUT/model.pt after with shrink "
+                            "--keep-vocab")
         if self.vocab_map and self.engine == "fairseq":
             raise UserError("--vocab-map is CTranslate2's (use_vmap): --engine fairseq cannot apply it")
         self.vocab_map_options.check(self.map_state() != "off")
@@ -294,8 +304,9 @@ class CompressOptions:
         """--shape as deploy's CeilingShape: heads per stack, the decoder's depth, the FFNs' share of units."""
         shape = CeilingShape.parse(self.shape, "--shape")
         if shape.vocab_percent < 100:
-            raise UserError(f"--shape {self.shape}: the output layer cannot be removed yet (heads per stack, the "
-                            "decoder's depth and the FFN units can)")
+            raise UserError(f"--shape {self.shape}: the output layer is trimmed to a deployment's vocabulary by "
+                            "--keep-vocab CORPUS..., not by a share (--shape sets heads per stack, the decoder's "
+                            "depth and the FFN units)")
         return shape
 
     def map_state(self) -> str:

@@ -32,12 +32,15 @@ will run. In order:
               train calibration: the recipe the recover study measured best).
   recover     fairseq-train (compress.recover.recover): distillation from the unpruned model, early stopping on
               valid, resumable from its own checkpoints.
-  export      CTranslate2 (ct2 engines): float32 parity against fairseq on valid, then the engine's compute type.
+  export      with --keep-vocab, the vocabulary trimmed to its corpora (prune.vocab_trim: checked against the recovered
+              model, its dictionaries beside it); CTranslate2 (ct2 engines): float32 parity against fairseq on
+              valid, then the engine's compute type.
   measure     speed over the unpruned model in the same engine on valid sentences, at equal work and as decoded,
               interleaved in the same rounds; the FLOP ratio.
   report      --gen-subset decoded once by both models in the engine: BLEU, paired-bootstrap p. No choice reads it.
 
-Then OUT/model.pt, OUT/ct2/, OUT/MODEL_CARD.md and OUT/compress.json, each written whole (compress.json last).
+Then OUT/model.pt (with --keep-vocab its dictionaries beside it), OUT/ct2/, OUT/MODEL_CARD.md and OUT/compress.json,
+each written whole (compress.json last).
 """
 from __future__ import annotations
 
@@ -56,7 +59,7 @@ from fairseq_headprune.prune.recovery_config import TRAIN_DEFAULTS
 from fairseq_headprune.prune.shrink import calibration_samples
 from fairseq_headprune.compress.stages import (choice, cost_table, export, measure, outputs, plan, recover,
                                                report, shrink)
-from fairseq_headprune.compress.stages.common import max_tokens
+from fairseq_headprune.compress.stages.common import max_tokens, trim_point
 from fairseq_headprune.compress.stages.contract import Context, Results, Stage
 from fairseq_headprune.core.masking import set_head_masks
 from fairseq_headprune.errors import UserError
@@ -264,9 +267,10 @@ class Run:
         train_tokens = int(TRAIN_DEFAULTS["--max-tokens"])  # a batch as recovery trains on (the probe's rates)
         with max_tokens(loaded, train_tokens):
             calibration, _ = calibration_samples(loaded, "train", 200, train_tokens)
-        self.context = Context(loaded, options, timing, rounds, cost_table.table_identity(loaded, options, timing,
-                                                                                          rounds),
-                               self.threads, self.store.root, self.log)
+        trim = trim_point(loaded, options)
+        self.context = Context(loaded, options, timing, rounds,
+                               cost_table.table_identity(loaded, options, timing, rounds, trim),
+                               self.threads, self.store.root, self.log, trim)
         rows = len(levers.lever_rows(loaded.model)) + (options.map_state() != "off")  # the map's row
         rates = plan.probe(loaded, options, timing, calibration)
         estimate = plan.estimates(loaded, options, rates, rows, rounds)
@@ -292,7 +296,7 @@ class Run:
         context = self.context
         results = {**self.results, "cost-table": cost_table.smoothed(context, self.results)}
         return outputs.write(self.loaded, context.shipped(results), results, cost_table.points(context, results),
-                             self.rates, self.plan, results["recover"], results["export"], self.log)
+                             self.rates, self.plan, results["export"], self.log)
 
     def _plan_lines(self, cached: set) -> List[str]:
         """--dry-run: every stage with the data it reads and its estimate, then the recovery's command."""

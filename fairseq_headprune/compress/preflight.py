@@ -15,6 +15,8 @@ written) instead of failing after the cost table, the choice, the shrink or the 
   recovered_checkpoint  --recovered: a fairseq checkpoint of the input model's vocabulary (of the shrink's shape
                  when the shrink is in OUT).
   distillation_sources  --distill-source: UTF-8 text files, not empty.
+  vocabulary     --keep-vocab: corpora this model's vocabulary can be trimmed to (UTF-8, each named for a language
+                 of the pair), a model and task whose vocabulary can be trimmed.
   check          all of them but output_folder, on the loaded model, in that order.
 """
 from __future__ import annotations
@@ -34,7 +36,7 @@ from fairseq.optim import lr_scheduler
 from fairseq_headprune.prune import recover, recovery_config
 from fairseq_headprune.prune.export import foreign_entries
 from fairseq_headprune.prune.sequence_targets import language_pair
-from fairseq_headprune.compress.stages.common import split_subsets, subset_tokens
+from fairseq_headprune.compress.stages.common import split_subsets, subset_tokens, trim_point
 from fairseq_headprune.compress.stages.cost_table import shape_point
 from fairseq_headprune.compress.stages.recover import recover_options
 from fairseq_headprune.engines.ct2 import check_task, ct2_decoding
@@ -46,7 +48,9 @@ from fairseq_headprune.records.log import LOCK_NAME
 # what a compress run writes into --out (its records: stages/ and compress.json), and its temporaries
 OWN_ENTRIES = ("stages", "ct2", "model.pt", "MODEL_CARD.md", "compress.json", LOCK_NAME,
                "recovery-run.sh", "recovery-run")  # --stop-after shrink's recovery command and its run folder
-OWN_TEMPORARIES = re.compile(r"\.(MODEL_CARD\.md|compress\.json|recovery-run\.sh)\..+\.tmp|model\.pt\.tmp|\.ct2-.+")
+OWN_VOCABULARY = re.compile(r"dict\.[^/\\]+\.txt|langs\.txt")  # a vocabulary trimmed by --keep-vocab, beside model.pt
+OWN_TEMPORARIES = re.compile(r"\.(MODEL_CARD\.md|compress\.json|recovery-run\.sh)\..+\.tmp|model\.pt\.tmp|\.ct2-.+"
+                             r"|dict\.[^/\\]+\.txt\.tmp|langs\.txt\.tmp")
 
 # fairseq-train options compress's recovery sets itself -> the compress option that sets it (or why it is fixed)
 SET_BY_COMPRESS = {
@@ -84,7 +88,8 @@ def command_inputs(data: str, checkpoint: str, references: Sequence[Optional[str
 def foreign_names(out: str) -> list:
     """What in the folder `out` no compress run wrote (empty: a new folder or one of compress's own runs)."""
     names = sorted(os.listdir(out))
-    foreign = [n for n in names if n not in OWN_ENTRIES and not OWN_TEMPORARIES.fullmatch(n)]
+    foreign = [n for n in names if n not in OWN_ENTRIES and not OWN_TEMPORARIES.fullmatch(n)
+               and not OWN_VOCABULARY.fullmatch(n)]
     if foreign:
         return foreign
     if any(n not in (LOCK_NAME,) and not OWN_TEMPORARIES.fullmatch(n) for n in names) and "stages" not in names:
@@ -380,5 +385,6 @@ def check(loaded, options) -> None:
     subsets(loaded, options)
     recovered_checkpoint(loaded, options)
     distillation_sources(options)
+    trim_point(loaded, options)  # --keep-vocab: what it keeps, or one line
     if options.shape is not None:
         shape_point(loaded, options)

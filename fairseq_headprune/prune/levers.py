@@ -95,6 +95,19 @@ LEVERS: Tuple[Lever, ...] = (
 )
 
 
+VOCAB = "vocab_percent"
+
+
+def levers_for(trim: Mapping[str, float]) -> Tuple[Lever, ...]:
+    """The levers a run measures: where `trim` gives {VOCAB: P} (compress --keep-vocab), the output layer at the P%
+    of the target words the trim keeps, removable (the export trims it); otherwise LEVERS (the output layer at half,
+    what it would buy)."""
+    if VOCAB not in trim:
+        return LEVERS
+    output = Lever("output layer", VOCAB, "% of the target words kept (--keep-vocab)", True, (float(trim[VOCAB]),))
+    return tuple(output if lever.field == VOCAB else lever for lever in LEVERS)
+
+
 def stack_sizes(model) -> Dict[str, int]:
     """The whole of every counted lever: the fewest heads any layer of each stack holds (what a per-stack shape can
     keep at most), and the decoder's depth."""
@@ -451,14 +464,17 @@ def saved(table: Dict, field: str, value: float) -> float:
 
 def lever_order(table: Dict) -> List[Tuple[str, float]]:
     """Levers by the speed-up half of each buys on its own (half the heads of every layer of a stack, half the
-    decoder's layers, half of every FFN's units; read from the smoothed rows), fastest first: (lever, predicted
-    speed-up)."""
+    decoder's layers, half of every FFN's units; the map on; the output layer trimmed by --keep-vocab at its share;
+    read from the smoothed rows), fastest first: (lever, predicted speed-up)."""
     out = {}
     for r in table["rows"]:
         if r["lever"] in out:
             continue
         if r["field"] == MAP:  # on, not half of it
             out[r["lever"]] = round(1 / (1 - map_saved(table)), 4)
+            continue
+        if r["removable"] and r["field"] == VOCAB:  # the trim's one share (--keep-vocab), not half
+            out[f"{r['lever']} {r['value']:.0f}%"] = round(1 / (1 - r.get("saved", r["time_saved"])), 4)
             continue
         half = table["whole"].get(r["field"], 100.0) / 2
         try:

@@ -20,7 +20,7 @@ from torch import nn
 from fairseq_headprune.core.surgery import trim_vocabulary
 from fairseq_headprune.engines.ct2_spec import build_spec, write_model
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.prune.vocabulary import VocabularyPlan, plan_record
+from fairseq_headprune.prune.vocabulary import Corpus, VocabularyPlan, plan_record, plan_vocabulary
 
 CHECK_TOLERANCE = 1e-4  # the largest logit difference the check accepts (float32 sums in another order)
 CFG_KEY = "vocabulary_trim"  # where the checkpoint's config records the trim
@@ -44,6 +44,19 @@ def refuse_untrimmable(model) -> None:
     problems = untrimmable_parts(model)
     if problems:
         raise UserError(f"--keep-vocab: this model's vocabulary cannot be trimmed: {'; '.join(problems)}")
+
+
+def plan_for(loaded, corpora: Sequence[Corpus], floor: Optional[int]) -> VocabularyPlan:
+    """What --keep-vocab keeps of the loaded model (embeddings shared between its stacks stay shared); a model or
+    task it cannot trim is one line."""
+    refuse_untrimmable(loaded.model)
+    shared = loaded.model.encoder.embed_tokens is loaded.model.decoder.embed_tokens
+    return plan_vocabulary(loaded.task, corpora, floor, shared)
+
+
+def target_percent(plan: VocabularyPlan) -> float:
+    """The share of the target words the plan keeps, in percent (the output layer's rows)."""
+    return 100.0 * len(plan.target.old_ids) / plan.target.summary["before"]
 
 
 def trimmed(model, plan: VocabularyPlan):

@@ -123,7 +123,7 @@ def build(folder: str, context: Context, results: Results) -> Dict:
     mapped = any(p.get(levers.MAP) for p in scored)
     best, confirmed, timed = confirm(loaded, options, timing, rounds, scored, after_fits, log,
                                      vocab_map=timing_vocab_map(loaded, options, folder) if mapped else None,
-                                     fits=fits)
+                                     fits=fits, trim=context.trim)
     rule = choice_rule(options, scored)
     log(f"choice: {shape_words(best)}, {timed_words(best)} measured (predicted "
         f"{best['predicted_speedup']:.2f}x): {rule}"
@@ -254,20 +254,21 @@ def ranked_by_structure(scored: List[Dict], after_fits: Callable[[Dict], float],
 
 
 def confirm(loaded, options, timing, rounds: int, scored: List[Dict], after_fits: Callable[[Dict], float],
-            log: Callable, vocab_map: Optional[str] = None,
-            fits: Optional[Dict[str, float]] = None) -> Tuple[Dict, bool, List[Dict]]:
+            log: Callable, vocab_map: Optional[str] = None, fits: Optional[Dict[str, float]] = None,
+            trim: Optional[Dict[str, float]] = None) -> Tuple[Dict, bool, List[Dict]]:
     """The finalists (choice.finalists: the first shape of each kind of cut of the structures that rank first, and
     the fastest) timed as slices of the shape that ships in one interleaved run (a point with the map decodes with
     `vocab_map`, as the model built will); then, in at most RETIMED_ROUNDS more runs, the next shape of each kind
     whose timed shapes all missed the target (retime_candidates). Of those whose interval clears the target, the
     lowest calibration NLL after shrink's closed-form fits (pick_measured; reconstructed_nll: comparable across
     depths, head counts and FFN widths, where the Fisher estimates of different cut models are not; those `fits`
-    holds by structure_label, the structures' ranking computed, reused); none clearing it, the fastest timed."""
+    holds by structure_label, the structures' ranking computed, reused); none clearing it, the fastest timed. Every
+    slice takes `trim` ({"vocab_percent": P}: as many target words as --keep-vocab keeps)."""
     target = options.speedup
     batch = list(scored) if options.shape is not None else finalists(scored)
     timed: List[Dict] = []
     for _ in range(1 + RETIMED_ROUNDS):
-        shapes = {label(p): levers.ceiling_shape(loaded.model, p) for p in batch}
+        shapes = {label(p): levers.ceiling_shape(loaded.model, {**p, **(trim or {})}) for p in batch}
         measured = levers.time_shapes(loaded, options.engine, timing, rounds, shapes, log, vocab_map=vocab_map,
                                       mapped=[label(p) for p in batch if p.get(levers.MAP)],
                                       threads=options.deploy_threads)

@@ -8,6 +8,8 @@ from typing import Dict, List, Optional, Tuple
 
 from fairseq_headprune.engines.engine_model import EngineModel
 from fairseq_headprune.fairseq_io.loading import load_subset
+from fairseq_headprune.prune.vocab_trim import plan_for, target_percent
+from fairseq_headprune.prune.vocabulary import read_corpora
 from fairseq_headprune.records.identity import calibration_files_sha256, file_sha256
 
 HELDOUT = "heldout"  # the choice's split of valid (--max-bleu-loss)
@@ -70,9 +72,27 @@ def also_sets(options) -> List[Tuple[str, Optional[str]]]:
     return list(zip(options.also_report, options.also_references or [None] * len(options.also_report)))
 
 
-def engine_model(loaded, engine: str, exported: Optional[Dict], tmp: str, name: str, threads: int = 1) -> EngineModel:
+def engine_model(loaded, engine: str, exported: Optional[Dict], tmp: str, name: str, threads: int = 1,
+                 unpruned=None) -> EngineModel:
     """A model as `engine` runs it on `threads` threads: the exported CTranslate2 folder when there is one, else
-    built under tmp/name."""
+    built under tmp/name. A CTranslate2 folder reads and writes words: it is given the `unpruned` model's batches
+    and dictionaries where one is given (a vocabulary trimmed by --keep-vocab reads a dropped word as <unk>
+    inside the folder, and writes only words the unpruned dictionary holds)."""
     if exported and exported.get("ct2"):
-        return EngineModel(loaded, engine, ct2_folder=exported["ct2"], threads=threads)
+        return EngineModel(unpruned or loaded, engine, ct2_folder=exported["ct2"], threads=threads)
     return EngineModel(loaded, engine, folder=os.path.join(tmp, name), threads=threads)
+
+
+def trim_point(loaded, options) -> Dict[str, float]:
+    """The lever value every shape of the run takes: {"vocab_percent": P} where --keep-vocab trims the output layer
+    to P% of the target words (the plan its corpora give), {} otherwise; a corpus or model it cannot trim is one
+    line."""
+    if not options.vocabulary.corpora:
+        return {}
+    plan = plan_for(loaded, read_corpora(options.vocabulary), options.vocabulary.floor)
+    return {"vocab_percent": target_percent(plan)}
+
+
+def shipped_checkpoint(results: Dict[str, Dict]) -> str:
+    """The checkpoint that ships: the export's (its vocabulary trimmed by --keep-vocab), else the recovered one."""
+    return results["export"].get("checkpoint") or results["recover"]["checkpoint"]

@@ -21,7 +21,8 @@ Results = Dict[str, Dict]  # the results of the stages run so far, by stage name
 class Context:
     """What every stage may read besides the results before it: the unpruned model as loaded, the options as given,
     the timing batches and rounds, the cost table's identity, the recovery's torch threads, the run's stages
-    folder and its log."""
+    folder and its log; and `trim`, the lever value every shape of the run takes ({"vocab_percent": P} under
+    --keep-vocab: stages.common.trim_point)."""
     loaded: Any
     options: Any
     timing: List
@@ -30,6 +31,7 @@ class Context:
     threads: int
     stages_root: str
     log: Callable[[str], None]
+    trim: Dict[str, float] = dataclasses.field(default_factory=dict)
 
     def quiet(self) -> "Context":
         """The same context with no log (the plan computes identities it does not report)."""

@@ -23,10 +23,12 @@ def cost_cache(options) -> Optional[str]:
     return levers.default_cache() if given is None else (given or None)
 
 
-def table_identity(loaded, options, timing, rounds: int) -> Dict:
-    """What the table's numbers depend on (levers.table_identity), and where the map is shipped or weighed its
-    options and the training pairs it is built from (absent without it: the tables measured before still match)."""
-    identity = levers.table_identity(loaded, options.engine, timing, rounds, threads=options.deploy_threads)
+def table_identity(loaded, options, timing, rounds: int, trim: Dict[str, float]) -> Dict:
+    """What the table's numbers depend on (levers.table_identity: with --keep-vocab, the output layer's row at the
+    trim's share), and where the map is shipped or weighed its options and the training pairs it is built from
+    (absent without it: the tables measured before still match)."""
+    identity = levers.table_identity(loaded, options.engine, timing, rounds, levers.levers_for(trim),
+                                     threads=options.deploy_threads)
     if options.map_state() != "off":
         identity["vocab_map"] = {**asdict(options.vocab_map_options), "train": data_sha(loaded, "train")}
     return identity
@@ -57,8 +59,9 @@ def build(folder: str, context: Context, results: Results) -> Dict:
     if cached:
         log(f"cost table: measured before on this machine ({cache})")
         return {**cached, "from_cache": True}
-    table = levers.cost_table(loaded, options.engine, context.timing, context.rounds, log=log,
-                              vocab_map=timing_vocab_map(loaded, options, folder), threads=options.deploy_threads)
+    table = levers.cost_table(loaded, options.engine, context.timing, context.rounds, levers.levers_for(context.trim),
+                              log=log, vocab_map=timing_vocab_map(loaded, options, folder),
+                              threads=options.deploy_threads)
     if options.map_state() != "off":
         row = next(r for r in table["rows"] if r["field"] == levers.MAP)
         changes = row.get("translations", {})
@@ -75,27 +78,30 @@ def build(folder: str, context: Context, results: Results) -> Dict:
     return {**table, "from_cache": False, "cache_file": stored}
 
 
-def reachable(loaded, options, table: Dict, log: Callable) -> List[Dict]:
+def reachable(loaded, options, table: Dict, log: Callable, trim: Dict[str, float]) -> List[Dict]:
     """Every point (heads per stack at every decoder depth, every FFN share, the map as options.map_state says)
-    with its predicted speed; the target's reachable ones, or a refusal in one line."""
+    with its predicted speed (each with the `trim` every shape of the run takes); the target's reachable ones, or a
+    refusal in one line."""
     levers.smooth(table["rows"], options.significance)
     state = map_state(options, table, log)
     points = lever_points(loaded.model, state)
     for p in points:
-        p["predicted_speedup"] = round(levers.predict(table, p), 4)
+        p["predicted_speedup"] = round(levers.predict(table, {**p, **trim}), 4)
     points.sort(key=lambda p: -p["predicted_speedup"])
     order = ", ".join(f"{name} {speed:.2f}x" for name, speed in levers.lever_order(table))
     log(f"cost table ({options.engine}, equal work): what half of each lever buys alone: {order}"
-        + ("; every shape predicted with the vocabulary map (--vocab-map)" if state == "on" else ""))
+        + ("; every shape predicted with the vocabulary map (--vocab-map)" if state == "on" else "")
+        + (f"; every shape predicted with the output layer trimmed to {trim[levers.VOCAB]:.1f}% of the target words "
+           "(--keep-vocab)" if trim else ""))
     if options.shape is not None:
-        return [given_point(loaded, options, table, points, log)]
+        return [given_point(loaded, options, table, points, log, trim)]
     if options.speedup is not None:
         reach = shapes_reaching(points, options.speedup)
         if not reach:
             best = points[0]
-            fields = {lever.field for lever in levers.LEVERS if lever.removable} | {levers.MAP}
+            fields = {lever.field for lever in levers.levers_for(trim) if lever.removable} | {levers.MAP}
             levers.refuse_unreachable(options.speedup,
-                                      ({k: v for k, v in best.items() if k in fields},
+                                      ({k: v for k, v in {**best, **trim}.items() if k in fields},
                                        best["predicted_speedup"]), table, options.engine)
         log(f"{len(reach)} of {len(points)} shapes (heads per stack, decoder depth, FFN share"
             + (", the map" if state == "weighed" else "") + f") reach {options.speedup:g}x (predicted): fastest "
@@ -114,12 +120,12 @@ def smoothed(context: Context, results: Results) -> Dict:
 
 def announce_points(context: Context, results: Results) -> None:
     """The table's points logged, or the run's refusal in one line, before any long work."""
-    reachable(context.loaded, context.options, smoothed(context, results), context.log)
+    reachable(context.loaded, context.options, smoothed(context, results), context.log, context.trim)
 
 
 def points(context: Context, results: Results) -> List[Dict]:
     """The same points without a word (what the choice and the record read)."""
-    return reachable(context.loaded, context.options, smoothed(context, results), lambda line: None)
+    return reachable(context.loaded, context.options, smoothed(context, results), lambda line: None, context.trim)
 
 
 def map_state(options, table: Dict, log: Callable) -> str:
@@ -141,13 +147,13 @@ def map_state(options, table: Dict, log: Callable) -> str:
     return state
 
 
-def given_point(loaded, options, table: Dict, points: List[Dict], log: Callable) -> Dict:
-    """--shape's point with its prediction (the map as --vocab-map says)."""
+def given_point(loaded, options, table: Dict, points: List[Dict], log: Callable, trim: Dict[str, float]) -> Dict:
+    """--shape's point with its prediction (the map as --vocab-map says, the output layer as `trim`)."""
     given = {**shape_point(loaded, options), **({levers.MAP: 1} if options.vocab_map else {})}
     point, note = next((dict(p) for p in points if {k: v for k, v in p.items() if k in SHAPE_FIELDS + (levers.MAP,)}
                         == given), None), ""
     if point is None:  # an FFN share the table did not measure, or the encoder's depth (no row)
-        point, priced = dict(given), {k: v for k, v in given.items() if k != "enc_layers"}
+        point, priced = dict(given), {k: v for k, v in {**given, **trim}.items() if k != "enc_layers"}
         if "enc_layers" in given:
             note = ", the encoder's depth not counted (the cost table has no row for it)"
         try:

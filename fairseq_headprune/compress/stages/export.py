@@ -1,23 +1,34 @@
-"""The export stage: a CTranslate2 model of the recovered one (ct2 engines), float32 parity against fairseq on
---timing-subset, then the engine's compute type; nothing for --engine fairseq."""
+"""The export stage: with --keep-vocab, the recovered model's vocabulary trimmed to its corpora (prune.vocab_trim,
+checked against the recovered model, written with its dictionaries); a CTranslate2 model of the model that ships
+(ct2 engines), float32 parity against fairseq on --timing-subset, then the engine's compute type; nothing more for
+--engine fairseq."""
 from __future__ import annotations
 
 import os
 from dataclasses import asdict
-from typing import Dict
+from typing import Dict, Optional
 
 from fairseq_headprune.compress.stages.contract import Context, Results, Stage
+from fairseq_headprune.compress.stages.shrink import trim_options
 from fairseq_headprune.prune.export import ExportOptions, export
+from fairseq_headprune.prune.shrink import trim_only
+from fairseq_headprune.prune.vocab_trim import companions, describe, plan_for
+from fairseq_headprune.prune.vocabulary import read_corpora
 from fairseq_headprune.decoding.evaluate import SubsetEvaluator
 from fairseq_headprune.engines.engine_model import QUANTIZATION
 from fairseq_headprune.fairseq_io.loading import load_other
+from fairseq_headprune.records.identity import file_sha256
 
 
 def key(options) -> Dict:
-    """What the export reads besides the recovered model: the engine, the check, the vocabulary map."""
+    """What the export reads besides the recovered model: the engine, the check, the vocabulary map, the corpora
+    --keep-vocab keeps the vocabulary of."""
     key = {"engine": options.engine, "check_sentences": options.check_sentences}
     if options.vocab_map:  # (absent without one: the records of runs before the option still resume)
         key["vocab_map"] = asdict(options.vocab_map_options)
+    if options.vocabulary.corpora:  # (absent without: likewise)
+        key["vocabulary"] = {"corpora": [file_sha256(path) for path in options.vocabulary.corpora],
+                             "floor": options.vocabulary.floor, "check_on": options.calibration_subset}
     return key
 
 
@@ -25,13 +36,28 @@ def identity(context: Context, results: Results) -> Dict:
     return key(context.shipped(results))
 
 
-def build(folder: str, context: Context, results: Results) -> Dict:
-    """The recovered model as a CTranslate2 folder, checked against fairseq (--engine fairseq: none)."""
-    loaded, options, recovered = context.loaded, context.shipped(results), results["recover"]
-    if options.engine == "fairseq":
-        return {"engine": "fairseq", "ct2": None}
+def trimmed(folder: str, context: Context, checkpoint: str) -> Dict:
+    """The recovered model's vocabulary trimmed to --keep-vocab's corpora (shrink's trim, checked on
+    --check-sentences of the calibration subset) as folder/trimmed/model.pt, its dictionaries beside it."""
+    options = context.options
+    recovered = load_other(context.loaded, checkpoint)
+    plan = plan_for(recovered, read_corpora(options.vocabulary), options.vocabulary.floor)
+    out = os.path.join(folder, "trimmed", "model.pt")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    record = trim_only(recovered, trim_options(options), plan, out, log=lambda line: None)
+    context.log("export: " + describe(record["vocabulary"]).replace("\n", "; "))
+    return {"checkpoint": out, "dictionaries": sorted(companions(plan, out)), "vocabulary": record["vocabulary"]}
 
-    pruned = load_other(loaded, recovered["checkpoint"])
+
+def build(folder: str, context: Context, results: Results) -> Dict:
+    """The model that ships (the vocabulary trimmed with --keep-vocab) as a CTranslate2 folder, checked against
+    fairseq (--engine fairseq: none)."""
+    loaded, options, recovered = context.loaded, context.shipped(results), results["recover"]
+    trim: Optional[Dict] = trimmed(folder, context, recovered["checkpoint"]) if options.vocabulary.corpora else None
+    if options.engine == "fairseq":
+        return {"engine": "fairseq", "ct2": None, **(trim or {})}
+
+    pruned = load_other(loaded, (trim or recovered)["checkpoint"])
     evaluator = SubsetEvaluator(pruned, options.timing_subset)
     out = os.path.join(folder, "ct2")
     info = export(pruned, evaluator, ExportOptions(out=out, quantization=QUANTIZATION[options.engine],
@@ -40,7 +66,7 @@ def build(folder: str, context: Context, results: Results) -> Dict:
                                                    vocab_map_options=options.vocab_map_options,
                                                    vocab_map_bound=options.vocab_map_bound),
                   options.timing_subset)
-    return {"engine": options.engine, "ct2": out, "check": info}
+    return {"engine": options.engine, "ct2": out, "check": info, **(trim or {})}
 
 
 STAGE = Stage("export", identity, build)

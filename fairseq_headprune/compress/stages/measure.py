@@ -9,7 +9,7 @@ from typing import Dict, Optional
 
 import torch
 
-from fairseq_headprune.compress.stages.common import engine_model
+from fairseq_headprune.compress.stages.common import engine_model, shipped_checkpoint
 from fairseq_headprune.compress.stages.contract import Context, Results, Stage
 from fairseq_headprune.core import flops
 from fairseq_headprune.core.shape import ModelShape
@@ -38,10 +38,11 @@ def build(folder: str, context: Context, results: Results) -> Dict:
     for a deployment at batch 1); the machine and each model's memory as served."""
     loaded, options, timing, rounds = context.loaded, context.shipped(results), context.timing, context.rounds
     o, exported = options, results["export"]
-    pruned = load_other(loaded, results["recover"]["checkpoint"])
+    pruned = load_other(loaded, shipped_checkpoint(results))
     with tempfile.TemporaryDirectory(prefix="compress-measure-") as tmp:
         models = {"unpruned": engine_model(loaded, o.engine, None, tmp, "unpruned", o.deploy_threads),
-                  "compressed": engine_model(pruned, o.engine, exported, tmp, "compressed", o.deploy_threads)}
+                  "compressed": engine_model(pruned, o.engine, exported, tmp, "compressed", o.deploy_threads,
+                                             unpruned=loaded)}
         natural = models["unpruned"].run(timing)
         length = max(1, round(statistics.mean(len(h) for h in natural["hypotheses"].values())))
         decoders = {k: m.run for k, m in models.items()}

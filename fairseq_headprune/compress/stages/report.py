@@ -11,7 +11,7 @@ from typing import Dict, Optional
 import sacrebleu
 
 from fairseq_headprune.compress.stages.choice import heldout_texts
-from fairseq_headprune.compress.stages.common import also_sets, engine_model, references_sha
+from fairseq_headprune.compress.stages.common import also_sets, engine_model, references_sha, shipped_checkpoint
 from fairseq_headprune.compress.stages.contract import Context, Results, Stage
 from fairseq_headprune.decoding.evaluate import SubsetEvaluator
 from fairseq_headprune.fairseq_io.loading import load_other, load_subset
@@ -32,15 +32,16 @@ def identity(context: Context, results: Results) -> Dict:
 def build(folder: str, context: Context, results: Results) -> Dict:
     """--gen-subset and each --also-report set, decoded once by both models: the only reads of them."""
     loaded, o = context.loaded, context.shipped(results)
-    options, recovered, exported, choice = o, results["recover"], results["export"], results["choice"]
-    pruned = load_other(loaded, recovered["checkpoint"])
+    options, exported, choice = o, results["export"], results["choice"]
+    shipped = shipped_checkpoint(results)
+    pruned = load_other(loaded, shipped)
     with tempfile.TemporaryDirectory(prefix="compress-report-") as tmp:
         models = {"unpruned": engine_model(loaded, o.engine, None, tmp, "unpruned"),
-                  "compressed": engine_model(pruned, o.engine, exported, tmp, "compressed")}
+                  "compressed": engine_model(pruned, o.engine, exported, tmp, "compressed", unpruned=loaded)}
         main = scored_pair(loaded, models, folder, o.gen_subset, o.references)
         also = [{**scored_pair(loaded, models, folder, subset, references),
                  "overlap": overlap(loaded, options, subset)} for subset, references in also_sets(options)]
-    heldout = heldout_result(loaded, o, choice, recovered["checkpoint"], folder) if choice.get("data") else None
+    heldout = heldout_result(loaded, o, choice, shipped, folder) if choice.get("data") else None
     return {**main, "heldout": heldout, "also": also, "engine": o.engine,
             "significance": f"paired bootstrap of sacreBLEU against the unpruned model in {o.engine} "
                             f"({BOOTSTRAP_SAMPLES} resamples, seed {BOOTSTRAP_SEED}, one-sided)"}

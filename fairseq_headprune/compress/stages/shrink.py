@@ -40,6 +40,14 @@ def shrink_options(options, heads: str, dec_layers: Optional[int] = None,
                              WindowOptions.lr)))
 
 
+def trim_options(options):
+    """shrink's options for the export's vocabulary trim (--keep-vocab): the trim checked on --check-sentences of
+    the calibration subset, as `shrink --keep-vocab` alone checks it."""
+    return ShrinkOptions(calibration_subset=options.calibration_subset,
+                         calibration_sentences=options.calibration_sentences, calibration_seed=options.sample_seed,
+                         check_sentences=options.check_sentences, vocabulary=options.vocabulary)
+
+
 def calibration_only_options(options):
     """shrink's options for the choice's calibration (the same sentences and batches as the shrink's)."""
     return ShrinkOptions(remove="1", calibration_subset=options.calibration_subset,
