@@ -136,7 +136,10 @@ def test_compress_end_to_end_resumes_and_extends(tiny_data, stock_checkpoint, tm
     assert stage_names(resumed, "cached") == ["cost-table", "choice", "shrink"]
     a = torch.load(out / "model.pt", map_location="cpu", weights_only=False)["model"]
     b = torch.load(copy / "model.pt", map_location="cpu", weights_only=False)["model"]
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # the same weights up to float summation order: MKL's kernels may sum in another order for other memory
+    # alignments (its results are reproducible bit for bit only under MKL_CBWR), seen at 1e-5 on an AMD EPYC host;
+    # a resume that trained an epoch twice or mixed two runs moves them by orders of magnitude more
+    assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], rtol=0, atol=1e-4) for k in a)
 
 
 def test_refusals_are_one_line_before_any_work(tiny_data, stock_checkpoint, tmp_path):
