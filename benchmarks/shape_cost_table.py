@@ -41,18 +41,28 @@ SHAPES = {
     "wmt19-en-de-big": (1024, 8192, 16, 6, 6, 42000,
                         "fairseq WMT'19 En-De transformer-big: d 1024, FFN 8192, 16 heads, 6+6"),
     "m2m100-418m": (1024, 4096, 16, 12, 12, 128112, "M2M-100 418M (dense): d 1024, FFN 4096, 16 heads, 12+12"),
+    "nllb-200-600m": (1024, 4096, 16, 12, 12, 256206,
+                      "NLLB-200 distilled 600M (dense): d 1024, FFN 4096, 16 heads, 12+12"),
 }
+# the output layer trimmed to what one language pair uses (shrink --keep-vocab), for the multilingual shapes: about
+# 32k target words, the 20-40k a pair's text of a few million sentences is assumed to use (docs/vocabulary.md). An
+# assumption, not a measurement: the releases' SentencePiece models and data cannot be had here.
+PAIR_WORDS = 32000
+PAIR_SHARE = {name: round(100.0 * PAIR_WORDS / SHAPES[name][5], 1) for name in ("m2m100-418m", "nllb-200-600m")}
 
 
-def levers_for_benchmark():
+def levers_for_benchmark(name: str):
+    """The rows of a shape: each lever at half (heads also at a quarter), the output layer also at one pair's
+    share (PAIR_SHARE) for a multilingual shape."""
     from fairseq_headprune.prune.levers import Lever
 
+    pair = (PAIR_SHARE[name],) if name in PAIR_SHARE else ()
     return (Lever("encoder heads", "enc_heads", "heads kept in every encoder layer", True, (50.0, 25.0)),
             Lever("decoder heads", "dec_heads", "heads kept in every decoder self- and cross-attention layer", True,
                   (50.0, 25.0)),
             Lever("decoder layers", "dec_layers", "decoder layers kept", True, (50.0,)),
-            Lever("FFN units", "ffn_percent", "% of every FFN's hidden units kept", False, (50.0,)),
-            Lever("output layer", "vocab_percent", "% of the target words kept", False, (50.0,)))
+            Lever("FFN units", "ffn_percent", "% of every FFN's hidden units kept", True, (50.0,)),
+            Lever("output layer", "vocab_percent", "% of the target words kept", True, (50.0, *pair)))
 
 
 class _Task:
@@ -113,7 +123,7 @@ def measure_shape(name: str, runs: int, length: int, batch1_sentences: int, log=
     dictionary = loaded.task.target_dictionary
     samples = {"batch 64": random_batches(dictionary, 64, 64), "batch 1": random_batches(dictionary,
                                                                                          batch1_sentences, 1)}
-    rows = levers.lever_rows(loaded.model, levers_for_benchmark())
+    rows = levers.lever_rows(loaded.model, levers_for_benchmark(name))
     out_rows = []
     with tempfile.TemporaryDirectory(prefix="shape-cost-") as tmp:
         base = EngineModel(loaded, "ct2-int8", folder=os.path.join(tmp, "unpruned"))
@@ -153,8 +163,10 @@ def markdown(results: List[Dict], meta: Dict) -> str:
              f"{meta['runs']} rounds; speed-up = median of the paired per-batch ratios. FLOP ratio: unpruned over "
              "the row, core.flops, same work. Heads: kept in every layer of that stack (decoder: self- and "
              "cross-attention); decoder layers: how many kept (a shape measured before that lever was has no such "
-             "row); FFN and output layer: share kept (not yet removable by `shrink`: what they would "
-             "buy). The machine was shared with other jobs: ratios of a few percent are within noise.", ""]
+             "row); FFN and output layer: share kept (`shrink --ffn-keep`, `shrink --keep-vocab`; a multilingual "
+             f"shape's output layer also at one pair's share: {PAIR_WORDS:,} target words, an assumption stated "
+             "below its table). The machine was shared with other jobs: ratios of a few percent are within noise.",
+             ""]
     for r in results:
         own = r.get("meta", meta)
         lines += [f"## {r['shape']}: {r['description']} ({r['parameters'] / 1e6:.0f}M parameters)", "",
@@ -169,10 +181,17 @@ def markdown(results: List[Dict], meta: Dict) -> str:
         _, _, heads, _, dec_layers, _, _ = SHAPES[r["shape"]]
         half = {"enc_heads": heads / 2, "dec_heads": heads / 2, "dec_layers": dec_layers / 2}
         order = sorted(((row["speedup batch 64"], f"{row['lever']} {row['value']:g}") for row in r["rows"]
-                        if row["field"].endswith("_percent") or row["value"] == half.get(row["field"])),
+                        if row["value"] == (50.0 if row["field"].endswith("_percent") else half.get(row["field"]))),
                        reverse=True)
         lines += ["", "At half of each lever, batch 64, fastest first: "
                   + ", ".join(f"{what} ({speed:.2f}x)" for speed, what in order) + ".", ""]
+        pair = [row for row in r["rows"] if row["field"] == "vocab_percent" and row["value"] < 50]
+        if pair:
+            lines += [f"One pair's vocabulary: the output layer at {pair[0]['value']:g}% ({PAIR_WORDS:,} of "
+                      f"{SHAPES[r['shape']][5]:,} target words, what `shrink --keep-vocab` would keep for one pair "
+                      f"if its text uses about {PAIR_WORDS:,} of them: an assumption, not measured here) buys "
+                      f"{pair[0]['speedup batch 64']:.2f}x at batch 64 and {pair[0]['speedup batch 1']:.2f}x at "
+                      f"batch 1 alone (FLOP ratio {pair[0]['flop_ratio batch 64']:.2f}).", ""]
     return "\n".join(lines) + "\n"
 
 
