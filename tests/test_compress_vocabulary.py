@@ -62,6 +62,11 @@ def test_the_trimmed_vocabulary_is_timed_predicted_shipped_and_scored(tiny_data,
     assert f"| vocabulary (one table for both sides) | {before:,} | {after:,} |" in card
     assert "The vocabulary was trimmed after the recovery to what the deployment needs (`--keep-vocab`)" in card
     assert "the embeddings and output layer keep the vocabulary below" in card
+    # the check sentences' hypotheses: how many changed, each with its cause
+    changes = vocabulary["hypotheses"]
+    assert changes["subset"] == "valid" and changes["sentences"] == 16
+    assert changes["changed"] == changes["dropped_source_token"] + changes["dropped_target_token"] + changes["search"]
+    assert f"Of the first 16 sentences of 'valid', decoded in fairseq by both, {changes['changed']} hypotheses" in card
     # the same command: every stage cached; without --keep-vocab the cost table (its output-layer row at half) and
     # every stage after it run again and the whole vocabulary ships, the trimmed dictionaries gone from OUT
     again = run(argv).stdout

@@ -27,6 +27,7 @@ import torch
 import families as fam
 from conftest import _cached_data, cached_build, copy_cached, run, run_fairseq, stock_key, train
 from fairseq_headprune.fairseq_io.loading import PACKAGE_DIR
+from fairseq_headprune.prune.vocab_trim import hypothesis_changes
 
 # the bilingual model: separate source and target embeddings, the output layer tied to the decoder's; trained
 # longer than conftest's stock model, whose hypotheses are two sentences repeated (nothing to compare)
@@ -258,6 +259,18 @@ def test_bilingual_trim_loads_in_stock_fairseq_and_ctranslate2_and_changes_only_
     assert len(through.task.source_dictionary) == record["source"]["after"]
     for beam in (1, 5):
         assert _decode(through, through.model, beam) == _generate(data, model_dir / "model.pt", beam)
+    # what changed and why, as the compress card counts it (prune.vocab_trim.hypothesis_changes), against this
+    # test's own count at the loaders' beam (5)
+    untrimmed = _loaded(tiny_data, bilingual)
+    expected = _changes(sources, _decode(untrimmed, untrimmed.model, 5), _decode(through, through.model, 5),
+                        source_kept, target_kept)
+    specials = {"<s>", "<pad>", "</s>", "<unk>"}
+    counted = hypothesis_changes(untrimmed, through, "test", len(sources), source_kept | specials,
+                                 target_kept | specials)
+    assert counted == {"subset": "test", "sentences": len(sources), "changed": len(expected["changed"]),
+                       "dropped_source_token": len(expected["source"]),
+                       "dropped_target_token": len(expected["hypothesis"]), "search": len(expected["reordered"])}
+    assert counted["changed"] > 0, counted  # (the test's trim drops tokens these sentences use)
     _export(tiny_data, model_dir / "model.pt", tmp_path / "ct2-through")  # its check: fairseq against CTranslate2
     assert _ct2_vocabulary(tmp_path / "ct2-through") == vocabularies
 

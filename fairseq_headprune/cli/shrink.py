@@ -95,7 +95,7 @@ def run(cfg, args) -> None:
         raise UserError(f"--recover-epochs must be at least 0, not {c.recover_epochs}")
     if c.recover_epochs and options.vocabulary.corpora:
         raise UserError("--recover-epochs trains on DATA, binarised with the untrimmed dictionaries: shrink with "
-                        "--keep-vocab after recovering, or recover without it")
+                        "--keep-vocab after recovering, or use compress --keep-vocab (the trim after its recovery)")
     final_out = c.out
     if c.recover_epochs:  # shrink writes its model beside the final one; recover then writes --out
 

@@ -12,6 +12,7 @@ from fairseq_headprune.prune import levers
 from fairseq_headprune.core.shape import shape_words
 from fairseq_headprune.engines.timing import interval_words, target_verdict
 from fairseq_headprune.prune.recovery_config import DEFAULT_DISTILL
+from fairseq_headprune.prune.vocab_trim import changes_words
 
 
 USE_FAIRSEQ = ("`model.pt` is the pruned fairseq checkpoint: it loads with `fairseq-generate --user-dir "
@@ -159,11 +160,15 @@ def vocabulary_line(vocabulary: Optional[Dict], options: Dict) -> Optional[str]:
     size = (f" A float32 CTranslate2 model of it takes {memory['ct2_float32_bytes_after'] / 2**20:.2f} MiB on disk "
             f"against {memory['ct2_float32_bytes_before'] / 2**20:.2f} MiB untrimmed."
             if memory.get("ct2_float32_bytes_before") else "")
+    changes = vocabulary.get("hypotheses")
+    changed = (f" Of the first {changes['sentences']} sentences of '{changes['subset']}', decoded in fairseq by "
+               f"both, {changes['changed']} hypotheses changed ({changes_words(changes)})." if changes else "")
     return (f"The vocabulary was trimmed after the recovery to what the deployment needs (`--keep-vocab`): the "
             f"special symbols, the language tokens of the pair and every token of {corpora}"
             + (f", then the most frequent others up to {floor} symbols" if floor else "") + "; a source word outside "
             "it reads as `<unk>`, and a hypothesis of the recovered model changes only where it held a dropped "
-            f"word.{checked}{size} The dictionaries beside model.pt are the ones it was trimmed to.")
+            f"word, or where near-equal beams reorder (the softmax over the kept words).{checked}{changed}{size} "
+            "The dictionaries beside model.pt are the ones it was trimmed to.")
 
 
 def method_lines(record: Dict) -> List[Optional[str]]:

@@ -226,8 +226,9 @@ def recovery(loaded, options) -> None:
     if getattr(loaded.task, "trimmed_ids", None) is not None and not options.recovered:  # fairseq-train reads
         # DATA's ids as they are
         raise UserError(f"{loaded.checkpoint}: its vocabulary was trimmed (shrink --keep-vocab) and DATA is binarised "
-                        "for the model it was trimmed from; the recovery trains on DATA: binarise it against the "
-                        "dict.*.txt written beside the checkpoint, or give --budget-epochs 0")
+                        "for the model it was trimmed from; the recovery trains on DATA's ids: binarise it against "
+                        "the dict.*.txt written beside the checkpoint, give --budget-epochs 0, or compress the "
+                        "untrimmed model with --keep-vocab (trimmed after its recovery)")
     owned_options(options.recover_args)
     model_cfg = loaded.saved_cfg.model
     arch = (model_cfg.get("arch") if hasattr(model_cfg, "get") else getattr(model_cfg, "arch", None)) or "transformer"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import os
 import tempfile
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
 from torch import nn
@@ -20,10 +20,12 @@ from torch import nn
 from fairseq_headprune.core.surgery import trim_vocabulary
 from fairseq_headprune.engines.ct2_spec import build_spec, write_model
 from fairseq_headprune.errors import UserError
+from fairseq_headprune.fairseq_io.loading import load_subset
 from fairseq_headprune.prune.vocabulary import Corpus, VocabularyPlan, plan_record, plan_vocabulary
 
 CHECK_TOLERANCE = 1e-4  # the largest logit difference the check accepts (float32 sums in another order)
 CFG_KEY = "vocabulary_trim"  # where the checkpoint's config records the trim
+CHANGES_BATCH = 16  # sentences per batch of hypothesis_changes' decoding
 
 
 def untrimmable_parts(model) -> List[str]:
@@ -101,6 +103,50 @@ def check_trimmed(before, after, samples: Sequence[dict], plan: VocabularyPlan) 
     return {"sentences": total, "sentences_checked": checked, "max_logit_diff": largest}
 
 
+@torch.no_grad()
+def best_tokens(loaded, subset: str, sentences: int) -> Tuple[Dict[int, List[str]], Dict[int, List[str]]]:
+    """The first `sentences` of `subset` (by id, in batches of CHANGES_BATCH) as fairseq-generate decodes them with
+    the loaded model: each sentence's source and best hypothesis as tokens (fairseq's stripped symbols left out)."""
+    task, dataset = loaded.task, load_subset(loaded, subset)
+    generator = task.build_generator([loaded.model], loaded.cfg.generation)
+    strip = set(getattr(generator, "symbols_to_strip_from_output", None) or ()) | {task.target_dictionary.eos()}
+    source_strip = {task.source_dictionary.pad(), task.source_dictionary.eos()}
+    sources, hypotheses = {}, {}
+    ids = list(range(min(sentences, len(dataset))))
+    for start in range(0, len(ids), CHANGES_BATCH):
+        sample = dataset.collater([dataset[i] for i in ids[start:start + CHANGES_BATCH]])
+        outputs = task.inference_step(generator, [loaded.model], sample)
+        for i, (sid, nbest) in enumerate(zip(sample["id"].tolist(), outputs)):
+            sources[sid] = [task.source_dictionary[t] for t in sample["net_input"]["src_tokens"][i].tolist()
+                            if t not in source_strip]
+            hypotheses[sid] = [task.target_dictionary[t] for t in nbest[0]["tokens"].tolist() if t not in strip]
+    return sources, hypotheses
+
+
+def hypothesis_changes(untrimmed, trimmed, subset: str, sentences: int, kept_source: Set[str],
+                       kept_target: Set[str]) -> Dict:
+    """The first `sentences` of `subset` decoded in fairseq by the untrimmed model and the trimmed one (each loaded
+    with its task: the trimmed one's reads DATA through the trim): how many hypotheses changed, and why: a token
+    not in `kept_source` in the source (read as <unk>), else one not in `kept_target` in the untrimmed hypothesis
+    (the trimmed model cannot write it), else the search (the softmax normalised over the kept tokens reorders
+    near-equal beams)."""
+    sources, before = best_tokens(untrimmed, subset, sentences)
+    _, after = best_tokens(trimmed, subset, sentences)
+    out = {"subset": subset, "sentences": len(before), "changed": 0, "dropped_source_token": 0,
+           "dropped_target_token": 0, "search": 0}
+    for sid, hypothesis in before.items():
+        if after.get(sid) == hypothesis:
+            continue
+        out["changed"] += 1
+        if any(t not in kept_source for t in sources[sid]):
+            out["dropped_source_token"] += 1
+        elif any(t not in kept_target for t in hypothesis):
+            out["dropped_target_token"] += 1
+        else:
+            out["search"] += 1
+    return out
+
+
 def parameters(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
@@ -164,8 +210,20 @@ def describe(record: Dict) -> str:
     checked = ("" if check is None else f"\ncheck: the kept tokens' logits equal on {check['sentences_checked']} of "
                f"{check['sentences']} sentences (those using kept tokens only), max difference "
                f"{check['max_logit_diff']:.1e}")
+    changes = record.get("hypotheses")
+    changed = ("" if changes is None else f"\nhypotheses: {changes['changed']} of the first {changes['sentences']} "
+               f"of '{changes['subset']}' changed in fairseq ({changes_words(changes)})")
     return (f"vocabulary: {sides}; parameters {m['parameters_before']:,} -> {m['parameters_after']:,}{size}"
-            f"{checked}")
+            f"{checked}{changed}")
+
+
+def changes_words(changes: Dict) -> str:
+    """Why the hypotheses that changed did: "2 by a dropped source token, 1 by the search"."""
+    parts = [f"{changes[k]} by {what}" for k, what in (
+        ("dropped_source_token", "a dropped source token (read as <unk>)"),
+        ("dropped_target_token", "a dropped token of the untrimmed hypothesis"),
+        ("search", "the search (near-equal beams reordered)")) if changes[k]]
+    return ", ".join(parts) or "none"
 
 
 def companions(plan: VocabularyPlan, out: str) -> Dict[str, str]:

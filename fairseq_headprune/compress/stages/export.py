@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict
-from typing import Dict, Optional
+from typing import Dict, Tuple
 
 from fairseq_headprune.compress.stages.contract import Context, Results, Stage
 from fairseq_headprune.compress.stages.shrink import trim_options
 from fairseq_headprune.prune.export import ExportOptions, export
 from fairseq_headprune.prune.shrink import trim_only
-from fairseq_headprune.prune.vocab_trim import companions, describe, plan_for
+from fairseq_headprune.prune.vocab_trim import companions, describe, hypothesis_changes, plan_for
 from fairseq_headprune.prune.vocabulary import read_corpora
 from fairseq_headprune.decoding.evaluate import SubsetEvaluator
 from fairseq_headprune.engines.engine_model import QUANTIZATION
@@ -36,28 +36,37 @@ def identity(context: Context, results: Results) -> Dict:
     return key(context.shipped(results))
 
 
-def trimmed(folder: str, context: Context, checkpoint: str) -> Dict:
+def trimmed(folder: str, context: Context, checkpoint: str) -> Tuple[Dict, object]:
     """The recovered model's vocabulary trimmed to --keep-vocab's corpora (shrink's trim, checked on
-    --check-sentences of the calibration subset) as folder/trimmed/model.pt, its dictionaries beside it."""
+    --check-sentences of the calibration subset) as folder/trimmed/model.pt, its dictionaries beside it; the
+    hypotheses of the first --check-sentences of --timing-subset that changed, and why; and the trimmed model loaded
+    on DATA (read through the trim)."""
     options = context.options
     recovered = load_other(context.loaded, checkpoint)
     plan = plan_for(recovered, read_corpora(options.vocabulary), options.vocabulary.floor)
     out = os.path.join(folder, "trimmed", "model.pt")
     os.makedirs(os.path.dirname(out), exist_ok=True)
-    record = trim_only(recovered, trim_options(options), plan, out, log=lambda line: None)
-    context.log("export: " + describe(record["vocabulary"]).replace("\n", "; "))
-    return {"checkpoint": out, "dictionaries": sorted(companions(plan, out)), "vocabulary": record["vocabulary"]}
+    vocabulary = trim_only(recovered, trim_options(options), plan, out, log=lambda line: None)["vocabulary"]
+    model = load_other(context.loaded, out)
+    vocabulary["hypotheses"] = hypothesis_changes(recovered, model, options.timing_subset, options.check_sentences,
+                                                  set(plan.source.dictionary.symbols),
+                                                  set(plan.target.dictionary.symbols))
+    context.log("export: " + describe(vocabulary).replace("\n", "; "))
+    return {"checkpoint": out, "dictionaries": sorted(companions(plan, out)), "vocabulary": vocabulary}, model
 
 
 def build(folder: str, context: Context, results: Results) -> Dict:
     """The model that ships (the vocabulary trimmed with --keep-vocab) as a CTranslate2 folder, checked against
     fairseq (--engine fairseq: none)."""
     loaded, options, recovered = context.loaded, context.shipped(results), results["recover"]
-    trim: Optional[Dict] = trimmed(folder, context, recovered["checkpoint"]) if options.vocabulary.corpora else None
+    trim: Dict = {}
+    if options.vocabulary.corpora:
+        trim, pruned = trimmed(folder, context, recovered["checkpoint"])
     if options.engine == "fairseq":
-        return {"engine": "fairseq", "ct2": None, **(trim or {})}
+        return {"engine": "fairseq", "ct2": None, **trim}
 
-    pruned = load_other(loaded, (trim or recovered)["checkpoint"])
+    if not trim:
+        pruned = load_other(loaded, recovered["checkpoint"])
     evaluator = SubsetEvaluator(pruned, options.timing_subset)
     out = os.path.join(folder, "ct2")
     info = export(pruned, evaluator, ExportOptions(out=out, quantization=QUANTIZATION[options.engine],
@@ -66,7 +75,7 @@ def build(folder: str, context: Context, results: Results) -> Dict:
                                                    vocab_map_options=options.vocab_map_options,
                                                    vocab_map_bound=options.vocab_map_bound),
                   options.timing_subset)
-    return {"engine": options.engine, "ct2": out, "check": info, **(trim or {})}
+    return {"engine": options.engine, "ct2": out, "check": info, **trim}
 
 
 STAGE = Stage("export", identity, build)

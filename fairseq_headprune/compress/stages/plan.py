@@ -131,6 +131,8 @@ def estimates(loaded, options, rates: Dict[str, float], rows: int,
         out["recover"] = 0.0
     out["export"] = (2 * options.check_sentences / rates["fairseq_sent_s"] + 2 * rates["export_s"]
                      if options.engine != "fairseq" else 0.0)
+    if options.vocabulary.corpora:  # the trim: its check, two float32 exports to size it, the hypotheses of both
+        out["export"] += 2 * options.check_sentences / rates["fairseq_sent_s"] + 2 * rates["export_s"]
     out["measure"] = 2 * (2 * runs + 2) * timing_n / engine + rates["export_s"]
     reported = sum(subset_tokens(loaded, subset)[1] for subset in (options.gen_subset, *options.also_report))
     out["report"] = 2 * reported / rates["engine_tok_s"]  # both models, every reported set
@@ -223,7 +225,9 @@ def plan_lines(options, timing, rounds: int, estimate: Dict[str, float], cached:
              "choice": calibration + (f"; the first {o.heldout_sentences} of 'valid' (held out)"
                                       if o.quality_bound() is not None else ""),
              "shrink": calibration, "recover": recovery,
-             "export": f"{o.check_sentences} sentences of '{o.timing_subset}'",
+             "export": f"{o.check_sentences} sentences of '{o.timing_subset}'"
+                       + (f"; the trim checked on {o.check_sentences} of '{o.calibration_subset}', its corpora "
+                          + ", ".join(o.vocabulary.corpora) if o.vocabulary.corpora else ""),
              "measure": f"the cost table's batches of '{o.timing_subset}'",
              "report": ", ".join(f"'{s}'" for s in (o.gen_subset, *o.also_report))}
     lines = [f"plan (--dry-run: nothing was written): {o.out}"]
