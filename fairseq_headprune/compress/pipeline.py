@@ -61,7 +61,7 @@ from fairseq_headprune.compress.stages import (choice, cost_table, export, measu
                                                report, shrink)
 from fairseq_headprune.compress.stages.common import max_tokens, trim_point
 from fairseq_headprune.compress.stages.contract import Context, Results, Stage
-from fairseq_headprune.core.masking import set_head_masks
+from fairseq_headprune.core.masking import head_masks
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.fairseq_io.loading import load_subset
 from fairseq_headprune.records.log import FolderLock, read_json, write_json_atomic
@@ -242,11 +242,11 @@ class Run:
     def run(self) -> Optional[Dict]:
         import torch
 
-        set_head_masks(self.loaded.model, [])
         threads = self.threads = torch.get_num_threads()  # the recovery's (OMP_NUM_THREADS, else every core)
         torch.set_num_threads(1)
         try:
-            return self._run()
+            with head_masks(self.loaded.model, []):  # the unpruned model as loaded, its masks restored after
+                return self._run()
         finally:
             torch.set_num_threads(threads)
 
