@@ -8,6 +8,7 @@ from typing import Dict, List, Optional, Tuple
 
 from fairseq_headprune.engines.engine_model import EngineModel
 from fairseq_headprune.fairseq_io.loading import load_subset
+from fairseq_headprune.prune import levers
 from fairseq_headprune.prune.vocab_trim import plan_for, target_percent
 from fairseq_headprune.prune.vocabulary import read_corpora
 from fairseq_headprune.records.identity import calibration_files_sha256, file_sha256
@@ -90,7 +91,7 @@ def trim_point(loaded, options) -> Dict[str, float]:
     if not options.vocabulary.corpora:
         return {}
     plan = plan_for(loaded, read_corpora(options.vocabulary), options.vocabulary.floor)
-    return {"vocab_percent": target_percent(plan)}
+    return {levers.VOCAB: target_percent(plan)}
 
 
 def shipped_checkpoint(results: Dict[str, Dict]) -> str:
