@@ -80,6 +80,12 @@ for line in sys.stdin:
 [ -z "$FASTBPE_CODES" ] || python -c "$FASTBPE_ENCODE" "$FASTBPE_CODES" < /dev/null  # the codes, before any output
 n_src=$(wc -l < "$RAW.$SRC"); n_tgt=$(wc -l < "$RAW.$TGT")
 [ "$n_src" = "$n_tgt" ] || die "$RAW.$SRC has $n_src lines but $RAW.$TGT has $n_tgt"
+for l in $SRC $TGT; do  # a folder binarised against other dictionaries (another model's DATA) is never mixed into
+  given=$([ "$l" = "$SRC" ] && echo "$SRC_DICT" || echo "$TGT_DICT")
+  if [ -f "$OUT/dict.$l.txt" ] && ! cmp -s <(awk '{print $1}' "$OUT/dict.$l.txt") <(awk '{print $1}' "$given"); then
+    die "$OUT/dict.$l.txt holds other symbols than $given: $OUT is data binarised for another model; name another folder"
+  fi
+done
 mkdir -p "$OUT/prep"
 for l in $SRC $TGT; do
   if [ -n "$SPM_MODEL" ]; then

@@ -58,3 +58,17 @@ def test_a_model_folder_the_script_cannot_read_is_one_line(tmp_path):
         proc = encode(folder, tmp_path / f"out-{name}")
         assert proc.returncode == 2 and message in proc.stderr, (name, proc.stderr)
         assert len(proc.stderr.strip().splitlines()) == 1 and not os.path.exists(tmp_path / f"out-{name}")
+    # a folder that already holds data binarised against other dictionaries (another model's DATA): refused, with
+    # nothing in it touched
+    model_dir, other = tmp_path / "model", tmp_path / "other-data"
+    model_dir.mkdir()
+    other.mkdir()
+    shutil.copy(spm / "spm.model", model_dir / "spm.model")
+    for lang in ("de", "en"):
+        shutil.copy(spm / f"dict.{lang}.txt", model_dir / f"dict.{lang}.txt")
+    (other / "dict.en.txt").write_text("the 10\nof 5\n")
+    before = sorted(p.name for p in other.iterdir())
+    proc = encode(model_dir, other)
+    assert proc.returncode == 2 and "holds other symbols than" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and sorted(p.name for p in other.iterdir()) == before
+    assert encode(model_dir, tmp_path / "own").returncode == 0 and encode(model_dir, tmp_path / "own").returncode == 0
