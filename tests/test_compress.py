@@ -45,6 +45,7 @@ def test_compress_end_to_end_resumes_and_extends(tiny_data, stock_checkpoint, tm
     import ctranslate2
 
     from fairseq_headprune.core.heads import HeadLayout, attention_modules
+    from fairseq_headprune.core.shape import ffn_widths, kept_count
     from fairseq_headprune.fairseq_io.loading import trust_fairseq_checkpoints
     from helpers import load_stock
     from test_surgery import reload
@@ -84,7 +85,10 @@ def test_compress_end_to_end_resumes_and_extends(tiny_data, stock_checkpoint, tm
     depth = chosen.get("dec_layers", len(model.decoder.layers))
     assert len(written.decoder.layers) == depth
     gone = (len(model.decoder.layers) - depth) * 2 * model.decoder.layers[0].self_attn.num_heads  # whole layers
-    assert shrunk["heads_total"] - shrunk["heads_kept"] == chosen["heads_removed"] + gone > 0
+    assert shrunk["heads_total"] - shrunk["heads_kept"] == chosen["heads_removed"] + gone
+    share = chosen.get("ffn_percent", 100.0)  # every FFN at the share chosen (the tiny model's FFNs are one width)
+    assert set(ffn_widths(written).values()) == {kept_count(w, share) for w in ffn_widths(model).values()}
+    assert gone + chosen["heads_removed"] > 0 or chosen.get("ffn_percent", 100.0) < 100  # something was cut
     assert sum(a.num_heads for a in attention_modules(model).values()) == shrunk["heads_total"]
     translator = ctranslate2.Translator(str(out / "ct2"), compute_type="int8")
     assert translator.translate_batch([["ein", "Mann"]], max_decoding_length=5)[0].hypotheses[0]
