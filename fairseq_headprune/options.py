@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import functools
 import math
 import re
 import typing
@@ -80,10 +81,27 @@ def one_line_errors(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
-def nested(cls, section: Optional[str] = None):
+def nested(cls, section: Optional[str] = None, defaults: Optional[Dict[str, Any]] = None, why: str = ""):
     """A field holding another options dataclass, whose own fields become arguments of the same parser (listed
-    under `section` in --help, unless a field names its own)."""
-    return dataclasses.field(default_factory=cls, metadata={"nested": True, "section": section})
+    under `section` in --help, unless a field names its own). `defaults`: the values this holder gives some of
+    cls's fields instead of cls's own, for the reason `why` (said in each such flag's --help): one declaration of
+    the option, its other default written once with its reason."""
+    defaults = dict(defaults or {})
+    unknown = set(defaults) - {f.name for f in dataclasses.fields(cls)}
+    if unknown or (defaults and not why):
+        raise TypeError(f"nested({cls.__name__}): defaults for fields it lacks ({sorted(unknown)}), or no reason")
+    factory = functools.partial(cls, **defaults) if defaults else cls
+    return dataclasses.field(default_factory=factory,
+                             metadata={"nested": True, "section": section, "defaults": defaults, "why": why})
+
+
+def _default(f, defaults: Dict[str, Any]) -> Any:
+    """A field's default: its holder's (`defaults`, from nested) or its own (None when it has none)."""
+    if f.name in defaults:
+        return defaults[f.name]
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else None
 
 
 def _fields(cls):
@@ -107,14 +125,15 @@ def _dest(flag: str) -> str:
     return flag.lstrip("-").replace("-", "_")
 
 
-def add_arguments(parser, cls, groups: Optional[Dict[str, Any]] = None, section: Optional[str] = None) -> None:
+def add_arguments(parser, cls, groups: Optional[Dict[str, Any]] = None, section: Optional[str] = None,
+                  defaults: Optional[Dict[str, Any]] = None, why: str = "") -> None:
     """Every `option` field of cls (and of its nested dataclasses) as an argument of parser (or an argument group),
-    each argparse action carrying its --help `section`."""
-    groups = {} if groups is None else groups
+    each argparse action carrying its --help `section`; `defaults` and `why`: a holder's other defaults (nested)."""
+    groups, defaults = ({} if groups is None else groups), (defaults or {})
     for f, hint in _fields(cls):
         meta = f.metadata
         if meta.get("nested"):
-            add_arguments(parser, hint, groups, meta.get("section") or section)
+            add_arguments(parser, hint, groups, meta.get("section") or section, meta.get("defaults"), meta.get("why"))
             continue
         if not _is_option(meta):
             continue
@@ -128,14 +147,15 @@ def add_arguments(parser, cls, groups: Optional[Dict[str, Any]] = None, section:
             action = target.add_argument(meta["flag"], action="store_true", help=text)
             action.section = meta["section"] or section
             continue
-        default = meta["shown"] if meta["shown"] is not None else (
-            None if f.default is dataclasses.MISSING else f.default)
+        own = meta["shown"] if meta["shown"] is not None else (None if f.default is dataclasses.MISSING else f.default)
+        default = defaults[f.name] if f.name in defaults else own
         kwargs = {"help": text, "metavar": meta["metavar"], "choices": meta["choices"], "nargs": meta["nargs"]}
         if meta["parse"] is None and _scalar_type(hint):
             kwargs["type"] = finite_float if _scalar_type(hint) is float else _scalar_type(hint)
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        if default not in (None, (), ""):
-            kwargs["help"] = f"{text} (default {str(default).replace('%', '%%')})"
+        if default not in (None, (), ""):  # a holder's other default with its reason
+            reason = f": {why}" if f.name in defaults else ""
+            kwargs["help"] = f"{text} (default {f'{default}{reason}'.replace('%', '%%')})"
         if not meta["flag"].startswith("-"):  # a positional argument: required unless nargs says otherwise
             action = target.add_argument(meta["flag"], **{k: v for k, v in kwargs.items() if v is not None})
             action.section = meta["section"] or section
@@ -148,22 +168,23 @@ def add_arguments(parser, cls, groups: Optional[Dict[str, Any]] = None, section:
         action.section = meta["section"] or section
 
 
-def from_arguments(cls, args, **overrides):
+def from_arguments(cls, args, defaults: Optional[Dict[str, Any]] = None, **overrides):
     """The options dataclass as the parsed arguments give it: a field whose argument was not given keeps the
-    dataclass default; a field not made by option() takes the argument of its own name when the parser has one
-    (fairseq's options, or arguments a command declares itself); overrides set fields that no argument holds."""
-    values = {}
+    dataclass default (`defaults`: a holder's other defaults, nested's); a field not made by option() takes the
+    argument of its own name when the parser has one (fairseq's options, or arguments a command declares itself);
+    overrides set fields that no argument holds."""
+    values = dict(defaults or {})
     for f, hint in _fields(cls):
         meta = f.metadata
         if f.name in overrides:
             continue
         if meta.get("nested"):
-            values[f.name] = from_arguments(hint, args)
+            values[f.name] = from_arguments(hint, args, meta.get("defaults"))
         elif _is_option(meta):
             given = getattr(args, _dest(meta["flag"]))
             if meta["negate"] or hint is bool:
                 if given:
-                    values[f.name] = not f.default
+                    values[f.name] = not _default(f, defaults or {})
             elif given is not None:
                 values[f.name] = _parsed(meta, given)
         elif hasattr(args, f.name):
@@ -193,16 +214,15 @@ def non_finite(options) -> None:
             raise UserError(f"{f.metadata['flag']} must be a finite number, not {value}")
 
 
-def given_flags(cls, options) -> Dict[str, Any]:
-    """flag -> value for every option field (nested too) whose value differs from its default: what a user chose,
-    in the words they chose it with (for refusals and records)."""
+def given_flags(cls, options, defaults: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """flag -> value for every option field (nested too) whose value differs from its default (a nested one's: its
+    holder's): what a user chose, in the words they chose it with (for refusals and records)."""
     out = {}
     for f, hint in _fields(cls):
         value = getattr(options, f.name)
         if f.metadata.get("nested"):
-            out.update(given_flags(hint, value))
+            out.update(given_flags(hint, value, f.metadata.get("defaults")))
         elif _is_option(f.metadata):
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            if value != default:
+            if value != _default(f, defaults or {}):
                 out[f.metadata["flag"]] = value
     return out

@@ -23,6 +23,7 @@ from fairseq_headprune.compress import preflight
 from fairseq_headprune.compress.options import CompressOptions
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.options import finite_float, non_finite
+from fairseq_headprune.prune.window_fit import WindowOptions
 
 
 def _tree(folder: Path) -> dict:
@@ -198,7 +199,7 @@ def test_options_of_a_library_caller_are_finite():
     with pytest.raises(UserError, match="--max-bleu-loss must be a finite number, not nan"):
         CompressOptions(out="x", max_bleu_loss=math.nan).check()
     with pytest.raises(UserError, match="--window-lr must be a finite number, not inf"):
-        CompressOptions(out="x", speedup=1.5, window_lr=math.inf).check()
+        CompressOptions(out="x", speedup=1.5, window=WindowOptions(lr=math.inf)).check()
     non_finite(CompressOptions(out="x", speedup=1.5))
     assert finite_float("1e-4") == 1e-4
 

@@ -9,7 +9,8 @@ from conftest import run
 from fairseq_headprune.prune.reconstruct import ReconstructionOptions
 from fairseq_headprune.prune.shrink_options import ShrinkOptions, flat_fields, with_fit
 from fairseq_headprune.prune.window_fit import WindowOptions
-from fairseq_headprune.options import add_arguments, from_arguments, given_flags
+from fairseq_headprune.compress.options import CompressOptions
+from fairseq_headprune.options import add_arguments, from_arguments, given_flags, nested
 from fairseq_headprune.studies.deploy import DeployOptions
 
 
@@ -36,6 +37,25 @@ def test_a_command_line_fills_nested_options():
         "--remove": "62.5%", "--types": ("enc-dec", "dec-self"), "--shape": "per-stack", "--window-steps": 1000,
         "--window-lr": 1e-4, "--no-refit-ffn": False, "--refit": "scales", "--no-rearrange": False,
         "--min-heads-per-layer": 0, "--check-sentences": 5}
+
+
+def test_a_holder_gives_a_nested_option_its_own_default_with_its_reason():
+    # compress holds the window fit's options with 1000 steps where shrink's own default is 0: one declaration
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, CompressOptions)
+    steps = next(a for a in parser._actions if "--window-steps" in a.option_strings)
+    assert steps.help.endswith("(default 1000: compress's, chosen on val in results/recover-de-en; shrink's 0 keeps a "
+                               "plain shrink fast)")
+    given = from_arguments(CompressOptions, parser.parse_args(["--out", "o"]))
+    assert given.window == CompressOptions(out="o").window == WindowOptions(steps=1000)
+    assert from_arguments(CompressOptions, parser.parse_args(["--out", "o", "--window-steps", "0"])).window.steps == 0
+    assert "--window-steps" not in given_flags(CompressOptions, given)  # its holder's default is not a choice
+    assert given_flags(CompressOptions, CompressOptions(out="o", window=WindowOptions()))["--window-steps"] == 0
+    assert _parse([]).reconstruction.window == WindowOptions()  # shrink keeps the dataclass's own
+    with pytest.raises(TypeError, match="no reason"):
+        nested(WindowOptions, defaults={"steps": 5})
+    with pytest.raises(TypeError, match="lacks"):
+        nested(WindowOptions, defaults={"stepz": 5}, why="a typo")
 
 
 def test_a_list_option_given_twice_keeps_both_lists():

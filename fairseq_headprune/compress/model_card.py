@@ -176,6 +176,7 @@ def method_lines(record: Dict) -> List[Optional[str]]:
     st, o = record["stages"], record["options"]
     choice, shrunk, recovered, measured, reported = (st["choice"], st["shrink"], st["recover"], st["measure"],
                                                      st["report"])
+    window = o.get("window") or {"steps": o["window_steps"], "lr": o["window_lr"]}  # (records before it was nested)
     chosen = choice["chosen"]
     trained = set(record.get("teacher_trained_on") or ())
     return [
@@ -191,7 +192,7 @@ def method_lines(record: Dict) -> List[Optional[str]]:
         "raises it least (Fisher information, taken greedily).",
         f"- The reconstruction: {shrunk['calibration']['sentences']} sentences of "
         f"'{shrunk['calibration']['subset']}', out_proj and FFN ridge refits, then a window fit of each pruned "
-        f"attention sublayer ({o['window_steps']} Adam steps, lr {o['window_lr']:g}).",
+        f"attention sublayer ({window['steps']} Adam steps, lr {window['lr']:g}).",
         layers_line(choice),
         recover_line(recovered),
         f"- Speed: sentences of '{measured['subset']}'. The reported set '{reported['subset']}' was decoded once, "

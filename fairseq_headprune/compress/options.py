@@ -90,12 +90,9 @@ class CompressOptions:
                                         help="how many of them, drawn at random over the subset (--sample-seed)")
     calibration_max_tokens: int = option(1000, flag="--calibration-max-tokens", section="calibration and refit",
                                          help="tokens per calibration batch")
-    window_steps: int = option(1000, flag="--window-steps", section="calibration and refit",
-                               help="Adam steps of each pruned attention sublayer's window fit (shrink "
-                                    "--window-steps, 0 there: a plain shrink stays fast; here it is 1000, chosen on "
-                                    "val, results/recover-de-en)")
-    window_lr: float = option(WindowOptions.lr, flag="--window-lr", section="calibration and refit",
-                              help="their learning rate (shrink --window-lr)")
+    window: WindowOptions = nested(WindowOptions, section="calibration and refit", defaults={"steps": 1000},
+                                   why="compress's, chosen on val in results/recover-de-en; shrink's 0 keeps a "
+                                       "plain shrink fast")
     timing_subset: str = option("valid", flag="--timing-subset", section="timing and checks",
                                 help="sentences the speeds are measured on")
     timing_sentences: int = option(300, flag="--timing-sentences", section="timing and checks", help="how many of them")
@@ -207,14 +204,14 @@ class CompressOptions:
                      "recover_sentences"):
             if getattr(self, name) < 1:
                 raise UserError(f"--{name.replace('_', '-')} must be at least 1, not {getattr(self, name)}")
-        for name in ("budget_epochs", "window_steps"):
-            if getattr(self, name) < 0:
-                raise UserError(f"--{name.replace('_', '-')} must be at least 0, not {getattr(self, name)}")
+        for flag, value in (("--budget-epochs", self.budget_epochs), ("--window-steps", self.window.steps)):
+            if value < 0:
+                raise UserError(f"{flag} must be at least 0, not {value}")
         if not 0 < self.significance <= 1:
             raise UserError(f"--significance must be in (0, 1], not {self.significance:g}")
-        if self.window_lr <= 0:
-            raise UserError(f"--window-lr must be above 0, not {self.window_lr:g}")
-        if not self.window_steps and self.window_lr != CompressOptions.window_lr:
+        if self.window.lr <= 0:
+            raise UserError(f"--window-lr must be above 0, not {self.window.lr:g}")
+        if not self.window.steps and self.window.lr != WindowOptions.lr:
             raise UserError("--window-lr sets the window fit's learning rate: it needs --window-steps N (above 0)")
 
     def _check_recovery(self) -> None:

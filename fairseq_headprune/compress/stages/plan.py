@@ -113,7 +113,7 @@ def estimates(loaded, options, rates: Dict[str, float], rows: int,
         if options.shape is None:  # an NLL after shrink's closed-form fits per structure (depth, FFN share), and
             fits = depth * (len(levers.FFN.values(100)) + 1) + finals // 2  # one per finalist that (expected: half)
             out["choice"] += fits * FIT_PASSES * calib_tok / rates["forward_tok_s"]  # reaches the target
-    shrink = (options.window_steps * sublayers * rates["window_step_s"] + 3 * calib_tok / rates["forward_tok_s"]
+    shrink = (options.window.steps * sublayers * rates["window_step_s"] + 3 * calib_tok / rates["forward_tok_s"]
               + 2 * min(options.check_sentences, calib_n) / rates["fairseq_sent_s"])
     if options.quality_bound() is not None:  # shrinks and held-out decodes: a bisection over the frontier, whose
         held = min(options.heldout_sentences, valid_n)  # ~20 shapes took 5 probes on the bundled models

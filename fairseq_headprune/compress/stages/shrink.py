@@ -35,9 +35,7 @@ def shrink_options(options, heads: str, dec_layers: Optional[int] = None,
                          calibration_subset=options.calibration_subset,
                          calibration_sentences=options.calibration_sentences, calibration_seed=options.sample_seed,
                          check_sentences=options.check_sentences,
-                         reconstruction=ReconstructionOptions(window=WindowOptions(
-                             steps=options.window_steps if fitted else 0, lr=options.window_lr if fitted else
-                             WindowOptions.lr)))
+                         reconstruction=ReconstructionOptions(window=options.window if fitted else WindowOptions()))
 
 
 def trim_options(options):
@@ -59,7 +57,7 @@ def settings(loaded, options) -> Dict:
     o = options
     return {"calibration": [o.calibration_subset, o.calibration_sentences, o.calibration_max_tokens,
                             {"seed": o.sample_seed}],
-            "window": [o.window_steps, o.window_lr], "check_sentences": o.check_sentences,
+            "window": [o.window.steps, o.window.lr], "check_sentences": o.check_sentences,
             "data": data_sha(loaded, o.calibration_subset)}
 
 
