@@ -164,7 +164,8 @@ def test_refusals_are_one_line_before_any_work(tiny_data, stock_checkpoint, tmp_
         (("--speedup", "1.5", "--distill", "kl"), "--distill must be one of logits, sequences, both, none, not kl"),
         (("--speedup", "1.5", "--budget-epochs", "0", "--distill", "both"), "--distill both: --budget-epochs 0"),
         (("--speedup", "1.5", "--distill", "sequences", "--distill-hidden-weight", "0.2"),
-         "--distill sequences compares no states with the teacher"),
+         "--distill-hidden-weight weighs a distance to the teacher's forward pass, which --distill sequences does "
+         "not use"),
         (("--speedup", "1.5", "--recover-args", "--distill-weight 0.5"),
          "--recover-args: --distill-weight is set by compress itself"),
         (("--max-bleu-loss", "0.3", "--shape", "2/2"), "--shape gives the shape --max-bleu-loss would choose"),
@@ -559,7 +560,7 @@ def test_a_distillation_set_and_a_vocabulary_map_reach_the_recovery_and_the_expo
                       "--distill-source", raw, "--distill-nbest", "2", "--vocab-map", "--vocab-map-frequent", "50",
                       target=("--speedup", "1.2")))
     record = json.loads((out / "stages" / "recover" / "model.json").read_text())
-    assert record["options"]["distill_source"] == [str(raw)] and record["options"]["distill_nbest"] == 2
+    assert record["options"]["distillation"]["source"] == [str(raw)] and record["options"]["distillation"]["nbest"] == 2
     sets = [json.loads((f / "distillation-set.json").read_text()) for f in
             tiny_data.parent.glob(f"{tiny_data.name}.distill-*")]  # (other tests' sets beside the shared data)
     assert {"sources": 40, "pairs": 80} in [{k: s[k] for k in ("sources", "pairs")} for s in sets]
@@ -651,19 +652,20 @@ def test_the_hidden_state_term_takes_the_teacher_layers_the_shrink_reconstructed
     from omegaconf import OmegaConf
 
     from fairseq_headprune.compress.stages.recover import recover_options
+    from fairseq_headprune.prune.recovery_config import DistillationOptions
     from fairseq_headprune.prune import recovery_config
 
     loaded = SimpleNamespace(checkpoint=str(stock_checkpoint),
                              cfg=SimpleNamespace(task=OmegaConf.create({"source_lang": "de", "target_lang": "en"})))
-    compress = pipeline.CompressOptions(out="x", speedup=1.5, distill_hidden_weight=0.2)
+    compress = pipeline.CompressOptions(out="x", speedup=1.5, distillation=DistillationOptions(hidden_weight=0.2))
     cut = {"kept": {"dec": [1, 3]}, "teacher_outputs": {"dec": [2, 3]}}
     options = recover_options(loaded, compress, "m.pt", None, cut)
-    assert (options.distill_hidden_weight, options.distill_hidden_layers) == (0.2, "2,3")
+    assert (options.distillation.hidden_weight, options.distill_hidden_layers) == (0.2, "2,3")
     argv = recovery_config.training_argv(str(tiny_data), stock_checkpoint, options, "translation", "transformer")
     assert argv[argv.index("--distill-hidden-weight") + 1] == "0.2"
     assert argv[argv.index("--distill-hidden-layers") + 1] == "2,3"
     assert recover_options(loaded, compress, "m.pt", None, None).distill_hidden_layers == ""  # one to one
-    compress.distill_hidden_weight = 0.0
+    compress.distillation.hidden_weight = 0.0
     assert recover_options(loaded, compress, "m.pt", None, cut).distill_hidden_layers == ""
 
 

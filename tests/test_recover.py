@@ -179,7 +179,8 @@ def test_bad_input_is_one_line(student, stock_checkpoint, tiny_data, tmp_path):
                                   "--distill-temperature", "3")
     assert "does not use" in _bad(tiny_data, student, stock_checkpoint, out, "--distill", "sequences",
                                   "--distill-hidden-weight", "1")
-    assert "must be >= 0" in _bad(tiny_data, student, stock_checkpoint, out, "--distill-hidden-weight", "-1")
+    assert "--distill-hidden-weight must be at least 0" in _bad(tiny_data, student, stock_checkpoint, out,
+                                                                "--distill-hidden-weight", "-1")
     assert "unknown option --bogus" in _bad(tiny_data, student, stock_checkpoint, out, "--bogus", "3")
     assert "--lr" in _bad(tiny_data, student, stock_checkpoint, out, "--lr", "abc")
     # a teacher of another network: its config says so before anything is built
@@ -280,7 +281,7 @@ def test_a_distillation_set_is_translated_by_the_teacher_and_trained_on_beside_t
     assert src[0].tolist() == src[1].tolist() and tgt[0].tolist() != tgt[1].tolist(), "two translations a sentence"
     assert "train1" in proc.stderr, "fairseq-train loaded the shard beside train"
     record = json.loads((tmp_path / "r.json").read_text())
-    assert record["updates"] == 3 and record["options"]["distill_source"] == [str(raw)]
+    assert record["updates"] == 3 and record["options"]["distillation"]["source"] == [str(raw)]
     # the same run with another distillation set is another run: its folder is refused
     other = tmp_path / "other.de"
     other.write_text("\n".join((SLICE / "valid.de").read_text(encoding="utf-8").splitlines()[:20]) + "\n")

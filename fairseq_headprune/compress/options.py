@@ -8,13 +8,13 @@ from dataclasses import dataclass
 from typing import Optional, Tuple
 
 from fairseq_headprune.prune import levers
-from fairseq_headprune.prune.recovery_config import DEFAULT_DISTILL, DISTILL
+from fairseq_headprune.prune.recovery_config import DistillationOptions, RecoverOptions
 from fairseq_headprune.prune.vocab_map import VocabMapBound, VocabMapOptions
 from fairseq_headprune.prune.vocabulary import VocabularyOptions
 from fairseq_headprune.prune.window_fit import WindowOptions
 from fairseq_headprune.core.shape import CeilingShape
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.options import nested, non_finite, option
+from fairseq_headprune.options import given_flags, nested, non_finite, option
 
 STAGES = ("cost-table", "choice", "shrink", "recover", "export", "measure", "report")
 # the recovery's default budget: about the bundled De-En model's (4 epochs of its 28k pairs, 1008 updates of 2048
@@ -111,23 +111,7 @@ class CompressOptions:
                                  help="a cost-table row's time saving counts when its slice was faster in "
                                       "significantly more batches than not: sign test p below this (1: every "
                                       "measured saving counts)")
-    distill: str = option(DEFAULT_DISTILL, flag="--distill", section="recovery", metavar="logits|sequences|both|none",
-                          help="the recovery's signal (recover --distill): the teacher's token distributions on "
-                               "the references; its beam translations of train as targets (Kim & Rush 2016, "
-                               "decoded once and cached); both (the distributions on those translations); none")
-    distill_hidden_weight: float = option(0.0, flag="--distill-hidden-weight", section="recovery",
-                                          help="β of the recovery's hidden-state term: each kept decoder layer's "
-                                               "output pulled towards the teacher layer the shrink reconstructed it "
-                                               "towards (recover --distill-hidden-weight; 0: off)")
-    distill_source: Tuple[str, ...] = option((), flag="--distill-source", section="recovery", metavar="FILE", nargs="+",
-                                             parse=tuple,
-                                             help="raw source text the unpruned model translates once (with the "
-                                                  "model's --tokenizer and --bpe), trained on beside train: a "
-                                                  "distillation set beyond the parallel data (recover "
-                                                  "--distill-source)")
-    distill_nbest: int = option(1, flag="--distill-nbest", section="recovery", metavar="N",
-                                help="the unpruned model's N best translations of each --distill-source sentence, "
-                                     "each a pair (recover --distill-nbest)")
+    distillation: DistillationOptions = nested(DistillationOptions, section="recovery")  # recover's, the same
     vocab_map: bool = option(False, flag="--vocab-map", section="vocabulary", group="vocabulary map",
                              help="ct2 engines: ship a vocabulary map (vmap.txt, from the training pairs) the "
                                   "choice times its shapes with and the model is measured, checked and reported "
@@ -170,7 +154,7 @@ class CompressOptions:
         self._check_target()
         self._check_counts()
         self._check_recovery()
-        self._check_distillation()
+        self._check_vocabulary()
         self._check_sets()
         self._check_out()
         self.vocabulary.check()
@@ -216,13 +200,11 @@ class CompressOptions:
 
     def _check_recovery(self) -> None:
         """The recovery's signal and budget against each other, and --recovered."""
-        if self.distill not in DISTILL:
-            raise UserError(f"--distill must be one of {', '.join(DISTILL)}, not {self.distill}")
-        if self.budget_epochs == 0 and self.distill != DEFAULT_DISTILL:
-            raise UserError(f"--distill {self.distill}: --budget-epochs 0 runs no recovery")
-        if self.distill_hidden_weight and self.distill in ("sequences", "none"):
-            raise UserError(f"--distill-hidden-weight: --distill {self.distill} compares no states with the teacher "
-                            "(logits or both do)")
+        self.distillation.check(RecoverOptions.sequence_beam, "the teacher's beam")  # recover's refusals, the same
+        if self.budget_epochs == 0 and self.distillation != DistillationOptions():
+            flag, value = next(iter(given_flags(DistillationOptions, self.distillation).items()))
+            raise UserError(f"{flag}{f' {value}' if isinstance(value, str) else ''}: --budget-epochs 0 runs no "
+                            "recovery")
         if self.budget_epochs == 0 and self.recover_args:
             raise UserError("--recover-args: --budget-epochs 0 runs no recovery")
         if self.budget_epochs == 0 and self.train_options:
@@ -234,22 +216,8 @@ class CompressOptions:
             if self.budget_epochs == 0:
                 raise UserError("--recovered: --budget-epochs 0 runs no recovery")
 
-    def _check_distillation(self) -> None:
-        """The distillation's options, and --vocab-map."""
-        if self.distill_hidden_weight < 0:
-            raise UserError(f"--distill-hidden-weight must be at least 0, not {self.distill_hidden_weight:g}")
-        if self.budget_epochs == 0 and self.distill_hidden_weight:
-            raise UserError("--distill-hidden-weight: --budget-epochs 0 runs no recovery")
-        if self.distill_source and self.budget_epochs == 0:
-            raise UserError("--distill-source: --budget-epochs 0 runs no recovery")
-        for path in self.distill_source:
-            if not os.path.isfile(path):
-                raise UserError(f"--distill-source: no such file: {path}")
-        if self.distill_nbest != 1 and not self.distill_source:
-            raise UserError("--distill-nbest sets how many translations of each --distill-source sentence are kept: "
-                            "give --distill-source")
-        if not 1 <= self.distill_nbest <= 5:  # recover's teacher beam
-            raise UserError(f"--distill-nbest must be between 1 and 5 (the teacher's beam), not {self.distill_nbest}")
+    def _check_vocabulary(self) -> None:
+        """--vocab-map and --keep-vocab against the engine and the target."""
         if self.vocabulary.corpora and self.engine == "fairseq":
             raise UserError("--keep-vocab: --engine fairseq times and scores the model on DATA's ids, which a trimmed "
                             "vocabulary renumbers; use a CTranslate2 engine, or trim OUT/model.pt after with shrink "

@@ -276,8 +276,9 @@ def recover_arguments(loaded, options) -> None:
     argv = recovery_config.training_argv(loaded.cfg.task.data, loaded.checkpoint, settings,
                                          loaded.cfg.task._name, arch or "transformer")
     recover.fairseq_train_cfg(argv, loaded.saved_cfg, settings)
-    if settings.distill in ("sequences", "both"):  # what recover would refuse after the choice and the shrink
-        recovery_config.refuse_teacher_decoding(settings.distill, recovery_config.saved_task_name(loaded.saved_cfg))
+    signal = settings.distillation.signal
+    if signal in ("sequences", "both"):  # what recover would refuse after the choice and the shrink
+        recovery_config.refuse_teacher_decoding(signal, recovery_config.saved_task_name(loaded.saved_cfg))
         language_pair(loaded.cfg.task.data, settings.train_subset)
 
 
@@ -360,7 +361,7 @@ def text_problem(path: str) -> Optional[str]:
 
 def distillation_sources(options) -> None:
     """--distill-source: files of UTF-8 text, one sentence a line (read by the recover stage, after the shrink)."""
-    for path in options.distill_source:
+    for path in options.distillation.source:
         try:
             problem = text_problem(path)
         except OSError as e:

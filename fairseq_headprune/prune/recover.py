@@ -97,7 +97,7 @@ def run_identity(data: str, student: str, options: RecoverOptions, cfg) -> dict:
         "student_sha256": file_sha256(student),
         "teacher_sha256": file_sha256(options.teacher) if options.teacher else None,
         "data": data_fingerprint(data, [options.train_subset, options.valid_subset]),
-        "distill": options.distill,
+        "distill": options.distillation.signal,
     }
     for group, keys in IDENTITY_FIELDS.items():
         values = as_mapping(cfg.get(group))
@@ -107,9 +107,9 @@ def run_identity(data: str, student: str, options: RecoverOptions, cfg) -> dict:
         for key, value in values.items():
             if (keys is None or key in keys) and key not in UNSTABLE_KEYS and _jsonable(value):
                 identity[f"{group}.{key}"] = value
-    if options.distill_source:  # (absent without one: the identities of runs before the option still match)
-        identity["distill_source"] = [file_sha256(p) for p in options.distill_source]
-        identity["distill_nbest"] = options.distill_nbest
+    if options.distillation.source:  # (absent without one: the identities of runs before the option still match)
+        identity["distill_source"] = [file_sha256(p) for p in options.distillation.source]
+        identity["distill_nbest"] = options.distillation.nbest
         identity["distill_source_encoders"] = source_encoders(cfg)[2]
     model = cfg.model if isinstance(cfg.model, argparse.Namespace) else None
     for name in TUNABLE_MODEL_OPTIONS:
@@ -238,18 +238,18 @@ def recover(data: str, student: str, options: RecoverOptions, log=print) -> dict
         if not glob.glob(os.path.join(data.split(os.pathsep)[0], subset + ".*")):
             raise UserError(f"no '{subset}' subset in {data}")
     task_name = saved_task_name(student_cfg)
-    refuse_teacher_decoding(options.distill, task_name)
+    refuse_teacher_decoding(options.distillation.signal, task_name)
     cfg = fairseq_train_cfg(training_argv(data, student, options, task_name, arch), student_cfg, options)
     preflight(cfg, data, student_state["model"], options)
     del student_state
     with output_lock(options.out):  # held to the end: a second run of this OUT is refused, whatever its work dir
         refuse_output_of_another_run(options, student)
         train_data, distillation_set = data, None
-        if options.distill in ("sequences", "both"):
+        if options.distillation.signal in ("sequences", "both"):
             train_data = teacher_targets_data(data, options, log=log)
             cfg = fairseq_train_cfg(training_argv(train_data, student, options, task_name, arch), student_cfg,
                                     options)
-        if options.distill_source:
+        if options.distillation.source:
             made = distillation_set_data(train_data, options, source_encoders(cfg), log=log)
             train_data, distillation_set = made["data"], {k: made[k] for k in ("sources", "pairs", "nbest")}
             cfg = fairseq_train_cfg(training_argv(train_data, student, options, task_name, arch), student_cfg,
@@ -544,16 +544,17 @@ def write_recovered(best: str, student: str, options: RecoverOptions, data: str,
     last = os.path.join(work_dir, "checkpoint_last.pt")
     last_state = torch.load(last, map_location="cpu", weights_only=False)
     trained = (last_state.get("optimizer_history") or [{}])[-1]
+    signal = options.distillation.signal
     record = {
         "checkpoint": os.path.abspath(options.out),
         "student": os.path.abspath(student), "student_sha256": file_sha256(student),
         "teacher": os.path.abspath(options.teacher) if options.teacher else None,
         "teacher_sha256": file_sha256(options.teacher) if options.teacher else None,
         "data": os.path.abspath(data), "train_subset": options.train_subset, "valid_subset": options.valid_subset,
-        "criterion": cfg.criterion._name, "distill": options.distill,
-        "distill_weight": options.distill_weight if options.distill in ("logits", "both") else None,
-        "distill_temperature": options.distill_temperature if options.distill in ("logits", "both") else None,
-        "distill_hidden_weight": options.distill_hidden_weight if options.distill in ("logits", "both") else None,
+        "criterion": cfg.criterion._name, "distill": signal,
+        "distill_weight": options.distill_weight if signal in ("logits", "both") else None,
+        "distill_temperature": options.distill_temperature if signal in ("logits", "both") else None,
+        "distill_hidden_weight": options.distillation.hidden_weight if signal in ("logits", "both") else None,
         "best_checkpoint": os.path.basename(best), "updates_at_best": updates, "epoch_at_best": best_epoch,
         "last_valid_loss": last_valid_loss(last_state), "best_valid_loss": last_valid_loss(state),
         "early_stop": early_stop, "distillation_set": distillation_set,

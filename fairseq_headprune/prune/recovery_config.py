@@ -8,12 +8,12 @@ import argparse
 import glob
 import os
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.options import given_flags, option
+from fairseq_headprune.options import given_flags, nested, option
 from fairseq_headprune.fairseq_io.loading import PACKAGE_DIR
 from fairseq_headprune.records.identity import file_sha256
 from fairseq_headprune.criterions.label_smoothed_cross_entropy_distill import parse_hidden_layers
@@ -49,6 +49,48 @@ TRAIN_DEFAULTS = {
 
 
 @dataclass
+class DistillationOptions:
+    """The recovery's signal and its distillation set beyond the parallel data, declared once: `recover`
+    (RecoverOptions) and `compress` (CompressOptions) each hold them."""
+
+    signal: str = option(DEFAULT_DISTILL, flag="--distill", metavar="|".join(DISTILL),
+                         help="the recovery's signal (logits: KL to the teacher's token distributions on the "
+                              "references + the label-smoothed loss; sequences: the teacher's beam translations of the "
+                              "training subset as targets, Kim & Rush 2016, decoded once and cached; both: the "
+                              "distributions on those translations; none: plain fine-tuning)")
+    hidden_weight: float = option(0.0, flag="--distill-hidden-weight",
+                                  help="weight β of the squared distance of every decoder layer's output to the "
+                                       "teacher layer it stands for (layer distillation, CoFi); 0: off")
+    source: Tuple[str, ...] = option((), flag="--distill-source", nargs="+", metavar="FILE", parse=tuple,
+                                     help="raw source text the teacher translates once (one sentence a line, with "
+                                          "the model's --tokenizer and --bpe), trained on as the next shard of the "
+                                          "training subset (train1): a distillation set beyond the parallel data; "
+                                          "cached beside DATA")
+    nbest: int = option(1, flag="--distill-nbest", metavar="N",
+                        help="the teacher's N best translations of each --distill-source sentence, each a pair (at "
+                             "most the teacher's beam)")
+
+    def check(self, beam: int, beam_words: str) -> None:
+        """Each setting, and the ones the chosen signal or set would not read, refused in one line; `beam` the
+        teacher's beam of its translations (`beam_words`: how the command names it)."""
+        if self.signal not in DISTILL:
+            raise UserError(f"--distill must be one of {', '.join(DISTILL)}, not {self.signal}")
+        if self.hidden_weight < 0:
+            raise UserError(f"--distill-hidden-weight must be at least 0, not {self.hidden_weight:g}")
+        if self.hidden_weight and self.signal in ("none", "sequences"):  # no teacher in the loss
+            raise UserError(f"--distill-hidden-weight weighs a distance to the teacher's forward pass, which --distill "
+                            f"{self.signal} does not use")
+        for path in self.source:
+            if not os.path.isfile(path):
+                raise UserError(f"--distill-source: no such file: {path}")
+        if self.nbest != 1 and not self.source:
+            raise UserError("--distill-nbest sets how many translations of each --distill-source sentence are kept: "
+                            "give --distill-source")
+        if not 1 <= self.nbest <= beam:
+            raise UserError(f"--distill-nbest must be between 1 and {beam_words} ({beam}), not {self.nbest}")
+
+
+@dataclass
 class RecoverOptions:
     """What `fairseq-headprune recover` does: each field a command-line option of `recover` with its one default
     (compress and shrink --recover-epochs build it from their own options)."""
@@ -56,15 +98,10 @@ class RecoverOptions:
     teacher: str = option("", flag="--teacher", metavar="UNPRUNED.pt",
                           help="the frozen teacher (needed unless --distill none)")
     out: str = option("", flag="--out", metavar="OUT.pt", help="the recovered checkpoint to write")
-    distill: str = option(DEFAULT_DISTILL, flag="--distill", choices=DISTILL,
-                          help="logits: KL to the teacher's tokens + label-smoothed loss; sequences: the teacher's "
-                               "beam translations as targets; both; none: plain fine-tuning")
+    distillation: DistillationOptions = nested(DistillationOptions)
     distill_weight: float = option(0.9, flag="--distill-weight",
                                    help="weight w of the KL (1 - w: the label-smoothed loss on the targets)")
     distill_temperature: float = option(2.0, flag="--distill-temperature", help="softmax temperature T")
-    distill_hidden_weight: float = option(0.0, flag="--distill-hidden-weight",
-                                          help="weight β of the squared distance of every decoder layer's output to "
-                                               "the teacher's (layer distillation, CoFi); 0: off")
     distill_hidden_layers: str = option("", flag="--distill-hidden-layers", metavar="T1,T2,...", shown="one to one",
                                         help="the teacher decoder layer (1-indexed) each student layer is compared "
                                              "with, for a student with fewer layers (shrink --keep-layers records "
@@ -81,14 +118,6 @@ class RecoverOptions:
                                      "--distill-source)")
     sequence_max_len_a: float = 1.2  # the teacher's length cap on its own translations: a x source + b
     sequence_max_len_b: int = 10
-    distill_source: List[str] = option((), flag="--distill-source", nargs="+", metavar="FILE", parse=list,
-                                       help="raw source text (one sentence a line) the teacher translates once, with "
-                                            "the model's --tokenizer and --bpe, added to the training subset as its "
-                                            "next shard (train1): a distillation set beyond the parallel data; "
-                                            "cached beside DATA")
-    distill_nbest: int = option(1, flag="--distill-nbest", metavar="N",
-                                help="the teacher's N best translations of each --distill-source sentence, each a "
-                                     "pair (at most --sequence-beam)")
     force: bool = option(False, flag="--force", help="replace an existing OUT.pt")
     train_args: List[str] = field(default_factory=list)  # fairseq-train options as given, passed through
     command: str = "recover"  # the command running it (`shrink --recover-epochs`): its refusals name its options
@@ -99,43 +128,32 @@ class RecoverOptions:
 
     def check(self) -> None:
         """Every setting that can be refused before anything is read or written."""
-        if self.distill not in DISTILL:
-            raise UserError(f"--distill must be one of {', '.join(DISTILL)}, not {self.distill}")
+        signal = self.distillation.signal
         self.check_unused()
-        if self.distill != "none" and not self.teacher:
-            raise UserError(f"--distill {self.distill} needs --teacher UNPRUNED.pt")
+        if self.sequence_beam < 1:
+            raise UserError(f"--sequence-beam must be at least 1, not {self.sequence_beam}")
+        self.distillation.check(self.sequence_beam, "--sequence-beam")
+        if signal != "none" and not self.teacher:
+            raise UserError(f"--distill {signal} needs --teacher UNPRUNED.pt")
         if not 0.0 <= self.distill_weight <= 1.0:
             raise UserError(f"--distill-weight must be in [0, 1], not {self.distill_weight}")
         if not self.distill_temperature > 0:
             raise UserError(f"--distill-temperature must be > 0, not {self.distill_temperature}")
-        if self.distill_hidden_weight < 0:
-            raise UserError(f"--distill-hidden-weight must be >= 0, not {self.distill_hidden_weight}")
-        if self.sequence_beam < 1:
-            raise UserError(f"--sequence-beam must be at least 1, not {self.sequence_beam}")
-        if self.distill_source and not self.teacher:
+        if self.distillation.source and not self.teacher:
             raise UserError("--distill-source is translated by the teacher: give --teacher UNPRUNED.pt")
-        for path in self.distill_source:
-            if not os.path.isfile(path):
-                raise UserError(f"--distill-source: no such file: {path}")
-        if not 1 <= self.distill_nbest <= self.sequence_beam:
-            raise UserError(f"--distill-nbest must be between 1 and --sequence-beam ({self.sequence_beam}), "
-                            f"not {self.distill_nbest}")
         self.budget_args()
 
     def check_unused(self) -> None:
         """An option set away from its default that the chosen signal does not read: refused, never ignored."""
-        given = given_flags(RecoverOptions, self)
+        given, signal = given_flags(RecoverOptions, self), self.distillation.signal
         teacher_terms = [f for f in ("--distill-weight", "--distill-temperature", "--distill-hidden-weight",
                                      "--distill-hidden-layers") if f in given]
-        if teacher_terms and self.distill in ("none", "sequences"):  # no teacher in the loss
+        if teacher_terms and signal in ("none", "sequences"):  # no teacher in the loss
             raise UserError(f"{teacher_terms[0]} weighs a distance to the teacher's forward pass, which --distill "
-                            f"{self.distill} does not use")
-        if "--sequence-beam" in given and self.distill not in ("sequences", "both") and not self.distill_source:
+                            f"{signal} does not use")
+        if "--sequence-beam" in given and signal not in ("sequences", "both") and not self.distillation.source:
             raise UserError(f"--sequence-beam sets the beam of the teacher's translations, which --distill "
-                            f"{self.distill} does not use (without --distill-source)")
-        if "--distill-nbest" in given and not self.distill_source:
-            raise UserError("--distill-nbest sets how many translations of each --distill-source sentence are kept: "
-                            "give --distill-source")
+                            f"{signal} does not use (without --distill-source)")
 
     def budget_args(self) -> List[str]:
         """fairseq-train's budget: --max-epoch, --max-update, or both (it stops at whichever comes first)."""
@@ -243,13 +261,13 @@ def training_argv(data: str, student: str, options: RecoverOptions, saved_task: 
     argv += ["--save-dir", options.resolved_work_dir(), "--finetune-from-model", os.path.abspath(student),
              "--train-subset", options.train_subset, "--valid-subset", options.valid_subset]
     argv += options.budget_args()
-    if options.distill == "none" or options.distill == "sequences":
+    if options.distillation.signal == "none" or options.distillation.signal == "sequences":
         argv += ["--criterion", "label_smoothed_cross_entropy"]
     else:
         argv += ["--criterion", CRITERION, "--teacher-path", os.path.abspath(options.teacher),
                  "--distill-weight", str(options.distill_weight),
                  "--distill-temperature", str(options.distill_temperature),
-                 "--distill-hidden-weight", str(options.distill_hidden_weight)]
+                 "--distill-hidden-weight", str(options.distillation.hidden_weight)]
         if options.distill_hidden_layers:
             argv += ["--distill-hidden-layers", options.distill_hidden_layers]
     return argv
@@ -330,9 +348,9 @@ def check_hidden_layers(options: RecoverOptions, student_layers: int, teacher_la
     """The hidden-state term compares each student decoder layer with one teacher layer: one to one at equal depth,
     else through --distill-hidden-layers (one teacher layer per student layer, 1..teacher_layers)."""
     layers = parse_hidden_layers(options.distill_hidden_layers)
-    if layers is not None and options.distill_hidden_weight <= 0:
+    if layers is not None and options.distillation.hidden_weight <= 0:
         raise UserError("--distill-hidden-layers maps the hidden-state term, which --distill-hidden-weight 0 turns off")
-    if options.distill_hidden_weight <= 0:
+    if options.distillation.hidden_weight <= 0:
         return
     if layers is None:
         if student_layers != teacher_layers:

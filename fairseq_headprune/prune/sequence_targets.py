@@ -203,7 +203,7 @@ def distillation_key(teacher: str, sources: List[str], base: str, subset: str, o
     parts = [file_sha256(teacher)] + [file_sha256(p) for p in sources] + [
         file_sha256(p) for p in sorted(glob.glob(os.path.join(base, "dict.*.txt")))] + [
         f"beam={options.sequence_beam} a={options.sequence_max_len_a} b={options.sequence_max_len_b} "
-        f"nbest={options.distill_nbest} subset={subset} {encoders}"]
+        f"nbest={options.distillation.nbest} subset={subset} {encoders}"]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
 
 
@@ -225,7 +225,7 @@ def _write_source(paths, encoders, source_dict, folder: str, prefix: str) -> Non
 
 
 def distillation_set_data(base: str, options, encoders, log=print) -> Dict:
-    """The data folder holding `base` (linked) and the distillation set: options.distill_source translated by the
+    """The data folder holding `base` (linked) and the distillation set: options.distillation.source translated by the
     teacher, its n best hypotheses each a pair, as the next shard of the training subset. Built once and cached
     beside `base` (keyed by the teacher, the source files, the dictionaries, the decoding and the encoders);
     resumable. `encoders`: (tokenizer, bpe, description). Returns {"data": folder, "shard", "pairs", ...}."""
@@ -234,7 +234,7 @@ def distillation_set_data(base: str, options, encoders, log=print) -> Dict:
     described = encoders[2]
     subset = options.train_subset
     src, tgt = language_pair(base, subset)
-    key = distillation_key(options.teacher, options.distill_source, base, subset, options, described)
+    key = distillation_key(options.teacher, options.distillation.source, base, subset, options, described)
     folder = os.path.join(os.path.dirname(os.path.abspath(base.rstrip("/"))),
                           f"{os.path.basename(base.rstrip('/'))}.distill-{key}")
     shard = next_shard(base, subset, src, tgt)
@@ -246,15 +246,15 @@ def distillation_set_data(base: str, options, encoders, log=print) -> Dict:
     target_dict = Dictionary.load(os.path.join(base, f"dict.{tgt}.txt"))
     source_prefix = os.path.join(folder, f"distill.{src}-{tgt}.{src}")
     if not os.path.exists(source_prefix + ".idx"):
-        _write_source(options.distill_source, encoders, source_dict, folder, source_prefix)
+        _write_source(options.distillation.source, encoders, source_dict, folder, source_prefix)
     for path in glob.glob(os.path.join(base, "*")):
         link = os.path.join(folder, os.path.basename(path))
         if os.path.isfile(path) and not os.path.lexists(link):
             os.symlink(os.path.realpath(path), link)
     hyp_path = os.path.join(folder, "hypotheses.jsonl")
-    field = "nbest" if options.distill_nbest > 1 else "tokens"
+    field = "nbest" if options.distillation.nbest > 1 else "tokens"
     translate_missing(folder, options, "distill", src, tgt, _read_done(hyp_path, field), hyp_path, log,
-                      nbest=options.distill_nbest)
+                      nbest=options.distillation.nbest)
     done = _read_done(hyp_path, field)
     from fairseq.data import indexed_dataset
 
@@ -263,16 +263,16 @@ def distillation_set_data(base: str, options, encoders, log=print) -> Dict:
         raise UserError(f"the teacher translated {len(done)} of {len(source)} --distill-source sentences")
     pairs_src, pairs_tgt = [], []
     for i in range(len(source)):
-        for hyp in (done[i] if options.distill_nbest > 1 else [done[i]]):
+        for hyp in (done[i] if options.distillation.nbest > 1 else [done[i]]):
             pairs_src.append(source[i].tolist())
             pairs_tgt.append(list(hyp) + [target_dict.eos()])
     _write_indexed(os.path.join(folder, f"{shard}.{src}-{tgt}.{src}"), pairs_src, len(source_dict))
     _write_indexed(os.path.join(folder, f"{shard}.{src}-{tgt}.{tgt}"), pairs_tgt, len(target_dict))
-    info = {"shard": shard, "sources": len(source), "pairs": len(pairs_src), "nbest": options.distill_nbest,
+    info = {"shard": shard, "sources": len(source), "pairs": len(pairs_src), "nbest": options.distillation.nbest,
             "encoders": described, "unknown_share": round(unknown_share(
                 [source[i].tolist() for i in range(len(source))], source_dict.unk()), 4)}
     with atomic_output(info_path) as f:
         json.dump(info, f)
     log(f"distillation set: {len(source)} source sentences, {len(pairs_src)} pairs (the teacher's "
-        f"{options.distill_nbest} best each) as '{shard}' beside '{subset}' in {folder}")
+        f"{options.distillation.nbest} best each) as '{shard}' beside '{subset}' in {folder}")
     return {**info, "data": folder}

@@ -125,7 +125,7 @@ def estimates(loaded, options, rates: Dict[str, float], rows: int,
     epochs = min(float(options.budget_epochs), options.budget_updates / updates_per_epoch(sample_tok, options))
     out["recover"] = epochs * (sample_tok / rates["train_tok_s"] + sample_tok / rates["forward_tok_s"]
                                + valid_tok / rates["forward_tok_s"])
-    if options.distill in ("sequences", "both"):  # the teacher's translations of train (cached: once per teacher)
+    if options.distillation.signal in ("sequences", "both"):  # the teacher's translations of train (once per teacher)
         out["recover"] += sample_n / rates["fairseq_sent_s"]
     if options.recovered:  # run elsewhere: only adopted here
         out["recover"] = 0.0
@@ -216,8 +216,8 @@ def plan_lines(options, timing, rounds: int, estimate: Dict[str, float], cached:
     calibration = calibration_words(o, calibration_size)
     recovery = (f"{sample['sentences']} of the {sample['of']} pairs of '{sample['subset']}'"
                 + (f" drawn at random (seed {o.sample_seed})" if sample["sampled"] else "")
-                + (f", beside the unpruned model's translations ({o.distill_nbest} best each) of "
-                   f"{len(o.distill_source)} --distill-source file(s)" if o.distill_source else "")
+                + (f", beside the unpruned model's translations ({o.distillation.nbest} best each) of "
+                   f"{len(o.distillation.source)} --distill-source file(s)" if o.distillation.source else "")
                 + f"; early stopping on 'valid'; at most {o.budget_epochs} epochs and {o.budget_updates} updates"
                 if o.budget_epochs else "nothing: --budget-epochs 0")
     reads = {"cost-table": f"{sum(s['id'].numel() for s in timing)} sentences of '{o.timing_subset}' in "

@@ -57,13 +57,13 @@ def recover_key(loaded, options, shrunk_sha: str, sample: Dict) -> Dict:
     o = options
     key = {"student": shrunk_sha, "teacher": file_sha256(loaded.checkpoint),
            "recover_args": list(o.recover_args)}
-    if o.distill_hidden_weight:  # (absent when off: the records of runs before the option still resume)
-        key["distill_hidden_weight"] = o.distill_hidden_weight
-    if o.distill != DEFAULT_DISTILL:  # (likewise)
-        key["distill"] = o.distill
-    if o.distill_source:  # (likewise)
-        key["distill_source"] = [file_sha256(p) for p in o.distill_source]
-        key["distill_nbest"] = o.distill_nbest
+    if o.distillation.hidden_weight:  # (absent when off: the records of runs before the option still resume)
+        key["distill_hidden_weight"] = o.distillation.hidden_weight
+    if o.distillation.signal != DEFAULT_DISTILL:  # (likewise)
+        key["distill"] = o.distillation.signal
+    if o.distillation.source:  # (likewise)
+        key["distill_source"] = [file_sha256(p) for p in o.distillation.source]
+        key["distill_nbest"] = o.distillation.nbest
     if o.train_options:  # (likewise)
         key["train_options"] = list(o.train_options)
     if sample.get("sampled"):  # (likewise: all of train, as before the option)
@@ -113,14 +113,12 @@ def recover_options(loaded, options, out: str, work_dir: Optional[str],
     hidden_map = ((layers or {}).get("teacher_outputs") or {}).get("dec")
     train_subset, valid_subset, train_options = split_subsets(options.train_options)
     return RecoverOptions(teacher=loaded.checkpoint, out=out, epochs=options.budget_epochs,
-                          updates=options.budget_updates, distill=options.distill,
-                          distill_hidden_weight=options.distill_hidden_weight,
+                          updates=options.budget_updates, distillation=options.distillation,
                           distill_hidden_layers=",".join(map(str, hidden_map)) if hidden_map and
-                          options.distill_hidden_weight else "",
-                          distill_source=list(options.distill_source),
-                          distill_nbest=options.distill_nbest, train_subset=train_subset,
+                          options.distillation.hidden_weight else "",
+                          train_subset=train_subset,
                           valid_subset=valid_subset, work_dir=work_dir,
-                          train_args=languages + (encoder_args(cfg) if options.distill_source else [])
+                          train_args=languages + (encoder_args(cfg) if options.distillation.source else [])
                           + train_options + list(options.recover_args))
 
 
@@ -168,10 +166,10 @@ def build(folder: str, loaded, options, shrunk: Dict, data: str, sample: Dict, t
             "distillation_set": record.get("distillation_set"),
             "processes": record["processes"], "device": record["device"], "threads": threads,
             "epochs": record["epochs"], "best_checkpoint": record["best_checkpoint"],
-            "peak_rss_gib": record["peak_rss_gib"], "distill": settings.distill,
-            "distill_hidden": {"weight": settings.distill_hidden_weight,
+            "peak_rss_gib": record["peak_rss_gib"], "distill": settings.distillation.signal,
+            "distill_hidden": {"weight": settings.distillation.hidden_weight,
                                "teacher_layers": settings.distill_hidden_layers or "one to one"}
-            if settings.distill_hidden_weight else None}
+            if settings.distillation.hidden_weight else None}
 
 
 def adopt(folder: str, options, shrunk: Dict, sample: Dict) -> Dict:
@@ -213,7 +211,7 @@ def adopt(folder: str, options, shrunk: Dict, sample: Dict) -> Dict:
             "updates_at_best": trained.get("num_updates"), "sentences": sample["sentences"], "sample": sample,
             "processes": int(distributed.get("distributed_world_size") or 1),
             "device": "elsewhere", "epochs": [], "best_checkpoint": os.path.basename(path),
-            "distill": options.distill, "distill_hidden": None}
+            "distill": options.distillation.signal, "distill_hidden": None}
 
 
 def identity(context: Context, results: Results) -> Dict:
