@@ -113,6 +113,7 @@ def random_batches(dictionary, sentences: int, batch: int, seed: int = 1) -> Lis
 def measure_shape(name: str, runs: int, length: int, batch1_sentences: int, log=print) -> Dict:
     from fairseq_headprune.prune import levers
     from fairseq_headprune.core import flops
+    from fairseq_headprune.core.shape import Shape
     from fairseq_headprune.core.surgery import crude_model
     from fairseq_headprune.engines import timing
     from fairseq_headprune.engines.ct2 import ct2_shape
@@ -129,7 +130,7 @@ def measure_shape(name: str, runs: int, length: int, batch1_sentences: int, log=
         base = EngineModel(loaded, "ct2-int8", folder=os.path.join(tmp, "unpruned"))
         base_shape = ct2_shape(loaded.model)
         for i, (lever, value) in enumerate(rows):
-            shape = levers.ceiling_shape(loaded.model, {lever.field: value})
+            shape = Shape.of_point({lever.field: value}, levers.stack_sizes(loaded.model))
             model, target_dictionary = crude_model(loaded.model, dictionary, shape)
             cost_shape = ct2_shape(model)
             row_model = EngineModel(loaded, "ct2-int8", model, target_dictionary, os.path.join(tmp, f"r{i}"))

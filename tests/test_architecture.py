@@ -192,7 +192,7 @@ def test_names_that_meant_two_things_mean_one():
     shape of a model: each name is defined once."""
     defined = top_level_functions()
     for name in ("parse_type_list", "parse_type_set", "pareto_frontier", "fisher_frontier", "best_per_layer",
-                 "ModelShape", "CeilingShape", "select_linear", "remove_units", "remove_layers", "crude_model"):
+                 "ModelShape", "Shape", "select_linear", "remove_units", "remove_layers", "crude_model"):
         assert len(defined.get(name, [])) == 1, f"{name} is defined in {defined.get(name)}"
     assert "parse_types" not in defined
 

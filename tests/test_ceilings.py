@@ -10,19 +10,19 @@ from helpers import load_stock, sample_batch
 
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.core.heads import attention_modules
-from fairseq_headprune.core.shape import CeilingShape, kept_count
+from fairseq_headprune.core.shape import Shape, kept_count
 from fairseq_headprune.core.surgery import crude_model
 
 
 def test_shape_grammar():
-    assert CeilingShape.parse("8/4") == CeilingShape(8, 4)
-    assert CeilingShape.parse(" 8/3:ffn=75% ") == CeilingShape(8, 3, ffn_percent=75)
-    assert CeilingShape.parse("8/8:vocab=50,ffn=50%") == CeilingShape(8, 8, 50, 50)
-    assert CeilingShape.parse("8/3:ffn=75%").label == "8/3 (ffn 75%)"
-    assert CeilingShape.parse("8/8:vocab=50,ffn=50%").label == "8/8 (ffn 50%, vocab 50%)"
+    assert Shape.parse("8/4") == Shape(8, 4)
+    assert Shape.parse(" 8/3:ffn=75% ") == Shape(8, 3, ffn_percent=75)
+    assert Shape.parse("8/8:vocab=50,ffn=50%") == Shape(8, 8, 50, 50)
+    assert Shape.parse("8/3:ffn=75%").label == "8/3 (ffn 75%)"
+    assert Shape.parse("8/8:vocab=50,ffn=50%").label == "8/8 (ffn 50%, vocab 50%)"
     for bad in ("8", "8/4/2", "a/b", "8/4:ffn", "8/4:ffn=x", "8/4:ffn=101", "8/4:layers=2", "8/4:"):
         with pytest.raises(UserError, match="--ceilings"):
-            CeilingShape.parse(bad)
+            Shape.parse(bad)
     assert kept_count(1024, 75) == 768 and kept_count(10, 1) == 1 and kept_count(6044, 50, least=5) == 3022
 
 
@@ -30,7 +30,7 @@ def test_crude_model_has_the_shape_and_keeps_the_slice(tiny_data, stock_checkpoi
     model, task = load_stock(stock_checkpoint, tiny_data)
     tgt = task.target_dictionary
     heads_before = {k: a.num_heads for k, a in attention_modules(model).items()}
-    shape = CeilingShape(4, 2, ffn_percent=50, vocab_percent=50)
+    shape = Shape(4, 2, ffn_percent=50, vocab_percent=50)
     crude, dictionary = crude_model(model, tgt, shape)
     for (attn_type, _), attn in attention_modules(crude).items():
         assert attn.num_heads == (4 if attn_type == "enc-self" else 2)
@@ -52,7 +52,7 @@ def test_crude_model_has_the_shape_and_keeps_the_slice(tiny_data, stock_checkpoi
         logits = crude.eval()(**sample["net_input"])[0]
     assert logits.shape[-1] == words and torch.isfinite(logits).all()
     with pytest.raises(UserError, match="the decoder keeps 1 to"):
-        crude_model(model, tgt, CeilingShape(4, 99))
+        crude_model(model, tgt, Shape(4, 99))
 
 
 def test_cut_target_vocabulary_scores_the_kept_words_as_before(tiny_data, stock_checkpoint):
@@ -80,17 +80,28 @@ def test_cut_target_vocabulary_scores_the_kept_words_as_before(tiny_data, stock_
 
 
 def test_a_ceiling_with_fewer_layers(tiny_data, stock_checkpoint):
-    assert CeilingShape.parse("4x8/2x2") == CeilingShape(8, 2, enc_layers=4, dec_layers=2)
-    assert CeilingShape.parse("8/2x3:ffn=50%") == CeilingShape(8, 3, ffn_percent=50, dec_layers=2)
-    assert CeilingShape.parse("6x8/3x3").label == "6x8/3x3" and CeilingShape.parse("8/4").label == "8/4"
+    assert Shape.parse("4x8/2x2") == Shape(8, 2, enc_layers=4, dec_layers=2)
+    assert Shape.parse("8/2x3:ffn=50%") == Shape(8, 3, ffn_percent=50, dec_layers=2)
+    assert Shape.parse("6x8/3x3").label == "6x8/3x3" and Shape.parse("8/4").label == "8/4"
     for bad in ("x8/4", "2x/4", "8/4x", "2x2x8/4"):
         with pytest.raises(UserError, match="--ceilings"):
-            CeilingShape.parse(bad)
+            Shape.parse(bad)
     model, task = load_stock(stock_checkpoint, tiny_data)
-    crude, _ = crude_model(model, task.target_dictionary, CeilingShape.parse("8/2x2"))
+    crude, _ = crude_model(model, task.target_dictionary, Shape.parse("8/2x2"))
     assert (len(crude.encoder.layers), len(crude.decoder.layers)) == (4, 2)
     assert {a.num_heads for (t, _), a in attention_modules(crude).items() if t != "enc-self"} == {2}
     assert len(model.decoder.layers) == 3  # the original is untouched
     for bad, message in (("8/4x2", "decoder keeps 1 to 3 layers, not 4"), ("0x8/2", "encoder keeps 1 to 4 layers")):
         with pytest.raises(UserError, match=message):
-            crude_model(model, task.target_dictionary, CeilingShape.parse(bad))
+            crude_model(model, task.target_dictionary, Shape.parse(bad))
+
+
+def test_a_shape_and_its_choice_point_are_one_shape():
+    whole, depths = {"enc_heads": 8, "dec_heads": 8, "dec_layers": 6}, {"enc_layers": 6, "dec_layers": 6}
+    shape = Shape.parse("4x8/3x2:ffn=50%")
+    point = shape.point(depths)
+    assert point == {"enc_heads": 8, "dec_heads": 2, "dec_layers": 3, "enc_layers": 4, "ffn_percent": 50.0}
+    assert Shape.of_point(point, whole) == shape
+    # what the whole model keeps is left out of the point, and read back whole
+    assert Shape.parse("6x8/6x8").point(depths) == {"enc_heads": 8, "dec_heads": 8}
+    assert Shape.of_point({"dec_heads": 4}, whole) == Shape(8, 4)

@@ -23,6 +23,7 @@ from helpers import assert_exported_like_fairseq
 
 from fairseq_headprune.compress import pipeline
 from fairseq_headprune.prune import levers
+from fairseq_headprune.core.shape import Shape
 
 
 def compress_argv(data, checkpoint, out, cache, *extra, target=("--speedup", "1.01"), weigh_map=False):
@@ -685,7 +686,7 @@ def test_slices_are_timed_in_groups_that_fit_in_memory(tiny_data, stock_checkpoi
     loaded = Loaded(cfg, task, model, None, str(stock_checkpoint))
     samples = [task.dataset("valid").collater([task.dataset("valid")[i] for i in range(j, j + 8)])
                for j in range(0, 32, 8)]
-    shapes = {f"dec_layers={n}": levers.ceiling_shape(model, {"dec_layers": n}) for n in (2, 1)}
+    shapes = {f"dec_layers={n}": Shape.of_point({"dec_layers": n}, levers.stack_sizes(model)) for n in (2, 1)}
     alone = levers.time_shapes(loaded, "fairseq", samples, 3, shapes, log=lambda _: None,
                                decoder_factory=flop_timer(loaded, samples))
     printed = []

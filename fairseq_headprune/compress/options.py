@@ -12,7 +12,7 @@ from fairseq_headprune.prune.recovery_config import DistillationOptions, Recover
 from fairseq_headprune.prune.vocab_map import VocabMapBound, VocabMapOptions
 from fairseq_headprune.prune.vocabulary import VocabularyOptions
 from fairseq_headprune.prune.window_fit import WindowOptions
-from fairseq_headprune.core.shape import CeilingShape
+from fairseq_headprune.core.shape import Shape
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.options import given_flags, nested, non_finite, option
 
@@ -266,8 +266,8 @@ class CompressOptions:
                             f"without it")
 
     def given_shape(self):
-        """--shape as deploy's CeilingShape: heads per stack, the decoder's depth, the FFNs' share of units."""
-        shape = CeilingShape.parse(self.shape, "--shape")
+        """--shape as deploy's Shape: heads per stack, the decoder's depth, the FFNs' share of units."""
+        shape = Shape.parse(self.shape, "--shape")
         if shape.vocab_percent < 100:
             raise UserError(f"--shape {self.shape}: the output layer is trimmed to a deployment's vocabulary by "
                             "--keep-vocab CORPUS..., not by a share (--shape sets heads per stack, the decoder's "

@@ -1,6 +1,6 @@
 """A model's shape as data (ModelShape): the heads each attention layer holds, the layers each stack keeps, each FFN's
 width and the target vocabulary; what its decoding costs (core.flops), how a checkpoint records it, and the crude
-shapes speed ceilings are cut to (CeilingShape).
+shapes speed ceilings are cut to (Shape).
 
 Read here, removed in `surgery`: a shape never changes a model. Heads are named by their original 1-indexed ids
 (`heads.HeadLayout`), layers and FFNs by (stack, 1-indexed layer) with stack "enc" or "dec". A pruned checkpoint
@@ -246,10 +246,12 @@ def _shares(text: str, items: Optional[str], flag: str) -> Dict[str, float]:
 
 
 @dataclass(frozen=True)
-class CeilingShape:
-    """A crude shape cut from the unpruned model (surgery.crude_model): the first heads of every attention layer of
-    each stack (CTranslate2's one head count per stack), evenly spaced layers, and the first share (percent) of
-    every FFN's hidden units and of the target vocabulary."""
+class Shape:
+    """A shape compress chooses, deploy times and the card states: the heads kept in every attention layer of each
+    stack (CTranslate2's one head count per stack), the layers each stack keeps, and the share (percent) of every
+    FFN's hidden units and of the target vocabulary. Its text (`parse`, `label`) is the command line's; its point
+    (`point`, `of_point`) the choice's records'. surgery.crude_model cuts it from a model crudely: the first heads,
+    evenly spaced layers, the first units."""
 
     enc_heads: int
     dec_heads: int
@@ -259,7 +261,7 @@ class CeilingShape:
     dec_layers: Optional[int] = None
 
     @classmethod
-    def parse(cls, text: str, flag: str = "--ceilings") -> "CeilingShape":
+    def parse(cls, text: str, flag: str = "--ceilings") -> "Shape":
         """`ENC/DEC[:ffn=P%][,vocab=P%]`, each side optionally `LAYERSxHEADS`: `8/4`, `8/3:ffn=75%`,
         `8/8:vocab=50%,ffn=50%`, `6x8/3x3` (the decoder at 3 layers of 3 heads). `flag`: the option refusals name."""
         match = _CEILING.match(text.strip())
@@ -269,6 +271,27 @@ class CeilingShape:
         shares = _shares(text, match.group(5), flag)
         layers = {k: int(v) for k, v in (("enc_layers", match.group(1)), ("dec_layers", match.group(3))) if v}
         return cls(int(match.group(2)), int(match.group(4)), **shares, **layers)
+
+    @classmethod
+    def of_point(cls, point: Mapping[str, float], whole: Mapping[str, int]) -> "Shape":
+        """The shape of a choice point {field: value}, a field not given whole (`whole`: levers.stack_sizes)."""
+        layers = int(point.get("dec_layers", whole["dec_layers"]))
+        return cls(int(point.get("enc_heads", whole["enc_heads"])), int(point.get("dec_heads", whole["dec_heads"])),
+                   float(point.get("ffn_percent", 100.0)), float(point.get("vocab_percent", 100.0)),
+                   enc_layers=int(point["enc_layers"]) if "enc_layers" in point else None,
+                   dec_layers=layers if layers < whole["dec_layers"] else None)
+
+    def point(self, depths: Mapping[str, int]) -> Dict[str, float]:
+        """The choice point of this shape: heads per stack, and only what it cuts of the rest (`depths`: each
+        stack's layers in the whole model, {"enc_layers": N, "dec_layers": M})."""
+        point: Dict[str, float] = {"enc_heads": self.enc_heads, "dec_heads": self.dec_heads}
+        for name in ("dec_layers", "enc_layers"):
+            if getattr(self, name) not in (None, depths[name]):
+                point[name] = getattr(self, name)
+        for name in ("ffn_percent", "vocab_percent"):
+            if getattr(self, name) < 100:
+                point[name] = getattr(self, name)
+        return point
 
     @property
     def label(self) -> str:

@@ -38,7 +38,7 @@ from fairseq_headprune.core.heads import ATTENTION_TYPES, Head, HeadLayout, Head
 from fairseq_headprune.core.masking import HeadMaskedMultiheadAttention, head_gates
 from fairseq_headprune.core.shape import (
     STACKS,
-    CeilingShape,
+    Shape,
     Key,
     depths,
     even_layers,
@@ -379,7 +379,7 @@ def cut_target_vocabulary(model, target_dictionary, words: Iterable[int]):
 # --------------------------------------------------------------------------------------------- a crude shape
 
 
-def crude_model(model, target_dictionary, shape: CeilingShape):
+def crude_model(model, target_dictionary, shape: Shape):
     """A copy of `model` cut to `shape` (the first heads, FFN units and target words kept, evenly spaced layers) and
     its target dictionary, cut alike. Only its speed means anything: a speed ceiling (deploy --ceilings)."""
     shape.check(model)

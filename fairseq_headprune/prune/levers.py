@@ -1,7 +1,7 @@
 """The cost table: what each lever buys in speed on this model, on this machine, in the engine it is deployed in.
 
 A lever is a structure `compress` can take away, as data: a name, the values it can be set to (what a layer keeps),
-how a shape with that value is cut from the unpruned model (core.shape.CeilingShape: the first heads of every
+how a shape with that value is cut from the unpruned model (core.shape.Shape: the first heads of every
 layer, evenly spaced layers, the first FFN units) and whether `shrink` can remove it from a trained model today.
 Heads per stack (encoder, decoder: CTranslate2's one head count per stack), the decoder's depth (layers kept,
 `shrink --keep-layers`) and every FFN's share of hidden units (`shrink --ffn-keep`: little on a small model whole,
@@ -38,7 +38,7 @@ from omegaconf import open_dict
 
 from fairseq_headprune.core import flops
 from fairseq_headprune.core.heads import attention_modules
-from fairseq_headprune.core.shape import MAP_FIELD, CeilingShape, ModelShape
+from fairseq_headprune.core.shape import MAP_FIELD, ModelShape, Shape
 from fairseq_headprune.core.surgery import crude_model
 from fairseq_headprune.engines.ct2 import ct2_shape
 from fairseq_headprune.engines.engine_model import EngineModel
@@ -59,7 +59,7 @@ MIN_PAIRED = 10  # paired batches every sign test sees at least (fewer rounds ca
 
 @dataclass(frozen=True)
 class Lever:
-    """One structure compress may take away. `field` is the CeilingShape field a value sets; `unit` what a value
+    """One structure compress may take away. `field` is the Shape field a value sets; `unit` what a value
     counts; `removable`: the choice moves it (compress removes it from a trained model today)."""
 
     name: str
@@ -121,17 +121,6 @@ def lever_rows(model, levers: Sequence[Lever] = LEVERS) -> List[Tuple[Lever, flo
     """(lever, value) of every row the table measures for this model."""
     sizes = stack_sizes(model)
     return [(lever, value) for lever in levers for value in lever.values(sizes.get(lever.field, 100))]
-
-
-def ceiling_shape(model, point: Mapping[str, float]):
-    """The CeilingShape of a point {field: value} (the fields not given left whole)."""
-    sizes = stack_sizes(model)
-    layers = int(point.get("dec_layers", sizes["dec_layers"]))
-    return CeilingShape(int(point.get("enc_heads", sizes["enc_heads"])),
-                        int(point.get("dec_heads", sizes["dec_heads"])),
-                        float(point.get("ffn_percent", 100.0)), float(point.get("vocab_percent", 100.0)),
-                        enc_layers=int(point["enc_layers"]) if "enc_layers" in point else None,
-                        dec_layers=layers if layers < sizes["dec_layers"] else None)
 
 
 # --------------------------------------------------------------------------------------------- timing batches
@@ -248,7 +237,7 @@ LOADED = 1.5  # a 1-minute load average above this while timing: another CPU-bou
 def time_shapes(loaded, engine: str, samples, runs: int, shapes: Mapping[str, object], log=print, progress=None,
                 decoder_factory=None, vocab_map: Optional[str] = None, mapped: Collection[str] = (),
                 threads: int = 1) -> Dict:
-    """Time crude slices of the unpruned model (core.surgery.crude_model, one per CeilingShape) beside the
+    """Time crude slices of the unpruned model (core.surgery.crude_model, one per Shape) beside the
     unpruned model at equal work, interleaved: each shape's speed-up (seconds paired per round) and FLOP ratio.
     The slices are timed in groups whose models fit in memory together (memory_groups: one group for a small
     model), each group interleaved with the unpruned model, each slice paired with the unpruned model's seconds of
@@ -349,10 +338,10 @@ def cost_table(loaded, engine: str, samples, runs: int, levers: Sequence[Lever] 
     (a vmap.txt), a row for the unpruned model decoding with it (MAP_ROW), with what the map changes in its
     translations of the timing sentences."""
     start = time.perf_counter()
-    rows = lever_rows(loaded.model, levers)
-    shapes = {f"{lever.name}={value:g}": ceiling_shape(loaded.model, {lever.field: value}) for lever, value in rows}
+    rows, sizes = lever_rows(loaded.model, levers), stack_sizes(loaded.model)
+    shapes = {f"{lever.name}={value:g}": Shape.of_point({lever.field: value}, sizes) for lever, value in rows}
     if vocab_map:
-        shapes[MAP_ROW] = ceiling_shape(loaded.model, {})  # the whole model, its output layer restricted by the map
+        shapes[MAP_ROW] = Shape.of_point({}, sizes)  # the whole model, its output layer restricted by the map
     timed = time_shapes(loaded, engine, samples, runs, shapes, log, progress, decoder_factory, vocab_map,
                         mapped=[MAP_ROW] if vocab_map else (), threads=threads)
     table_rows = []

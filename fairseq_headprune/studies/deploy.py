@@ -33,7 +33,7 @@ from fairseq_headprune.prune.shrink_options import ShrinkOptions
 from fairseq_headprune.core import flops
 from fairseq_headprune.core.heads import attention_modules
 from fairseq_headprune.core.masking import set_head_masks
-from fairseq_headprune.core.shape import CeilingShape
+from fairseq_headprune.core.shape import Shape
 from fairseq_headprune.core.surgery import crude_model
 from fairseq_headprune.decoding.evaluate import SubsetEvaluator
 from fairseq_headprune.engines import timing
@@ -126,7 +126,7 @@ class DeployOptions:
         self.ceiling_shapes()
 
     def ceiling_shapes(self):
-        shapes = [CeilingShape.parse(text) for text in self.ceilings]
+        shapes = [Shape.parse(text) for text in self.ceilings]
         if len(set(shapes)) != len(shapes):
             raise UserError("--ceilings: a shape is given twice")
         return shapes

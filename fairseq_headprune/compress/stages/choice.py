@@ -18,7 +18,7 @@ from fairseq_headprune.compress.choice import (KINDS_TIMED, RETIMED_ROUNDS, fina
                                                fisher_frontier, kept_by_depth, kind, label, moved_levers,
                                                pick_measured, reconstructed_nll, representatives,
                                                retime_candidates, structure_label, timing_verdict)
-from fairseq_headprune.core.shape import shape_words
+from fairseq_headprune.core.shape import Shape, shape_words
 from fairseq_headprune.prune.reconstruct import TeacherTargets
 from fairseq_headprune.prune.shrink import calibrate
 from fairseq_headprune.prune.shrink_options import with_fit
@@ -264,11 +264,11 @@ def confirm(loaded, options, timing, rounds: int, scored: List[Dict], after_fits
     depths, head counts and FFN widths, where the Fisher estimates of different cut models are not; those `fits`
     holds by structure_label, the structures' ranking computed, reused); none clearing it, the fastest timed. Every
     slice takes `trim` ({"vocab_percent": P}: as many target words as --keep-vocab keeps)."""
-    target = options.speedup
+    target, whole = options.speedup, levers.stack_sizes(loaded.model)
     batch = list(scored) if options.shape is not None else finalists(scored)
     timed: List[Dict] = []
     for _ in range(1 + RETIMED_ROUNDS):
-        shapes = {label(p): levers.ceiling_shape(loaded.model, {**p, **(trim or {})}) for p in batch}
+        shapes = {label(p): Shape.of_point({**p, **(trim or {})}, whole) for p in batch}
         measured = levers.time_shapes(loaded, options.engine, timing, rounds, shapes, log, vocab_map=vocab_map,
                                       mapped=[label(p) for p in batch if p.get(levers.MAP)],
                                       threads=options.deploy_threads)

@@ -173,13 +173,7 @@ def shape_point(loaded, options) -> Dict[str, int]:
     shape, model = options.given_shape(), loaded.model
     shape.check(model, "--shape")
     whole = levers.stack_sizes(model)
-    point = {"enc_heads": shape.enc_heads, "dec_heads": shape.dec_heads}
-    if shape.dec_layers not in (None, whole["dec_layers"]):
-        point["dec_layers"] = shape.dec_layers
-    if shape.enc_layers not in (None, len(model.encoder.layers)):
-        point["enc_layers"] = shape.enc_layers
-    if shape.ffn_percent < 100:
-        point["ffn_percent"] = shape.ffn_percent
+    point = shape.point({"enc_layers": len(model.encoder.layers), "dec_layers": whole["dec_layers"]})
     if point == {"enc_heads": whole["enc_heads"], "dec_heads": whole["dec_heads"]}:
         raise UserError(f"--shape {options.shape} is the unpruned model's: nothing to remove")
     return point
