@@ -9,7 +9,7 @@ manager reads them, before the language tokens are added, so those come from the
 from __future__ import annotations
 
 import copy
-from typing import Dict, Optional, Sequence
+from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 from fairseq.data import BaseWrapperDataset
@@ -50,6 +50,13 @@ def id_lookup(old_size: int, old_ids: Sequence[int], unk: int) -> torch.Tensor:
     return lookup
 
 
+def trimmed_sides(dictionaries: Dict[str, object], trim: Dict) -> Tuple[Dict[str, torch.Tensor], Dict[str, object]]:
+    """Per side ("source", "target"): the lookup of DATA's ids to the trim's, and the trimmed dictionary."""
+    kept = trim["kept_ids"]
+    return ({side: id_lookup(len(d), kept[side], d.unk()) for side, d in dictionaries.items()},
+            {side: dictionary_of(d, kept[side]) for side, d in dictionaries.items()})
+
+
 class MappedTokens(BaseWrapperDataset):
     """A token dataset read through an id lookup (same lengths: one token for one)."""
 
@@ -68,12 +75,9 @@ def read_through_trim(task, trim: Dict, checkpoint: str) -> None:
     if hasattr(task, "data_manager"):
         read_languages_through_trim(task, trim, checkpoint)
         return
-    lookups = {}
+    lookups, trimmed = trimmed_sides({side: getattr(task, attr) for side, attr in SIDES}, trim)
     for side, attr in SIDES:
-        old = getattr(task, attr)
-        ids = trim["kept_ids"][side]
-        lookups[side] = id_lookup(len(old), ids, old.unk())
-        setattr(task, attr, dictionary_of(old, ids))
+        setattr(task, attr, trimmed[side])
     task.trimmed_ids = lookups
 
 
@@ -86,9 +90,7 @@ def read_languages_through_trim(task, trim: Dict, checkpoint: str) -> None:
         raise UserError(f"{checkpoint}: a multilingual checkpoint whose vocabulary shrink --keep-vocab trimmed "
                         "reads DATA through its dict.LANG.txt files; --source-dict and --target-dict are not read "
                         "through a trim")
-    old = {side: (task.source_dictionary if side == "source" else task.target_dictionary) for side, _ in SIDES}
-    lookups = {side: id_lookup(len(old[side]), trim["kept_ids"][side], old[side].unk()) for side, _ in SIDES}
-    trimmed = {side: dictionary_of(old[side], trim["kept_ids"][side]) for side, _ in SIDES}
+    lookups, trimmed = trimmed_sides({"source": task.source_dictionary, "target": task.target_dictionary}, trim)
     for lang in list(manager.dicts):
         manager.dicts[lang] = trimmed["source" if lang in sources else "target"]
     read = manager.load_data
