@@ -98,7 +98,8 @@ def _power_setup(config):
             raise UserError("bad input in a worker")
         if task == "crash":
             raise ZeroDivisionError("crash in a worker")
-        return task ** config + (shared or 0), torch.get_num_threads(), os.environ["OMP_NUM_THREADS"], os.getpid()
+        # a worker's OMP_NUM_THREADS is the pool's; in this process (map_tasks) it is whatever pytest was given
+        return task ** config + (shared or 0), torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS"), os.getpid()
 
     return handle
 
