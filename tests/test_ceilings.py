@@ -97,11 +97,11 @@ def test_a_ceiling_with_fewer_layers(tiny_data, stock_checkpoint):
 
 
 def test_a_shape_and_its_choice_point_are_one_shape():
-    whole, depths = {"enc_heads": 8, "dec_heads": 8, "dec_layers": 6}, {"enc_layers": 6, "dec_layers": 6}
+    whole = {"enc_heads": 8, "dec_heads": 8, "dec_layers": 6, "enc_layers": 6}
     shape = Shape.parse("4x8/3x2:ffn=50%")
-    point = shape.point(depths)
+    point = shape.point(whole)
     assert point == {"enc_heads": 8, "dec_heads": 2, "dec_layers": 3, "enc_layers": 4, "ffn_percent": 50.0}
     assert Shape.of_point(point, whole) == shape
     # what the whole model keeps is left out of the point, and read back whole
-    assert Shape.parse("6x8/6x8").point(depths) == {"enc_heads": 8, "dec_heads": 8}
+    assert Shape.parse("6x8/6x8").point(whole) == {"enc_heads": 8, "dec_heads": 8}
     assert Shape.of_point({"dec_heads": 4}, whole) == Shape(8, 4)

@@ -201,8 +201,9 @@ class CompressOptions:
     def _check_recovery(self) -> None:
         """The recovery's signal and budget against each other, and --recovered."""
         self.distillation.check(RecoverOptions.sequence_beam, "the teacher's beam")  # recover's refusals, the same
-        if self.budget_epochs == 0 and self.distillation != DistillationOptions():
-            flag, value = next(iter(given_flags(DistillationOptions, self.distillation).items()))
+        given = given_flags(DistillationOptions, self.distillation)
+        if self.budget_epochs == 0 and given:
+            flag, value = next(iter(given.items()))
             raise UserError(f"{flag}{f' {value}' if isinstance(value, str) else ''}: --budget-epochs 0 runs no "
                             "recovery")
         if self.budget_epochs == 0 and self.recover_args:

@@ -1,6 +1,6 @@
 """A model's shape as data (ModelShape): the heads each attention layer holds, the layers each stack keeps, each FFN's
-width and the target vocabulary; what its decoding costs (core.flops), how a checkpoint records it, and the crude
-shapes speed ceilings are cut to (Shape).
+width and the target vocabulary; what its decoding costs (core.flops), how a checkpoint records it; and the shape
+compress chooses and deploy's speed ceilings are cut to (Shape).
 
 Read here, removed in `surgery`: a shape never changes a model. Heads are named by their original 1-indexed ids
 (`heads.HeadLayout`), layers and FFNs by (stack, 1-indexed layer) with stack "enc" or "dec". A pruned checkpoint
@@ -281,12 +281,12 @@ class Shape:
                    enc_layers=int(point["enc_layers"]) if "enc_layers" in point else None,
                    dec_layers=layers if layers < whole["dec_layers"] else None)
 
-    def point(self, depths: Mapping[str, int]) -> Dict[str, float]:
-        """The choice point of this shape: heads per stack, and only what it cuts of the rest (`depths`: each
-        stack's layers in the whole model, {"enc_layers": N, "dec_layers": M})."""
+    def point(self, whole: Mapping[str, int]) -> Dict[str, float]:
+        """The choice point of this shape: heads per stack, and only what it cuts of the rest (`whole`: as
+        of_point's, with the encoder's depth too, "enc_layers")."""
         point: Dict[str, float] = {"enc_heads": self.enc_heads, "dec_heads": self.dec_heads}
         for name in ("dec_layers", "enc_layers"):
-            if getattr(self, name) not in (None, depths[name]):
+            if getattr(self, name) not in (None, whole[name]):
                 point[name] = getattr(self, name)
         for name in ("ffn_percent", "vocab_percent"):
             if getattr(self, name) < 100:

@@ -173,7 +173,7 @@ def shape_point(loaded, options) -> Dict[str, int]:
     shape, model = options.given_shape(), loaded.model
     shape.check(model, "--shape")
     whole = levers.stack_sizes(model)
-    point = shape.point({"enc_layers": len(model.encoder.layers), "dec_layers": whole["dec_layers"]})
+    point = shape.point({**whole, "enc_layers": len(model.encoder.layers)})
     if point == {"enc_heads": whole["enc_heads"], "dec_heads": whole["dec_heads"]}:
         raise UserError(f"--shape {options.shape} is the unpruned model's: nothing to remove")
     return point
