@@ -90,7 +90,7 @@ def main(argv) -> int:
     from fairseq_headprune.compress.options import CompressOptions
     from fairseq_headprune.compress.stages.choice import nll_after_fits
     from fairseq_headprune.compress.stages.common import max_tokens
-    from fairseq_headprune.compress.stages.shrink import calibration_only_options
+    from fairseq_headprune.compress.stages.shrink_recipe import calibration_only_options
     from fairseq_headprune.core.shape import shape_words
     from fairseq_headprune.fairseq_io.loading import load, trust_fairseq_checkpoints
     from fairseq_headprune.records.log import atomic_output, write_json_atomic

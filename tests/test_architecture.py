@@ -220,6 +220,21 @@ def test_compress_reads_as_its_stages():
     assert lines < MAX_ORCHESTRATOR_LINES, f"{ORCHESTRATOR.relative_to(ROOT)} has {lines} lines"
 
 
+def stage_modules() -> Set[str]:
+    """The modules of compress/stages/ that declare a stage (`STAGE = Stage(...)`)."""
+    return {module for module, path in package_modules().items()
+            if module.startswith(f"{PACKAGE}.compress.stages.") and "\nSTAGE = Stage(" in path.read_text()}
+
+
+def test_no_stage_reads_another_stages_internals():
+    """A stage reads the typed results of the stages before it (compress.stages.results), never another stage's
+    module: what two stages share lives in a module of its own (shrink_recipe, recovery, points, heldout, common)."""
+    stages = stage_modules()
+    assert len(stages) == 7, sorted(stages)
+    crossing = [f"{i.module}:{i.line} -> {i.target}" for i in imports() if i.module in stages and i.target in stages]
+    assert not crossing, "a stage importing another: " + ", ".join(crossing)
+
+
 def test_no_function_longer_than_a_screen():
     """No function of the package (methods and nested ones included) is longer than a screen."""
     long = long_functions(ROOT / PACKAGE, MAX_FUNCTION_LINES)

@@ -169,13 +169,14 @@ def test_a_map_the_choice_took_is_shipped_measured_and_reported():
     from fairseq_headprune.compress.options import CompressOptions
     from fairseq_headprune.compress.stages.contract import shipped
     from fairseq_headprune.compress.stages import export
+    from fairseq_headprune.compress.stages.results import Choice
 
     options = CompressOptions(out="out", speedup=2.0)
     assert options.map_state() == "weighed" and not options.vocab_map
-    took = shipped(options, {"chosen": {"enc_heads": 8, "dec_heads": 4, "vocab_map": 1}})
-    assert took.vocab_map and "vocab_map" in export.key(took) and took.map_state() == "on"
-    left = shipped(options, {"chosen": {"enc_heads": 8, "dec_heads": 4}})
-    assert left is options and "vocab_map" not in export.key(left)
+    took = shipped(options, Choice.of({"chosen": {"enc_heads": 8, "dec_heads": 4, "vocab_map": 1}}))
+    assert took.vocab_map and "vocab_map" in export.key(took).identity() and took.map_state() == "on"
+    left = shipped(options, Choice.of({"chosen": {"enc_heads": 8, "dec_heads": 4}}))
+    assert left is options and "vocab_map" not in export.key(left).identity()
     assert CompressOptions(out="out", speedup=2.0, no_vocab_map=True).map_state() == "off"
     assert CompressOptions(out="out", speedup=2.0, engine="fairseq").map_state() == "off"
     assert CompressOptions(out="out", max_bleu_loss=0.5).map_state() == "off"
@@ -216,3 +217,15 @@ def test_a_structure_is_ranked_by_its_first_shape_with_the_map_where_it_has_one(
     firsts = representatives(scored)
     assert {k: label(p) for k, p in firsts.items()} == {
         (4, 100.0): "8/5, decoder 4 layers, vocabulary map", (4, 50.0): "8/4, decoder 4 layers, FFN 50%"}
+
+
+def test_a_quality_bound_probes_only_shapes_that_remove_heads():
+    """--max-bleu-loss with --vocab-map: the map-only point (every head kept) is no shape to shrink and probe (it
+    once reached shrink as a request with no budget); depth and FFN points are not on the Fisher frontier."""
+    from fairseq_headprune.compress.stages.choice import quality_points
+
+    whole = {"enc_heads": 8, "dec_heads": 4, "dec_layers": 3}
+    points = [{"enc_heads": 8, "dec_heads": 4, "vocab_map": 1}, {"enc_heads": 7, "dec_heads": 4, "vocab_map": 1},
+              {"enc_heads": 8, "dec_heads": 3}, {"enc_heads": 6, "dec_heads": 4, "dec_layers": 2},
+              {"enc_heads": 6, "dec_heads": 4, "ffn_percent": 50.0}]
+    assert quality_points(points, whole) == points[1:3]

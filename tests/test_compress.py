@@ -4,6 +4,7 @@ store's identities, and the cost table's mechanism (levers ranked by what they b
 known: timed by FLOPs here, so the test is of the mechanism, not of the machine)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -202,24 +203,33 @@ def test_refusals_are_one_line_before_any_work(tiny_data, stock_checkpoint, tmp_
 
 
 def test_stage_store_reruns_a_changed_stage_and_those_after_it(tmp_path):
-    """Run.stage: a finished stage is reused when its identity (and everything before it) is the same; a changed
-    identity reruns it and every later stage; a stage killed before its stage.json is run again from nothing,
-    except a resumable stage's own work."""
+    """Run.run_stage: a finished stage is reused when its identity (its inputs, and everything before it) is the
+    same; a changed identity reruns it and every later stage; a stage killed before its stage.json is run again from
+    nothing, except a resumable stage's own work."""
+    from fairseq_headprune.compress.stages.contract import Inputs, Stage
+    from fairseq_headprune.compress.stages.results import StageResult
+
     calls = []
 
-    def build(name, value):
-        def inner(folder):
+    @dataclasses.dataclass(frozen=True)
+    class Value(Inputs):
+        value: int
+
+    def build(name):
+        def inner(folder, inputs, context, results):
             calls.append(name)
             with open(os.path.join(folder, "work.txt"), "a") as f:
-                f.write(str(value))
-            return {"value": value}
+                f.write(str(inputs.value))
+            return StageResult.of({"value": inputs.value})
         return inner
 
     def once(a, b, resume=None):
         r = pipeline.Run(loaded=None, options=pipeline.CompressOptions(out=str(tmp_path)), log=lambda _: None,
                          progress=False)
-        r.stage("first", {"a": a}, build("first", a))
-        return r.stage("second", {"b": b}, build("second", b), resume_key=resume)
+        r.todo = {"first": 0.0, "second": 0.0}
+        r.run_stage(Stage("first", lambda context, results: Value(a), build("first"), StageResult))
+        return r.run_stage(Stage("second", lambda context, results: Value(b), build("second"), StageResult,
+                                 resume_key=lambda inputs: resume))
 
     once(1, 1)
     assert calls == ["first", "second"]
@@ -652,7 +662,7 @@ def test_the_hidden_state_term_takes_the_teacher_layers_the_shrink_reconstructed
 
     from omegaconf import OmegaConf
 
-    from fairseq_headprune.compress.stages.recover import recover_options
+    from fairseq_headprune.compress.stages.recovery import recover_options
     from fairseq_headprune.prune.recovery_config import DistillationOptions
     from fairseq_headprune.prune import recovery_config
 

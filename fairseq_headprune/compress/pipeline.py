@@ -1,7 +1,7 @@
 """`compress`: from a user's checkpoint to a deployable model at a stated speed (or within a stated BLEU loss), in one
 staged, resumable run. This module runs PIPELINE, the stages in order, caches each and logs them; each stage is a
-module of compress.stages declaring its Stage (compress.stages.contract: its identity and its build, both from the
-run's Context and the results before it).
+module of compress.stages declaring its Stage (compress.stages.contract: its Inputs, whose fields are its identity,
+and its build, returning its typed result, both from the run's Context and the results before it).
 
 Stages, each cached under OUT/stages/NAME/ by its identity (what it computes from, by content and value, and the
 digest of the stage before it), so a rerun after kill -9 resumes at the first stage not finished, a changed option
@@ -10,7 +10,7 @@ A record names the files inside OUT relative to it (the user's own files absolut
 directory and wherever it is moved or copied. The first line's estimate counts exactly the stages this command
 will run. In order:
 
-  cost-table  what each lever buys in the engine (compress.levers: crude shapes at equal work, interleaved; also
+  cost-table  what each lever buys in the engine (prune.levers: crude shapes at equal work, interleaved; also
               cached per model, engine and CPU outside OUT), and which points (heads per stack, decoder depth, FFN
               share, the vocabulary map) reach the target. A target no point reaches is refused in one line here,
               before any long work.
@@ -30,7 +30,7 @@ will run. In order:
               depth cut with heads; recorded as `levers`).
   shrink      those heads (and decoder layers) removed and the model reconstructed (window fit 1000 steps, lr 3e-4,
               train calibration: the recipe the recover study measured best).
-  recover     fairseq-train (compress.recover.recover): distillation from the unpruned model, early stopping on
+  recover     fairseq-train (prune.recover.recover): distillation from the unpruned model, early stopping on
               valid, resumable from its own checkpoints.
   export      with --keep-vocab, the vocabulary trimmed to its corpora (prune.vocab_trim: checked against the recovered
               model, its dictionaries beside it); CTranslate2 (ct2 engines): float32 parity against fairseq on
@@ -57,10 +57,11 @@ from fairseq_headprune.prune import levers
 from fairseq_headprune.compress.options import STAGES, CompressOptions
 from fairseq_headprune.prune.recovery_config import TRAIN_DEFAULTS
 from fairseq_headprune.prune.shrink import calibration_samples
-from fairseq_headprune.compress.stages import (choice, cost_table, export, measure, outputs, plan, recover,
-                                               report, shrink)
+from fairseq_headprune.compress.stages import (choice, cost_table, export, measure, outputs, plan, points, recover,
+                                               recovery, report, shrink)
 from fairseq_headprune.compress.stages.common import max_tokens, trim_point
 from fairseq_headprune.compress.stages.contract import Context, Results, Stage
+from fairseq_headprune.compress.stages.results import StageResult, shipped_checkpoint
 from fairseq_headprune.core.masking import head_masks
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.fairseq_io.loading import load_subset
@@ -195,39 +196,32 @@ class Run:
 
     # -- the stage machinery
 
-    def stage(self, name: str, identity: Dict, build: Callable[[str], Dict], estimate: float = 0.0,
-              resume_key: Optional[Dict] = None) -> Dict:
-        identity = as_stored({"after": self.previous, **identity})
+    def run_stage(self, stage: Stage) -> StageResult:
+        """One stage of the contract: its refusals, its record reused or built (timed, its seconds in its record),
+        what follows from its result."""
+        context, results, name, estimate = self.context, self.results, stage.name, self.todo[stage.name]
+        inputs = stage.inputs(context, results)
+        if stage.check is not None:
+            stage.check(context, inputs)
+        identity = as_stored({"after": self.previous, **inputs.identity()})
         record = self.store.done(name, identity)
         if record is None:
-            folder = self.store.begin(name, resume_key)
+            folder = self.store.begin(name, stage.resume_key(inputs) if stage.resume_key is not None else None)
             start, cpu = time.perf_counter(), time.process_time()
             with StageBar(name, estimate, self.progress):
-                result = build(folder)
-            result["seconds"] = round(time.perf_counter() - start, 1)
-            result["cpu_seconds"] = round(time.process_time() - cpu, 1)  # this call's (a resumed stage: its rest)
-            result["estimated_cpu_seconds"] = round(estimate, 1)
-            record = self.store.finish(name, identity, result)
-            self.log(f"{name}: done in {result['seconds']:.0f}s ({result['cpu_seconds'] / 60:.1f} CPU minutes; "
-                     f"estimated {estimate / 60:.1f})")
+                built = stage.build(folder, inputs, context, results)
+            seconds, cpu = round(time.perf_counter() - start, 1), round(time.process_time() - cpu, 1)
+            # cpu: this call's (a resumed stage: its rest)
+            built = built.with_record(seconds=seconds, cpu_seconds=cpu, estimated_cpu_seconds=round(estimate, 1))
+            record = self.store.finish(name, identity, built.record)
+            self.log(f"{name}: done in {seconds:.0f}s ({cpu / 60:.1f} CPU minutes; estimated {estimate / 60:.1f})")
         else:
             self.log(f"{name}: cached ({self.store.folder(name)})")
         self.previous = digest(record)
-        self.results[name] = self.store.result(record)
-        return self.results[name]
-
-    def run_stage(self, stage: Stage) -> Dict:
-        """One stage of the contract: its refusals, its record reused or built, what follows from its result."""
-        context, results = self.context, self.results
-        identity = stage.identity(context, results)
-        if stage.check is not None:
-            stage.check(context, identity)
-        key = stage.resume_key(identity) if stage.resume_key is not None else None
-        result = self.stage(stage.name, identity, lambda folder: stage.build(folder, context, results),
-                            self.todo[stage.name], key)
+        results[name] = stage.result.of(self.store.result(record))
         if stage.after is not None:
             stage.after(context, results)
-        return result
+        return results[name]
 
     def stop_here(self, name: str) -> bool:
         if self.options.stop_after == name:
@@ -293,16 +287,17 @@ class Run:
             self.run_stage(stage)
             if self.stop_here(stage.name):
                 return None
-        context = self.context
-        results = {**self.results, "cost-table": cost_table.smoothed(context, self.results)}
-        return outputs.write(self.loaded, context.shipped(results), results, cost_table.points(context, results),
-                             self.rates, self.plan, results["export"], self.log)
+        context, results = self.context, self.results
+        records = {**{name: result.record for name, result in results.items()},
+                   "cost-table": points.smoothed(context, results)}
+        return outputs.write(self.loaded, context.shipped(results), records, points.points(context, results),
+                             self.rates, self.plan, results["export"], shipped_checkpoint(results), self.log)
 
     def _plan_lines(self, cached: set) -> List[str]:
         """--dry-run: every stage with the data it reads and its estimate, then the recovery's command."""
         o, context = self.options, self.context
-        data, sample = recover.recovery_set(self.loaded, o, None, self.store.root, self.log, prepare=False)
-        command = recover.recovery_command(self.loaded, o, data, self.store.folder("recover"),
+        data, sample = recovery.recovery_set(self.loaded, o, None, self.store.root, self.log, prepare=False)
+        command = recovery.recovery_command(self.loaded, o, data, self.store.folder("recover"),
                                            os.path.join(self.store.folder("shrink"), "model.pt")) \
             if o.budget_epochs and not o.recovered else None
         return plan.plan_lines(o, context.timing, context.rounds, self.todo, cached, sample, command,
@@ -322,17 +317,17 @@ class Run:
         if record is None:
             return {"cost-table"} if levers.cached_table(cost_table.cost_cache(self.options),
                                                          context.table_identity) else set(), 0
-        cached, results = {"cost-table"}, {"cost-table": self.store.result(record)}
+        cached, results = {"cost-table"}, {"cost-table": PIPELINE[0].result.of(self.store.result(record))}
         for stage in PIPELINE[1:]:
             try:
-                identity = as_stored({"after": digest(record), **stage.identity(context, results)})
+                identity = as_stored({"after": digest(record), **stage.inputs(context, results).identity()})
             except UserError:  # refused when the stage runs, in its turn
                 return cached, 0
             record = self.store.done(stage.name, identity)
             if record is None:
                 return cached, self._held_epochs(stage.name, identity)
             cached.add(stage.name)
-            results[stage.name] = self.store.result(record)
+            results[stage.name] = stage.result.of(self.store.result(record))
         return cached, 0
 
     def _held_epochs(self, name: str, identity: Dict) -> int:

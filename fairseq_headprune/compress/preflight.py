@@ -37,8 +37,8 @@ from fairseq_headprune.prune import recover, recovery_config
 from fairseq_headprune.prune.export import foreign_entries
 from fairseq_headprune.prune.sequence_targets import language_pair
 from fairseq_headprune.compress.stages.common import split_subsets, subset_tokens, trim_point
-from fairseq_headprune.compress.stages.cost_table import shape_point
-from fairseq_headprune.compress.stages.recover import recover_options
+from fairseq_headprune.compress.stages.points import shape_point
+from fairseq_headprune.compress.stages.recovery import recover_options
 from fairseq_headprune.engines.ct2 import check_task, ct2_decoding
 from fairseq_headprune.engines.ct2_spec import unsupported_parts
 from fairseq_headprune.errors import UserError

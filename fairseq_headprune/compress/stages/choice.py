@@ -7,11 +7,8 @@ from __future__ import annotations
 
 import copy
 import os
-import shutil
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Callable, Dict, List, Optional, Tuple
-
-import sacrebleu
 
 from fairseq_headprune.prune import layers, levers, select
 from fairseq_headprune.compress.choice import (KINDS_TIMED, RETIMED_ROUNDS, finalists, fisher_choice,
@@ -22,75 +19,42 @@ from fairseq_headprune.core.shape import Shape, shape_words
 from fairseq_headprune.prune.reconstruct import TeacherTargets
 from fairseq_headprune.prune.shrink import calibrate
 from fairseq_headprune.prune.shrink_options import with_fit
-from fairseq_headprune.compress.stages.common import HELDOUT, data_sha, max_tokens
+from fairseq_headprune.compress.stages.common import HELDOUT, data_sha, max_tokens, timing_vocab_map
 from fairseq_headprune.compress.model_card import timed_words
-from fairseq_headprune.compress.stages.contract import Context, Results, Stage
-from fairseq_headprune.compress.stages.cost_table import points as reachable_points, timing_vocab_map
-from fairseq_headprune.compress.stages.shrink import (calibration_only_options, keep_layers_spec, settings,
-                                                      shrink_heads, shrink_options)
+from fairseq_headprune.compress.stages.contract import Context, Inputs, Results, Stage
+from fairseq_headprune.compress.stages.heldout import heldout_score, split_valid
+from fairseq_headprune.compress.stages.points import points as reachable_points
+from fairseq_headprune.compress.stages.results import Choice
+from fairseq_headprune.compress.stages.shrink_recipe import (calibration_only_options, keep_layers_spec, settings,
+                                                             shrink_heads, shrink_options)
 from fairseq_headprune.prune.window_fit import WindowOptions
 from fairseq_headprune.core.surgery import remove_layers
-from fairseq_headprune.decoding.evaluate import SubsetEvaluator
-from fairseq_headprune.engines.engine_model import EngineModel
 from fairseq_headprune.errors import UserError
-from fairseq_headprune.fairseq_io.loading import load
 
 
-def split_valid(loaded, out: str, heldout: int) -> Tuple[str, Dict]:
-    """A data folder beside the user's: every file linked, except valid, whose binarised sentences are split by id:
-    the first `heldout` (at most half) become the subset HELDOUT, the rest the subset valid. Returns the folder and
-    the split (id ranges, half-open)."""
-    import glob
-
-    from fairseq.data import data_utils, indexed_dataset
-
-    source = loaded.cfg.task.data.split(os.pathsep)[0]
-    prefixes = sorted({p[:-4] for p in glob.glob(os.path.join(source, "valid.*.bin"))})
-    if not prefixes:
-        raise UserError(f"--max-bleu-loss splits valid, and {source} has no binarised valid subset")
-    staged = out + ".partial"
-    shutil.rmtree(staged, ignore_errors=True)
-    os.makedirs(staged)
-    for path in glob.glob(os.path.join(source, "*")):  # (a user's own HELDOUT files would be written through)
-        if os.path.isfile(path) and not os.path.basename(path).startswith(("valid.", HELDOUT + ".")):
-            os.symlink(os.path.abspath(path), os.path.join(staged, os.path.basename(path)))
-    vocab = max(len(loaded.task.source_dictionary), len(loaded.task.target_dictionary))
-    sizes = set()
-    split = {}
-    for prefix in prefixes:
-        dataset = data_utils.load_indexed_dataset(prefix, None)
-        n = len(dataset)
-        sizes.add(n)
-        cut = min(heldout, n // 2)
-        if cut < 1:
-            raise UserError(f"--max-bleu-loss: valid has {n} sentence(s), too few to hold any out")
-        split = {"heldout": [0, cut], "valid": [cut, n]}
-        rest = os.path.basename(prefix)[len("valid"):]
-        for name, (a, b) in (("heldout", (0, cut)), ("valid", (cut, n))):
-            target = os.path.join(staged, name + rest)
-            builder = indexed_dataset.make_builder(target + ".bin", impl="mmap", vocab_size=vocab)
-            for i in range(a, b):
-                builder.add_item(dataset[i])
-            builder.finalize(target + ".idx")
-    if len(sizes) != 1:
-        raise UserError(f"valid's files in {source} hold different numbers of sentences ({sorted(sizes)})")
-    shutil.rmtree(out, ignore_errors=True)
-    os.rename(staged, out)
-    return out, split
+@dataclass(frozen=True)
+class ChoiceInputs(Inputs):
+    """What the choice reads: the target, the reachable points (compress.stages.points), the calibration sentences
+    by content; with a quality bound the held-out sentences, the shrink's settings and valid by content; the map's
+    options where every slice is timed with it (None otherwise: earlier runs' choices still resume)."""
+    target: str
+    points: List[Dict]
+    calibration: List
+    data: str
+    heldout: Optional[int] = None
+    shrink: Optional[Dict] = None
+    valid: Optional[str] = None
+    vocab_map: Optional[Dict] = None
 
 
-
-def identity(context: Context, results: Results) -> Dict:
-    """What the choice reads: the target, the reachable points, the calibration sentences by content."""
-    loaded, o, points = context.loaded, context.options, reachable_points(context, results)
-    identity = {"target": o.target, "points": points, "calibration": [o.calibration_subset,
-                o.calibration_sentences, o.calibration_max_tokens, {"seed": o.sample_seed}],
-                "data": data_sha(loaded, o.calibration_subset)}
-    if o.quality_bound() is not None:
-        identity.update(heldout=o.heldout_sentences, shrink=settings(loaded, o), valid=data_sha(loaded, "valid"))
-    if o.vocab_map:  # the slices are timed with it (absent without: earlier runs' choices still resume)
-        identity["vocab_map"] = asdict(o.vocab_map_options)
-    return identity
+def inputs(context: Context, results: Results) -> ChoiceInputs:
+    loaded, o = context.loaded, context.options
+    bounded = o.quality_bound() is not None
+    calibration = [o.calibration_subset, o.calibration_sentences, o.calibration_max_tokens, {"seed": o.sample_seed}]
+    return ChoiceInputs(o.target, reachable_points(context, results), calibration,
+                        data_sha(loaded, o.calibration_subset), o.heldout_sentences if bounded else None,
+                        settings(loaded, o) if bounded else None, data_sha(loaded, "valid") if bounded else None,
+                        asdict(o.vocab_map_options) if o.vocab_map else None)
 
 
 def gradients(loaded, options):
@@ -101,17 +65,16 @@ def gradients(loaded, options):
     return select.sentence_gradients(loaded.model, calibration.samples, pad), calibration
 
 
-def build(folder: str, context: Context, results: Results) -> Dict:
+def build(folder: str, inputs: ChoiceInputs, context: Context, results: Results) -> Choice:
     """The chosen shape with the candidates it was chosen among and the rule that chose it."""
-    loaded, options, log, points = context.loaded, context.options, context.log, reachable_points(context, results)
+    loaded, options, log, points = context.loaded, context.options, context.log, copy.deepcopy(inputs.points)
     timing, rounds = context.timing, context.rounds
     grads, calibration = gradients(loaded, options)
     provenance = {**calibration.provenance(), "data": os.path.abspath(loaded.cfg.task.data)}
-    if options.speedup is None:  # the Fisher frontier compares heads only: depth and FFN points left out
-        scored = fisher_choice(loaded.model, grads, [p for p in points
-                                                     if "dec_layers" not in p and "ffn_percent" not in p])
-        return {**by_quality(folder, loaded, options, scored, provenance, log),
-                "levers": moved_levers(scored, levers.stack_sizes(loaded.model))}
+    if options.speedup is None:
+        scored = fisher_choice(loaded.model, grads, quality_points(points, levers.stack_sizes(loaded.model)))
+        return Choice.of({**by_quality(folder, loaded, options, scored, provenance, log),
+                          "levers": moved_levers(scored, levers.stack_sizes(loaded.model))})
     scored, layer_order = scored_by_depth(loaded, grads, calibration, points, log)
     pad = loaded.task.target_dictionary.pad()
     held = TeacherTargets(loaded.model, calibration.samples, pad)  # every shape's fits aim at the same targets
@@ -130,12 +93,19 @@ def build(folder: str, context: Context, results: Results) -> Dict:
         + ("" if confirmed else "; it measured below the target" if options.shape is not None
            else "; none of them measured it: the fastest of them")
         + f" ({calibration.sentences} sentences of '{calibration.subset}')")
-    return {"chosen": best, "candidates": [compact(p) for p in scored], "timed": timed, "confirmed": confirmed,
-            "levers": moved_levers(scored + timed, levers.stack_sizes(loaded.model)),
-            "layer_order": layer_order, "why": why_words(best, timed, options.speedup),
-            "chosen_by": rule if confirmed or options.shape is not None
-            else "none of the shapes timed measured the target: the fastest of them",
-            "calibration": provenance}
+    return Choice.of({"chosen": best, "candidates": [compact(p) for p in scored], "timed": timed,
+                      "confirmed": confirmed, "levers": moved_levers(scored + timed, levers.stack_sizes(loaded.model)),
+                      "layer_order": layer_order, "why": why_words(best, timed, options.speedup),
+                      "chosen_by": rule if confirmed or options.shape is not None
+                      else "none of the shapes timed measured the target: the fastest of them",
+                      "calibration": provenance})
+
+
+def quality_points(points: List[Dict], whole: Dict[str, int]) -> List[Dict]:
+    """The points a quality bound's bisection probes: the Fisher frontier compares heads only, so those that
+    remove heads and cut no depth or FFN (with --vocab-map every point maps: the map alone shrinks nothing)."""
+    return [p for p in points if "dec_layers" not in p and "ffn_percent" not in p
+            and (p["enc_heads"] < whole["enc_heads"] or p["dec_heads"] < whole["dec_heads"])]
 
 
 def compact(point: Dict) -> Dict:
@@ -362,31 +332,8 @@ def by_quality(folder: str, loaded, options, scored: List[Dict], provenance: Dic
             "calibration": provenance}
 
 
-def heldout_score(loaded, engine: str, data: str, checkpoint: str, folder: str, metric: str = "BLEU") -> float:
-    """BLEU (or chrF: `metric`) of a checkpoint on the held-out split, decoded in the engine (references: the
-    binarised targets)."""
-    texts, references = heldout_texts(loaded, engine, data, checkpoint, folder)
-    if metric == "chrF":
-        return round(float(sacrebleu.corpus_chrf(texts, [references]).score), 2)
-    return round(float(sacrebleu.corpus_bleu(texts, [references]).score), 2)
 
 
-def heldout_texts(loaded, engine: str, data: str, checkpoint: str, folder: str) -> Tuple[List[str], List[str]]:
-    """A checkpoint's translations of the held-out split, decoded in the engine, and their references (the
-    binarised targets, as text)."""
-    import torch
-
-    cfg = copy.deepcopy(loaded.cfg)
-    cfg.task.data, cfg.common_eval.path = data, checkpoint
-    model = load(cfg)
-    evaluator = SubsetEvaluator(model, HELDOUT)
-    os.makedirs(folder, exist_ok=True)
-    hyps = EngineModel(model, engine, folder=os.path.join(folder, "model")).run(
-        evaluator.samples)["hypotheses"]
-    texts = [evaluator.hypothesis_text({"tokens": torch.tensor(hyps[i], dtype=torch.long)})
-             for i in range(evaluator.size)]
-    shutil.rmtree(os.path.join(folder, "model"), ignore_errors=True)
-    return texts, list(evaluator.references)
 
 
-STAGE = Stage("choice", identity, build)
+STAGE = Stage("choice", inputs, build, Choice)

@@ -1,5 +1,6 @@
 """What several stages read alike: batch and thread settings for a block, the size and content digest of a subset,
-the reported sets, and a model as the engine runs it."""
+the reported sets, a model as the engine runs it, the lever value every shape takes, the vocabulary map the
+timings decode with."""
 from __future__ import annotations
 
 import contextlib
@@ -9,6 +10,7 @@ from typing import Dict, List, Optional, Tuple
 from fairseq_headprune.engines.engine_model import EngineModel
 from fairseq_headprune.fairseq_io.loading import load_subset
 from fairseq_headprune.prune import levers
+from fairseq_headprune.prune.export import build_task_vmap
 from fairseq_headprune.prune.vocab_trim import plan_for, target_percent
 from fairseq_headprune.prune.vocabulary import read_corpora
 from fairseq_headprune.records.identity import calibration_files_sha256, file_sha256
@@ -73,14 +75,14 @@ def also_sets(options) -> List[Tuple[str, Optional[str]]]:
     return list(zip(options.also_report, options.also_references or [None] * len(options.also_report)))
 
 
-def engine_model(loaded, engine: str, exported: Optional[Dict], tmp: str, name: str, threads: int = 1,
+def engine_model(loaded, engine: str, ct2: Optional[str], tmp: str, name: str, threads: int = 1,
                  unpruned=None) -> EngineModel:
-    """A model as `engine` runs it on `threads` threads: the exported CTranslate2 folder when there is one, else
+    """A model as `engine` runs it on `threads` threads: the exported CTranslate2 folder `ct2` when there is one, else
     built under tmp/name. A CTranslate2 folder reads and writes words: it is given the `unpruned` model's batches
     and dictionaries where one is given (a vocabulary trimmed by --keep-vocab reads a dropped word as <unk>
     inside the folder, and writes only words the unpruned dictionary holds)."""
-    if exported and exported.get("ct2"):
-        return EngineModel(unpruned or loaded, engine, ct2_folder=exported["ct2"], threads=threads)
+    if ct2:
+        return EngineModel(unpruned or loaded, engine, ct2_folder=ct2, threads=threads)
     return EngineModel(loaded, engine, folder=os.path.join(tmp, name), threads=threads)
 
 
@@ -94,6 +96,11 @@ def trim_point(loaded, options) -> Dict[str, float]:
     return {levers.VOCAB: target_percent(plan)}
 
 
-def shipped_checkpoint(results: Dict[str, Dict]) -> str:
-    """The checkpoint that ships: the export's (its vocabulary trimmed by --keep-vocab), else the recovered one."""
-    return results["export"].get("checkpoint") or results["recover"]["checkpoint"]
+def timing_vocab_map(loaded, options, folder: str) -> Optional[str]:
+    """The map the export ships or the choice weighs (from the training pairs), written in a stage's folder for its
+    timing; None where the run has no map."""
+    if options.map_state() == "off":
+        return None
+    os.makedirs(folder, exist_ok=True)
+    path, _ = build_task_vmap(loaded, folder, options.vocab_map_options)
+    return path

@@ -1,9 +1,10 @@
-"""The contract every compress stage keeps. A Stage is a name, what it reads (its identity: from the run's Context
-and the results of the stages before it, by content and value) and a build that returns its result from the same;
-optionally the refusals it makes in its turn, the key under which its own unfinished work is kept (a resumable
-stage), and what follows from its result once it is held (built or cached). compress.pipeline runs the list in
-order, caches each result under its identity, resumes at the first stage not done and stops after any; no stage
-reads another's internals, only the results before it."""
+"""The contract every compress stage keeps. A Stage is a name; its inputs, a dataclass of what it reads (from the
+run's Context and the typed results of the stages before it, by content and value), whose fields are its identity;
+and a build that returns its typed result (compress.stages.results) from the same; optionally the refusals it makes
+in its turn, the key under which its own unfinished work is kept (a resumable stage), and what follows from its
+result once it is held (built or cached). compress.pipeline runs the list in order, caches each result under its
+identity, resumes at the first stage not done and stops after any; no stage reads another's internals, only the
+results before it (no stage module imports another: tests/test_architecture.py)."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,10 +12,22 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional
 
-from fairseq_headprune.prune import levers
+from fairseq_headprune.compress.stages.results import Choice, StageResult
 from fairseq_headprune.records.log import read_json
 
-Results = Dict[str, Dict]  # the results of the stages run so far, by stage name
+Results = Dict[str, StageResult]  # the results of the stages run so far, by stage name
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What a stage reads, field by field: its identity is every field by value, a None field left out (a field
+    added later is None by default, so the records of runs before it still resume). A stage whose identity another
+    record shares (the cost table's, which its cache outside OUT is keyed by) gives it whole as `identity`."""
+
+    def identity(self) -> Dict:
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {k: (dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v)
+                for k, v in values.items() if v is not None}
 
 
 @dataclass(frozen=True)
@@ -50,23 +63,25 @@ class Context:
         return shipped(self.options, results.get("choice"))
 
 
-def shipped(options, choice_result: Optional[Dict]):
+def shipped(options, choice: Optional[Choice]):
     """The options the stages after the choice read: the vocabulary map on where the choice weighed it and took it
     (the export ships it, the measure and the report decode with it), else as given."""
-    if choice_result and choice_result["chosen"].get(levers.MAP) and not options.vocab_map:
+    if choice and choice.maps and not options.vocab_map:
         return dataclasses.replace(options, vocab_map=True)
     return options
 
 
 @dataclass(frozen=True)
 class Stage:
-    """One stage: `identity(context, results)` what it reads; `build(folder, context, results)` its result;
-    `check(context, identity)` its refusals, made in its turn before anything runs; `resume_key(identity)` the key
-    under which its unfinished work is kept; `after(context, results)` what follows from its result once held
-    (logged lines, the run's refusals, files a --stop-after leaves). The identity is computed once a run."""
+    """One stage: `inputs(context, results)` what it reads (its identity: Inputs.identity); `build(folder, inputs,
+    context, results)` its result, of type `result`; `check(context, inputs)` its refusals, made in its turn before
+    anything runs; `resume_key(inputs)` the key under which its unfinished work is kept; `after(context, results)`
+    what follows from its result once held (logged lines, the run's refusals, files a --stop-after leaves). The
+    inputs are read once a run."""
     name: str
-    identity: Callable[[Context, Results], Dict]
-    build: Callable[[str, Context, Results], Dict]
-    check: Optional[Callable[[Context, Dict], None]] = None
-    resume_key: Optional[Callable[[Dict], Optional[Dict]]] = None
+    inputs: Callable[[Context, Results], Inputs]
+    build: Callable[[str, Any, Context, Results], StageResult]
+    result: type
+    check: Optional[Callable[[Context, Any], None]] = None
+    resume_key: Optional[Callable[[Any], Optional[Dict]]] = None
     after: Optional[Callable[[Context, Results], None]] = None

@@ -14,9 +14,9 @@ import shutil
 from typing import Callable, Dict, List
 
 from fairseq_headprune.compress.stages.contract import Context, Results
-
 from fairseq_headprune.compress.stages.common import split_subsets
-from fairseq_headprune.compress.stages.recover import INPUTS, recover_key, recover_options, recovery_argv, recovery_set
+from fairseq_headprune.compress.stages.results import Shrunk
+from fairseq_headprune.compress.stages.recovery import INPUTS, recover_key, recover_options, recovery_argv, recovery_set
 from fairseq_headprune.fairseq_io.loading import PACKAGE_DIR
 from fairseq_headprune.records.log import atomic_output, read_json, write_json_atomic
 from fairseq_headprune.records.run_folder import within
@@ -131,7 +131,7 @@ def clear_if_stale(place: str, key: Dict, log: Callable) -> None:
             "checkpoints")
 
 
-def write_folder(loaded, options, data: str, shrunk: Dict, key: Dict, log: Callable) -> str:
+def write_folder(loaded, options, data: str, shrunk: Shrunk, key: Dict, log: Callable) -> str:
     """--stop-after shrink: OUT/recovery-run/ (the script, the student, the teacher, the data, inputs.json last)
     and OUT/recovery-run.sh running its script; the command printed as it runs here. Returns the folder."""
     out = os.path.abspath(options.out)
@@ -139,11 +139,11 @@ def write_folder(loaded, options, data: str, shrunk: Dict, key: Dict, log: Calla
     clear_if_stale(place, key, log)
     os.makedirs(place, exist_ok=True)
     student, teacher = os.path.join(place, STUDENT), os.path.join(place, TEACHER)
-    link(shrunk["checkpoint"], student)
+    link(shrunk.checkpoint, student)
     train_subset, valid_subset, _ = split_subsets(options.train_options)
     placed = place_data(data, [train_subset, *valid_subset.split(",")], place)
     settings = dataclasses.replace(recover_options(loaded, options, os.path.join(place, "model.pt"), place,
-                                                   shrunk.get("layers")), teacher=teacher)
+                                                   shrunk.layers), teacher=teacher)
     argv, _ = recovery_argv(loaded, options, os.pathsep.join(os.path.join(place, n) for n in placed), student,
                             settings)
     argv = place_named_files(argv, place)
@@ -159,7 +159,7 @@ def write_folder(loaded, options, data: str, shrunk: Dict, key: Dict, log: Calla
     os.chmod(os.path.join(out, SCRIPT), 0o755)
     files = sorted(os.path.relpath(os.path.join(root, n), place) for root, _, names in os.walk(place) for n in names
                    if n != INPUTS and not n.startswith("checkpoint"))
-    write_json_atomic(os.path.join(place, INPUTS), {"run": key, "student_sha256": shrunk["checkpoint_sha256"],
+    write_json_atomic(os.path.join(place, INPUTS), {"run": key, "student_sha256": shrunk.checkpoint_sha256,
                                                      "script": SCRIPT, "files": files, "data": placed})
     best = os.path.join(place, "checkpoint_best.pt")
     log(f"the recovery, to run here or elsewhere (GPUs: --distributed-world-size N; a cluster: its fairseq-train "
@@ -176,5 +176,5 @@ def left_at_stop(context: Context, results: Results) -> None:
     if o.stop_after != "shrink" or not o.budget_epochs:
         return
     data, sample = recovery_set(context.loaded, o, results.get("choice"), context.stages_root, context.log)
-    key = recover_key(context.loaded, o, results["shrink"]["checkpoint_sha256"], sample)
+    key = recover_key(context.loaded, o, results["shrink"].checkpoint_sha256, sample)
     write_folder(context.loaded, o, data, results["shrink"], key, context.log)

@@ -5,11 +5,12 @@ checked against the recovered model, written with its dictionaries); a CTranslat
 from __future__ import annotations
 
 import os
-from dataclasses import asdict
-from typing import Dict, Tuple
+from dataclasses import asdict, dataclass
+from typing import Dict, Optional, Tuple
 
-from fairseq_headprune.compress.stages.contract import Context, Results, Stage
-from fairseq_headprune.compress.stages.shrink import trim_options
+from fairseq_headprune.compress.stages.contract import Context, Inputs, Results, Stage
+from fairseq_headprune.compress.stages.results import Exported
+from fairseq_headprune.compress.stages.shrink_recipe import trim_options
 from fairseq_headprune.prune.export import ExportOptions, export
 from fairseq_headprune.prune.shrink import trim_only
 from fairseq_headprune.prune.vocab_trim import companions, describe, hypothesis_changes, plan_for
@@ -20,19 +21,26 @@ from fairseq_headprune.fairseq_io.loading import load_other
 from fairseq_headprune.records.identity import file_sha256
 
 
-def key(options) -> Dict:
+@dataclass(frozen=True)
+class ExportInputs(Inputs):
     """What the export reads besides the recovered model: the engine, the check, the vocabulary map, the corpora
-    --keep-vocab keeps the vocabulary of."""
-    key = {"engine": options.engine, "check_sentences": options.check_sentences}
-    if options.vocab_map:  # (absent without one: the records of runs before the option still resume)
-        key["vocab_map"] = asdict(options.vocab_map_options)
-    if options.vocabulary.corpora:  # (absent without: likewise)
-        key["vocabulary"] = {"corpora": [file_sha256(path) for path in options.vocabulary.corpora],
-                             "floor": options.vocabulary.floor, "check_on": options.calibration_subset}
-    return key
+    --keep-vocab keeps the vocabulary of (the last two None without them: the records of runs before the options
+    still resume)."""
+    engine: str
+    check_sentences: int
+    vocab_map: Optional[Dict] = None
+    vocabulary: Optional[Dict] = None
 
 
-def identity(context: Context, results: Results) -> Dict:
+def key(options) -> ExportInputs:
+    vocabulary = options.vocabulary
+    return ExportInputs(options.engine, options.check_sentences,
+                        asdict(options.vocab_map_options) if options.vocab_map else None,
+                        {"corpora": [file_sha256(path) for path in vocabulary.corpora], "floor": vocabulary.floor,
+                         "check_on": options.calibration_subset} if vocabulary.corpora else None)
+
+
+def inputs(context: Context, results: Results) -> ExportInputs:
     return key(context.shipped(results))
 
 
@@ -55,27 +63,27 @@ def trimmed(folder: str, context: Context, checkpoint: str) -> Tuple[Dict, objec
     return {"checkpoint": out, "dictionaries": sorted(companions(plan, out)), "vocabulary": vocabulary}, model
 
 
-def build(folder: str, context: Context, results: Results) -> Dict:
+def build(folder: str, inputs: ExportInputs, context: Context, results: Results) -> Exported:
     """The model that ships (the vocabulary trimmed with --keep-vocab) as a CTranslate2 folder, checked against
     fairseq (--engine fairseq: none)."""
     loaded, options, recovered = context.loaded, context.shipped(results), results["recover"]
     trim: Dict = {}
-    if options.vocabulary.corpora:
-        trim, pruned = trimmed(folder, context, recovered["checkpoint"])
-    if options.engine == "fairseq":
-        return {"engine": "fairseq", "ct2": None, **trim}
+    if inputs.vocabulary:
+        trim, pruned = trimmed(folder, context, recovered.checkpoint)
+    if inputs.engine == "fairseq":
+        return Exported.of({"engine": "fairseq", "ct2": None, **trim})
 
     if not trim:
-        pruned = load_other(loaded, recovered["checkpoint"])
+        pruned = load_other(loaded, recovered.checkpoint)
     evaluator = SubsetEvaluator(pruned, options.timing_subset)
     out = os.path.join(folder, "ct2")
-    info = export(pruned, evaluator, ExportOptions(out=out, quantization=QUANTIZATION[options.engine],
-                                                   check_sentences=options.check_sentences,
+    info = export(pruned, evaluator, ExportOptions(out=out, quantization=QUANTIZATION[inputs.engine],
+                                                   check_sentences=inputs.check_sentences,
                                                    vocab_map=options.vocab_map,
                                                    vocab_map_options=options.vocab_map_options,
                                                    vocab_map_bound=options.vocab_map_bound),
                   options.timing_subset)
-    return {"engine": options.engine, "ct2": out, "check": info, **trim}
+    return Exported.of({"engine": inputs.engine, "ct2": out, "check": info, **trim})
 
 
-STAGE = Stage("export", identity, build)
+STAGE = Stage("export", inputs, build, Exported)

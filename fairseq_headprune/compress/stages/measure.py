@@ -5,12 +5,14 @@ from __future__ import annotations
 import os
 import statistics
 import tempfile
+from dataclasses import dataclass
 from typing import Dict, Optional
 
 import torch
 
-from fairseq_headprune.compress.stages.common import engine_model, shipped_checkpoint
-from fairseq_headprune.compress.stages.contract import Context, Results, Stage
+from fairseq_headprune.compress.stages.common import engine_model
+from fairseq_headprune.compress.stages.contract import Context, Inputs, Results, Stage
+from fairseq_headprune.compress.stages.results import Measured, shipped_checkpoint
 from fairseq_headprune.core import flops
 from fairseq_headprune.core.shape import ModelShape
 from fairseq_headprune.engines.timing import load_average, paired_speedup, speedup_interval, timed_rounds
@@ -20,28 +22,36 @@ from fairseq_headprune.prune.levers import cpu_model, folder_bytes, timing_batch
 from fairseq_headprune.fairseq_io.loading import load_other, load_subset
 
 
-def identity(context: Context, results: Results) -> Dict:
-    """What the measure reads besides the models: the cost table's timing batches, the engine."""
-    options, timing_identity = context.shipped(results), context.table_identity
-    key = {"timing": timing_identity, "engine": options.engine, "latency_sentences": options.latency_sentences}
-    if options.deploy_batch is not None or options.deploy_threads != 1:  # (absent by default: earlier runs resume)
-        key["deployment"] = {"batch": options.deploy_batch, "threads": options.deploy_threads}
-    return key
+@dataclass(frozen=True)
+class MeasureInputs(Inputs):
+    """What the measure reads besides the models: the cost table's timing batches (their identity), the engine, the
+    latency's sentences, the deployment's batch and threads (None by default: earlier runs resume)."""
+    timing: Dict
+    engine: str
+    latency_sentences: int
+    deployment: Optional[Dict] = None
+
+
+def inputs(context: Context, results: Results) -> MeasureInputs:
+    o = context.shipped(results)
+    deployed = o.deploy_batch is not None or o.deploy_threads != 1
+    return MeasureInputs(context.table_identity, o.engine, o.latency_sentences,
+                         {"batch": o.deploy_batch, "threads": o.deploy_threads} if deployed else None)
 
 
 OTHER_BATCH = 64  # the batch a deployment at batch 1 is also timed at
 
 
-def build(folder: str, context: Context, results: Results) -> Dict:
+def build(folder: str, inputs: MeasureInputs, context: Context, results: Results) -> Measured:
     """Both models timed in the same rounds, at the deployment's batches and threads: equal work (forced to the
     unpruned model's mean length) and as decoded; then at the other batch (one sentence at a time, or OTHER_BATCH
     for a deployment at batch 1); the machine and each model's memory as served."""
     loaded, options, timing, rounds = context.loaded, context.shipped(results), context.timing, context.rounds
-    o, exported = options, results["export"]
+    o, ct2 = options, results["export"].ct2
     pruned = load_other(loaded, shipped_checkpoint(results))
     with tempfile.TemporaryDirectory(prefix="compress-measure-") as tmp:
-        models = {"unpruned": engine_model(loaded, o.engine, None, tmp, "unpruned", o.deploy_threads),
-                  "compressed": engine_model(pruned, o.engine, exported, tmp, "compressed", o.deploy_threads,
+        models = {"unpruned": engine_model(loaded, inputs.engine, None, tmp, "unpruned", o.deploy_threads),
+                  "compressed": engine_model(pruned, inputs.engine, ct2, tmp, "compressed", o.deploy_threads,
                                              unpruned=loaded)}
         natural = models["unpruned"].run(timing)
         length = max(1, round(statistics.mean(len(h) for h in natural["hypotheses"].values())))
@@ -51,17 +61,16 @@ def build(folder: str, context: Context, results: Results) -> Dict:
         other = other_batches(loaded, options)
         at_other = timed_rounds(decoders, other, options.runs, length)
         load = load_average()
-        memory = served_memory(options, {"unpruned": os.path.join(tmp, "unpruned"),
-                                         "compressed": (exported or {}).get("ct2")})
+        memory = served_memory(options, {"unpruned": os.path.join(tmp, "unpruned"), "compressed": ct2})
     src = [int(n) for s in timing for n in s["net_input"]["src_lengths"].tolist()]
     beam, batch = int(loaded.cfg.generation.beam), max(s["id"].numel() for s in timing)
-    shape_of = ModelShape.of if options.engine == "fairseq" else ct2_shape
+    shape_of = ModelShape.of if inputs.engine == "fairseq" else ct2_shape
     n = sum(s["id"].numel() for s in timing)
     other_key = "batch64" if o.deploy_batch == 1 else "latency_batch1"
-    return {"subset": options.timing_subset, "sentences": n, "runs": rounds, "batches": len(timing),
+    return Measured.of({"subset": options.timing_subset, "sentences": n, "runs": rounds, "batches": len(timing),
             "forced_length": length, "largest_batch": batch, "load_average": load,
             "deployment": {"batch": o.deploy_batch, "threads": o.deploy_threads, "memory": memory,
-                           **environment(options.engine)},
+                           **environment(inputs.engine)},
             "speedup_equal_work": round(paired_speedup(forced["unpruned"], forced["compressed"]), 3),
             "speedup_as_decoded": round(paired_speedup(as_decoded["unpruned"], as_decoded["compressed"]),
                                         3),
@@ -76,7 +85,7 @@ def build(folder: str, context: Context, results: Results) -> Dict:
                         "speedup": round(paired_speedup(at_other["unpruned"], at_other["compressed"]), 3),
                         "interval": speedup_interval(at_other["unpruned"], at_other["compressed"], len(other))},
             "flop_ratio": round(flops.flop_ratio(shape_of(loaded.model), shape_of(pruned.model), src,
-                                                 [length + 1] * len(src), beam, batch), 4)}
+                                                 [length + 1] * len(src), beam, batch), 4)})
 
 
 def other_batches(loaded, options):
@@ -117,4 +126,4 @@ def single_sentences(loaded, subset: str, n: int):
     return [dataset.collater([dataset[i]]) for i in range(min(n, len(dataset)))]
 
 
-STAGE = Stage("measure", identity, build)
+STAGE = Stage("measure", inputs, build, Measured)

@@ -14,14 +14,15 @@ from fairseq_headprune.prune import levers
 from fairseq_headprune.core.shape import shape_words
 from fairseq_headprune.engines.timing import interval_words, target_verdict
 from fairseq_headprune.compress.options import STAGES
-from fairseq_headprune.compress.stages.common import shipped_checkpoint
+from fairseq_headprune.compress.stages.results import Exported
 from fairseq_headprune.records.log import atomic_output, write_json_atomic
 
 
 def write(loaded, options, results: Dict[str, Dict], points: List[Dict], rates: Dict, plan: Dict,
-          exported: Dict, log: Callable) -> Dict:
-    """compress.json's record (stages, estimates, verdict; paths made portable) and the files beside it: the model
-    that ships as OUT/model.pt, with the dictionaries of a trimmed vocabulary (--keep-vocab) beside it."""
+          exported: Exported, shipped: str, log: Callable) -> Dict:
+    """compress.json's record (`results`: each stage's record; estimates, verdict; paths made portable) and the
+    files beside it: the model that ships (`shipped`) as OUT/model.pt, with the dictionaries of a trimmed
+    vocabulary (--keep-vocab) beside it, and the CTranslate2 folder `exported` holds."""
     o = options
     record = {"target": o.target, "engine": o.engine, "options": {k: (list(v) if isinstance(v, tuple) else v)
                                                                     for k, v in asdict(o).items()},
@@ -44,13 +45,13 @@ def write(loaded, options, results: Dict[str, Dict], points: List[Dict], rates: 
     for name in os.listdir(o.out):  # a vocabulary an earlier run trimmed goes with its model
         if preflight.OWN_VOCABULARY.fullmatch(name):
             os.remove(os.path.join(o.out, name))
-    copies = {os.path.join(o.out, os.path.basename(path)): path for path in exported.get("dictionaries", [])}
-    for target, path in {os.path.join(o.out, "model.pt"): shipped_checkpoint(results), **copies}.items():
+    copies = {os.path.join(o.out, os.path.basename(path)): path for path in exported.dictionaries or []}
+    for target, path in {os.path.join(o.out, "model.pt"): shipped, **copies}.items():
         shutil.copyfile(path, target + ".tmp")
         os.replace(target + ".tmp", target)
     card = model_card.render(record)
-    if exported.get("ct2"):
-        replace_folder(exported["ct2"], os.path.join(o.out, "ct2"))
+    if exported.ct2:
+        replace_folder(exported.ct2, os.path.join(o.out, "ct2"))
         with atomic_output(os.path.join(o.out, "ct2", "MODEL_CARD.md")) as f:  # the card travels with ct2/
             f.write(card)
     with atomic_output(os.path.join(o.out, "MODEL_CARD.md")) as f:

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import os
 import tempfile
-from typing import Dict, Optional
+from dataclasses import dataclass
+from typing import Dict, List, Optional
 
 import sacrebleu
 
-from fairseq_headprune.compress.stages.choice import heldout_texts
-from fairseq_headprune.compress.stages.common import also_sets, engine_model, references_sha, shipped_checkpoint
-from fairseq_headprune.compress.stages.contract import Context, Results, Stage
+from fairseq_headprune.compress.stages.common import also_sets, engine_model, references_sha
+from fairseq_headprune.compress.stages.contract import Context, Inputs, Results, Stage
+from fairseq_headprune.compress.stages.heldout import heldout_texts
+from fairseq_headprune.compress.stages.results import Choice, Reported, shipped_checkpoint
 from fairseq_headprune.decoding.evaluate import SubsetEvaluator
 from fairseq_headprune.fairseq_io.loading import load_other, load_subset
 from fairseq_headprune.records.identity import decoding_identity
@@ -21,40 +23,47 @@ from fairseq_headprune.stats import BleuBootstrap, ChrfBootstrap
 BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED = 1000, 1
 
 
-def identity(context: Context, results: Results) -> Dict:
+@dataclass(frozen=True)
+class ReportInputs(Inputs):
     """What the report reads besides the models: the reported sets and references by content, the decoding."""
+    gen_subset: str
+    references: str
+    also: List
+    decoding: Dict
+
+
+def inputs(context: Context, results: Results) -> ReportInputs:
     loaded, options = context.loaded, context.shipped(results)
-    return {"gen_subset": options.gen_subset, "references": references_sha(loaded, options),
-            "also": [[s, references_sha(loaded, options, s, r)] for s, r in also_sets(options)],
-            "decoding": decoding_identity(loaded.cfg)}
+    return ReportInputs(options.gen_subset, references_sha(loaded, options),
+                        [[s, references_sha(loaded, options, s, r)] for s, r in also_sets(options)],
+                        decoding_identity(loaded.cfg))
 
 
-def build(folder: str, context: Context, results: Results) -> Dict:
+def build(folder: str, inputs: ReportInputs, context: Context, results: Results) -> Reported:
     """--gen-subset and each --also-report set, decoded once by both models: the only reads of them."""
     loaded, o = context.loaded, context.shipped(results)
-    options, exported, choice = o, results["export"], results["choice"]
+    options, ct2, choice = o, results["export"].ct2, results["choice"]
     shipped = shipped_checkpoint(results)
     pruned = load_other(loaded, shipped)
     with tempfile.TemporaryDirectory(prefix="compress-report-") as tmp:
         models = {"unpruned": engine_model(loaded, o.engine, None, tmp, "unpruned"),
-                  "compressed": engine_model(pruned, o.engine, exported, tmp, "compressed", unpruned=loaded)}
+                  "compressed": engine_model(pruned, o.engine, ct2, tmp, "compressed", unpruned=loaded)}
         main = scored_pair(loaded, models, folder, o.gen_subset, o.references)
         also = [{**scored_pair(loaded, models, folder, subset, references),
                  "overlap": overlap(loaded, options, subset)} for subset, references in also_sets(options)]
-    heldout = heldout_result(loaded, o, choice, shipped, folder) if choice.get("data") else None
-    return {**main, "heldout": heldout, "also": also, "engine": o.engine,
-            "significance": f"paired bootstrap of sacreBLEU against the unpruned model in {o.engine} "
-                            f"({BOOTSTRAP_SAMPLES} resamples, seed {BOOTSTRAP_SEED}, one-sided)"}
+    heldout = heldout_result(loaded, o, choice, shipped, folder) if choice.data else None
+    return Reported.of({**main, "heldout": heldout, "also": also, "engine": o.engine,
+                        "significance": f"paired bootstrap of sacreBLEU against the unpruned model in {o.engine} "
+                                        f"({BOOTSTRAP_SAMPLES} resamples, seed {BOOTSTRAP_SEED}, one-sided)"})
 
 
-def heldout_result(loaded, options, choice: Dict, checkpoint: str, folder: str) -> Dict:
+def heldout_result(loaded, options, choice: Choice, checkpoint: str, folder: str) -> Dict:
     """--max-bleu-loss or --max-chrf-loss: the held-out split the choice read, decoded by both models after
     recovery: the loss, its 95% interval (paired bootstrap) and the verdict (quality_verdict)."""
-    metric = choice.get("metric", "BLEU")  # (choices recorded before --max-chrf-loss: BLEU)
-    before = choice.get("heldout_unpruned", choice.get("heldout_bleu_unpruned"))
-    base, references = heldout_texts(loaded, options.engine, choice["data"], loaded.checkpoint,
+    metric, before = choice.metric, choice.heldout_unpruned
+    base, references = heldout_texts(loaded, options.engine, choice.data, loaded.checkpoint,
                                      os.path.join(folder, "heldout-unpruned"))
-    texts, _ = heldout_texts(loaded, options.engine, choice["data"], checkpoint, os.path.join(folder, "heldout"))
+    texts, _ = heldout_texts(loaded, options.engine, choice.data, checkpoint, os.path.join(folder, "heldout"))
     bootstrap = BleuBootstrap(references, base, BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED)
     scorer = ChrfBootstrap(bootstrap, references) if metric == "chrF" else bootstrap
     after = round(scorer.score(texts) if metric == "chrF" else float(sacrebleu.corpus_bleu(texts, [references]).score),
@@ -64,7 +73,7 @@ def heldout_result(loaded, options, choice: Dict, checkpoint: str, folder: str) 
     bound = options.quality_bound()[1]
     return {"metric": metric, "unpruned": before, "compressed": after, "loss": loss,
             "delta_interval": [round(low, 2), round(high, 2)], "verdict": quality_verdict(loss, -low, bound),
-            "loss_before_recovery": choice["chosen"]["heldout_loss"], "sentences": choice["split"]}
+            "loss_before_recovery": choice.chosen["heldout_loss"], "sentences": choice.split}
 
 
 def quality_verdict(loss: float, worst: float, bound: float) -> str:
@@ -122,4 +131,4 @@ def scored_pair(loaded, models: Dict, folder: Optional[str], subset: str, refere
             "signature": evaluator.bleu_signature(), "chrf_signature": chrf.signature()}
 
 
-STAGE = Stage("report", identity, build)
+STAGE = Stage("report", inputs, build, Reported)

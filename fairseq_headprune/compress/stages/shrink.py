@@ -1,115 +1,53 @@
-"""The shrink stage: the chosen heads (and decoder layers, FFN units) removed and the model reconstructed (window fit
-1000 steps, lr 3e-4, train calibration: the recipe the recover study measured best), written as a fairseq checkpoint;
-and the one place compress builds shrink's options."""
+"""The shrink stage: the chosen heads (and decoder layers, FFN units) removed and the model reconstructed with
+compress's recipe (compress.stages.shrink_recipe), written as a fairseq checkpoint; the choice's own shrink of the
+same heads with the same options reused where it made one."""
 from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import dataclass
 from typing import Dict, Optional
 
-from fairseq_headprune.prune.reconstruct import ReconstructionOptions
-from fairseq_headprune.prune.shrink import shrink, write_checkpoint
-from fairseq_headprune.prune.shrink_options import ShrinkOptions
-from fairseq_headprune.compress.stages.common import data_sha, max_tokens
-from fairseq_headprune.compress.stages.contract import Context, Results, Stage
+from fairseq_headprune.compress.stages.contract import Context, Inputs, Results, Stage
 from fairseq_headprune.compress.stages.elsewhere import left_at_stop
-from fairseq_headprune.prune.window_fit import WindowOptions
-from fairseq_headprune.core.masking import head_masks
+from fairseq_headprune.compress.stages.results import Shrunk
+from fairseq_headprune.compress.stages.shrink_recipe import settings, shrink_heads
 from fairseq_headprune.records.identity import file_sha256
 
 
-def keep_layers_spec(dec_layers: Optional[int] = None, enc_layers: Optional[int] = None) -> Optional[str]:
-    """shrink's --keep-layers for a shape's depths (the choice's layer search reads the same counts)."""
-    parts = [f"{s}:{n}" for s, n in (("dec", dec_layers), ("enc", enc_layers)) if n]
-    return ",".join(parts) or None
+@dataclass(frozen=True)
+class ShrinkInputs(Inputs):
+    """What the shrink reads: the recipe's settings (shrink_recipe.settings) and the chosen heads, kept layers and
+    FFN share; its identity {"options": {...}}, as its records have held it."""
+    settings: Dict
+    heads: str
+    layers_kept: Optional[Dict] = None
+    ffn_percent: Optional[float] = None
+
+    def identity(self) -> Dict:
+        return {"options": {**self.settings, "heads": self.heads,
+                            **({"layers_kept": self.layers_kept} if self.layers_kept else {}),
+                            **({"ffn_percent": self.ffn_percent} if self.ffn_percent is not None else {})}}
 
 
-def shrink_options(options, heads: str, dec_layers: Optional[int] = None,
-                   ffn_percent: float = 100.0, enc_layers: Optional[int] = None):
-    """The one place compress builds shrink's options (the removed heads given: the choice made them; with a
-    decoder depth, the layers shrink's importance selection keeps, the heads naming the kept layers renumbered;
-    with an FFN share, the units shrink's mask Fisher keeps in every FFN, after the heads)."""
-    fitted = bool(heads or dec_layers or enc_layers)  # the window fit refits sublayers that lost heads or inputs
-    return ShrinkOptions(heads=heads or None, keep_layers=keep_layers_spec(dec_layers, enc_layers),
-                         layer_selection="importance", ffn_keep=ffn_percent,
-                         calibration_subset=options.calibration_subset,
-                         calibration_sentences=options.calibration_sentences, calibration_seed=options.sample_seed,
-                         check_sentences=options.check_sentences,
-                         reconstruction=ReconstructionOptions(window=options.window if fitted else WindowOptions()))
+def inputs(context: Context, results: Results) -> ShrinkInputs:
+    chosen = results["choice"].chosen
+    return ShrinkInputs(settings(context.loaded, context.options), chosen["heads"], chosen.get("layers_kept"),
+                        chosen.get("ffn_percent"))
 
 
-def trim_options(options):
-    """shrink's options for the export's vocabulary trim (--keep-vocab): the trim checked on --check-sentences of
-    the calibration subset, as `shrink --keep-vocab` alone checks it."""
-    return ShrinkOptions(calibration_subset=options.calibration_subset,
-                         calibration_sentences=options.calibration_sentences, calibration_seed=options.sample_seed,
-                         check_sentences=options.check_sentences, vocabulary=options.vocabulary)
-
-
-def calibration_only_options(options):
-    """shrink's options for the choice's calibration (the same sentences and batches as the shrink's)."""
-    return ShrinkOptions(remove="1", calibration_subset=options.calibration_subset,
-                         calibration_sentences=options.calibration_sentences, calibration_seed=options.sample_seed)
-
-
-def settings(loaded, options) -> Dict:
-    """What every shrink of this run reads (the choice's probes and the stage alike)."""
-    o = options
-    return {"calibration": [o.calibration_subset, o.calibration_sentences, o.calibration_max_tokens,
-                            {"seed": o.sample_seed}],
-            "window": [o.window.steps, o.window.lr], "check_sentences": o.check_sentences,
-            "data": data_sha(loaded, o.calibration_subset)}
-
-
-def identity(context: Context, results: Results) -> Dict:
-    """What the shrink reads: its settings and the chosen heads, layers and FFN share."""
-    chosen = results["choice"]["chosen"]
-    return {"options": {**settings(context.loaded, context.options), "heads": chosen["heads"],
-            **({"layers_kept": chosen["layers_kept"]} if chosen.get("layers_kept") else {}),
-            **({"ffn_percent": chosen["ffn_percent"]} if "ffn_percent" in chosen else {})}}
-
-
-def build(folder: str, context: Context, results: Results) -> Dict:
+def build(folder: str, inputs: ShrinkInputs, context: Context, results: Results) -> Shrunk:
     """The chosen shape shrunk (or the choice's own shrink of it, reused)."""
-    chosen, log = results["choice"]["chosen"], context.log
-    probe = chosen.get("shrunk")
-    if probe and os.path.exists(probe["checkpoint"]):  # the choice shrank these heads with these options
-
-        if file_sha256(probe["checkpoint"]) == probe["checkpoint_sha256"]:
-            path = os.path.join(folder, "model.pt")
-            shutil.copyfile(probe["checkpoint"], path)
-            shutil.copyfile(os.path.splitext(probe["checkpoint"])[0] + ".json", os.path.join(folder, "model.json"))
-            log("shrink: the choice's shrink of these heads, reused")
-            return {**probe, "checkpoint": path}
-    return shrink_heads(folder, context.loaded, context.shipped(results), chosen["heads"], chosen.get("layers_kept"),
-                        chosen.get("ffn_percent", 100.0))
+    probe = results["choice"].shrunk
+    if probe and os.path.exists(probe["checkpoint"]) and file_sha256(probe["checkpoint"]) == probe["checkpoint_sha256"]:
+        path = os.path.join(folder, "model.pt")  # the choice shrank these heads with these options
+        shutil.copyfile(probe["checkpoint"], path)
+        shutil.copyfile(os.path.splitext(probe["checkpoint"])[0] + ".json", os.path.join(folder, "model.json"))
+        context.log("shrink: the choice's shrink of these heads, reused")
+        return Shrunk.of({**probe, "checkpoint": path})
+    ffn = 100.0 if inputs.ffn_percent is None else inputs.ffn_percent
+    return Shrunk.of(shrink_heads(folder, context.loaded, context.shipped(results), inputs.heads, inputs.layers_kept,
+                                  ffn))
 
 
-def shrink_heads(folder: str, loaded, options, heads: str, layers_kept: Optional[Dict] = None,
-                 ffn_percent: float = 100.0) -> Dict:
-    """shrink with these heads removed (and these layers kept: shrink's importance selection, checked to keep
-    the very layers the choice recorded, the heads naming them renumbered 1..N; and every FFN at this share of
-    its units)."""
-    kept = {s: len(v) for s, v in (layers_kept or {}).items()}
-    opts = shrink_options(options, heads, kept.get("dec"), ffn_percent, kept.get("enc"))
-    path = os.path.join(folder, "model.pt")
-    with max_tokens(loaded, options.calibration_max_tokens), head_masks(loaded.model, []), \
-            open(os.path.join(folder, "shrink.log"), "a", encoding="utf-8") as log_file:  # masks as they were after
-        def log(line: str) -> None:  # every sublayer's fit, in the stage's own log
-            log_file.write(line + "\n")
-            log_file.flush()
-
-        result, calibration = shrink(loaded, opts, log)
-        if layers_kept and {s: list(v) for s, v in result.layers.kept.items()} != layers_kept:
-            raise RuntimeError(f"shrink kept the layers {dict(result.layers.kept)}, the choice {layers_kept}: "
-                               "the layer selection differs on the same sentences")
-        record = write_checkpoint(loaded, result, calibration, opts, path, os.path.join(folder, "model.json"),
-                                  log)
-
-    return {"checkpoint": path, "checkpoint_sha256": file_sha256(path), "heads_kept": record["heads_kept"],
-            "heads_total": record["heads_total"], "params_before": record["params_before"],
-            "params_after": record["params_after"], "calibration": record["calibration"],
-            "layers": record["layers"], "shrink_options": record["options"]}
-
-
-STAGE = Stage("shrink", identity, build, after=left_at_stop)  # --stop-after shrink: the recovery's folder
+STAGE = Stage("shrink", inputs, build, Shrunk, after=left_at_stop)  # --stop-after shrink: the recovery's folder
