@@ -210,8 +210,8 @@ class Run:
             start, cpu = time.perf_counter(), time.process_time()
             with StageBar(name, estimate, self.progress):
                 built = stage.build(folder, inputs, context, results)
-            seconds, cpu = round(time.perf_counter() - start, 1), round(time.process_time() - cpu, 1)
             # cpu: this call's (a resumed stage: its rest)
+            seconds, cpu = round(time.perf_counter() - start, 1), round(time.process_time() - cpu, 1)
             built = built.with_record(seconds=seconds, cpu_seconds=cpu, estimated_cpu_seconds=round(estimate, 1))
             record = self.store.finish(name, identity, built.record)
             self.log(f"{name}: done in {seconds:.0f}s ({cpu / 60:.1f} CPU minutes; estimated {estimate / 60:.1f})")
@@ -298,7 +298,7 @@ class Run:
         o, context = self.options, self.context
         data, sample = recovery.recovery_set(self.loaded, o, None, self.store.root, self.log, prepare=False)
         command = recovery.recovery_command(self.loaded, o, data, self.store.folder("recover"),
-                                           os.path.join(self.store.folder("shrink"), "model.pt")) \
+                                            os.path.join(self.store.folder("shrink"), "model.pt")) \
             if o.budget_epochs and not o.recovered else None
         return plan.plan_lines(o, context.timing, context.rounds, self.todo, cached, sample, command,
                                len(load_subset(self.loaded, o.calibration_subset)), self._memory_line())
