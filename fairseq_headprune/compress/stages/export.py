@@ -33,6 +33,7 @@ class ExportInputs(Inputs):
 
 
 def key(options) -> ExportInputs:
+    """The export's inputs from the options as shipped (the map on where the choice took it)."""
     vocabulary = options.vocabulary
     return ExportInputs(options.engine, options.check_sentences,
                         asdict(options.vocab_map_options) if options.vocab_map else None,
