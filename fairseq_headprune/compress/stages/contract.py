@@ -26,8 +26,7 @@ class Inputs:
 
     def identity(self) -> Dict:
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        return {k: (dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v)
-                for k, v in values.items() if v is not None}
+        return {k: v for k, v in values.items() if v is not None}
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,8 @@ class StageResult:
 
 @dataclass(frozen=True)
 class CostTable(StageResult):
-    """The cost table (prune.levers.cost_table): its rows, what it was measured on, where it is cached."""
-    rows: List[Dict]
+    """The cost table (prune.levers.cost_table) as its record: its rows, what it was measured on, where it is
+    cached (compress.stages.points reads it whole)."""
 
 
 @dataclass(frozen=True)
