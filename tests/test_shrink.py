@@ -467,6 +467,7 @@ def test_given_heads_are_removed_and_reconstructed_without_a_search(stock_checkp
     from fairseq_headprune.cli import shrink as command
     from fairseq_headprune.prune.shrink import shrink
     from fairseq_headprune.core.heads import attention_modules, parse_head_spec
+    from fairseq_headprune.core.masking import current_masked_heads, set_head_masks
     from fairseq_headprune.fairseq_io.loading import load
 
     spec = tmp_path / "closed.json"  # the shape of `gates`' closed-heads.json: a selection made elsewhere
@@ -474,7 +475,10 @@ def test_given_heads_are_removed_and_reconstructed_without_a_search(stock_checkp
     argv = _cmd(tiny_data, stock_checkpoint, "--heads", f"@{spec}", "--out", tmp_path / "g.pt")[2:]
     cfg, args = cli.parse("shrink", command, [str(a) for a in argv])
     loaded = load(cfg)
+    held = parse_head_spec("dec-self:1:1")  # a mask the caller's model holds: read unmasked, left as it was
+    set_head_masks(loaded.model, held)
     result, _ = shrink(loaded, command.shrink_options(args), log=lambda *_: None)
+    assert current_masked_heads(loaded.model) == held
     assert result.selection.removed == parse_head_spec(f"@{spec}") and len(result.selection.removed) == 8
     assert result.selection.order == "given (--heads)"
     fitted = {f.key for f in result.fits if f.method != "none"}

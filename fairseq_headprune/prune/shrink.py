@@ -24,7 +24,7 @@ from fairseq_headprune.prune import ffn, layers, select
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.decoding.evaluate import decoder_start
 from fairseq_headprune.core.heads import Head, HeadLayout, format_head_spec
-from fairseq_headprune.core.masking import set_head_masks
+from fairseq_headprune.core.masking import head_masks, set_head_masks
 from fairseq_headprune.prune.reconstruct import TeacherTargets, reconstruct
 from fairseq_headprune.prune.sublayers import SublayerFit
 from fairseq_headprune.core.shape import ModelShape, depths, ffn_widths, kept_heads
@@ -126,8 +126,8 @@ def calibrate(loaded, options: ShrinkOptions) -> Calibration:
     samples, sha = calibration_samples(loaded, options.calibration_subset, options.calibration_sentences,
                                        loaded.cfg.dataset.max_tokens, options.calibration_seed)
     if options.calibration_targets == "self":
-        set_head_masks(loaded.model, [])
-        samples = self_targets(loaded, samples, options.calibration_beam)
+        with head_masks(loaded.model, []):  # the unpruned model's translations; its masks restored after
+            samples = self_targets(loaded, samples, options.calibration_beam)
     pad = loaded.task.target_dictionary.pad()
     n = sum(s["id"].numel() for s in samples)
     src = sum(int(s["net_input"]["src_tokens"].ne(pad).sum()) for s in samples)
@@ -343,9 +343,15 @@ def search_with_reconstruction(model, grads, budget: Budget, options: ShrinkOpti
 
 
 def shrink(loaded, options: ShrinkOptions, log: Callable = print) -> Tuple[ShrinkResult, Calibration]:
-    """Calibrate, search and reconstruct: the in-memory result (write_checkpoint() writes it)."""
+    """Calibrate, search and reconstruct: the in-memory result (write_checkpoint() writes it). The loaded model is
+    read unmasked, and left with the masks it held."""
+    with head_masks(loaded.model, []):
+        return shrunk(loaded, options, log)
+
+
+def shrunk(loaded, options: ShrinkOptions, log: Callable) -> Tuple[ShrinkResult, Calibration]:
+    """shrink() on the loaded model as it is (no head masked)."""
     budget = validate(options, loaded.model)
-    set_head_masks(loaded.model, [])
     calibration = calibrate(loaded, options)
     log(f"calibration: {calibration.sentences} sentences of '{calibration.subset}' "
         f"({calibration.target_tokens} target tokens, targets: {calibration.targets})")
@@ -577,8 +583,8 @@ def trim_only(loaded, options: ShrinkOptions, plan: VocabularyPlan, out: str, js
         samples, _ = calibration_samples(loaded, options.calibration_subset,
                                          options.check_sentences or options.calibration_sentences,
                                          loaded.cfg.dataset.max_tokens, options.calibration_seed)
-    set_head_masks(loaded.model, [])
-    model, vocabulary = trim_and_check(loaded, loaded.model, plan, samples, out)
+    with head_masks(loaded.model, []):  # the loaded model unmasked; its masks restored after
+        model, vocabulary = trim_and_check(loaded, loaded.model, plan, samples, out)
     log(describe(vocabulary))
     state = note_in_state(weights_state(model, loaded.checkpoint), plan)
     state["model"] = in_dtypes(state["model"], source_dtypes(loaded.checkpoint))

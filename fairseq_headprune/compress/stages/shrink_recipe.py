@@ -11,7 +11,6 @@ from fairseq_headprune.prune.shrink import shrink, write_checkpoint
 from fairseq_headprune.prune.shrink_options import ShrinkOptions
 from fairseq_headprune.compress.stages.common import data_sha, max_tokens
 from fairseq_headprune.prune.window_fit import WindowOptions
-from fairseq_headprune.core.masking import head_masks
 from fairseq_headprune.records.identity import file_sha256
 
 
@@ -66,8 +65,8 @@ def shrink_heads(folder: str, loaded, options, heads: str, layers_kept: Optional
     kept = {s: len(v) for s, v in (layers_kept or {}).items()}
     opts = shrink_options(options, heads, kept.get("dec"), ffn_percent, kept.get("enc"))
     path = os.path.join(folder, "model.pt")
-    with max_tokens(loaded, options.calibration_max_tokens), head_masks(loaded.model, []), \
-            open(os.path.join(folder, "shrink.log"), "a", encoding="utf-8") as log_file:  # masks as they were after
+    with max_tokens(loaded, options.calibration_max_tokens), \
+            open(os.path.join(folder, "shrink.log"), "a", encoding="utf-8") as log_file:
         def log(line: str) -> None:  # every sublayer's fit, in the stage's own log
             log_file.write(line + "\n")
             log_file.flush()
