@@ -26,6 +26,16 @@ def test_the_durations_are_summed_per_file_longest_first(tmp_path):
         ("tests/test_compress.py", 40.2), ("tests/test_translate.py", 7.0), ("tests/test_cli.py", 3.5)]
 
 
+def test_a_report_it_cannot_read_is_one_line_and_exit_code_2(tmp_path, capsys):
+    bad = tmp_path / "bad.xml"
+    bad.write_text("<testsuites>", encoding="utf-8")
+    for report in (bad, tmp_path / "missing.xml"):
+        assert suite_durations.main([str(report)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"suite_durations: error: {report}: "), err
+    assert suite_durations.main(["--help"]) == 0 and capsys.readouterr().out.startswith("usage: ")
+
+
 def test_the_table_lists_every_test_file_and_nothing_else():
     files = {p.relative_to(conftest.ROOT).as_posix() for p in (conftest.ROOT / "tests").glob("test_*.py")}
     listed = set(conftest.DURATIONS)

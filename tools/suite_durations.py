@@ -36,11 +36,22 @@ def durations(report: str) -> Dict[str, float]:
     return {path: round(s, 1) for path, s in sorted(seconds.items(), key=lambda item: -item[1])}
 
 
+USAGE = "usage: tools/suite_durations.py REPORT.xml  (pytest --junitxml)"
+
+
 def main(argv) -> int:
+    if argv in (["-h"], ["--help"]):
+        print(USAGE)
+        return 0
     if len(argv) != 1:
-        print("usage: tools/suite_durations.py REPORT.xml  (pytest --junitxml)", file=sys.stderr)
+        print(USAGE, file=sys.stderr)
         return 2
-    print(json.dumps(durations(argv[0]), indent=1))
+    try:
+        table = durations(argv[0])
+    except (OSError, ElementTree.ParseError, ValueError) as e:
+        print(f"suite_durations: error: {argv[0]}: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(table, indent=1))
     return 0
 
 
