@@ -27,6 +27,18 @@ def random_model(stock_checkpoint, tiny_data, **dims):
     return task.build_model(args).eval(), task
 
 
+def random_loaded(stock_checkpoint, tiny_data, **dims):
+    """random_model as a loaded model (beam 2, --max-tokens 2000) with its first 32 valid sentences in 4 batches."""
+    from fairseq_headprune.fairseq_io.loading import Loaded
+
+    model, task = random_model(stock_checkpoint, tiny_data, **dims)
+    task.load_dataset("valid")
+    cfg = Namespace(generation=Namespace(beam=2, lenpen=1.0), dataset=Namespace(max_tokens=2000, batch_size=None))
+    loaded = Loaded(cfg, task, model, None, str(stock_checkpoint))
+    valid = task.dataset("valid")
+    return model, loaded, [valid.collater([valid[i] for i in range(j, j + 8)]) for j in range(0, 32, 8)]
+
+
 def flop_timer(loaded, samples, length: int = 6):
     """A stand-in engine whose seconds are the FLOPs of decoding (core.flops) of the model it is given."""
     from fairseq_headprune.core import flops
@@ -56,14 +68,7 @@ def flop_timer(loaded, samples, length: int = 6):
     (dict(decoder_layers=6, encoder_layers=1), "decoder layers", ()),
 ])
 def test_cost_table_ranks_the_levers_a_shape_rewards(tiny_data, stock_checkpoint, dims, first, left_out):
-    from fairseq_headprune.fairseq_io.loading import Loaded
-
-    model, task = random_model(stock_checkpoint, tiny_data, **dims)
-    task.load_dataset("valid")
-    cfg = Namespace(generation=Namespace(beam=2, lenpen=1.0), dataset=Namespace(max_tokens=2000, batch_size=None))
-    loaded = Loaded(cfg, task, model, None, str(stock_checkpoint))
-    samples = [task.dataset("valid").collater([task.dataset("valid")[i] for i in range(j, j + 8)])
-               for j in range(0, 32, 8)]
+    model, loaded, samples = random_loaded(stock_checkpoint, tiny_data, **dims)
     chosen = tuple(lever for lever in levers.LEVERS if lever.name not in left_out)
     table = levers.cost_table(loaded, "fairseq", samples, 2, chosen, log=lambda _: None,
                            decoder_factory=flop_timer(loaded, samples))
@@ -89,14 +94,7 @@ def test_the_vocabulary_map_is_a_row_of_the_cost_table_and_multiplies_every_pred
     """With a vocabulary map, the cost table times the whole model decoding with it (the map reaches that row's
     decoder and no other), says what it changes in the unpruned model's translations, and a prediction with the map
     multiplies the share of time it leaves."""
-    from fairseq_headprune.fairseq_io.loading import Loaded
-
-    model, task = random_model(stock_checkpoint, tiny_data, decoder_layers=3, encoder_layers=1)
-    task.load_dataset("valid")
-    cfg = Namespace(generation=Namespace(beam=2, lenpen=1.0), dataset=Namespace(max_tokens=2000, batch_size=None))
-    loaded = Loaded(cfg, task, model, None, str(stock_checkpoint))
-    samples = [task.dataset("valid").collater([task.dataset("valid")[i] for i in range(j, j + 8)])
-               for j in range(0, 32, 8)]
+    model, loaded, samples = random_loaded(stock_checkpoint, tiny_data, decoder_layers=3, encoder_layers=1)
     timer, given = flop_timer(loaded, samples), {}
 
     def factory(model, dictionary, folder, vocab_map=None):  # the map's decoder: the whole model, at 4/5 the cost
@@ -124,19 +122,12 @@ def test_the_vocabulary_map_is_a_row_of_the_cost_table_and_multiplies_every_pred
 def test_slices_are_timed_in_groups_that_fit_in_memory(tiny_data, stock_checkpoint, monkeypatch):
     """A model whose slices would not fit in memory together is timed in groups (each beside the unpruned model, each
     slice paired with the unpruned model's seconds of its own group); a small one in a single group, as before."""
-    from fairseq_headprune.fairseq_io.loading import Loaded
-
     assert levers.memory_groups(["a", "b", "c"], 10, 1000) == [["a", "b", "c"]]
     assert levers.memory_groups(["a", "b", "c", "d", "e"], 100, 1200) == [["a", "b"], ["c", "d"], ["e"]]
     assert levers.memory_groups(["a", "b"], 10**9, 10) == [["a"], ["b"]]  # never fewer than one a group
     assert levers.memory_groups(["a", "b"], 0, None) == [["a", "b"]]
     assert levers.available_memory() is None or levers.available_memory() > 0
-    model, task = random_model(stock_checkpoint, tiny_data, decoder_layers=3, encoder_layers=1)
-    task.load_dataset("valid")
-    cfg = Namespace(generation=Namespace(beam=2, lenpen=1.0), dataset=Namespace(max_tokens=2000, batch_size=None))
-    loaded = Loaded(cfg, task, model, None, str(stock_checkpoint))
-    samples = [task.dataset("valid").collater([task.dataset("valid")[i] for i in range(j, j + 8)])
-               for j in range(0, 32, 8)]
+    model, loaded, samples = random_loaded(stock_checkpoint, tiny_data, decoder_layers=3, encoder_layers=1)
     shapes = {f"dec_layers={n}": Shape.of_point({"dec_layers": n}, levers.stack_sizes(model)) for n in (2, 1)}
     alone = levers.time_shapes(loaded, "fairseq", samples, 3, shapes, log=lambda _: None,
                                decoder_factory=flop_timer(loaded, samples))
