@@ -15,7 +15,7 @@ from fairseq_headprune.cli import compress as compress_command
 from fairseq_headprune.compress import model_card
 from fairseq_headprune.compress.stages import outputs
 from fairseq_headprune.compress.stages.common import engine_model
-from fairseq_headprune.engines.timing import speedup_interval, target_verdict, timed_rounds
+from fairseq_headprune.engines.timing import interval_words, speedup_interval, target_verdict, timed_rounds
 from fairseq_headprune.fairseq_io.loading import load
 from fairseq_headprune.prune.levers import timing_batches
 
@@ -42,6 +42,16 @@ def test_a_batch_keeps_its_rounds_together():
     base = [3.0, 1.0] * 20
     interval = speedup_interval(base, [1.0] * 40, 2)
     assert (interval["low"], interval["high"]) == (1.0, 3.0)
+
+
+def test_one_batch_draws_its_rounds():
+    """One batch timed over 10 rounds: the interval spans how its rounds spread (a draw of the one batch alone
+    would give its median as both ends), and the words say one batch."""
+    base = [1.5, 1.7, 1.6, 1.4, 1.8, 1.6, 1.5, 1.7, 1.6, 1.65]
+    interval = speedup_interval(base, [1.0] * 10, 1)
+    assert 1.4 <= interval["low"] < interval["ratio"] < interval["high"] <= 1.8, interval
+    assert (interval["batches"], interval["rounds"]) == (1, 10)
+    assert interval_words(interval).endswith("; 1 batch x 10 rounds)")
 
 
 def test_a_target_is_met_at_the_lower_bound():

@@ -115,14 +115,17 @@ def speedup_interval(base: Sequence[float], other: Sequence[float], batches: int
     """paired_speedup with its percentile bootstrap interval. The seconds are round-major (every batch of round 1,
     then of round 2, as timed_rounds returns them); the bootstrap draws batches with replacement, each with the
     ratios of all its rounds (a batch's rounds share its sentences, so they are not independent draws), and takes
-    the median of each draw. What it rests on: the batches and the rounds."""
+    the median of each draw. One batch: its rounds are drawn, the only spread there is (a draw of the one batch
+    never moves: the interval would be its median alone); the interval then says how those sentences time from
+    round to round, not how others would. What it rests on: the batches and the rounds."""
     ratios = np.asarray([b / o for b, o in zip(base, other)], dtype=float)
     rounds = len(ratios) // batches if batches else 0
     if not rounds or rounds * batches != len(ratios):
         raise ValueError(f"{len(ratios)} paired times are not {batches} batches in whole rounds")
     by_batch = ratios.reshape(rounds, batches).T  # one row per batch: its ratio in every round
-    draws = np.random.default_rng(seed).integers(0, batches, size=(resamples, batches))
-    medians = np.median(by_batch[draws].reshape(resamples, -1), axis=1)
+    units = by_batch if batches > 1 else by_batch.T  # one batch: each round drawn alone
+    draws = np.random.default_rng(seed).integers(0, len(units), size=(resamples, len(units)))
+    medians = np.median(units[draws].reshape(resamples, -1), axis=1)
     tail = (1 - level) / 2
     low, high = np.quantile(medians, [tail, 1 - tail])
     return {"ratio": round(float(np.median(ratios)), 3), "low": round(float(low), 3),
@@ -152,8 +155,8 @@ def target_verdict(interval: Dict, target: float) -> str:
 
 def interval_words(interval: Dict) -> str:
     """"1.26x (95% interval 1.20-1.31x; 16 batches x 3 rounds)" (rounds alone when whole sets were timed)."""
-    rests = (f"{interval['batches']} batches x {interval['rounds']} rounds" if interval.get("batches") else
-             f"{interval['rounds']} rounds")
+    batches, rounds = interval.get("batches"), interval["rounds"]
+    rests = (f"{batches} batch{'es' * (batches != 1)} x " if batches else "") + f"{rounds} round{'s' * (rounds != 1)}"
     return (f"{interval['ratio']:.2f}x ({interval['level']:.0%} interval {interval['low']:.2f}-"
             f"{interval['high']:.2f}x; {rests})")
 
