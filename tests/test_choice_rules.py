@@ -2,9 +2,12 @@
 again, which measured shape is taken, how the cost table's noise is pooled."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from fairseq_headprune.prune import levers
 from fairseq_headprune.errors import UserError
+from fairseq_headprune.prune.vocab_map import VocabMapBound
 
 
 def test_smoothing_pools_timing_noise():
@@ -177,6 +180,12 @@ def test_a_map_the_choice_took_is_shipped_measured_and_reported():
     assert took.vocab_map and "vocab_map" in export.key(took).identity() and took.map_state() == "on"
     left = shipped(options, Choice.of({"chosen": {"enc_heads": 8, "dec_heads": 4}}))
     assert left is options and "vocab_map" not in export.key(left).identity()
+    # the bound the export's check holds the map to is its input: a rerun with another bound checks it again
+    given = CompressOptions(out="out", speedup=2.0, vocab_map=True)
+    stricter = dataclasses.replace(given, vocab_map_bound=VocabMapBound(vocab_map_max_loss=0.1))
+    assert export.key(given).identity() != export.key(stricter).identity()
+    assert export.key(stricter).map_options()["vocab_map_bound"].vocab_map_max_loss == 0.1
+    assert "vocab_map_bound" not in export.key(left).identity() and export.key(left).map_options() == {}
     assert CompressOptions(out="out", speedup=2.0, no_vocab_map=True).map_state() == "off"
     assert CompressOptions(out="out", speedup=2.0, engine="fairseq").map_state() == "off"
     assert CompressOptions(out="out", max_bleu_loss=0.5).map_state() == "off"

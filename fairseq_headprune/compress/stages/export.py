@@ -13,6 +13,7 @@ from fairseq_headprune.compress.stages.results import Exported
 from fairseq_headprune.compress.stages.shrink_recipe import trim_options
 from fairseq_headprune.prune.export import ExportOptions, export
 from fairseq_headprune.prune.shrink import trim_only
+from fairseq_headprune.prune.vocab_map import VocabMapBound, VocabMapOptions
 from fairseq_headprune.prune.vocab_trim import companions, describe, hypothesis_changes, plan_for
 from fairseq_headprune.prune.vocabulary import read_corpora
 from fairseq_headprune.decoding.evaluate import SubsetEvaluator
@@ -23,22 +24,32 @@ from fairseq_headprune.records.identity import file_sha256
 
 @dataclass(frozen=True)
 class ExportInputs(Inputs):
-    """What the export reads besides the recovered model: the engine, the check, the vocabulary map, the corpora
-    --keep-vocab keeps the vocabulary of (the last two None without them: the records of runs before the options
-    still resume)."""
+    """What the export reads besides the recovered model: the engine, the check, the vocabulary map and the bound
+    its check is held to, the corpora --keep-vocab keeps the vocabulary of (the last three None without them: the
+    records of runs before the options still resume). The check's sentences are the timing's (--timing-subset),
+    which the cost table's identity, first in the chain, holds."""
     engine: str
     check_sentences: int
     vocab_map: Optional[Dict] = None
     vocabulary: Optional[Dict] = None
+    vocab_map_bound: Optional[Dict] = None
+
+    def map_options(self) -> Dict:
+        """ExportOptions' map fields: the map and its bound as given, or none."""
+        if self.vocab_map is None:
+            return {}
+        return {"vocab_map": True, "vocab_map_options": VocabMapOptions(**self.vocab_map),
+                "vocab_map_bound": VocabMapBound(**self.vocab_map_bound)}
 
 
 def key(options) -> ExportInputs:
     """The export's inputs from the options as shipped (the map on where the choice took it)."""
-    vocabulary = options.vocabulary
+    vocabulary, mapped = options.vocabulary, options.vocab_map
     return ExportInputs(options.engine, options.check_sentences,
-                        asdict(options.vocab_map_options) if options.vocab_map else None,
+                        asdict(options.vocab_map_options) if mapped else None,
                         {"corpora": [file_sha256(path) for path in vocabulary.corpora], "floor": vocabulary.floor,
-                         "check_on": options.calibration_subset} if vocabulary.corpora else None)
+                         "check_on": options.calibration_subset} if vocabulary.corpora else None,
+                        asdict(options.vocab_map_bound) if mapped else None)
 
 
 def inputs(context: Context, results: Results) -> ExportInputs:
@@ -79,10 +90,7 @@ def build(folder: str, inputs: ExportInputs, context: Context, results: Results)
     evaluator = SubsetEvaluator(pruned, options.timing_subset)
     out = os.path.join(folder, "ct2")
     info = export(pruned, evaluator, ExportOptions(out=out, quantization=QUANTIZATION[inputs.engine],
-                                                   check_sentences=inputs.check_sentences,
-                                                   vocab_map=options.vocab_map,
-                                                   vocab_map_options=options.vocab_map_options,
-                                                   vocab_map_bound=options.vocab_map_bound),
+                                                   check_sentences=inputs.check_sentences, **inputs.map_options()),
                   options.timing_subset)
     return Exported.of({"engine": inputs.engine, "ct2": out, "check": info, **trim})
 
