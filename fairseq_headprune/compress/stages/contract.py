@@ -22,7 +22,10 @@ Results = Dict[str, StageResult]  # the results of the stages run so far, by sta
 class Inputs:
     """What a stage reads, field by field: its identity is every field by value, a None field left out (a field
     added later is None by default, so the records of runs before it still resume). A stage whose identity another
-    record shares (the cost table's, which its cache outside OUT is keyed by) gives it whole as `identity`."""
+    record shares (the cost table's, which its cache outside OUT is keyed by) gives it whole as `identity`. Each
+    stage's identity is stored after the digest of the record before it (Run.run_stage), so what an earlier stage
+    read (the engine, the threads, the timing batches and rounds: the cost table's) is held by the chain; a stage's
+    inputs add what no stage before it read (the measure's other batch and its --runs, the export's map bound)."""
 
     def identity(self) -> Dict:
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
