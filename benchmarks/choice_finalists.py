@@ -19,9 +19,9 @@ if ROOT not in sys.path:
 
 def table(name: str, result: Dict) -> List[str]:
     """One choice's finalists as markdown lines."""
-    from fairseq_headprune.compress.choice import label
+    from fairseq_headprune.compress.choice import Candidate, label
 
-    chosen = label(result["chosen"])
+    chosen = label(Candidate.of(result["chosen"]))
     lines = [f"## {name}", "", f"Chosen: **{chosen}**. Rule: {result['chosen_by']}.", "",
              "| finalist | predicted | timed (95% interval) | verdict | NLL after the fits |",
              "|---|---|---|---|---|"]
@@ -31,8 +31,9 @@ def table(name: str, result: Dict) -> List[str]:
                                                   if "low" in interval else "")
         nll = f"{p['calibration_nll']:.4f}" if "calibration_nll" in p else \
             (f"passed over for {p['passed_over_for']}" if p.get("passed_over_for") else "")
-        mark = "**" if label(p) == chosen else ""
-        lines.append(f"| {mark}{label(p)}{mark} | {p['predicted_speedup']:.2f}x | {timed} | {p.get('verdict', '')} "
+        name = label(Candidate.of(p))
+        mark = "**" if name == chosen else ""
+        lines.append(f"| {mark}{name}{mark} | {p['predicted_speedup']:.2f}x | {timed} | {p.get('verdict', '')} "
                      f"| {nll} |")
     return lines + [""]
 

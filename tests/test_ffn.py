@@ -109,6 +109,14 @@ def test_fisher_kept_keeps_each_layers_highest_units():
     assert ffn.fisher_kept(grads, 1)[("dec", 1)] == [1]  # at least one unit
 
 
+def candidate(**point):
+    """A choice candidate with these fields of its record (its head counts unread: the fits take its heads' spec,
+    its kept layers and the share in the options)."""
+    from fairseq_headprune.compress.choice import Candidate
+
+    return Candidate.of({"enc_heads": 8, "dec_heads": 4, **point})
+
+
 def test_the_choice_compares_an_ffn_narrowed_shape_after_the_fits_shrink_applies(stock):
     """reconstructed_nll: a shape that narrows the FFNs is judged as shrink leaves it (the units with the lowest mask
     Fisher gone, every fc2 refit), not as the bare removal leaves it; with nothing removed, the model's own NLL."""
@@ -126,13 +134,13 @@ def test_the_choice_compares_an_ffn_narrowed_shape_after_the_fits_shrink_applies
     calibration = SimpleNamespace(samples=[sample_batch(task, n=16)])
     whole = layers.calibration_loss(model, calibration.samples, pad)
     options = with_fit(ShrinkOptions(ffn_keep=25.0), window=WindowOptions(steps=0))
-    fitted = reconstructed_nll(model, {"heads": "", "ffn_percent": 25.0}, calibration, options, pad)
+    fitted = reconstructed_nll(model, candidate(heads="", ffn_percent=25.0), calibration, options, pad)
     bare = copy.deepcopy(model)
     surgery.prune_ffn(bare, ffn.fisher_kept(ffn.unit_gradients(bare, calibration.samples, pad), 25.0))
     assert whole < fitted < layers.calibration_loss(bare, calibration.samples, pad)
     assert set(shape.ffn_widths(model).values()) == {64}  # the model given is left whole
     plain = with_fit(ShrinkOptions(), window=WindowOptions(steps=0))
-    assert reconstructed_nll(model, {"heads": ""}, calibration, plain, pad) == pytest.approx(whole, abs=1e-6)
+    assert reconstructed_nll(model, candidate(heads=""), calibration, plain, pad) == pytest.approx(whole, abs=1e-6)
 
 
 def test_shapes_fitted_towards_one_teacher_share_its_targets_and_fit_the_same(stock, monkeypatch):
@@ -151,8 +159,8 @@ def test_shapes_fitted_towards_one_teacher_share_its_targets_and_fit_the_same(st
     pad = task.target_dictionary.pad()
     dataset = task.dataset("test")
     calibration = SimpleNamespace(samples=[dataset.collater([dataset[i] for i in range(a, a + 8)]) for a in (0, 8)])
-    shapes = [({"heads": "enc-self:2:1-3", "ffn_percent": 50.0}, 50.0), ({"heads": "dec-self:2:1+4"}, 100.0),
-              ({"heads": "", "layers_kept": {"dec": [1, 3]}}, 100.0), ({"heads": "enc-dec:3:2"}, 75.0)]
+    shapes = [(candidate(heads="enc-self:2:1-3", ffn_percent=50.0), 50.0), (candidate(heads="dec-self:2:1+4"), 100.0),
+              (candidate(heads="", layers_kept={"dec": [1, 3]}), 100.0), (candidate(heads="enc-dec:3:2"), 75.0)]
     runs = []
     real = reconstruct.teacher_targets
     monkeypatch.setattr(reconstruct, "teacher_targets", lambda *a: runs.append(a[0]) or real(*a))

@@ -249,9 +249,10 @@ def _shares(text: str, items: Optional[str], flag: str) -> Dict[str, float]:
 class Shape:
     """A shape compress chooses, deploy times and the card states: the heads kept in every attention layer of each
     stack (CTranslate2's one head count per stack), the layers each stack keeps, and the share (percent) of every
-    FFN's hidden units and of the target vocabulary. Its text (`parse`, `label`) is the command line's; its point
-    (`point`, `of_point`) the choice's records'. surgery.crude_model cuts it from a model crudely: the first heads,
-    evenly spaced layers, the first units."""
+    FFN's hidden units and of the target vocabulary. Its text is the command line's (`parse`, `label`) and the
+    card's (`words`); its point the choice's records' (`record`, `of_record`; against the whole model: `point`,
+    `of_point`). surgery.crude_model cuts it from a model crudely: the first heads, evenly spaced layers, the first
+    units."""
 
     enc_heads: int
     dec_heads: int
@@ -281,17 +282,44 @@ class Shape:
                    enc_layers=int(point["enc_layers"]) if "enc_layers" in point else None,
                    dec_layers=layers if layers < whole["dec_layers"] else None)
 
-    def point(self, whole: Mapping[str, int]) -> Dict[str, float]:
-        """The choice point of this shape: heads per stack, and only what it cuts of the rest (`whole`: as
-        of_point's, with the encoder's depth too, "enc_layers")."""
+    @classmethod
+    def of_record(cls, point: Mapping[str, float]) -> "Shape":
+        """The shape of a point as the choice's records keep it: heads per stack, and only what it cuts of the
+        rest (a field absent: kept whole)."""
+        return cls(int(point["enc_heads"]), int(point["dec_heads"]), float(point.get("ffn_percent", 100.0)),
+                   float(point.get("vocab_percent", 100.0)),
+                   enc_layers=int(point["enc_layers"]) if "enc_layers" in point else None,
+                   dec_layers=int(point["dec_layers"]) if "dec_layers" in point else None)
+
+    def record(self) -> Dict[str, float]:
+        """The point of_record reads: heads per stack, a depth where one is given, a share below 100%."""
         point: Dict[str, float] = {"enc_heads": self.enc_heads, "dec_heads": self.dec_heads}
         for name in ("dec_layers", "enc_layers"):
-            if getattr(self, name) not in (None, whole[name]):
+            if getattr(self, name) is not None:
                 point[name] = getattr(self, name)
         for name in ("ffn_percent", "vocab_percent"):
             if getattr(self, name) < 100:
                 point[name] = getattr(self, name)
         return point
+
+    def point(self, whole: Mapping[str, int]) -> Dict[str, float]:
+        """The choice point of this shape: its record without a depth equal to the whole's (`whole`: as
+        of_point's, with the encoder's depth too, "enc_layers")."""
+        return {k: v for k, v in self.record().items() if k not in whole or k.endswith("heads") or v != whole[k]}
+
+    def words(self, mapped: bool = False) -> str:
+        """The shape as the verdict and the card say it: "4/2 heads per stack (encoder/decoder)", or with a depth
+        cut "encoder 4 heads per layer, decoder 3 layers x 2 heads"; ", every FFN at 50% of its units" when
+        narrowed, ", with the vocabulary map" when it ships one (`mapped`)."""
+        ffn = f", every FFN at {self.ffn_percent:g}% of its units" if self.ffn_percent < 100 else ""
+        ffn += ", with the vocabulary map" if mapped else ""
+        if self.dec_layers is None and self.enc_layers is None:
+            return f"{self.enc_heads}/{self.dec_heads} heads per stack (encoder/decoder){ffn}"
+        enc = (f"{self.enc_layers} layers x {self.enc_heads} heads" if self.enc_layers is not None else
+               f"{self.enc_heads} heads per layer")
+        dec = (f"{self.dec_layers} layers x {self.dec_heads} heads" if self.dec_layers is not None else
+               f"{self.dec_heads} heads per layer")
+        return f"encoder {enc}, decoder {dec}{ffn}"
 
     @property
     def label(self) -> str:
@@ -320,15 +348,5 @@ MAP_FIELD = "vocab_map"  # a shape point's flag: it ships (or is timed with) the
 
 
 def shape_words(point: Dict) -> str:
-    """The shape as the verdict and the card say it: "4/2 heads per stack (encoder/decoder)", or with a depth cut
-    "encoder 4 heads per layer, decoder 3 layers x 2 heads"; ", every FFN at 50% of its units" when narrowed, ",
-    with the vocabulary map" when it ships one."""
-    ffn = f", every FFN at {point['ffn_percent']:g}% of its units" if "ffn_percent" in point else ""
-    ffn += ", with the vocabulary map" if point.get(MAP_FIELD) else ""
-    if "dec_layers" not in point and "enc_layers" not in point:
-        return f"{point['enc_heads']}/{point['dec_heads']} heads per stack (encoder/decoder){ffn}"
-    enc = (f"{point['enc_layers']} layers x {point['enc_heads']} heads" if "enc_layers" in point else
-           f"{point['enc_heads']} heads per layer")
-    dec = (f"{point['dec_layers']} layers x {point['dec_heads']} heads" if "dec_layers" in point else
-           f"{point['dec_heads']} heads per layer")
-    return f"encoder {enc}, decoder {dec}{ffn}"
+    """Shape.words of a point as the choice's records keep it (the map: its MAP_FIELD)."""
+    return Shape.of_record(point).words(bool(point.get(MAP_FIELD)))

@@ -6,16 +6,16 @@ on a held-out split of valid, found by bisection."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 from dataclasses import asdict, dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
 from fairseq_headprune.prune import layers, levers, select
-from fairseq_headprune.compress.choice import (KINDS_TIMED, RETIMED_ROUNDS, finalists, fisher_choice,
+from fairseq_headprune.compress.choice import (KINDS_TIMED, RETIMED_ROUNDS, Candidate, finalists, fisher_choice,
                                                fisher_frontier, kept_by_depth, kind, label, moved_levers,
                                                pick_measured, reconstructed_nll, representatives,
                                                retime_candidates, structure_label, timing_verdict)
-from fairseq_headprune.core.shape import Shape, shape_words
 from fairseq_headprune.prune.reconstruct import TeacherTargets
 from fairseq_headprune.prune.shrink import calibrate
 from fairseq_headprune.prune.shrink_options import with_fit
@@ -67,7 +67,8 @@ def gradients(loaded, options):
 
 def build(folder: str, inputs: ChoiceInputs, context: Context, results: Results) -> Choice:
     """The chosen shape with the candidates it was chosen among and the rule that chose it."""
-    loaded, options, log, points = context.loaded, context.options, context.log, copy.deepcopy(inputs.points)
+    loaded, options, log = context.loaded, context.options, context.log
+    points = [Candidate.of(p) for p in copy.deepcopy(inputs.points)]
     timing, rounds = context.timing, context.rounds
     grads, calibration = gradients(loaded, options)
     provenance = {**calibration.provenance(), "data": os.path.abspath(loaded.cfg.task.data)}
@@ -83,17 +84,18 @@ def build(folder: str, inputs: ChoiceInputs, context: Context, results: Results)
         return nll_after_fits(loaded, options, point, calibration, pad, held)
 
     fits = ranked_by_structure(scored, after_fits, log) if options.shape is None else {}
-    mapped = any(p.get(levers.MAP) for p in scored)
+    mapped = any(c.vocab_map for c in scored)
     best, confirmed, timed = confirm(loaded, options, timing, rounds, scored, after_fits, log,
                                      vocab_map=timing_vocab_map(loaded, options, folder) if mapped else None,
                                      fits=fits, trim=context.trim)
     rule = choice_rule(options, scored)
-    log(f"choice: {shape_words(best)}, {timed_words(best)} measured (predicted "
-        f"{best['predicted_speedup']:.2f}x): {rule}"
+    log(f"choice: {best.shape.words(best.vocab_map)}, {timed_words(best.record())} measured (predicted "
+        f"{best.predicted_speedup:.2f}x): {rule}"
         + ("" if confirmed else "; it measured below the target" if options.shape is not None
            else "; none of them measured it: the fastest of them")
         + f" ({calibration.sentences} sentences of '{calibration.subset}')")
-    return Choice.of({"chosen": best, "candidates": [compact(p) for p in scored], "timed": timed,
+    return Choice.of({"chosen": best.record(), "candidates": [compact(c) for c in scored],
+                      "timed": [c.record() for c in timed],
                       "confirmed": confirmed, "levers": moved_levers(scored + timed, levers.stack_sizes(loaded.model)),
                       "layer_order": layer_order, "why": why_words(best, timed, options.speedup),
                       "chosen_by": rule if confirmed or options.shape is not None
@@ -101,28 +103,28 @@ def build(folder: str, inputs: ChoiceInputs, context: Context, results: Results)
                       "calibration": provenance})
 
 
-def quality_points(points: List[Dict], whole: Dict[str, int]) -> List[Dict]:
-    """The points a quality bound's bisection probes: the Fisher frontier compares heads only, so those that
+def quality_points(candidates: List[Candidate], whole: Dict[str, int]) -> List[Candidate]:
+    """The candidates a quality bound's bisection probes: the Fisher frontier compares heads only, so those that
     remove heads and cut no depth or FFN (with --vocab-map every point maps: the map alone shrinks nothing)."""
-    return [p for p in points if "dec_layers" not in p and "ffn_percent" not in p
-            and (p["enc_heads"] < whole["enc_heads"] or p["dec_heads"] < whole["dec_heads"])]
+    return [c for c in candidates if c.shape.dec_layers is None and c.shape.ffn_percent >= 100
+            and (c.shape.enc_heads < whole["enc_heads"] or c.shape.dec_heads < whole["dec_heads"])]
 
 
-def compact(point: Dict) -> Dict:
+def compact(c: Candidate) -> Dict:
     """A candidate as the record keeps it: its shape and scores, without its head spec and kept layers (thousands
     of candidates; the chosen and the timed shapes keep theirs)."""
-    return {k: v for k, v in point.items() if k not in ("heads", "layers_kept")}
+    return {k: v for k, v in c.record().items() if k not in ("heads", "layers_kept")}
 
 
-def choice_rule(options, scored: List[Dict]) -> str:
+def choice_rule(options, scored: List[Candidate]) -> str:
     """The rule that chose, in words (the card's and the log's)."""
     shipped_map = ("; every slice timed with the vocabulary map the model ships (--vocab-map)" if options.vocab_map
                    else "")
     if options.shape is not None:
         return (f"given by --shape {options.shape} (its heads by the Fisher estimate in the kept layers, its "
                 "layers by the calibration loss)" + shipped_map)
-    depths = len({p.get("dec_layers") for p in scored})
-    mapped = any(p.get(levers.MAP) for p in scored)
+    depths = len({c.shape.dec_layers for c in scored})
+    mapped = any(c.vocab_map for c in scored)
     weighed = mapped and not options.vocab_map
     return (f"of the {len(scored)} shapes predicted to reach {options.speedup:g}x (heads per stack at {depths} "
             "decoder depth(s), every FFN at 100, 75, 50 or 25% of its units"
@@ -139,21 +141,21 @@ def choice_rule(options, scored: List[Dict]) -> str:
             + shipped_map)
 
 
-def why_words(best: Dict, timed: List[Dict], target: float) -> str:
+def why_words(best: Candidate, timed: List[Candidate], target: float) -> str:
     """Two sentences: why the winner won, against the finalists it was timed beside."""
     others = [p for p in timed if p is not best]
     cleared = [p for p in others if timing_verdict(p, target) != "missed"]
-    first = (f"{label(best)} measured {timed_words(best)} against the target {target:g}x "
+    first = (f"{label(best)} measured {timed_words(best.record())} against the target {target:g}x "
              f"({timing_verdict(best, target)}), one of {len(timed)} finalists timed as they ship")
-    if "calibration_nll" in best and cleared:
-        runner = min((p for p in cleared if "calibration_nll" in p), key=lambda p: p["calibration_nll"],
+    if best.calibration_nll is not None and cleared:
+        runner = min((p for p in cleared if p.calibration_nll is not None), key=lambda p: p.calibration_nll,
                      default=None)
         second = (f"Of the {len(cleared) + 1} that reached it, it keeps the lowest calibration NLL after the "
-                  f"closed-form fits ({best['calibration_nll']:.4f}"
-                  + (f"; next {label(runner)} at {runner['calibration_nll']:.4f}" if runner else "") + ").")
+                  f"closed-form fits ({best.calibration_nll:.4f}"
+                  + (f"; next {label(runner)} at {runner.calibration_nll:.4f}" if runner else "") + ").")
     elif timing_verdict(best, target) == "missed":
         second = "None of them reached it: it is the fastest."
-    elif cleared and all(p.get("passed_over_for") for p in cleared):
+    elif cleared and all(p.passed_over_for for p in cleared):
         second = f"The {len(cleared)} others that reached it remove all it removes and more: passed over unscored."
     elif cleared:
         second = "The others that reached it did so at the median only, not at their interval's lower end."
@@ -162,8 +164,8 @@ def why_words(best: Dict, timed: List[Dict], target: float) -> str:
     return f"{first}. {second}"
 
 
-def scored_by_depth(loaded, grads, calibration, points: List[Dict],
-                    log: Callable) -> Tuple[List[Dict], Optional[Dict]]:
+def scored_by_depth(loaded, grads, calibration, points: List[Candidate],
+                    log: Callable) -> Tuple[List[Candidate], Optional[Dict]]:
     """fisher_choice at each decoder depth among the points: on the model with the layers shrink's importance
     selection removes (one greedy run down to the shallowest depth, on the same calibration sentences: its
     order gives every depth's layers) and that model's own head-mask gradients (as shrink's head search in
@@ -171,11 +173,11 @@ def scored_by_depth(loaded, grads, calibration, points: List[Dict],
     model, pad = loaded.model, loaded.task.target_dictionary.pad()
     whole = levers.stack_sizes(model)
     full = whole["dec_layers"]
-    groups: Dict[int, List[Dict]] = {}
-    for p in points:
-        groups.setdefault(p.get("dec_layers", full), []).append(p)
+    groups: Dict[int, List[Candidate]] = {}
+    for c in points:
+        groups.setdefault(c.shape.dec_layers or full, []).append(c)
     order, kept = None, {}
-    enc = {p["enc_layers"] for p in points if "enc_layers" in p}  # --shape only: one shape
+    enc = {c.shape.enc_layers for c in points if c.shape.enc_layers is not None}  # --shape only: one shape
     if enc:
         counts = layers.parse_keep_layers(keep_layers_spec(min(groups) if min(groups) < full else None, *enc))
         chosen = layers.select_by_loss(model, counts,
@@ -190,19 +192,20 @@ def scored_by_depth(loaded, grads, calibration, points: List[Dict],
     scored = []
     for depth in sorted(groups, reverse=True):
         cut = remove_layers(copy.deepcopy(model), kept[depth]) if depth in kept else model
-        removes = any(p["enc_heads"] < whole["enc_heads"] or p["dec_heads"] < whole["dec_heads"]
-                      for p in groups[depth])
+        removes = any(c.shape.enc_heads < whole["enc_heads"] or c.shape.dec_heads < whole["dec_heads"]
+                      for c in groups[depth])
         own = grads if cut is model else (select.sentence_gradients(cut, calibration.samples, pad)
                                           if removes else {})
         out = fisher_choice(cut, own, groups[depth])
         if depth in kept:
-            for p in out:
-                p["layers_kept"] = kept[depth]
+            for c in out:
+                c.layers_kept = kept[depth]
         scored += out
     return scored, order
 
 
-def ranked_by_structure(scored: List[Dict], after_fits: Callable[[Dict], float], log: Callable) -> Dict[str, float]:
+def ranked_by_structure(scored: List[Candidate], after_fits: Callable[[Candidate], float],
+                        log: Callable) -> Dict[str, float]:
     """Each point's `kind_nll` (when several structures compete): the calibration NLL after shrink's closed-form
     fits (`after_fits`: nll_after_fits, the pick's measure) of its structure's first shape
     (choice.representatives). An NLL before any fit ranked the depths by their heads alone: a deeper decoder with
@@ -218,14 +221,15 @@ def ranked_by_structure(scored: List[Dict], after_fits: Callable[[Dict], float],
         log(f"choice: {label(first)} comes first of its structure's "
             f"{sum(kind(p)[:2] == structure for p in scored)} shapes: calibration NLL after the closed-form fits "
             f"{nll[structure]:.4f}")
-    for p in scored:
-        p["kind_nll"] = nll[kind(p)[:2]]
+    for c in scored:
+        c.kind_nll = nll[kind(c)[:2]]
     return {structure_label(first): nll[structure] for structure, first in firsts.items()}
 
 
-def confirm(loaded, options, timing, rounds: int, scored: List[Dict], after_fits: Callable[[Dict], float],
-            log: Callable, vocab_map: Optional[str] = None, fits: Optional[Dict[str, float]] = None,
-            trim: Optional[Dict[str, float]] = None) -> Tuple[Dict, bool, List[Dict]]:
+def confirm(loaded, options, timing, rounds: int, scored: List[Candidate],
+            after_fits: Callable[[Candidate], float], log: Callable, vocab_map: Optional[str] = None,
+            fits: Optional[Dict[str, float]] = None,
+            trim: Optional[Dict[str, float]] = None) -> Tuple[Candidate, bool, List[Candidate]]:
     """The finalists (choice.finalists: the first shape of each kind of cut of the structures that rank first, and
     the fastest) timed as slices of the shape that ships in one interleaved run (a point with the map decodes with
     `vocab_map`, as the model built will); then, in at most RETIMED_ROUNDS more runs, the next shape of each kind
@@ -234,19 +238,19 @@ def confirm(loaded, options, timing, rounds: int, scored: List[Dict], after_fits
     depths, head counts and FFN widths, where the Fisher estimates of different cut models are not; those `fits`
     holds by structure_label, the structures' ranking computed, reused); none clearing it, the fastest timed. Every
     slice takes `trim` ({"vocab_percent": P}: as many target words as --keep-vocab keeps)."""
-    target, whole = options.speedup, levers.stack_sizes(loaded.model)
+    target = options.speedup
     batch = list(scored) if options.shape is not None else finalists(scored)
-    timed: List[Dict] = []
+    timed: List[Candidate] = []
     for _ in range(1 + RETIMED_ROUNDS):
-        shapes = {label(p): Shape.of_point({**p, **(trim or {})}, whole) for p in batch}
+        shapes = {label(c): dataclasses.replace(c.shape, **(trim or {})) for c in batch}
         measured = levers.time_shapes(loaded, options.engine, timing, rounds, shapes, log, vocab_map=vocab_map,
-                                      mapped=[label(p) for p in batch if p.get(levers.MAP)],
+                                      mapped=[label(c) for c in batch if c.vocab_map],
                                       threads=options.deploy_threads)
-        for p in batch:
-            p["measured_speedup"] = measured["speedup"][label(p)]
-            p["measured_interval"] = measured["interval"][label(p)]
-            p["verdict"] = timing_verdict(p, target)
-            p["timing_load"] = measured["load_average"]
+        for c in batch:
+            c.measured_speedup = measured["speedup"][label(c)]
+            c.measured_interval = measured["interval"][label(c)]
+            c.verdict = timing_verdict(c, target)
+            c.timing_load = measured["load_average"]
         if (measured["load_average"] or 0.0) > levers.LOADED:
             log(f"choice: timed under a 1-minute load average of {measured['load_average']:.1f} (another "
                 "CPU-bound process beside the timing): slices time lower under load, and the shape taken "
@@ -261,24 +265,25 @@ def confirm(loaded, options, timing, rounds: int, scored: List[Dict], after_fits
     best, confirmed = pick_measured(timed, options.speedup,
                                     lambda p: (fits or {}).get(structure_label(p)) or after_fits(p))
     log("choice: timed " + ", ".join(
-        f"{label(p)} {timed_words(p)}" + (f" (calibration NLL after the closed-form fits "
-                                          f"{p['calibration_nll']:.4f})" if "calibration_nll" in p else "")
-        for p in timed))
+        f"{label(c)} {timed_words(c.record())}" + (f" (calibration NLL after the closed-form fits "
+                                                   f"{c.calibration_nll:.4f})" if c.calibration_nll is not None
+                                                   else "")
+        for c in timed))
     return best, confirmed, timed
 
 
-def nll_after_fits(loaded, options, point: Dict, calibration, pad: int,
+def nll_after_fits(loaded, options, candidate: Candidate, calibration, pad: int,
                    held: Optional[TeacherTargets] = None) -> float:
     """A shape's calibration NLL after shrink's closed-form fits (choice.reconstructed_nll) with this run's
     shrink options: what the pick compares (benchmarks/nll_vs_recovery.py reads it too). `held`: the unpruned
     model's targets on the calibration (reconstruct.TeacherTargets), shared by every shape the choice fits."""
-    fits = with_fit(shrink_options(options, point["heads"], point.get("dec_layers"),
-                                   point.get("ffn_percent", 100.0), point.get("enc_layers")),
+    shape = candidate.shape
+    fits = with_fit(shrink_options(options, candidate.heads, shape.dec_layers, shape.ffn_percent, shape.enc_layers),
                     window=WindowOptions(steps=0))
-    return reconstructed_nll(loaded.model, point, calibration, fits, pad, held)
+    return reconstructed_nll(loaded.model, candidate, calibration, fits, pad, held)
 
 
-def by_quality(folder: str, loaded, options, scored: List[Dict], provenance: Dict, log: Callable) -> Dict:
+def by_quality(folder: str, loaded, options, scored: List[Candidate], provenance: Dict, log: Callable) -> Dict:
     """The fastest shape on the (speed, Fisher estimate) frontier whose shrunk model (before recovery) loses at
     most --max-bleu-loss BLEU (or --max-chrf-loss chrF) on the held-out split of valid, in the engine: a bisection
     along the frontier (the loss falls as the shapes get slower), each probe a shrink with the full recipe and one
@@ -290,27 +295,27 @@ def by_quality(folder: str, loaded, options, scored: List[Dict], provenance: Dic
         f"(subset '{HELDOUT}'), {split['valid'][0]}-{split['valid'][1] - 1} early-stop the recovery")
     frontier = fisher_frontier(scored)
     base = heldout_score(loaded, options.engine, data, loaded.checkpoint, os.path.join(folder, "unpruned"), metric)
-    probes: Dict[str, Dict] = {}
+    probes: Dict[str, Candidate] = {}
 
     def loss(i: int) -> float:
-        point = frontier[i]
-        name = label(point).replace("/", "-")
+        c = frontier[i]
+        name = label(c).replace("/", "-")
         if name not in probes:
             cand = os.path.join(folder, "candidates", name)
             os.makedirs(cand, exist_ok=True)
-            shrunk = shrink_heads(cand, loaded, options, point["heads"])
+            shrunk = shrink_heads(cand, loaded, options, c.heads)
             score = heldout_score(loaded, options.engine, data, shrunk["checkpoint"], os.path.join(cand, "decode"),
                                   metric)
-            probes[name] = {**point, "heldout_score": score, "heldout_loss": round(base - score, 2),
-                            "shrunk": shrunk}
-            log(f"choice: {label(point)} (predicted {point['predicted_speedup']:.2f}x) loses "
+            probes[name] = dataclasses.replace(c, heldout_score=score, heldout_loss=round(base - score, 2),
+                                               shrunk=shrunk)
+            log(f"choice: {label(c)} (predicted {c.predicted_speedup:.2f}x) loses "
                 f"{base - score:.2f} {metric} on '{HELDOUT}' before recovery")
-        return probes[name]["heldout_loss"]
+        return probes[name].heldout_loss
 
     lo, hi = 0, len(frontier) - 1  # the first (fastest) index within the bound; the loss falls with the index
     if loss(hi) > bound:
         raise UserError(f"{o.target}: even the mildest shape, {label(frontier[hi])}, "
-                        f"loses {probes[label(frontier[hi]).replace('/', '-')]['heldout_loss']:.2f} {metric} on the "
+                        f"loses {probes[label(frontier[hi]).replace('/', '-')].heldout_loss:.2f} {metric} on the "
                         "held-out split before recovery; give a larger bound, or --speedup")
     while lo < hi:
         mid = (lo + hi) // 2
@@ -319,11 +324,12 @@ def by_quality(folder: str, loaded, options, scored: List[Dict], provenance: Dic
         else:
             lo = mid + 1
     best = probes[label(frontier[lo]).replace("/", "-")]
-    log(f"choice: {shape_words(best)}, predicted "
-        f"{best['predicted_speedup']:.2f}x, "
+    log(f"choice: {best.shape.words(best.vocab_map)}, predicted "
+        f"{best.predicted_speedup:.2f}x, "
         f"the fastest of {len(frontier)} frontier shapes within {bound:g} {metric} on '{HELDOUT}' "
         f"({len(probes)} shrunk and decoded)")
-    return {"chosen": best, "candidates": scored, "frontier": frontier, "probes": list(probes.values()),
+    return {"chosen": best.record(), "candidates": [c.record() for c in scored],
+            "frontier": [c.record() for c in frontier], "probes": [c.record() for c in probes.values()],
             "heldout_unpruned": base, "metric": metric, "split": split, "data": data,
             "chosen_by": f"the fastest shape of the frontier (predicted speed against the Fisher estimate) whose "
                          f"shrunk model, before recovery, loses at most {bound:g} {metric} in {o.engine} on "

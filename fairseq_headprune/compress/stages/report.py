@@ -73,7 +73,7 @@ def heldout_result(loaded, options, choice: Choice, checkpoint: str, folder: str
     bound = options.quality_bound()[1]
     return {"metric": metric, "unpruned": before, "compressed": after, "loss": loss,
             "delta_interval": [round(low, 2), round(high, 2)], "verdict": quality_verdict(loss, -low, bound),
-            "loss_before_recovery": choice.chosen["heldout_loss"], "sentences": choice.split}
+            "loss_before_recovery": choice.chosen.heldout_loss, "sentences": choice.split}
 
 
 def quality_verdict(loss: float, worst: float, bound: float) -> str:

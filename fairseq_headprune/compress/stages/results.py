@@ -8,7 +8,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
-from fairseq_headprune.prune import levers
+from fairseq_headprune.compress.choice import Candidate
 
 
 @dataclass(frozen=True)
@@ -34,10 +34,10 @@ class CostTable(StageResult):
 
 @dataclass(frozen=True)
 class Choice(StageResult):
-    """The chosen shape's point (its heads, kept layers, FFN share, the map, its predicted and measured speed);
-    with --max-bleu-loss, the held-out split of valid it was chosen on (`data`, `split`), its metric and the
-    unpruned model's score there."""
-    chosen: Dict
+    """The chosen candidate (compress.choice.Candidate: its shape and map, its heads and kept layers, its predicted
+    and measured speed); with --max-bleu-loss, the held-out split of valid it was chosen on (`data`, `split`), its
+    metric and the unpruned model's score there."""
+    chosen: Candidate
     data: Optional[str] = None
     split: Optional[Dict] = None
     metric: Optional[str] = None
@@ -45,7 +45,7 @@ class Choice(StageResult):
 
     @classmethod
     def of(cls, record: Dict) -> "Choice":
-        choice = super().of(record)
+        choice = dataclasses.replace(super().of(record), chosen=Candidate.of(record["chosen"]))
         if not choice.data:
             return choice
         unpruned = choice.heldout_unpruned  # (choices recorded before --max-chrf-loss: BLEU, under another name)
@@ -56,12 +56,12 @@ class Choice(StageResult):
     @property
     def maps(self) -> bool:
         """Whether the chosen shape ships the vocabulary map."""
-        return bool(self.chosen.get(levers.MAP))
+        return self.chosen.vocab_map
 
     @property
     def shrunk(self) -> Optional[Dict]:
         """The choice's own shrink of the chosen heads (--max-bleu-loss's probe), with the shrink stage's options."""
-        return self.chosen.get("shrunk")
+        return self.chosen.shrunk
 
 
 @dataclass(frozen=True)

@@ -32,8 +32,8 @@ class ShrinkInputs(Inputs):
 
 def inputs(context: Context, results: Results) -> ShrinkInputs:
     chosen = results["choice"].chosen
-    return ShrinkInputs(settings(context.loaded, context.options), chosen["heads"], chosen.get("layers_kept"),
-                        chosen.get("ffn_percent"))
+    narrowed = chosen.shape.ffn_percent if chosen.shape.ffn_percent < 100 else None
+    return ShrinkInputs(settings(context.loaded, context.options), chosen.heads, chosen.layers_kept, narrowed)
 
 
 def build(folder: str, inputs: ShrinkInputs, context: Context, results: Results) -> Shrunk:
