@@ -67,7 +67,7 @@ def ctrl_c_as_at_a_terminal() -> None:
 
 def test_ctrl_c_ends_compress_in_one_line_and_the_same_command_resumes(tiny_data, stock_checkpoint, tmp_path):
     out, cache = tmp_path / "out", tmp_path / "cache"
-    argv = [str(a) for a in compress_argv(tiny_data, stock_checkpoint, out, cache, "--max-len-b", "60")]
+    argv = [str(a) for a in compress_argv(tiny_data, stock_checkpoint, out, cache, "--stop-after", "choice")]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     command = Path(sys.executable).parent / "fairseq-headprune"
     proc = subprocess.Popen([str(command), *argv[1:]], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

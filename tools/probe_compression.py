@@ -366,7 +366,7 @@ def _compress_interrupted(p: Probe) -> str:
 
     out = p.folder("interrupted") / "out"
     argv = ["compress", p.data, "--path", p.checkpoint, "--out", out, "--speedup", "1.2", *COMPRESS,
-            "--cost-cache", p.work / "cost-cache-interrupted", "--max-len-b", "60"]  # (no export check at the limit)
+            "--cost-cache", p.work / "cost-cache-interrupted", "--stop-after", "choice"]
     command = Path(sys.executable).parent / "fairseq-headprune"
     proc = subprocess.Popen([str(command), *map(str, argv)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
