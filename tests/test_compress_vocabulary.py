@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from conftest import run
+from fairseq_headprune.prune import vocabulary as prune_vocabulary
 from test_compress import compress_argv
 
 LINES = 60  # of train's pairs whose tokens are kept: a share of the tiny dictionary, not all of it
@@ -25,13 +26,17 @@ def _symbols(path: Path):
     return [line.split()[0] for line in path.read_text(encoding="utf-8").splitlines()]
 
 
-def test_the_trimmed_vocabulary_is_timed_predicted_shipped_and_scored(tiny_data, stock_checkpoint, tmp_path):
+def test_the_trimmed_vocabulary_is_timed_predicted_shipped_and_scored(tiny_data, stock_checkpoint, tmp_path,
+                                                                     monkeypatch):
     corpora = [_part(tiny_data / f"train.bpe.{lang}", tmp_path / f"part.{lang}") for lang in ("de", "en")]
     out, cache = tmp_path / "out", tmp_path / "cache"
     argv = compress_argv(tiny_data, stock_checkpoint, out, cache, "--beam", "1", "--shape", "3/2x1",
                          "--budget-epochs", "0", "--recover-args", "", "--keep-vocab", *corpora,
                          target=("--speedup", "1.2"))
+    reads, read = [], prune_vocabulary.corpus_of_file
+    monkeypatch.setattr(prune_vocabulary, "corpus_of_file", lambda path: reads.append(path) or read(path))
     printed = run(argv).stdout
+    assert sorted(reads) == sorted(map(str, corpora))  # each corpus read once: preflight, plan, export alike
     record = json.loads((out / "compress.json").read_text())
     exported = record["stages"]["export"]
     vocabulary = exported["vocabulary"]

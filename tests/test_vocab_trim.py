@@ -472,3 +472,17 @@ def test_bad_input_is_one_line_before_any_work(stock_checkpoint, tiny_data, tmp_
                 "--speedup", "1.2", "--beam", "1"], check=False)
     assert proc.returncode == 2 and "the recovery trains on DATA" in proc.stderr.strip().splitlines()[-1], proc.stderr
     assert not (tmp_path / "small").exists()
+
+
+def test_a_corpus_is_read_once_while_it_stays_as_it_was(tmp_path, monkeypatch):
+    from fairseq_headprune.prune import vocabulary
+
+    reads, read = [], vocabulary.corpus_of_file
+    monkeypatch.setattr(vocabulary, "corpus_of_file", lambda path: reads.append(path) or read(path))
+    corpus = tmp_path / "part.de"
+    corpus.write_text("ein Hund\n", encoding="utf-8")
+    first = vocabulary.read_corpus(str(corpus))
+    assert vocabulary.read_corpus(str(corpus)) is first and len(reads) == 1
+    corpus.write_text("eine Katze läuft\n", encoding="utf-8")  # changed: read again
+    again = vocabulary.read_corpus(str(corpus))
+    assert len(reads) == 2 and again.types == {"eine", "Katze", "läuft"} and again.sha256 != first.sha256

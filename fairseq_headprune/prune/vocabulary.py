@@ -18,6 +18,7 @@ the dictionaries stock fairseq builds the trimmed model's vocabulary from.
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import json
 import os
@@ -75,9 +76,23 @@ class Corpus:
 
 
 def read_corpus(path: str) -> Corpus:
-    """The corpus's token types (fairseq's whitespace split); missing, empty or not UTF-8: one line."""
+    """The corpus's token types (fairseq's whitespace split); missing, empty or not UTF-8: one line. A file is read
+    once per process while it stays as it was (the same file, size and modification time): compress checks it
+    before the first stage, plans with it, holds its digest in the export's identity and trims to it."""
     if not os.path.isfile(path):
         raise UserError(f"--keep-vocab {path}: no such file")
+    stat = os.stat(path)
+    return _read_once(path, os.path.abspath(path), stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _read_once(path: str, *_state) -> Corpus:
+    """corpus_of_file, remembered by the file's state (a refusal is not remembered: it raises)."""
+    return corpus_of_file(path)
+
+
+def corpus_of_file(path: str) -> Corpus:
+    """The corpus read from its file, every line (read_corpus remembers it)."""
     digest, types, lines, tokens = hashlib.sha256(), set(), 0, 0
     with open(path, "rb") as f:
         for raw in f:

@@ -15,11 +15,10 @@ from fairseq_headprune.prune.export import ExportOptions, export
 from fairseq_headprune.prune.shrink import trim_only
 from fairseq_headprune.prune.vocab_map import VocabMapBound, VocabMapOptions
 from fairseq_headprune.prune.vocab_trim import companions, describe, hypothesis_changes, plan_for
-from fairseq_headprune.prune.vocabulary import read_corpora
+from fairseq_headprune.prune.vocabulary import read_corpora, read_corpus
 from fairseq_headprune.decoding.evaluate import SubsetEvaluator
 from fairseq_headprune.engines.engine_model import QUANTIZATION
 from fairseq_headprune.fairseq_io.loading import load_other
-from fairseq_headprune.records.identity import file_sha256
 
 
 @dataclass(frozen=True)
@@ -47,8 +46,9 @@ def key(options) -> ExportInputs:
     vocabulary, mapped = options.vocabulary, options.vocab_map
     return ExportInputs(options.engine, options.check_sentences,
                         asdict(options.vocab_map_options) if mapped else None,
-                        {"corpora": [file_sha256(path) for path in vocabulary.corpora], "floor": vocabulary.floor,
-                         "check_on": options.calibration_subset} if vocabulary.corpora else None,
+                        {"corpora": [read_corpus(path).sha256 for path in vocabulary.corpora],
+                         "floor": vocabulary.floor, "check_on": options.calibration_subset}
+                        if vocabulary.corpora else None,
                         asdict(options.vocab_map_bound) if mapped else None)
 
 
