@@ -175,9 +175,8 @@ def choice_rank(c: Candidate) -> Tuple[float, float, float]:
 def removes_more(c: Candidate, other: Candidate) -> bool:
     """`c` removes all `other` removes and more: no more heads kept in either stack, no more decoder layers (a
     depth's layers are nested in the deeper ones': one greedy order), no more FFN units, and not the same shape."""
-    mine, theirs = ([v if v is not None else math.inf for v in (x.shape.enc_heads, x.shape.dec_heads,
-                                                                 x.shape.dec_layers, x.shape.ffn_percent,
-                                                                 x.shape.enc_layers)] for x in (c, other))
+    mine, theirs = ([math.inf if getattr(x.shape, f) is None else getattr(x.shape, f) for f in SHAPE_FIELDS]
+                    for x in (c, other))
     return mine != theirs and all(m <= t for m, t in zip(mine, theirs))
 
 

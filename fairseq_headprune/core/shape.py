@@ -305,7 +305,7 @@ class Shape:
     def point(self, whole: Mapping[str, int]) -> Dict[str, float]:
         """The choice point of this shape: its record without a depth equal to the whole's (`whole`: as
         of_point's, with the encoder's depth too, "enc_layers")."""
-        return {k: v for k, v in self.record().items() if k not in whole or k.endswith("heads") or v != whole[k]}
+        return {k: v for k, v in self.record().items() if k not in ("dec_layers", "enc_layers") or v != whole[k]}
 
     def words(self, mapped: bool = False) -> str:
         """The shape as the verdict and the card say it: "4/2 heads per stack (encoder/decoder)", or with a depth
