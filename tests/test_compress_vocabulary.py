@@ -67,6 +67,9 @@ def test_the_trimmed_vocabulary_is_timed_predicted_shipped_and_scored(tiny_data,
     assert f"| vocabulary (one table for both sides) | {before:,} | {after:,} |" in card
     assert "The vocabulary was trimmed after the recovery to what the deployment needs (`--keep-vocab`)" in card
     assert "the embeddings and output layer keep the vocabulary below" in card
+    memory = vocabulary["memory"]
+    mib = [memory[f"ct2_float32_weight_bytes_{side}"] / 2**20 for side in ("after", "before")]
+    assert f"Its weights take {mib[0]:.2f} MiB in a float32 CTranslate2 model against {mib[1]:.2f} MiB" in card
     # the check sentences' hypotheses: how many changed, each with its cause
     changes = vocabulary["hypotheses"]
     assert changes["subset"] == "valid" and changes["sentences"] == 16

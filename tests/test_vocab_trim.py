@@ -231,7 +231,8 @@ def test_bilingual_trim_loads_in_stock_fairseq_and_ctranslate2_and_changes_only_
     assert [c["sha256"] for c in record["corpora"]] == [hashlib.sha256(p.read_bytes()).hexdigest() for p in corpora]
     memory = record["memory"]
     assert memory["parameters_after"] < memory["parameters_before"]
-    assert memory["ct2_float32_bytes_after"] < memory["ct2_float32_bytes_before"]
+    assert memory["ct2_float32_weight_bytes_after"] < memory["ct2_float32_weight_bytes_before"]
+    assert not list(tmp_path.rglob(".ct2-*")) and not list(model_dir.glob("*.bin"))  # sized from the spec alone
     assert record["check"]["sentences_checked"] > 0 and record["check"]["max_logit_diff"] <= 1e-4
     state = torch.load(model_dir / "model.pt", map_location="cpu", weights_only=False)
     assert state["cfg"]["model"].arch == "transformer"  # the source's architecture: stock fairseq builds it
@@ -244,6 +245,10 @@ def test_bilingual_trim_loads_in_stock_fairseq_and_ctranslate2_and_changes_only_
     sources = [line.split() for line in (tiny_data / "test.bpe.de").read_text(encoding="utf-8").splitlines()]
     _compare_engines("bilingual", (tiny_data, bilingual), (data, model_dir / "model.pt"), tmp_path, sources,
                      (source_kept, target_kept))
+    # the weights' bytes are those of the float32 models export-ct2 writes, less the names and shapes of each weight
+    for folder, side in (("ct2-full", "before"), ("ct2-trim", "after")):
+        written, weights = (tmp_path / folder / "model.bin").stat().st_size, memory[f"ct2_float32_weight_bytes_{side}"]
+        assert 0 < written - weights < 16 * 1024, (folder, written, weights)
     # fairseq-interactive with the trimmed model's folder as its data folder, on tokenized text
     lines = (tiny_data / "test.bpe.de").read_text(encoding="utf-8").splitlines(keepends=True)[:3]
     proc = run(["fairseq-interactive", model_dir, "--path", model_dir / "model.pt", "-s", "de", "-t", "en", "--beam",
@@ -486,3 +491,13 @@ def test_a_corpus_is_read_once_while_it_stays_as_it_was(tmp_path, monkeypatch):
     corpus.write_text("eine Katze läuft\n", encoding="utf-8")  # changed: read again
     again = vocabulary.read_corpus(str(corpus))
     assert len(reads) == 2 and again.types == {"eine", "Katze", "läuft"} and again.sha256 != first.sha256
+
+
+def test_a_record_sized_on_disk_before_is_still_described_as_it_was_measured():
+    from fairseq_headprune.prune.vocab_trim import ct2_sizes
+
+    old = {"ct2_float32_bytes_before": 2 * 2**20, "ct2_float32_bytes_after": 2**20}
+    assert ct2_sizes(old) == (2.0, 1.0, "on disk")
+    assert ct2_sizes({"ct2_float32_weight_bytes_before": 3 * 2**20, "ct2_float32_weight_bytes_after": 2**20}) == (
+        3.0, 1.0, "weights")
+    assert ct2_sizes({"ct2_float32_weight_bytes_before": None, "ct2_not_measured": "no spec"}) is None

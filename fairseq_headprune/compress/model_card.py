@@ -12,7 +12,7 @@ from fairseq_headprune.prune import levers
 from fairseq_headprune.core.shape import shape_words
 from fairseq_headprune.engines.timing import interval_words, target_verdict
 from fairseq_headprune.prune.recovery_config import DEFAULT_DISTILL
-from fairseq_headprune.prune.vocab_trim import changes_words
+from fairseq_headprune.prune.vocab_trim import changes_words, ct2_sizes
 
 
 USE_FAIRSEQ = ("`model.pt` is the pruned fairseq checkpoint: it loads with `fairseq-generate --user-dir "
@@ -157,9 +157,12 @@ def vocabulary_line(vocabulary: Optional[Dict], options: Dict) -> Optional[str]:
     checked = (f" The kept tokens' logits equal the recovered model's on {check['sentences_checked']} of "
                f"{check['sentences']} check sentences (those using kept tokens only; largest difference "
                f"{check['max_logit_diff']:.1e})." if check else "")
-    size = (f" A float32 CTranslate2 model of it takes {memory['ct2_float32_bytes_after'] / 2**20:.2f} MiB on disk "
-            f"against {memory['ct2_float32_bytes_before'] / 2**20:.2f} MiB untrimmed."
-            if memory.get("ct2_float32_bytes_before") else "")
+    sizes = ct2_sizes(memory)
+    size = ("" if not sizes else
+            f" Its weights take {sizes[1]:.2f} MiB in a float32 CTranslate2 model against {sizes[0]:.2f} MiB "
+            "untrimmed." if sizes[2] == "weights" else
+            f" A float32 CTranslate2 model of it takes {sizes[1]:.2f} MiB on disk against {sizes[0]:.2f} MiB "
+            "untrimmed.")
     changes = vocabulary.get("hypotheses")
     changed = (f" Of the first {changes['sentences']} sentences of '{changes['subset']}', decoded in fairseq by "
                f"both, {changes['changed']} hypotheses changed ({changes_words(changes)})." if changes else "")

@@ -250,3 +250,11 @@ def write_model(spec, folder: str, quantization: Optional[str], vocab_map: Optio
     spec.optimize(quantization=quantization or "float32")
     os.makedirs(folder)
     spec.save(folder)
+
+
+def float32_weight_bytes(spec) -> int:
+    """The bytes of the spec's weights as CTranslate2 stores them in float32 (a table shared by several layers
+    once), read from the spec: nothing is written. A saved model.bin adds the weights' names and shapes."""
+    spec.validate()
+    spec.optimize(quantization="float32")
+    return sum(value.num_bytes() for _, value in spec.variables(ordered=True) if not isinstance(value, str))

@@ -533,7 +533,7 @@ def write_checkpoint(loaded, result: ShrinkResult, calibration: Calibration, opt
         log(f"check: identical hypotheses on {check['sentences_checked']} calibration sentences, "
             f"max logit difference {check['max_logit_diff']:.1e}")
     if plan is not None:
-        pruned, vocabulary = trim_and_check(loaded, pruned, plan, samples if options.check else None, out)
+        pruned, vocabulary = trim_and_check(loaded, pruned, plan, samples if options.check else None)
         log(describe(vocabulary))
     state = pruned_checkpoint_state(pruned, loaded.checkpoint)
     if plan is not None:
@@ -584,7 +584,7 @@ def trim_only(loaded, options: ShrinkOptions, plan: VocabularyPlan, out: str, js
                                          options.check_sentences or options.calibration_sentences,
                                          loaded.cfg.dataset.max_tokens, options.calibration_seed)
     with head_masks(loaded.model, []):  # the loaded model unmasked; its masks restored after
-        model, vocabulary = trim_and_check(loaded, loaded.model, plan, samples, out)
+        model, vocabulary = trim_and_check(loaded, loaded.model, plan, samples)
     log(describe(vocabulary))
     state = note_in_state(weights_state(model, loaded.checkpoint), plan)
     state["model"] = in_dtypes(state["model"], source_dtypes(loaded.checkpoint))

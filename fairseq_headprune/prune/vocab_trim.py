@@ -1,5 +1,5 @@
 """A loaded model trimmed to a vocabulary plan (prune.vocabulary): the rows removed (core.surgery.trim_vocabulary),
-checked against the untrimmed model, measured (parameters, a float32 CTranslate2 model's bytes on disk), and noted
+checked against the untrimmed model, measured (parameters, a float32 CTranslate2 model's weights in bytes), and noted
 in the checkpoint it is written as, beside its dictionaries.
 
 The check runs both models teacher-forced on sentences whose source and target tokens are all kept (their ids
@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import copy
 import os
-import tempfile
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
 from torch import nn
 
 from fairseq_headprune.core.surgery import trim_vocabulary
-from fairseq_headprune.engines.ct2_spec import build_spec, write_model
+from fairseq_headprune.engines.ct2_spec import build_spec, float32_weight_bytes
 from fairseq_headprune.errors import UserError
 from fairseq_headprune.fairseq_io.loading import load_subset
 from fairseq_headprune.prune.vocabulary import Corpus, VocabularyPlan, plan_record, plan_vocabulary
@@ -151,30 +150,35 @@ def parameters(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def ct2_bytes(model, source_dictionary, target_dictionary, activation: str, folder: str) -> Tuple[Optional[int], str]:
-    """The bytes on disk of the model written as a float32 CTranslate2 model (in a temporary folder under `folder`,
-    removed after), or None and why it cannot be written."""
+def ct2_weight_bytes(model, source_dictionary, target_dictionary, activation: str) -> Tuple[Optional[int], str]:
+    """The bytes of the model's weights as a float32 CTranslate2 model (its spec, never written), or None and why
+    CTranslate2 cannot take the model."""
     try:
         spec = build_spec(model, source_dictionary, target_dictionary, activation)
     except (UserError, ImportError) as e:
         return None, str(e)
-    with tempfile.TemporaryDirectory(dir=folder, prefix=".ct2-size-") as tmp:
-        target = os.path.join(tmp, "model")
-        write_model(spec, target, None)
-        return sum(os.path.getsize(os.path.join(target, name)) for name in os.listdir(target)), ""
+    return float32_weight_bytes(spec), ""
 
 
-def measure(before, after, loaded, plan: VocabularyPlan, out: str) -> Dict:
-    """Parameters and float32 CTranslate2 bytes of the source model and of the trimmed one."""
+def measure(before, after, loaded, plan: VocabularyPlan) -> Dict:
+    """Parameters and float32 CTranslate2 weight bytes of the source model and of the trimmed one."""
     activation = getattr(loaded.saved_cfg.model, "activation_fn", None) or "relu"
-    folder = os.path.dirname(os.path.abspath(out))
-    size_before, why = ct2_bytes(before, loaded.task.source_dictionary, loaded.task.target_dictionary, activation,
-                                 folder)
-    size_after, _ = ct2_bytes(after, plan.source.dictionary, plan.target.dictionary, activation, folder) \
+    size_before, why = ct2_weight_bytes(before, loaded.task.source_dictionary, loaded.task.target_dictionary,
+                                        activation)
+    size_after, _ = ct2_weight_bytes(after, plan.source.dictionary, plan.target.dictionary, activation) \
         if size_before is not None else (None, why)
     return {"parameters_before": parameters(before), "parameters_after": parameters(after),
-            "ct2_float32_bytes_before": size_before, "ct2_float32_bytes_after": size_after,
+            "ct2_float32_weight_bytes_before": size_before, "ct2_float32_weight_bytes_after": size_after,
             **({"ct2_not_measured": why} if size_before is None else {})}
+
+
+def ct2_sizes(memory: Dict) -> Optional[Tuple[float, float, str]]:
+    """(MiB before, MiB after, what they count) of a record's `memory`: the float32 weights, or a folder on disk in
+    a record written before the sizes were read from the spec; None where CTranslate2 could not take the model."""
+    for key, what in (("ct2_float32_weight_bytes", "weights"), ("ct2_float32_bytes", "on disk")):
+        if memory.get(f"{key}_before") is not None:
+            return memory[f"{key}_before"] / 2**20, memory[f"{key}_after"] / 2**20, what
+    return None
 
 
 def cfg_record(plan: VocabularyPlan) -> Dict:
@@ -203,9 +207,9 @@ def describe(record: Dict) -> str:
              f"source {source['before']:,} -> {source['after']:,}, target {target['before']:,} -> "
              f"{target['after']:,} symbols")
     m = record["memory"]
-    size = (f"; CTranslate2 float32 {m['ct2_float32_bytes_before'] / 2**20:.2f} MiB -> "
-            f"{m['ct2_float32_bytes_after'] / 2**20:.2f} MiB" if m["ct2_float32_bytes_before"] is not None else
-            f"; CTranslate2 not measured ({m['ct2_not_measured']})")
+    sizes = ct2_sizes(m)
+    size = (f"; CTranslate2 float32 {sizes[2]} {sizes[0]:.2f} MiB -> {sizes[1]:.2f} MiB" if sizes else
+            f"; CTranslate2 not measured ({m.get('ct2_not_measured', 'no size recorded')})")
     check = record.get("check")
     checked = ("" if check is None else f"\ncheck: the kept tokens' logits equal on {check['sentences_checked']} of "
                f"{check['sentences']} sentences (those using kept tokens only), max difference "
@@ -232,10 +236,9 @@ def companions(plan: VocabularyPlan, out: str) -> Dict[str, str]:
     return {os.path.join(folder, name): text for name, text in plan.files.items()}
 
 
-def trim_and_check(loaded, model, plan: VocabularyPlan, samples: Optional[Sequence[dict]], out: str) -> Tuple[
-        object, Dict]:
+def trim_and_check(loaded, model, plan: VocabularyPlan, samples: Optional[Sequence[dict]]) -> Tuple[object, Dict]:
     """`model` (the loaded one, or its pruned copy) trimmed to the plan, checked against it on `samples` (None:
     not checked), measured against the loaded model; and the record's `vocabulary` entry."""
     after = trimmed(model, plan)
     check = check_trimmed(model, after, samples, plan) if samples is not None else None
-    return after, {**plan_record(plan), "check": check, "memory": measure(loaded.model, after, loaded, plan, out)}
+    return after, {**plan_record(plan), "check": check, "memory": measure(loaded.model, after, loaded, plan)}
