@@ -358,6 +358,12 @@ def test_a_target_only_the_ffn_reaches_narrows_every_ffn_by_its_mask_fisher_unit
     record = json.loads(path.read_text())
     assert {r["value"] for r in record["result"]["rows"] if r["field"] == "ffn_percent"} == {75.0, 50.0, 25.0}
     assert any(r["field"] == "vocab_map" for r in record["result"]["rows"])  # weighed: its row measured
+    # a BLEU bound does not weigh the map: the table this run cached serves it, the map's row dropped
+    printed = run(compress_argv(tiny_data, stock_checkpoint, tmp_path / "bound", cache, *beam, "--stop-after",
+                                "cost-table", target=("--max-bleu-loss", "0.5"))).stdout
+    assert "measured before on this machine with the vocabulary map's row; the other rows reused" in printed
+    bound = json.loads((tmp_path / "bound" / "stages" / "cost-table" / "stage.json").read_text())["result"]
+    assert bound["rows"] == [r for r in record["result"]["rows"] if r["field"] != "vocab_map"]
     for r in record["result"]["rows"]:
         r["time_saved"] = 0.4 if r["field"] == "ffn_percent" else 0.0
         r["speedup"] = round(1 / (1 - r["time_saved"]), 4)

@@ -59,6 +59,23 @@ def test_a_table_too_few_batches_decide_says_so_and_is_never_cached(tmp_path):
     assert levers.timing_rounds(1, 3) == 10 and levers.timing_rounds(19, 3) == 3 and levers.timing_rounds(4, 1) == 3
 
 
+
+def test_a_table_timed_with_the_map_serves_a_run_without_it_and_no_other(tmp_path):
+    decided = {"faster_batches": 12, "batches": 12, "p": 0.00024}
+    rows = [{"field": field, "value": 1, "time_saved": 0.3, "speedup": 1.4, "sign_test": decided}
+            for field in ("dec_heads", levers.MAP)]
+    identity = {"model_sha256": "x", "engine": "ct2-int8"}
+    levers.store_table(str(tmp_path), {"rows": rows, "identity": {**identity, "vocab_map": {"train": "t"}}})
+    reused = levers.cached_without_map(str(tmp_path), identity)
+    assert reused["rows"] == rows[:1] and reused["identity"] == identity
+    assert levers.cached_without_map(str(tmp_path), {**identity, "engine": "fairseq"}) is None  # another table
+    assert levers.cached_without_map(str(tmp_path), {**identity, "vocab_map": {"train": "u"}}) is None  # a map run
+    assert levers.cached_without_map(None, identity) is None and levers.cached_without_map("", identity) is None
+    rows[0]["sign_test"] = {"faster_batches": 3, "batches": 3, "p": 0.125}
+    levers.store_table(str(tmp_path), {"rows": rows, "identity": {**identity, "vocab_map": {"train": "t"}}})
+    assert levers.cached_without_map(str(tmp_path), identity) is None  # undecided: measured again
+
+
 # --------------------------------------------------------------------------------------------- the user's budget
 
 

@@ -44,14 +44,19 @@ def inputs(context: Context, results: Results) -> TableInputs:
 
 
 def build(folder: str, inputs: TableInputs, context: Context, results: Results) -> CostTable:
-    """The table: from the cache, or measured (and cached when every row is decided); where the map is shipped or
-    weighed, a row for it (levers.MAP_ROW) and what it changes in the unpruned model's translations of the timing
-    sentences."""
+    """The table: from the cache (or a cached table of a run that weighed the map, its map row dropped), or
+    measured (and cached when every row is decided); where the map is shipped or weighed, a row for it
+    (levers.MAP_ROW) and what it changes in the unpruned model's translations of the timing sentences."""
     loaded, options, log, identity = context.loaded, context.options, context.log, inputs.table
     cache = cost_cache(options)
     cached = levers.cached_table(cache, identity)
     if cached:
         log(f"cost table: measured before on this machine ({cache})")
+        return CostTable.of({**cached, "from_cache": True})
+    cached = levers.cached_without_map(cache, identity)
+    if cached:
+        log(f"cost table: measured before on this machine with the vocabulary map's row; the other rows reused "
+            f"({cache})")
         return CostTable.of({**cached, "from_cache": True})
     table = levers.cost_table(loaded, options.engine, context.timing, context.rounds, levers.levers_for(context.trim),
                               log=log, vocab_map=timing_vocab_map(loaded, options, folder),
