@@ -66,14 +66,14 @@ def test_a_table_timed_with_the_map_serves_a_run_without_it_and_no_other(tmp_pat
             for field in ("dec_heads", levers.MAP)]
     identity = {"model_sha256": "x", "engine": "ct2-int8"}
     levers.store_table(str(tmp_path), {"rows": rows, "identity": {**identity, "vocab_map": {"train": "t"}}})
-    reused = levers.cached_without_map(str(tmp_path), identity)
-    assert reused["rows"] == rows[:1] and reused["identity"] == identity
-    assert levers.cached_without_map(str(tmp_path), {**identity, "engine": "fairseq"}) is None  # another table
-    assert levers.cached_without_map(str(tmp_path), {**identity, "vocab_map": {"train": "u"}}) is None  # a map run
-    assert levers.cached_without_map(None, identity) is None and levers.cached_without_map("", identity) is None
+    reused = levers.cached_table(str(tmp_path), identity)
+    assert reused["rows"] == rows[:1] and reused["identity"] == identity and reused["map_row_dropped"]
+    assert levers.cached_table(str(tmp_path), {**identity, "engine": "fairseq"}) is None  # another table
+    assert levers.cached_table(str(tmp_path), {**identity, "vocab_map": {"train": "u"}}) is None  # a map run
+    assert levers.cached_table(None, identity) is None and levers.cached_table("", identity) is None
     rows[0]["sign_test"] = {"faster_batches": 3, "batches": 3, "p": 0.125}
     levers.store_table(str(tmp_path), {"rows": rows, "identity": {**identity, "vocab_map": {"train": "t"}}})
-    assert levers.cached_without_map(str(tmp_path), identity) is None  # undecided: measured again
+    assert levers.cached_table(str(tmp_path), identity) is None  # undecided: measured again
 
 
 # --------------------------------------------------------------------------------------------- the user's budget

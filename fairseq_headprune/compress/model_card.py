@@ -157,12 +157,12 @@ def vocabulary_line(vocabulary: Optional[Dict], options: Dict) -> Optional[str]:
     checked = (f" The kept tokens' logits equal the recovered model's on {check['sentences_checked']} of "
                f"{check['sentences']} check sentences (those using kept tokens only; largest difference "
                f"{check['max_logit_diff']:.1e})." if check else "")
-    sizes = ct2_sizes(memory)
-    size = ("" if not sizes else
-            f" Its weights take {sizes[1]:.2f} MiB in a float32 CTranslate2 model against {sizes[0]:.2f} MiB "
-            "untrimmed." if sizes[2] == "weights" else
-            f" A float32 CTranslate2 model of it takes {sizes[1]:.2f} MiB on disk against {sizes[0]:.2f} MiB "
-            "untrimmed.")
+    sizes, size = ct2_sizes(memory), ""
+    if sizes:
+        before, after, what = sizes
+        size = (f" Its weights take {after:.2f} MiB in a float32 CTranslate2 model" if what == "weights" else
+                f" A float32 CTranslate2 model of it takes {after:.2f} MiB on disk")
+        size += f" against {before:.2f} MiB untrimmed."
     changes = vocabulary.get("hypotheses")
     changed = (f" Of the first {changes['sentences']} sentences of '{changes['subset']}', decoded in fairseq by "
                f"both, {changes['changed']} hypotheses changed ({changes_words(changes)})." if changes else "")

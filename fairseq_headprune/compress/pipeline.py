@@ -315,9 +315,8 @@ class Run:
         context = self.context.quiet()
         record = self.store.done("cost-table", as_stored({"after": "", **context.table_identity}))
         if record is None:
-            cache, identity = cost_table.cost_cache(self.options), context.table_identity
-            found = levers.cached_table(cache, identity) or levers.cached_without_map(cache, identity)
-            return {"cost-table"} if found else set(), 0
+            return {"cost-table"} if levers.cached_table(cost_table.cost_cache(self.options),
+                                                         context.table_identity) else set(), 0
         cached, results = {"cost-table"}, {"cost-table": PIPELINE[0].result.of(self.store.result(record))}
         for stage in PIPELINE[1:]:
             try:

@@ -213,24 +213,24 @@ def default_cache() -> str:
 
 
 def cached_table(cache_dir: Optional[str], identity: Mapping) -> Optional[Dict]:
+    """The decided table of this identity measured before, or for a table without the vocabulary map's row, one of
+    the same identity but for the map (a run that weighed it) with that row dropped and `map_row_dropped` set: every
+    row is paired with the unpruned model's seconds of its own interleaved rounds and each lever is smoothed alone,
+    so its other rows are what the table without the map would measure."""
     if not cache_dir:
         return None
     table = read_json(os.path.join(cache_dir, f"cost-table-{identity_key(identity)}.json"))
-    return table if table and table.get("identity") == identity and decided(table) else None
-
-
-def cached_without_map(cache_dir: Optional[str], identity: Mapping) -> Optional[Dict]:
-    """For a table without the vocabulary map's row: a cached table of the same identity but for the map (a run that
-    weighed it), its map row dropped. Every row is paired with the unpruned model's seconds of its own interleaved
-    rounds, and each lever is smoothed alone, so its other rows are what the table without the map would measure."""
-    if not cache_dir or "vocab_map" in identity or not os.path.isdir(cache_dir):
+    if table and table.get("identity") == identity and decided(table):
+        return table
+    if "vocab_map" in identity or not os.path.isdir(cache_dir):
         return None
     for name in sorted(os.listdir(cache_dir)):
         table = read_json(os.path.join(cache_dir, name)) if name.startswith("cost-table-") else None
         with_map = (table or {}).get("identity") or {}
         if "vocab_map" in with_map and {k: v for k, v in with_map.items() if k != "vocab_map"} == identity \
                 and decided(table):
-            return {**table, "identity": dict(identity), "rows": [r for r in table["rows"] if r["field"] != MAP]}
+            return {**table, "identity": dict(identity), "map_row_dropped": True,
+                    "rows": [r for r in table["rows"] if r["field"] != MAP]}
     return None
 
 
