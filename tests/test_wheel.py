@@ -72,12 +72,13 @@ def test_the_wheel_installs_into_a_fairseq_environment_and_runs_every_command(tm
                                     cwd=tmp_path, env=env, text=True)
     assert where.startswith(str(venv)), where  # the installed copy, not this tree
 
-    # every command's module and its imports load from the wheel: each command's --help, in one process of the venv
-    # (a process a command would pay about 4 s of imports, for the same check)
+    # every command's module and its imports load from the wheel: each command's --help, all in one process of the
+    # venv (a process each would pay about 4 s of imports apiece)
     helped = subprocess.run([str(venv / "bin" / "python"), "-c", EVERY_HELP], cwd=tmp_path, env=env,
                             capture_output=True, text=True)
     from fairseq_headprune.cli import COMMANDS
-    assert helped.returncode == 0 and helped.stdout.split() == sorted(COMMANDS), helped.stderr[-2000:]
+    assert helped.returncode == 0 and helped.stdout.split() == sorted(COMMANDS), (helped.stdout,
+                                                                                  helped.stderr[-2000:])
 
     command = str(venv / "bin" / "fairseq-headprune")  # the console script the wheel installed
     out = tmp_path / "report"
