@@ -59,7 +59,6 @@ def test_a_table_too_few_batches_decide_says_so_and_is_never_cached(tmp_path):
     assert levers.timing_rounds(1, 3) == 10 and levers.timing_rounds(19, 3) == 3 and levers.timing_rounds(4, 1) == 3
 
 
-
 def test_a_table_timed_with_the_map_serves_a_run_without_it_and_no_other(tmp_path):
     decided = {"faster_batches": 12, "batches": 12, "p": 0.00024}
     rows = [{"field": field, "value": 1, "time_saved": 0.3, "speedup": 1.4, "sign_test": decided}

@@ -51,9 +51,8 @@ def build(folder: str, inputs: TableInputs, context: Context, results: Results) 
     cache = cost_cache(options)
     cached = levers.cached_table(cache, identity)
     if cached:
-        log("cost table: measured before on this machine"
-            + (" with the vocabulary map's row; the other rows reused" if cached.pop("map_row_dropped", False)
-               else "") + f" ({cache})")
+        reused = " with the vocabulary map's row; the other rows reused" if cached.pop("map_row_dropped", False) else ""
+        log(f"cost table: measured before on this machine{reused} ({cache})")
         return CostTable.of({**cached, "from_cache": True})
     table = levers.cost_table(loaded, options.engine, context.timing, context.rounds, levers.levers_for(context.trim),
                               log=log, vocab_map=timing_vocab_map(loaded, options, folder),
