@@ -12,8 +12,9 @@ from test_compress import compress_argv
 def test_a_model_served_one_sentence_at_a_time_is_timed_so(tiny_data, stock_checkpoint, tmp_path):
     out, cache = tmp_path / "out", tmp_path / "cache"
     threads = min(2, os.cpu_count() or 1)
+    # (20 timing sentences: at batch 1 each is a batch, twice the sign tests' least)
     run(compress_argv(tiny_data, stock_checkpoint, out, cache, "--deploy-batch", "1", "--deploy-threads",
-                      str(threads), "--max-len-b", "60"))
+                      str(threads), "--max-len-b", "60", "--timing-sentences", "20"))
     record = json.loads((out / "compress.json").read_text())
     measured = record["stages"]["measure"]
     assert measured["largest_batch"] == 1 and measured["batches"] == measured["sentences"]

@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -74,6 +75,8 @@ def test_a_moved_run_folder_resumes_from_another_directory(finished):
     # the user's own files stay absolute; the record written for the reader names the folder as OUT
     record = json.loads((out / "compress.json").read_text())
     assert record["stages"]["recover"]["checkpoint"] == "OUT/stages/recover/model.pt"
+    # the recovery's script names no folder of the run's first place (it finds its files beside itself)
+    assert str(out.parent / "first") not in (out / "recovery-run" / "recovery-run.sh").read_text()
 
 
 def test_the_first_line_counts_exactly_the_stages_the_command_runs(finished, tiny_data, stock_checkpoint, tmp_path):
@@ -125,6 +128,12 @@ def test_the_recovery_folder_runs_elsewhere_and_is_adopted_from_a_third_director
             "data/dict.en.txt"} <= set(inputs["files"])
     assert not any(f.startswith("data/test.") or f.endswith(".bpe.de") for f in inputs["files"])  # not read
     shutil.copytree(place, gpu / "recovery-run")  # what the GPU machine needs, copied
+    python = tmp_path / "python-without-it"  # $PYTHON a Python that lacks this package: one line, exit code 2
+    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" -I -S "$@"\n')
+    python.chmod(0o755)
+    lacking = subprocess.run(["sh", str(gpu / "recovery-run" / "recovery-run.sh")], cwd=third, capture_output=True,
+                             text=True, env={**ENV, "PYTHON": str(python)})
+    assert (lacking.returncode, lacking.stderr) == (2, "fairseq_headprune is not installed for this Python\n")
     user.rename(hidden / "user")
     out.rename(hidden / "out")
     try:

@@ -1,7 +1,7 @@
 """Replay the hostile probes of the compression commands (recover, shrink --recover-epochs, export-ct2, deploy,
 speed --engine ct2, compress) on the tests' tiny models, so that a regression of any class shows.
 
-    .venv/bin/python tools/probe_compression.py [--only WORD] [--families]
+    .venv/bin/python tools/probe_compression.py [--only WORD] [--families] [--skip-covered]
 
 Each case ends as *held* (a one-line refusal, exit code 2, nothing written or changed; or the command working)
 or as a regression. One line per case; the exit code is the number of regressed cases. Classes: a folder deleted
@@ -25,7 +25,7 @@ import time
 
 import torch
 from pathlib import Path
-from typing import Callable, List, Tuple
+from typing import Callable, Dict, List, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
@@ -35,12 +35,17 @@ os.environ.setdefault("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
 import conftest  # noqa: E402  the tests' cached tiny models and their in-process runner
 
 CASES: List[Tuple[str, Callable[["Probe"], str]]] = []
+# cases a test of the suite runs as its own, stricter check (the case's name -> "tests/FILE.py::TEST"): the suite's
+# replay (--skip-covered) leaves them to that test rather than running them twice
+COVERED_BY: Dict[str, str] = {}
 REMOVED = "enc-self:1:1-7,dec-self:1:1-3"  # a free-shape student
 
 
-def case(name: str, families: bool = False):
+def case(name: str, families: bool = False, covered_by: str = None):
     def register(fn):
         CASES.append((name, fn) if not families else (f"[families] {name}", fn))
+        if covered_by:
+            COVERED_BY[name] = covered_by
         return fn
     return register
 
@@ -360,7 +365,8 @@ for _name, (_extra, _names) in COMPRESS_REFUSALS.items():
         target=("--max-bleu-loss", "nan") if name == "--max-bleu-loss nan" else ("--speedup", "1.2")))
 
 
-@case("compress interrupted by Ctrl-C in a later stage")
+@case("compress interrupted by Ctrl-C in a later stage",
+      covered_by="tests/test_input_model.py::test_ctrl_c_ends_compress_in_one_line_and_the_same_command_resumes")
 def _compress_interrupted(p: Probe) -> str:
     import signal
 
@@ -499,7 +505,8 @@ def _compress_stopped(p: Probe, out, cwd: Path, *extra):
                                          *COMPRESS, "--cost-cache", p.work / "cost-cache-run-folder", *extra))
 
 
-@case("compress run folder moved, resumed with --out at its new place from another directory")
+@case("compress run folder moved, resumed with --out at its new place from another directory",
+      covered_by="tests/test_run_folder.py::test_a_moved_run_folder_resumes_from_another_directory")
 def _compress_moved(p: Probe) -> str:
     folder = p.folder("run-folder-moved")
     for name in ("first", "second"):
@@ -597,6 +604,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", help="run the cases whose name contains this word")
     parser.add_argument("--families", action="store_true", help="also the multilingual and mBART cases")
+    parser.add_argument("--skip-covered", action="store_true",
+                        help="leave out the cases a named test of the suite runs itself (the suite's replay)")
     args = parser.parse_args(argv)
     from fairseq_headprune.fairseq_io.loading import trust_fairseq_checkpoints
 
@@ -609,7 +618,8 @@ def main(argv=None) -> int:
         checkpoint = conftest.copy_cached(stock, work / "stock") / "checkpoint_last.pt"
         probe = Probe(data, checkpoint, work)
         ran, failures = replay(CASES, probe, lambda name: (not args.only or args.only in name)
-                               and (args.families or not name.startswith("[families]")))
+                               and (args.families or not name.startswith("[families]"))
+                               and not (args.skip_covered and name in COVERED_BY))
     print(f"probe_compression: {ran} cases, {failures} regressed, {time.time() - start:.0f} s")
     return min(failures, 100)
 

@@ -30,8 +30,10 @@ SCRIPT_HEAD = """#!/bin/sh
 # from any directory; fairseq-train writes its checkpoints here (checkpoint_best.pt: for compress --recovered).
 # "$@": more fairseq-train options (--distributed-world-size N, ...); $PYTHON: the Python that has this package.
 here=$(cd "$(dirname "$0")" && pwd) || exit 2
-user_dir=$("${PYTHON:-python3}" -c \\
-    'import os, fairseq_headprune; print(os.path.dirname(fairseq_headprune.__file__))') || exit 2
+# the package's folder, found without importing it (that would import torch and fairseq first)
+user_dir=$("${PYTHON:-python3}" -c 'import sys, importlib.util as u; s = u.find_spec("fairseq_headprune")
+sys.exit("fairseq_headprune is not installed for this Python") if s is None else print(s.submodule_search_locations[0])'
+) || exit 2
 """
 FORWARDER = """#!/bin/sh
 # compress's recovery: recovery-run/recovery-run.sh, in the folder that holds every file it reads
