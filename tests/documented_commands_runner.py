@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 from documented_commands import ASSIGNMENT, fenced_commands, with_placeholders  # noqa: E402
 
 import families as fam  # noqa: E402
+from forked_cli import ForkedCli  # noqa: E402
 from conftest import (BIN, ENV, ROOT, SLICE, _cached_data, _data_key, build_key, cached_build, copy_cached,  # noqa: E402
                       run_fairseq, stock_key, train)
 
@@ -161,20 +162,21 @@ def run_document(document: str, study_checkpoint: Path, tmp_path: Path) -> List[
     env = {**ENV, "PATH": f"{BIN}{os.pathsep}{ENV.get('PATH', '')}", "XDG_CACHE_HOME": str(tmp_path / "cache"),
            "PYTHONPATH": str(ROOT)}
     ran, assignments = [], []  # DEC=...: a variable the following commands read, as in the user's shell
-    for command in fenced_commands(ROOT / document):
-        if command in NOT_RUN:
-            continue
-        line = as_run_here(command, placeholders, study_checkpoint)
-        if ASSIGNMENT.fullmatch(line):
-            assignments.append(line)
-            continue
-        before = tree(work)
-        proc = subprocess.run(["bash", "-c", "\n".join([*assignments, line])], cwd=work, env=env,
-                              capture_output=True, text=True)
-        check_outcome(command, proc, work)
-        if "--dry-run" in command.split():
-            assert tree(work) == before  # the plan only: nothing written
-        ran.append(command)
+    with ForkedCli(tmp_path / "cli", env) as cli:  # fairseq-headprune without its start-up per line
+        for command in fenced_commands(ROOT / document):
+            if command in NOT_RUN:
+                continue
+            line = as_run_here(command, placeholders, study_checkpoint)
+            if ASSIGNMENT.fullmatch(line):
+                assignments.append(line)
+                continue
+            before = tree(work)
+            proc = subprocess.run(["bash", "-c", "\n".join([*assignments, line])], cwd=work, env=cli.env,
+                                  capture_output=True, text=True)
+            check_outcome(command, proc, work)
+            if "--dry-run" in command.split():
+                assert tree(work) == before  # the plan only: nothing written
+            ran.append(command)
     return ran
 
 
