@@ -272,10 +272,8 @@ def recover_arguments(loaded, options) -> None:
     recovery_config.refuse_foreign_options(train_options + list(options.recover_args), arch or "transformer")
     if "--disable-validation" in train_options + list(options.recover_args):
         raise UserError("--disable-validation: the recovery early-stops on valid and keeps its best checkpoint")
+    # (fairseq-train's own reading of them, under the task the recovery trains with: `recovery`, run before this)
     settings = recover_options(loaded, options, os.path.join(options.out, "model.pt"), None)
-    argv = recovery_config.training_argv(loaded.cfg.task.data, loaded.checkpoint, settings,
-                                         loaded.cfg.task._name, arch or "transformer")
-    recover.fairseq_train_cfg(argv, loaded.saved_cfg, settings)
     signal = settings.distillation.signal
     if signal in ("sequences", "both"):  # what recover would refuse after the choice and the shrink
         recovery_config.refuse_teacher_decoding(signal, recovery_config.saved_task_name(loaded.saved_cfg))
