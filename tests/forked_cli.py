@@ -14,13 +14,14 @@ The console script itself, started fresh, is tested apart (tests/test_wheel.py, 
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import signal
 import socket
 import struct
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Dict
 
@@ -36,7 +37,9 @@ with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
     s.connect(SOCKET)
     socket.send_fds(s, [struct.pack("!Q", len(payload))], [0, 1, 2])
     s.sendall(payload)
-    code = s.recv(4)
+    code = b""
+    while len(code) < 4 and (chunk := s.recv(4 - len(code))):
+        code += chunk
 sys.exit(struct.unpack("!i", code)[0] if len(code) == 4 else 1)
 '''
 
@@ -53,7 +56,8 @@ def _read(conn: socket.socket, n: int) -> bytes:
 
 def _child(request: Dict, fds) -> None:
     """In the forked child: the client's descriptors as 0, 1, 2, its directory and environment; then what the
-    console script and the interpreter do."""
+    console script and the interpreter do; killed when the server dies (a test run stopped mid-command)."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)
@@ -100,6 +104,7 @@ def serve(path: str) -> None:
         with conn:
             header, fds, _, _ = socket.recv_fds(conn, 8, 3)
             request = json.loads(_read(conn, struct.unpack("!Q", header)[0]))
+            print("served:", *request["argv"][:1], file=sys.stderr, flush=True)  # (in server.log)
             sys.stdout.flush()
             sys.stderr.flush()
             pid = os.fork()
@@ -143,9 +148,6 @@ class ForkedCli:
     def __exit__(self, *exc) -> None:
         self.server.kill()
         self.server.wait()
-        deadline = time.time() + 5
-        while os.path.exists(self.socket) and time.time() < deadline:
-            os.remove(self.socket)
 
 
 if __name__ == "__main__":

@@ -50,3 +50,30 @@ def test_the_readme_compress_line_as_the_recipe_takes_it():
     bad = subprocess.run([sys.executable, str(ROOT / "tools" / "documented_commands.py"), "nowhere.md"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_the_forked_cli_keeps_the_shells_redirections_pipes_and_exit_codes(tmp_path):
+    """tests/forked_cli.py: a line's `fairseq-headprune` served by a forked child, its redirections, pipes and exit
+    code as bash gives them; a line whose environment differs runs the installed console script instead."""
+    import os
+
+    from conftest import BIN, ENV
+    from forked_cli import ForkedCli
+
+    env = {**ENV, "PATH": f"{BIN}{os.pathsep}{ENV.get('PATH', '')}"}
+    with ForkedCli(tmp_path / "cli", env) as cli:
+        def bash(line: str) -> subprocess.CompletedProcess:
+            return subprocess.run(["bash", "-c", line], cwd=tmp_path, env=cli.env, capture_output=True, text=True)
+
+        refused = bash("fairseq-headprune bogus 2> err.txt; echo $?")
+        assert refused.stdout == "2\n" and (tmp_path / "err.txt").read_text().startswith(
+            "fairseq-headprune: error: unknown command 'bogus'")
+        piped = bash("fairseq-headprune --help | head -1")
+        assert piped.returncode == 0 and piped.stdout.startswith("usage: fairseq-headprune COMMAND"), piped
+        assert bash("echo x | fairseq-headprune translate nowhere/ > out.txt").returncode == 2
+        assert (tmp_path / "out.txt").read_text() == ""
+        served = (tmp_path / "cli" / "server.log").read_text().count("served:")
+        assert served == 3, served
+        elsewhere = bash("LOGLEVEL=INFO fairseq-headprune bogus")  # another environment: the installed script
+        assert elsewhere.returncode == 2 and "unknown command 'bogus'" in elsewhere.stderr
+        assert (tmp_path / "cli" / "server.log").read_text().count("served:") == served
