@@ -10,6 +10,7 @@ nothing here, so a change to it never reuses a stale model. Each test session ge
 """
 from __future__ import annotations
 
+import atexit
 import fcntl
 import hashlib
 import inspect
@@ -24,9 +25,11 @@ import tempfile
 import time
 from importlib import metadata
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Dict
 
 import pytest
+
+from forked_cli import ForkedCli
 
 ROOT = Path(__file__).resolve().parent.parent
 SLICE = ROOT / "tests" / "data" / "multi30k"
@@ -66,18 +69,49 @@ def pytest_collection_modifyitems(session, config, items):
     items.sort(key=lambda item: -expected_seconds(Path(item.path).relative_to(ROOT).as_posix()))
 
 
+# console scripts a call of `run` hands to a forked server (tests/forked_cli.py), started at its first call
+FORKED = ("fairseq-headprune", "fairseq-generate", "fairseq-preprocess", "fairseq-train", "fairseq-interactive")
+_SERVERS: Dict[str, ForkedCli] = {}
+
+
 def run(cmd, check=True, in_process=True, **kw) -> subprocess.CompletedProcess:
     """Run a command of the venv with the test environment; output captured as text.
 
-    `fairseq-headprune` runs in this process (its entry point, cli.main) unless in_process=False: the same
-    code path without paying Python's and fairseq's start-up for every call."""
+    `fairseq-headprune` runs in this process (its entry point, cli.main) when run with no other argument (input,
+    env, cwd); the console scripts of FORKED otherwise run in a child forked from a server of the script
+    (forked_cli: the script's own code, its imports paid once per test process); in_process=False runs the
+    installed console script, started fresh, and so does a call with its own env."""
     if cmd[0] == "fairseq-headprune" and in_process and not kw:
         return _run_cli_in_process([str(c) for c in cmd[1:]], check)
-    cmd = [str(BIN / cmd[0]) if (BIN / cmd[0]).exists() else cmd[0]] + [str(c) for c in cmd[1:]]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**ENV, **kw.pop("env", {})}, **kw)
+    args = [str(c) for c in cmd[1:]]
+    if in_process and cmd[0] in FORKED and "env" not in kw:
+        cli = _forked(cmd[0])
+        proc = subprocess.run([str(cli.client), *args], capture_output=True, text=True, env=cli.env, **kw)
+    else:
+        exe = str(BIN / cmd[0]) if (BIN / cmd[0]).exists() else cmd[0]
+        proc = subprocess.run([exe, *args], capture_output=True, text=True, env={**ENV, **kw.pop("env", {})}, **kw)
+    cmd = [cmd[0], *args]
     if check and proc.returncode != 0:
         raise AssertionError(f"{cmd} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     return proc
+
+
+def _forked(name: str) -> ForkedCli:
+    """The server of the console script `name` for this test process, started at its first call."""
+    if name not in _SERVERS:
+        if not _SERVERS:
+            folder = Path(tempfile.mkdtemp(prefix="forked-cli-"))
+            atexit.register(_stop_servers, folder)
+        else:
+            folder = next(iter(_SERVERS.values())).client.parent
+        _SERVERS[name] = ForkedCli(folder, ENV, name).wait_ready()
+    return _SERVERS[name]
+
+
+def _stop_servers(folder: Path) -> None:
+    for cli in _SERVERS.values():
+        cli.stop()
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _run_cli_in_process(argv, check: bool) -> subprocess.CompletedProcess:

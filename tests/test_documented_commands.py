@@ -72,8 +72,61 @@ def test_the_forked_cli_keeps_the_shells_redirections_pipes_and_exit_codes(tmp_p
         assert piped.returncode == 0 and piped.stdout.startswith("usage: fairseq-headprune COMMAND"), piped
         assert bash("echo x | fairseq-headprune translate nowhere/ > out.txt").returncode == 2
         assert (tmp_path / "out.txt").read_text() == ""
-        served = (tmp_path / "cli" / "server.log").read_text().count("served:")
+        served = cli.served()
         assert served == 3, served
         elsewhere = bash("LOGLEVEL=INFO fairseq-headprune bogus")  # another environment: the installed script
         assert elsewhere.returncode == 2 and "unknown command 'bogus'" in elsewhere.stderr
-        assert (tmp_path / "cli" / "server.log").read_text().count("served:") == served
+        assert cli.served() == served
+
+
+def test_forked_console_scripts_answer_as_the_installed_ones_and_pass_on_signals(tiny_data, stock_checkpoint):
+    """conftest.run's forked fairseq-generate gives the installed script's hypotheses and its exit code; Ctrl-C sent
+    to a client reaches its child as it reaches a fresh script (the same exit code and last line); calls run at
+    once; a killed client takes its child with it."""
+    import signal
+    import time
+
+    from conftest import _forked, run
+
+    generate = ["fairseq-generate", tiny_data, "--path", stock_checkpoint, "--gen-subset", "valid", "--beam", "2",
+                "--max-tokens", "400", "--max-sentences", "4", "--skip-invalid-size-inputs-valid-test"]
+    forked, fresh = run(generate), run(generate, in_process=False)
+    hypotheses = [line for line in forked.stdout.splitlines() if line.startswith(("H-", "D-"))]
+    assert hypotheses and hypotheses == [line for line in fresh.stdout.splitlines() if line.startswith(("H-", "D-"))]
+    refused = [run(["fairseq-generate", tiny_data, "--path", "nosuch.pt"], check=False, in_process=flag)
+               for flag in (True, False)]
+    assert refused[0].returncode == refused[1].returncode != 0
+    assert refused[0].stderr.splitlines()[-1] == refused[1].stderr.splitlines()[-1]
+
+    cli = _forked("fairseq-interactive")
+    interactive = ["interactive", tiny_data, "--path", stock_checkpoint, "-s", "de", "-t", "en"]
+    waiting = [_prompted([command, *interactive[1:]], cli.env) for command in (str(cli.client), cli.real)]
+    assert run(["fairseq-interactive", *interactive[1:]], input="ein Hund\n").stdout.count("\nH-0\t") == 1
+    for proc in waiting:  # Ctrl-C while each waits for input (the forked one while another call ran beside it)
+        proc.send_signal(signal.SIGINT)
+    ended = [proc.communicate(timeout=60) + (proc.returncode,) for proc in waiting]
+    assert ended[0][2] == ended[1][2] != 0 and ended[0][1].splitlines()[-1:] == ended[1][1].splitlines()[-1:] == \
+        ["KeyboardInterrupt"], ended
+    killed = _prompted([str(cli.client), *interactive[1:]], cli.env)
+    assert _children(cli.server.pid)
+    killed.kill()
+    killed.wait()
+    deadline = time.time() + 30
+    while _children(cli.server.pid) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not _children(cli.server.pid)
+
+
+def _prompted(command, env) -> subprocess.Popen:
+    """fairseq-interactive started, once it asks for input (in its log, on stderr)."""
+    proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                            text=True)
+    while "Type the input sentence" not in (line := proc.stderr.readline()):
+        assert line, proc.communicate()
+    return proc
+
+
+def _children(pid: int):
+    from pathlib import Path
+
+    return Path(f"/proc/{pid}/task/{pid}/children").read_text().split()

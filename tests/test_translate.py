@@ -38,7 +38,7 @@ def generated(data, checkpoint, *options):
 
 
 def translated(folder, lines, *extra, check=True):
-    return run(["fairseq-headprune", "translate", folder, *extra], check=check, in_process=False,
+    return run(["fairseq-headprune", "translate", folder, *extra], check=check,
                input="\n".join(lines) + "\n")
 
 
