@@ -30,7 +30,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict
 
 BASH_OWN = ("PWD", "OLDPWD", "SHLVL", "_")  # set by bash for every command it runs
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
@@ -60,8 +60,15 @@ with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
     pid = read(s, 4)
     if pid is None:
         sys.exit(1)
+
+    def forward(number, _frame):
+        try:
+            os.kill(pid, number)
+        except ProcessLookupError:  # the child has ended: its exit code is on its way
+            pass
+
     for number in {forwarded!r}:
-        signal.signal(number, lambda n, _frame: os.kill(pid, n))
+        signal.signal(number, forward)
     code = read(s, 4)
 if code is None:
     sys.exit(1)
@@ -205,7 +212,6 @@ class ForkedCli:
                                encoding="utf-8")
         self.client.chmod(0o755)
         self.log = folder / f"{name}.log"
-        self.server: Optional[subprocess.Popen] = None
         with open(self.log, "wb") as log:  # what the script's imports print (once) and the calls served
             self.server = subprocess.Popen([sys.executable, __file__, self.real, self.socket], env=self.env,
                                            stdin=subprocess.DEVNULL, stdout=log, stderr=log)
