@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import fcntl
+import functools
 import hashlib
 import inspect
 import io
@@ -99,13 +100,16 @@ def run(cmd, check=True, in_process=True, **kw) -> subprocess.CompletedProcess:
 def _forked(name: str) -> ForkedCli:
     """The server of the console script `name` for this test process, started at its first call."""
     if name not in _SERVERS:
-        if not _SERVERS:
-            folder = Path(tempfile.mkdtemp(prefix="forked-cli-"))
-            atexit.register(_stop_servers, folder)
-        else:
-            folder = next(iter(_SERVERS.values())).client.parent
-        _SERVERS[name] = ForkedCli(folder, ENV, name).wait_ready()
+        _SERVERS[name] = ForkedCli(_servers_folder(), ENV, name).wait_ready()
     return _SERVERS[name]
+
+
+@functools.lru_cache(maxsize=None)
+def _servers_folder() -> Path:
+    """This test process's folder of clients and sockets, removed with its servers when the process exits."""
+    folder = Path(tempfile.mkdtemp(prefix="forked-cli-"))
+    atexit.register(_stop_servers, folder)
+    return folder
 
 
 def _stop_servers(folder: Path) -> None:

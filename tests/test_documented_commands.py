@@ -99,15 +99,15 @@ def test_forked_console_scripts_answer_as_the_installed_ones_and_pass_on_signals
     assert refused[0].stderr.splitlines()[-1] == refused[1].stderr.splitlines()[-1]
 
     cli = _forked("fairseq-interactive")
-    interactive = ["interactive", tiny_data, "--path", stock_checkpoint, "-s", "de", "-t", "en"]
-    waiting = [_prompted([command, *interactive[1:]], cli.env) for command in (str(cli.client), cli.real)]
-    assert run(["fairseq-interactive", *interactive[1:]], input="ein Hund\n").stdout.count("\nH-0\t") == 1
+    interactive = [tiny_data, "--path", stock_checkpoint, "-s", "de", "-t", "en"]
+    waiting = [_prompted([command, *interactive], cli.env) for command in (str(cli.client), cli.real)]
+    assert run(["fairseq-interactive", *interactive], input="ein Hund\n").stdout.count("\nH-0\t") == 1
     for proc in waiting:  # Ctrl-C while each waits for input (the forked one while another call ran beside it)
         proc.send_signal(signal.SIGINT)
     ended = [proc.communicate(timeout=60) + (proc.returncode,) for proc in waiting]
     assert ended[0][2] == ended[1][2] != 0 and ended[0][1].splitlines()[-1:] == ended[1][1].splitlines()[-1:] == \
         ["KeyboardInterrupt"], ended
-    killed = _prompted([str(cli.client), *interactive[1:]], cli.env)
+    killed = _prompted([str(cli.client), *interactive], cli.env)
     assert _children(cli.server.pid)
     killed.kill()
     killed.wait()
