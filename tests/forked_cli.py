@@ -4,7 +4,8 @@ start-up per call: a small client that hands the call to a server forked per cal
 The client (a script started with -IS: no site-packages, ~20 ms) sends its argv, working directory, environment and
 its stdin, stdout and stderr (the descriptors themselves, so bash's redirections and pipes and subprocess's captures
 hold) to a server of one console script. The server is in the state the script is in when it calls its main (the
-script's imports done, nothing else: no torch op run, no thread started) and forks a child per call, which runs the
+script's imports done, and those of WARM that its calls would make on first use; nothing else: no torch op run, no
+thread started) and forks a child per call, which runs the
 script as `python SCRIPT` runs it (`__main__`; what the imports printed went to the server's log, once) and exits as
 the interpreter would (non-daemon threads joined, atexit handlers run, streams flushed). The client passes on
 SIGINT, SIGTERM, SIGHUP and SIGQUIT to the child, and exits with its exit code (or, killed by a signal, is killed by
@@ -19,6 +20,7 @@ The console scripts themselves, started fresh, are tested apart (tests/test_whee
 from __future__ import annotations
 
 import ctypes
+import importlib
 import json
 import os
 import runpy
@@ -33,6 +35,12 @@ from pathlib import Path
 from typing import Dict
 
 BASH_OWN = ("PWD", "OLDPWD", "SHLVL", "_")  # set by bash for every command it runs
+# modules a script's calls import on first use, imported once by its server instead of by every child: torch's
+# optimizers import torch._dynamo (about a second) when the first one is built (shrink's window fit, recover,
+# training), and its first attention call with a padding mask imports symbolic_shapes (0.3 s; torch._dynamo holds it)
+WARM = {"fairseq-headprune": ("torch._dynamo",), "fairseq-train": ("torch._dynamo",),
+        "fairseq-generate": ("torch.fx.experimental.symbolic_shapes",),
+        "fairseq-interactive": ("torch.fx.experimental.symbolic_shapes",)}
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 CLIENT = '''#!{python} -IS
 import json, os, signal, socket, struct, sys
@@ -140,6 +148,8 @@ def serve(script: str, path: str) -> None:
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: gone with the test process
     sys.path[0] = os.path.dirname(script)  # the console script's first path entry (not this file's folder)
     runpy.run_path(script, run_name="__forked_cli__")  # the script's imports; its main is under __main__
+    for module in WARM.get(os.path.basename(script), ()):
+        importlib.import_module(module)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path + ".binding")
     server.listen(8)
