@@ -81,8 +81,9 @@ def test_the_forked_cli_keeps_the_shells_redirections_pipes_and_exit_codes(tmp_p
 
 def test_forked_console_scripts_answer_as_the_installed_ones_and_pass_on_signals(tiny_data, stock_checkpoint):
     """conftest.run's forked fairseq-generate gives the installed script's hypotheses and its exit code; Ctrl-C sent
-    to a client reaches its child as it reaches a fresh script (the same exit code and last line); calls run at
-    once; a killed client takes its child with it."""
+    to a client ends its child as the interpreter ends a script it interrupts (an uncaught KeyboardInterrupt, then
+    killed by SIGINT); calls run at once; a killed client takes its child with it. The fresh fairseq-interactive is
+    not the reference for Ctrl-C: in some whole-suite runs it ignored the signal and ended at end of input."""
     import signal
     import time
 
@@ -100,13 +101,11 @@ def test_forked_console_scripts_answer_as_the_installed_ones_and_pass_on_signals
 
     cli = _forked("fairseq-interactive")
     interactive = [tiny_data, "--path", stock_checkpoint, "-s", "de", "-t", "en"]
-    waiting = [_prompted([command, *interactive], cli.env) for command in (str(cli.client), cli.real)]
+    waiting = _prompted([str(cli.client), *interactive], cli.env)
     assert run(["fairseq-interactive", *interactive], input="ein Hund\n").stdout.count("\nH-0\t") == 1
-    for proc in waiting:  # Ctrl-C while each waits for input (the forked one while another call ran beside it)
-        proc.send_signal(signal.SIGINT)
-    ended = [proc.communicate(timeout=60) + (proc.returncode,) for proc in waiting]
-    assert ended[0][2] == ended[1][2] != 0 and ended[0][1].splitlines()[-1:] == ended[1][1].splitlines()[-1:] == \
-        ["KeyboardInterrupt"], ended
+    waiting.send_signal(signal.SIGINT)  # Ctrl-C while it waits for input (after another call ran beside it)
+    out, err = waiting.communicate(timeout=60)
+    assert waiting.returncode == -signal.SIGINT and err.splitlines()[-1:] == ["KeyboardInterrupt"], (out, err)
     killed = _prompted([str(cli.client), *interactive], cli.env)
     assert _children(cli.server.pid)
     killed.kill()
