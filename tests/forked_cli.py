@@ -5,8 +5,8 @@ The client (a script started with -IS: no site-packages, ~20 ms) sends its argv,
 its stdin, stdout and stderr (the descriptors themselves, so bash's redirections and pipes and subprocess's captures
 hold) to a server of one console script. The server is in the state the script is in when it calls its main (the
 script's imports done, and those of WARM that its calls would make on first use; nothing else: no torch op run, no
-thread started) and forks a child per call, which runs the
-script as `python SCRIPT` runs it (`__main__`; what the imports printed went to the server's log, once) and exits as
+thread started) and forks a child per call, which runs the script as `python SCRIPT` runs it (`__main__`; what the
+imports printed went to the server's log, once) and exits as
 the interpreter would (non-daemon threads joined, atexit handlers run, streams flushed). The client passes on
 SIGINT, SIGTERM, SIGHUP and SIGQUIT to the child, and exits with its exit code (or, killed by a signal, is killed by
 the same signal); a client that dies takes its child with it. Calls run at once, each in its own child: a child may
