@@ -186,16 +186,17 @@ def _export(data, checkpoint, out, *extra):
 
 
 def _compare_engines(name: str, untrimmed, trimmed, tmp_path: Path, sources, kept, task=(), trimmed_task=(),
-                     prefix=()) -> None:
+                     prefix=()) -> Dict[int, Dict[int, List[str]]]:
     """fairseq (stock fairseq-generate for both models; the forbidding model in this process) and CTranslate2
-    float32 (export-ct2 of both; the forbidding model written here), at beams 1 and 5."""
+    float32 (export-ct2 of both; the forbidding model written here), at beams 1 and 5. Returns the trimmed model's
+    hypotheses from stock fairseq-generate, by beam."""
     (data, checkpoint), (trimmed_data, trimmed_checkpoint) = untrimmed, trimmed
     loaded = _loaded(data, checkpoint, *task)
     model, source_map = _forbidding(loaded, *kept)
     full = {b: _generate(data, checkpoint, b, *task) for b in (1, 5)}
-    cut = {b: _generate(trimmed_data, trimmed_checkpoint, b, *trimmed_task) for b in (1, 5)}
+    generated = {b: _generate(trimmed_data, trimmed_checkpoint, b, *trimmed_task) for b in (1, 5)}
     forbidden = {b: _decode(loaded, model, b, source_map) for b in (1, 5)}
-    _check_changes(name, "fairseq", sources, full, cut, forbidden, kept)
+    _check_changes(name, "fairseq", sources, full, generated, forbidden, kept)
     _export(data, checkpoint, tmp_path / "ct2-full", *task)
     _export(trimmed_data, trimmed_checkpoint, tmp_path / "ct2-trim", *trimmed_task)
     _ct2_forbidding(loaded, model, tmp_path / "ct2-forbidding")
@@ -204,6 +205,7 @@ def _compare_engines(name: str, untrimmed, trimmed, tmp_path: Path, sources, kep
     cut = {b: _ct2(tmp_path / "ct2-trim", sources, b, prefix) for b in (1, 5)}
     forbidden = {b: _ct2(tmp_path / "ct2-forbidding", unk, b, prefix) for b in (1, 5)}
     _check_changes(name, "CTranslate2", sources, full, cut, forbidden, kept)
+    return generated
 
 
 # ------------------------------------------------------------------------------------------- bilingual
@@ -243,8 +245,8 @@ def test_bilingual_trim_loads_in_stock_fairseq_and_ctranslate2_and_changes_only_
     run_fairseq(["fairseq-preprocess", "-s", "de", "-t", "en", "--srcdict", model_dir / "dict.de.txt", "--tgtdict",
                  model_dir / "dict.en.txt", "--testpref", tiny_data / "test.bpe", "--destdir", data, "--workers", "1"])
     sources = [line.split() for line in (tiny_data / "test.bpe.de").read_text(encoding="utf-8").splitlines()]
-    _compare_engines("bilingual", (tiny_data, bilingual), (data, model_dir / "model.pt"), tmp_path, sources,
-                     (source_kept, target_kept))
+    generated = _compare_engines("bilingual", (tiny_data, bilingual), (data, model_dir / "model.pt"), tmp_path,
+                                 sources, (source_kept, target_kept))
     # the weights' bytes are those of the float32 models export-ct2 writes, less the names and shapes of each weight
     for folder, side in (("ct2-full", "before"), ("ct2-trim", "after")):
         written, weights = (tmp_path / folder / "model.bin").stat().st_size, memory[f"ct2_float32_weight_bytes_{side}"]
@@ -253,8 +255,7 @@ def test_bilingual_trim_loads_in_stock_fairseq_and_ctranslate2_and_changes_only_
     lines = (tiny_data / "test.bpe.de").read_text(encoding="utf-8").splitlines(keepends=True)[:3]
     proc = run(["fairseq-interactive", model_dir, "--path", model_dir / "model.pt", "-s", "de", "-t", "en", "--beam",
                 "5"], input="".join(lines))
-    expected = _generate(data, model_dir / "model.pt", 5)
-    assert _hypotheses(proc.stdout) == {i: expected[i] for i in range(3)}, proc.stdout
+    assert _hypotheses(proc.stdout) == {i: generated[5][i] for i in range(3)}, proc.stdout
     vocabularies = _ct2_vocabulary(tmp_path / "ct2-trim")  # the exported vocabularies are the trimmed dictionaries
     assert len(vocabularies["source"]) == record["source"]["after"] and set(vocabularies["source"][4:]) == source_kept
     assert len(vocabularies["target"]) == record["target"]["after"] and set(vocabularies["target"][4:]) == target_kept
@@ -262,13 +263,12 @@ def test_bilingual_trim_loads_in_stock_fairseq_and_ctranslate2_and_changes_only_
     # mapped, a dropped token as <unk>), it decodes as stock fairseq does on the data binarised for it
     through = _loaded(tiny_data, model_dir / "model.pt")
     assert len(through.task.source_dictionary) == record["source"]["after"]
-    for beam in (1, 5):
-        assert _decode(through, through.model, beam) == _generate(data, model_dir / "model.pt", beam)
+    decoded = {beam: _decode(through, through.model, beam) for beam in (1, 5)}
+    assert decoded == generated
     # what changed and why, as the compress card counts it (prune.vocab_trim.hypothesis_changes), against this
     # test's own count at the loaders' beam (5)
     untrimmed = _loaded(tiny_data, bilingual)
-    expected = _changes(sources, _decode(untrimmed, untrimmed.model, 5), _decode(through, through.model, 5),
-                        source_kept, target_kept)
+    expected = _changes(sources, _decode(untrimmed, untrimmed.model, 5), decoded[5], source_kept, target_kept)
     specials = {"<s>", "<pad>", "</s>", "<unk>"}
     counted = hypothesis_changes(untrimmed, through, "test", len(sources), source_kept | specials,
                                  target_kept | specials)
@@ -322,8 +322,9 @@ def test_multilingual_trim_keeps_the_language_tokens_of_the_pair_and_one_shared_
                  model_dir / "dict.en.txt", "--testpref", spm / "test.spm", "--destdir", data, "--workers", "1"])
     shutil.copy(model_dir / "langs.txt", data / "langs.txt")
     sources = [line.split() for line in (spm / "test.spm.de").read_text(encoding="utf-8").splitlines()]
-    _compare_engines("multilingual", (spm, fam.multilingual()), (data, model_dir / "model.pt"), tmp_path, sources,
-                     (kept, kept), MULTI, [*MULTI, "--lang-dict", data / "langs.txt"], ["__de__", "__en__"])
+    generated = _compare_engines("multilingual", (spm, fam.multilingual()), (data, model_dir / "model.pt"),
+                                 tmp_path, sources, (kept, kept), MULTI, [*MULTI, "--lang-dict", data / "langs.txt"],
+                                 ["__de__", "__en__"])
     vocabularies = _ct2_vocabulary(tmp_path / "ct2-trim")
     assert list(vocabularies) == ["shared"] and len(vocabularies["shared"]) == record["source"]["after"]
     # with DATA as binarised for the untrimmed model: each file's ids mapped as the data manager reads them, the
@@ -331,9 +332,7 @@ def test_multilingual_trim_keeps_the_language_tokens_of_the_pair_and_one_shared_
     # binarised for it, and exports the same vocabulary
     through = _loaded(spm, model_dir / "model.pt", *MULTI)
     assert len(through.task.source_dictionary) == record["source"]["after"]
-    for beam in (1, 5):
-        assert _decode(through, through.model, beam) == _generate(data, model_dir / "model.pt", beam, *MULTI,
-                                                                  "--lang-dict", data / "langs.txt")
+    assert {beam: _decode(through, through.model, beam) for beam in (1, 5)} == generated
     _export(spm, model_dir / "model.pt", tmp_path / "ct2-through", *MULTI)
     assert _ct2_vocabulary(tmp_path / "ct2-through") == vocabularies
     assert vocabularies["shared"][-2:] == ["__de__", "__en__"]
